@@ -1,0 +1,44 @@
+"""Byte layouts: our shard format (FORMAT.md) and, as codecs, the formats we convert.
+
+This is the only package that knows how bytes sit on disk.
+"""
+
+from .base import Record, Sink, Source
+from .dataset import ShardDataset, open_shards
+from .dataset_writer import DatasetWriter
+from .errors import (
+    CorruptRecordError,
+    DecompressionError,
+    FormatError,
+    ManifestError,
+    SchemaError,
+    ShardpackError,
+    UnsafePathError,
+    VersionError,
+)
+from .fields import Field
+from .manifest import Manifest, ShardEntry, read_manifest
+from .verify import Problem, verify_dataset
+
+__all__ = [
+    "CorruptRecordError",
+    "DatasetWriter",
+    "DecompressionError",
+    "Field",
+    "FormatError",
+    "Manifest",
+    "ManifestError",
+    "Problem",
+    "Record",
+    "SchemaError",
+    "ShardDataset",
+    "ShardEntry",
+    "ShardpackError",
+    "Sink",
+    "Source",
+    "UnsafePathError",
+    "VersionError",
+    "open_shards",
+    "read_manifest",
+    "verify_dataset",
+]

@@ -1,0 +1,288 @@
+"""Random access to a whole dataset by global record index.
+
+Opening reads the manifest and maps each shard's two files: O(shards), nothing
+per record. A global index maps to (shard, record) through prefix sums; a batch
+of indices is located with one ``searchsorted`` and gathered per shard in numpy.
+The object pickles without its maps (worker processes reopen them lazily).
+"""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+
+from .checksum import crc32c
+from .errors import CorruptRecordError, DecompressionError, FormatError, SchemaError
+from .fields import SCALAR_TYPES, Field, decode_value
+from .files import safe_child
+from .manifest import Manifest, read_manifest
+from .shard import ShardReader
+from .shard_writer import META_SCHEMA
+
+__all__ = ["ShardDataset", "open_shards"]
+
+
+def open_shards(path: str | Path, *, check_crc: bool = False) -> ShardDataset:
+    """Open the dataset in ``path`` (see :class:`ShardDataset`)."""
+    return ShardDataset(path, check_crc=check_crc)
+
+
+class ShardDataset:
+    """A read-only dataset.
+
+    Args:
+        path: the dataset folder (holding ``manifest.json``).
+        check_crc: verify each field's CRC32C when it is read (costs one pass over
+            the bytes; :func:`formats.verify_dataset` always checks).
+
+    Raises:
+        ManifestError, VersionError, FormatError: the dataset is incomplete,
+            damaged, or of an unknown major version.
+    """
+
+    def __init__(self, path: str | Path, *, check_crc: bool = False) -> None:
+        self.root = Path(path)
+        self.check_crc = check_crc
+        self.manifest: Manifest = read_manifest(self.root)
+        self.fields: tuple[Field, ...] = self.manifest.fields
+        self.field_index = {f.name: i for i, f in enumerate(self.fields)}
+        counts = np.fromiter((s.records for s in self.manifest.shards), np.int64,
+                             len(self.manifest.shards))
+        self.starts = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=self.starts[1:])
+        self._starts_list = self.starts.tolist()
+        self._dictionaries = self._load_dictionaries()
+        self._decompressors: dict[int, zstandard.ZstdDecompressor] = {}
+        self._shards: list[ShardReader | None] = [None] * len(self.manifest.shards)
+        self._open_all()
+
+    def _open_all(self) -> None:
+        m = self.manifest
+        self._shards = [ShardReader(self.root, e, len(self.fields), m.alignment) for e in m.shards]
+
+    def _load_dictionaries(self) -> dict[str, bytes]:
+        out = {}
+        for field, (name, crc) in self.manifest.dictionaries.items():
+            path = safe_child(self.root, name, what="dictionary file name")
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise FormatError(f"cannot read zstd dictionary ({exc.strerror})", path=path) from None
+            if crc32c(data) != crc:
+                raise FormatError("zstd dictionary checksum mismatch", path=path)
+            out[field] = data
+        return out
+
+    # -- pickling: worker processes reopen the maps ----------------------------------
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_shards"] = None
+        state["_decompressors"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._open_all()
+
+    def close(self) -> None:
+        for s in self._shards or ():
+            s.close()
+        self._shards = []
+
+    def __enter__(self) -> ShardDataset:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- shape -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def classes(self) -> tuple[str, ...] | None:
+        return self.manifest.classes
+
+    @property
+    def shards(self) -> list[ShardReader]:
+        return self._shards
+
+    def __repr__(self) -> str:
+        schema = ", ".join(f"{f.name}:{f.type}" for f in self.fields)
+        return f"ShardDataset({str(self.root)!r}, records={len(self)}, shards={len(self._shards)}, {schema})"
+
+    # -- single records ---------------------------------------------------------------
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard number, record within the shard) of a global index."""
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"record {index} out of range for a dataset of {n} records")
+        if index < 0:
+            index += n
+        s = bisect.bisect_right(self._starts_list, index) - 1
+        return s, index - self._starts_list[s]
+
+    def payload(self, index: int, field: str) -> memoryview:
+        """The stored bytes of one field (zero-copy; compressed if the field is)."""
+        s, r = self.locate(index)
+        return self._shards[s].payload(r, self.field_index[field], self.check_crc)
+
+    def get(self, index: int, field: str) -> Any:
+        """The decoded value of one field of one record."""
+        s, r = self.locate(index)
+        j = self.field_index[field]
+        return self._decode(s, r, j, self._shards[s].payload(r, j, self.check_crc))
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """All fields of one record: bytes fields as zero-copy memoryviews."""
+        s, r = self.locate(int(index))
+        shard = self._shards[s]
+        return {
+            f.name: self._decode(s, r, j, shard.payload(r, j, self.check_crc))
+            for j, f in enumerate(self.fields)
+        }
+
+    def _decode(self, s: int, r: int, j: int, view: memoryview) -> Any:
+        f = self.fields[j]
+        try:
+            if f.compression == "zstd":
+                view = memoryview(self._decompress(j, view))
+            return decode_value(f, view)
+        except (SchemaError, DecompressionError) as exc:
+            shard = self._shards[s]
+            raise CorruptRecordError(
+                exc.message, path=shard.data_path, record=r, offset=int(shard.offsets[r, j]),
+                found=exc.found, expected=exc.expected,
+            ) from None
+
+    def _decompress(self, j: int, view) -> bytes:
+        f = self.fields[j]
+        bound = self.manifest.max_raw_size.get(f.name, 0)
+        size = zstandard.frame_content_size(view) if len(view) >= 4 else -2
+        if size < 0 or size > bound:
+            raise DecompressionError(
+                f"field {f.name!r}: zstd frame content size", found=size, expected=f"0..{bound}"
+            )
+        d = self._decompressors.get(j)
+        if d is None:
+            dd = self._dictionaries.get(f.name)
+            d = zstandard.ZstdDecompressor(
+                dict_data=None if dd is None else zstandard.ZstdCompressionDict(dd)
+            )
+            self._decompressors[j] = d
+        try:
+            out = d.decompress(view, max_output_size=bound)
+        except zstandard.ZstdError as exc:
+            raise DecompressionError(f"field {f.name!r}: damaged zstd payload ({exc})") from None
+        if len(out) != size:
+            raise DecompressionError(f"field {f.name!r}: zstd payload size", found=len(out), expected=size)
+        return out
+
+    # -- many records at once ---------------------------------------------------------
+
+    def locate_many(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorized :meth:`locate`: (shard numbers, records within shards)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = int(idx[(idx < 0) | (idx >= n)][0])
+            raise IndexError(f"record {bad} out of range for a dataset of {n} records")
+        shard = np.searchsorted(self.starts, idx, side="right") - 1
+        return shard, idx - self.starts[shard]
+
+    def spans(self, indices, field: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where one field of many records lies: (shard numbers, byte offsets, lengths).
+
+        All numpy, one gather per distinct shard: the batch-level lookup the loader uses.
+        """
+        j = self.field_index[field]
+        shard, local = self.locate_many(indices)
+        offsets = np.empty(shard.shape, np.uint64)
+        lengths = np.empty(shard.shape, np.uint64)
+        if len(self._shards) == 1:
+            s = self._shards[0]
+            s.validate()
+            offsets[:] = s.offsets[local, j]
+            lengths[:] = s.lengths[local, j]
+            return shard, offsets, lengths
+        for k in np.unique(shard):
+            s = self._shards[k]
+            s.validate()
+            m = shard == k
+            offsets[m] = s.offsets[local[m], j]
+            lengths[m] = s.lengths[local[m], j]
+        return shard, offsets, lengths
+
+    def payloads(self, indices, field: str) -> list[memoryview]:
+        """Zero-copy stored bytes of one field for many records."""
+        shard, offsets, lengths = self.spans(indices, field)
+        views = [s.view for s in self._shards]
+        out = [
+            views[s][o:e]
+            for s, o, e in zip(shard.tolist(), offsets.tolist(), (offsets + lengths).tolist(), strict=True)
+        ]
+        if self.check_crc:
+            self._check_many(indices, field, out)
+        return out
+
+    def _check_many(self, indices, field: str, views: list[memoryview]) -> None:
+        j = self.field_index[field]
+        shard, local = self.locate_many(indices)
+        for s, r, v in zip(shard.tolist(), local.tolist(), views, strict=True):
+            self._shards[s].check(r, j, v)
+
+    def scalars(self, indices, field: str) -> np.ndarray:
+        """An ``int``/``float`` field for many records as one int64/float64 array.
+
+        Payloads are 8 bytes at 8-aligned offsets, so this is a gather from an
+        8-byte view of each data file: no per-record Python work.
+        """
+        f = self.fields[self.field_index[field]]
+        if f.type not in SCALAR_TYPES:
+            raise SchemaError(f"field {field!r} is {f.type}, not int or float")
+        dt = np.dtype("<i8" if f.type == "int" else "<f8")
+        shard, offsets, lengths = self.spans(indices, field)
+        if lengths.size and (lengths != 8).any():
+            k = int(np.flatnonzero(lengths != 8)[0])
+            s, r = self.locate_many([np.asarray(indices).reshape(-1)[k]])
+            raise CorruptRecordError(f"{f.type} field {field!r} payload size",
+                                     path=self._shards[int(s[0])].data_path, record=int(r[0]),
+                                     found=int(lengths[k]), expected=8)
+        if self.check_crc:
+            self.payloads(indices, field)  # raises on the first record that fails its CRC
+        out = np.empty(shard.shape, dt)
+        slots = (offsets // 8).astype(np.int64)
+        for k in (np.unique(shard) if len(self._shards) > 1 else [0]):
+            data = self._shards[k].data
+            words = data[: data.size - data.size % 8].view(dt)
+            m = slice(None) if len(self._shards) == 1 else shard == k
+            out[m] = words[slots[m]]
+        return out
+
+    # -- metadata ---------------------------------------------------------------------
+
+    def metadata(self, columns: list[str] | None = None) -> pa.Table:
+        """The per-record metadata table (label, key, size, width, height) of all shards.
+
+        Reads only the small ``.meta.parquet`` files, never the data files.
+        """
+        tables = []
+        for e in self.manifest.shards:
+            path = self.root / e.meta_file
+            try:
+                tables.append(pq.read_table(path, columns=columns))
+            except (OSError, pa.ArrowException) as exc:
+                raise FormatError(f"cannot read the metadata table ({exc})", path=path) from None
+        if not tables:
+            schema = META_SCHEMA if columns is None else pa.schema([META_SCHEMA.field(c) for c in columns])
+            return schema.empty_table()
+        return pa.concat_tables(tables)

@@ -1,0 +1,291 @@
+"""Writes a whole dataset: rolls shards, keeps a resume journal, writes the manifest last.
+
+Crash safety (FORMAT.md, "Writing"): each shard's files get their final names only
+when complete, a sealed shard is then appended to ``_journal.jsonl``, and
+``manifest.json`` is written atomically after the last shard. A folder without a
+manifest is never a dataset; a journal lets ``resume=True`` keep every sealed shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from .checksum import crc32c
+from .errors import ManifestError, SchemaError
+from .fields import Field, encode_value
+from .files import atomic_write_bytes, fsync_dir
+from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
+from .manifest import MANIFEST_NAME, Manifest, ShardEntry, write_manifest
+from .shard_writer import ShardWriter, entry_matches_files
+
+__all__ = ["JOURNAL_NAME", "DatasetWriter", "shard_name"]
+
+JOURNAL_NAME = "_journal.jsonl"
+
+
+def shard_name(number: int) -> str:
+    return f"shard-{number:05d}"
+
+
+def _dataset_files(root: Path):
+    for p in root.iterdir():
+        n = p.name
+        if (n.startswith(("shard-", ".shard-", "dict-", ".dict-", ".manifest.json"))
+                or n in (MANIFEST_NAME, JOURNAL_NAME)):
+            yield p
+
+
+class DatasetWriter:
+    """Append records; shards roll at a byte size or a record count.
+
+    Use as a context manager: a clean exit seals the last shard and writes the
+    manifest; an exception leaves the sealed shards and the journal for resume.
+
+    Args:
+        root: the dataset folder (created if missing).
+        fields: the schema, in order.
+        shard_size: a shard is sealed once its data file reaches this many bytes.
+        records_per_shard: or once it holds this many records.
+        alignment: payload alignment, a power of two in [8, 4096].
+        classes: class names, index = label.
+        created_by: how the dataset was made (tool, source, options), for the manifest.
+        dictionaries: trained zstd dictionaries by field name (zstd fields only).
+        overwrite: replace an existing dataset in ``root``.
+        resume: keep the shards a previous, interrupted writer sealed with the same
+            schema and options; :attr:`resumed` holds their ``progress`` values.
+        durable: fsync every file before it is renamed.
+
+    Raises:
+        ManifestError: ``root`` already holds a dataset and ``overwrite`` is false.
+        SchemaError: a bad schema.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        fields: list[Field] | tuple[Field, ...],
+        *,
+        shard_size: int | None = 256 << 20,
+        records_per_shard: int | None = None,
+        alignment: int = DEFAULT_ALIGNMENT,
+        classes: list[str] | None = None,
+        created_by: dict[str, Any] | None = None,
+        dictionaries: Mapping[str, bytes] | None = None,
+        overwrite: bool = False,
+        resume: bool = False,
+        durable: bool = True,
+    ) -> None:
+        self.root = Path(root)
+        self.fields = tuple(fields)
+        if len({f.name for f in self.fields}) != len(self.fields):
+            raise SchemaError("two fields share a name")
+        if alignment < MIN_ALIGNMENT or alignment > MAX_ALIGNMENT or alignment & (alignment - 1):
+            raise SchemaError("alignment must be a power of two in [8, 4096]", found=alignment)
+        if shard_size is None and records_per_shard is None:
+            raise SchemaError("give shard_size or records_per_shard")
+        self.shard_size = shard_size
+        self.records_per_shard = records_per_shard
+        self.alignment = alignment
+        self.classes = None if classes is None else tuple(classes)
+        self.created_by = dict(created_by or {})
+        self.durable = durable
+        self._names = [f.name for f in self.fields]
+        self._max_raw = {f.name: 0 for f in self.fields if f.compression != "none"}
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        if (self.root / MANIFEST_NAME).exists() and not overwrite:
+            raise ManifestError(
+                "already a dataset (manifest.json exists); pass overwrite to replace it",
+                path=self.root,
+            )
+        self._journal_header = {
+            "fields": [f.to_json() for f in self.fields],
+            "alignment": alignment,
+            "shard_size": shard_size,
+            "records_per_shard": records_per_shard,
+        }
+        self.sealed: list[ShardEntry] = []
+        self.resumed: list[Any] = []
+        if resume:
+            self._load_journal()
+        self._clear(keep={e.name for e in self.sealed})
+        self._dictionaries = self._write_dictionaries(dictionaries or {})
+        self._compressors = self._make_compressors(dictionaries or {})
+        if not self.sealed:
+            self._append_journal(self._journal_header)
+        self._shard: ShardWriter | None = None
+        self.records_written = sum(e.records for e in self.sealed)
+
+    # -- setup ------------------------------------------------------------------------
+
+    def _load_journal(self) -> None:
+        path = self.root / JOURNAL_NAME
+        try:
+            lines = path.read_text("utf-8").splitlines()
+        except (FileNotFoundError, UnicodeDecodeError):
+            return
+        try:
+            header = json.loads(lines[0]) if lines else None
+        except json.JSONDecodeError:
+            header = None
+        if header != self._journal_header:
+            raise ManifestError(
+                "cannot resume: the interrupted run used another schema or shard options",
+                path=path, found=header, expected=self._journal_header,
+            )
+        for line in lines[1:]:
+            try:
+                item = json.loads(line)
+                entry = ShardEntry(**{k: (int(v, 16) if k.endswith("crc32c") else v)
+                                      for k, v in item["shard"].items()})
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                break  # a torn last line: everything before it stands
+            if entry.name != shard_name(len(self.sealed)) or not entry_matches_files(self.root, entry):
+                break
+            self.sealed.append(entry)
+            self.resumed.append(item.get("progress"))
+        # Rewrite the journal to exactly the shards kept, dropping any torn tail.
+        text = "".join(json.dumps(x, sort_keys=True) + "\n" for x in [
+            self._journal_header,
+            *({"shard": e.to_json(), "progress": p} for e, p in zip(self.sealed, self.resumed, strict=True)),
+        ])
+        atomic_write_bytes(path, text.encode("utf-8"), durable=self.durable)
+
+    def _clear(self, keep: set[str]) -> None:
+        for p in _dataset_files(self.root):
+            if p.name == JOURNAL_NAME and keep:
+                continue
+            if p.name.startswith("shard-") and p.name.split(".", 1)[0] in keep:
+                continue
+            p.unlink()
+
+    def _write_dictionaries(self, dictionaries: Mapping[str, bytes]) -> dict[str, tuple[str, int]]:
+        out = {}
+        for i, f in enumerate(self.fields):
+            if f.name not in dictionaries:
+                continue
+            if f.compression != "zstd":
+                raise SchemaError(f"field {f.name!r}: a dictionary needs zstd compression")
+            data = bytes(dictionaries[f.name])
+            name = f"dict-{i:03d}.zstd"
+            atomic_write_bytes(self.root / name, data, durable=self.durable)
+            out[f.name] = (name, crc32c(data))
+        unknown = set(dictionaries) - {f.name for f in self.fields}
+        if unknown:
+            raise SchemaError("dictionaries for unknown fields", found=sorted(unknown))
+        return out
+
+    def _make_compressors(self, dictionaries: Mapping[str, bytes]) -> list:
+        out = []
+        for f in self.fields:
+            if f.compression == "zstd":
+                d = dictionaries.get(f.name)
+                out.append(zstandard.ZstdCompressor(
+                    level=f.level, write_content_size=True, write_checksum=False,
+                    dict_data=None if d is None else zstandard.ZstdCompressionDict(bytes(d)),
+                ))
+            else:
+                out.append(None)
+        return out
+
+    def _append_journal(self, obj: Any) -> None:
+        with open(self.root / JOURNAL_NAME, "a", encoding="utf-8") as f:
+            f.write(json.dumps(obj, sort_keys=True) + "\n")
+            if self.durable:
+                f.flush()
+                os.fsync(f.fileno())
+
+    # -- writing ----------------------------------------------------------------------
+
+    def write(self, record: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
+              progress: Any = None) -> None:
+        """Append one record (field name -> value).
+
+        Args:
+            record: a value for every field of the schema, nothing else.
+            meta: metadata table values: ``width``, ``height`` (and ``label``,
+                ``key``, which default to the ``label``/``key`` fields).
+            progress: a JSON value describing the caller's input position after
+                this record; stored with the shard if this record seals it, and
+                given back through :attr:`resumed` on resume.
+
+        Raises:
+            SchemaError: missing or unknown fields, or a value of the wrong type.
+        """
+        if len(record) != len(self.fields) or any(n not in record for n in self._names):
+            missing = [n for n in self._names if n not in record]
+            extra = [n for n in record if n not in self._names]
+            raise SchemaError("record does not match the schema", record=self.records_written,
+                              found=f"missing {missing}, unknown {extra}", expected=self._names)
+        payloads = []
+        for f, comp in zip(self.fields, self._compressors, strict=True):
+            payload = encode_value(f, record[f.name])
+            if comp is not None:
+                self._max_raw[f.name] = max(self._max_raw[f.name], len(payload))
+                payload = comp.compress(payload)
+            payloads.append(payload)
+        if self._shard is None:
+            self._shard = ShardWriter(self.root, shard_name(len(self.sealed)), self.fields,
+                                      self.alignment, self.durable)
+        self._shard.append(payloads, self._meta(record, meta))
+        self.records_written += 1
+        if (self.records_per_shard is not None and self._shard.records >= self.records_per_shard) or (
+            self.shard_size is not None and self._shard.nbytes >= self.shard_size
+        ):
+            self._seal(progress)
+
+    def _meta(self, record: Mapping[str, Any], meta: Mapping[str, Any] | None) -> dict:
+        out = dict(meta or {})
+        label = record.get("label")
+        if "label" not in out and isinstance(label, int):
+            out["label"] = label
+        key = record.get("key")
+        if "key" not in out and isinstance(key, str):
+            out["key"] = key
+        return out
+
+    def _seal(self, progress: Any) -> None:
+        entry = self._shard.seal()
+        self._shard = None
+        self.sealed.append(entry)
+        self._append_journal({"shard": entry.to_json(), "progress": progress})
+
+    def close(self) -> Manifest:
+        """Seal the last shard and write the manifest; returns it."""
+        if self._shard is not None and self._shard.records:
+            self._seal(None)
+        manifest = Manifest(
+            fields=self.fields,
+            shards=tuple(self.sealed),
+            alignment=self.alignment,
+            classes=self.classes,
+            created_by=self.created_by,
+            dictionaries=self._dictionaries,
+            max_raw_size=self._max_raw,
+        )
+        write_manifest(self.root, manifest)
+        (self.root / JOURNAL_NAME).unlink(missing_ok=True)
+        if self.durable:
+            fsync_dir(self.root)
+        return manifest
+
+    def abort(self) -> None:
+        """Drop the unfinished shard; sealed shards and the journal stay for resume."""
+        if self._shard is not None:
+            self._shard.abort()
+            self._shard = None
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -1,0 +1,110 @@
+"""Exception types for everything that reads or writes datasets.
+
+Every error raised for bad data is a :class:`ShardpackError` (a ``ValueError``),
+and carries where it happened (file, shard, record, byte offset) and what was
+expected versus found, so a message reads like::
+
+    shard-00003.rec record 1841 at byte 9437184: checksum 0x1a2b3c4d, expected 0x5e6f7a8b
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "CorruptRecordError",
+    "DecompressionError",
+    "FormatError",
+    "ManifestError",
+    "SchemaError",
+    "ShardpackError",
+    "UnsafePathError",
+    "VersionError",
+]
+
+
+class ShardpackError(ValueError):
+    """Base class: bad data or a bad dataset, with its location.
+
+    Args:
+        message: what is wrong, in words.
+        path: the file concerned.
+        record: the record index (within the shard, or global if ``shard`` is None).
+        offset: the byte offset in ``path``.
+        expected: what the format requires there.
+        found: what was there instead.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        record: int | None = None,
+        offset: int | None = None,
+        expected: object = None,
+        found: object = None,
+    ) -> None:
+        self.message = message
+        self.path = None if path is None else str(path)
+        self.record = record
+        self.offset = offset
+        self.expected = expected
+        self.found = found
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = []
+        if self.path is not None:
+            where.append(Path(self.path).name if len(self.path) > 80 else self.path)
+        if self.record is not None:
+            where.append(f"record {self.record}")
+        if self.offset is not None:
+            where.append(f"at byte {self.offset}")
+        text = self.message
+        if self.found is not None or self.expected is not None:
+            text += f": found {self.found!r}, expected {self.expected!r}"
+        return f"{' '.join(where)}: {text}" if where else text
+
+    def __reduce__(self):
+        # Keeps the structured fields when an error crosses a process boundary.
+        kwargs = {
+            "path": self.path,
+            "record": self.record,
+            "offset": self.offset,
+            "expected": self.expected,
+            "found": self.found,
+        }
+        return (_rebuild, (type(self), self.message, kwargs))
+
+
+def _rebuild(cls, message, kwargs):
+    return cls(message, **kwargs)
+
+
+class FormatError(ShardpackError):
+    """A file is not a well-formed shardpack file (magic, header, index, sizes)."""
+
+
+class VersionError(FormatError):
+    """A file or manifest has a major format version this reader does not know."""
+
+
+class ManifestError(FormatError):
+    """manifest.json is missing, malformed, or disagrees with the files."""
+
+
+class SchemaError(ShardpackError):
+    """A record or a value does not match the dataset schema."""
+
+
+class CorruptRecordError(ShardpackError):
+    """A record's bytes fail their checksum or cannot be decoded."""
+
+
+class DecompressionError(CorruptRecordError):
+    """A compressed payload is damaged or would expand beyond its declared bound."""
+
+
+class UnsafePathError(ShardpackError):
+    """A name read from a manifest or an archive would leave the dataset folder."""

@@ -1,0 +1,232 @@
+"""Field types: how a value becomes payload bytes and how payload bytes are read back.
+
+A schema is an ordered list of :class:`Field`. Encoded images and raw bytes are
+returned as zero-copy ``memoryview`` slices of the shard's mmap; ``ndarray``
+fields as read-only numpy views; scalars as Python values (FORMAT.md, "Field types").
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import SchemaError
+
+__all__ = [
+    "BYTES_TYPES",
+    "COMPRESSIONS",
+    "FIELD_TYPES",
+    "SCALAR_TYPES",
+    "Field",
+    "decode_value",
+    "encode_value",
+]
+
+BYTES_TYPES = frozenset({"bytes", "jpeg", "png", "image"})
+SCALAR_TYPES = frozenset({"int", "float"})
+FIELD_TYPES = BYTES_TYPES | SCALAR_TYPES | {"str", "json", "ndarray"}
+COMPRESSIONS = frozenset({"none", "zstd"})
+
+_INT = struct.Struct("<q")
+_FLOAT = struct.Struct("<d")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named column of a dataset.
+
+    Args:
+        name: the field name (non-empty; unique in a schema).
+        type: one of ``bytes``, ``jpeg``, ``png``, ``image`` (any encoded image),
+            ``int`` (int64), ``float`` (float64), ``str`` (UTF-8), ``json``
+            (UTF-8 JSON text), ``ndarray``.
+        compression: ``none`` or ``zstd`` (not allowed for ``int``/``float``,
+            whose fixed 8 bytes are gathered for a whole batch at once).
+        dtype: numpy dtype string for ``ndarray`` (stored little-endian).
+        shape: ``ndarray`` shape; ``None`` entries are dimensions that vary per
+            record (then the payload starts with its shape, see FORMAT.md).
+        level: zstd level used when writing (not part of the format).
+    """
+
+    name: str
+    type: str
+    compression: str = "none"
+    dtype: str | None = None
+    shape: tuple[int | None, ...] | None = None
+    level: int = field(default=3, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SchemaError("field name must be a non-empty string", found=self.name)
+        if self.type not in FIELD_TYPES:
+            raise SchemaError(
+                f"field {self.name!r}: unknown type", found=self.type, expected=sorted(FIELD_TYPES)
+            )
+        if self.compression not in COMPRESSIONS:
+            raise SchemaError(
+                f"field {self.name!r}: unknown compression",
+                found=self.compression,
+                expected=sorted(COMPRESSIONS),
+            )
+        if self.type in SCALAR_TYPES and self.compression != "none":
+            raise SchemaError(f"field {self.name!r}: {self.type} fields are never compressed")
+        if self.type == "ndarray":
+            if self.dtype is None:
+                raise SchemaError(f"field {self.name!r}: ndarray needs a dtype")
+            try:
+                dt = np.dtype(self.dtype)
+            except TypeError as exc:
+                raise SchemaError(f"field {self.name!r}: bad dtype", found=self.dtype) from exc
+            if dt.hasobject or dt.itemsize == 0:
+                raise SchemaError(f"field {self.name!r}: dtype must be fixed-size", found=self.dtype)
+            object.__setattr__(self, "dtype", dt.newbyteorder("<").str if dt.itemsize > 1 else dt.str)
+            if self.shape is None:
+                raise SchemaError(f"field {self.name!r}: ndarray needs a shape")
+            shape = tuple(self.shape)
+            if not all(d is None or (isinstance(d, int) and d >= 0) for d in shape):
+                raise SchemaError(f"field {self.name!r}: bad shape", found=self.shape)
+            object.__setattr__(self, "shape", shape)
+        elif self.dtype is not None or self.shape is not None:
+            raise SchemaError(f"field {self.name!r}: dtype/shape only apply to ndarray fields")
+
+    @property
+    def fixed_shape(self) -> bool:
+        return self.shape is not None and None not in self.shape
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "type": self.type, "compression": self.compression}
+        if self.type == "ndarray":
+            out["dtype"] = self.dtype
+            out["shape"] = list(self.shape)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Field:
+        if not isinstance(obj, dict):
+            raise SchemaError("field entry must be an object", found=type(obj).__name__)
+        unknown = set(obj) - {"name", "type", "compression", "dtype", "shape", "dictionary",
+                              "dictionary_crc32c", "max_raw_size"}
+        if unknown:
+            raise SchemaError("field entry has unknown keys", found=sorted(unknown))
+        shape = obj.get("shape")
+        if shape is not None and not isinstance(shape, list):
+            raise SchemaError("field shape must be a list", found=shape)
+        return cls(
+            name=obj.get("name"),
+            type=obj.get("type"),
+            compression=obj.get("compression", "none"),
+            dtype=obj.get("dtype"),
+            shape=None if shape is None else tuple(shape),
+        )
+
+
+def encode_value(f: Field, value: Any):
+    """The uncompressed payload of ``value`` for field ``f`` (a bytes-like object)."""
+    t = f.type
+    try:
+        if t in BYTES_TYPES:
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                return value
+            if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1:
+                return memoryview(np.ascontiguousarray(value))
+            raise TypeError(f"expected bytes, got {type(value).__name__}")
+        if t == "int":
+            if isinstance(value, (bool, float)) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"expected int, got {type(value).__name__}")
+            return _INT.pack(int(value))
+        if t == "float":
+            if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
+                raise TypeError(f"expected float, got {type(value).__name__}")
+            return _FLOAT.pack(float(value))
+        if t == "str":
+            if not isinstance(value, str):
+                raise TypeError(f"expected str, got {type(value).__name__}")
+            return value.encode("utf-8")
+        if t == "json":
+            return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False).encode("utf-8")
+        return _encode_ndarray(f, value)
+    except (TypeError, ValueError, OverflowError, struct.error) as exc:
+        raise SchemaError(f"field {f.name!r} ({t}): {exc}") from exc
+
+
+def _encode_ndarray(f: Field, value: Any):
+    arr = np.asarray(value)
+    if arr.dtype != np.dtype(f.dtype):
+        if not np.can_cast(arr.dtype, f.dtype, casting="same_kind"):
+            raise TypeError(f"dtype {arr.dtype} does not cast safely to {f.dtype}")
+        arr = arr.astype(f.dtype)
+    if arr.ndim != len(f.shape) or any(
+        d is not None and d != n for d, n in zip(f.shape, arr.shape, strict=True)
+    ):
+        raise ValueError(f"shape {arr.shape} does not match {f.shape}")
+    data = np.ascontiguousarray(arr, dtype=np.dtype(f.dtype)).view(np.uint8).reshape(-1)
+    if f.fixed_shape:
+        return memoryview(data)
+    head = np.array([arr.ndim, *arr.shape], dtype="<u8").tobytes()
+    return head + data.tobytes()
+
+
+def decode_value(f: Field, view: memoryview) -> Any:
+    """The value of field ``f`` from its (decompressed) payload ``view``.
+
+    Raises:
+        SchemaError: the payload does not have the size its type needs (the
+            caller adds file and record to the message).
+    """
+    t = f.type
+    if t in BYTES_TYPES:
+        return view
+    if t == "int":
+        _need(f, view, 8)
+        return _INT.unpack(view)[0]
+    if t == "float":
+        _need(f, view, 8)
+        return _FLOAT.unpack(view)[0]
+    if t == "str":
+        return _utf8(f, view)
+    if t == "json":
+        try:
+            return json.loads(_utf8(f, view))
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"field {f.name!r}: invalid JSON payload ({exc.msg})") from None
+    return _decode_ndarray(f, view)
+
+
+def _utf8(f: Field, view: memoryview) -> str:
+    try:
+        return str(view, "utf-8")
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"field {f.name!r}: invalid UTF-8 at byte {exc.start}") from None
+
+
+def _need(f: Field, view: memoryview, n: int) -> None:
+    if len(view) != n:
+        raise SchemaError(f"field {f.name!r} ({f.type}): payload size", found=len(view), expected=n)
+
+
+def _decode_ndarray(f: Field, view: memoryview) -> np.ndarray:
+    dt = np.dtype(f.dtype)
+    if f.fixed_shape:
+        shape = f.shape
+        start = 0
+    else:
+        ndim = len(f.shape)
+        start = 8 * (1 + ndim)
+        if len(view) < start:
+            raise SchemaError(f"field {f.name!r}: ndarray payload shorter than its shape header")
+        head = np.frombuffer(view, "<u8", 1 + ndim)
+        if int(head[0]) != ndim or any(
+            d is not None and d != int(n) for d, n in zip(f.shape, head[1:], strict=True)
+        ):
+            raise SchemaError(f"field {f.name!r}: stored shape", found=head.tolist(), expected=f.shape)
+        shape = tuple(int(n) for n in head[1:])
+    count = int(np.prod(shape, dtype=np.int64))
+    _need(f, view[start:], count * dt.itemsize)
+    arr = np.frombuffer(view, dt, count, start).reshape(shape)
+    arr.flags.writeable = False
+    return arr

@@ -1,0 +1,175 @@
+"""Reads one shard through mmap: a field is an index lookup and a slice.
+
+Opening a shard checks headers and file sizes only (O(1)); the per-record index
+checks run once, vectorized in numpy, the first time a record of the shard is
+read (:meth:`ShardReader.validate`), so no slice can ever fall outside the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .checksum import crc32c
+from .errors import CorruptRecordError, FormatError, VersionError
+from .layout import (
+    DATA_HEADER,
+    DATA_MAGIC,
+    HEADER_SIZE,
+    INDEX_HEADER,
+    INDEX_HEADER_CRC_SPAN,
+    INDEX_MAGIC,
+    MAJOR,
+    index_sections,
+)
+from .manifest import ShardEntry
+
+__all__ = ["ShardReader"]
+
+
+def _map(path: Path, expected_size: int, what: str) -> mmap.mmap:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise FormatError(f"{what} file is missing", path=path) from None
+    except OSError as exc:
+        raise FormatError(f"cannot open {what} file ({exc.strerror})", path=path) from None
+    try:
+        size = os.fstat(fd).st_size
+        if size != expected_size:
+            kind = "truncated" if size < expected_size else "larger than recorded"
+            raise FormatError(f"{what} file is {kind}", path=path, found=f"{size} bytes",
+                              expected=f"{expected_size} bytes")
+        if size < HEADER_SIZE:
+            raise FormatError(f"{what} file is shorter than its header", path=path, found=size)
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+
+
+def _check_magic(path: Path, mm: mmap.mmap, header: np.ndarray, magic: bytes, what: str) -> None:
+    if mm[:8] != magic:
+        raise FormatError(f"not a shardpack {what} file (bad magic)", path=path, offset=0,
+                          found=mm[:8], expected=magic)
+    if int(header["major"]) != MAJOR:
+        raise VersionError(
+            f"{what} file has format version {int(header['major'])}.{int(header['minor'])}; "
+            f"this shardpack reads {MAJOR}.x: upgrade shardpack",
+            path=path,
+        )
+    if int(header["header_size"]) != HEADER_SIZE:
+        raise FormatError(f"{what} header size", path=path, offset=12,
+                          found=int(header["header_size"]), expected=HEADER_SIZE)
+
+
+class ShardReader:
+    """One open shard.
+
+    Attributes:
+        offsets, lengths: ``(records, fields)`` uint64 views of the index.
+        crcs: ``(records, fields)`` uint32 views of the per-field CRC32C.
+        data: the data file as a read-only uint8 numpy view (whole file).
+    """
+
+    def __init__(self, root: Path, entry: ShardEntry, num_fields: int, alignment: int) -> None:
+        self.entry = entry
+        self.data_path = Path(root) / entry.data_file
+        self.index_path = Path(root) / entry.index_file
+        *_, expected_index = index_sections(entry.records, num_fields)
+        if entry.index_bytes != expected_index:
+            raise FormatError("index size recorded in the manifest does not fit its record count",
+                              path=self.index_path, found=entry.index_bytes, expected=expected_index)
+        self._index_mm = _map(self.index_path, expected_index, "index")
+        self._data_mm = _map(self.data_path, entry.data_bytes, "data")
+
+        ih = np.frombuffer(self._index_mm, INDEX_HEADER, 1)[0]
+        _check_magic(self.index_path, self._index_mm, ih, INDEX_MAGIC, "index")
+        if crc32c(self._index_mm[:INDEX_HEADER_CRC_SPAN]) != int(ih["header_crc32c"]):
+            raise FormatError("index header checksum mismatch", path=self.index_path, offset=44)
+        for key, expected in (("record_count", entry.records), ("num_fields", num_fields),
+                              ("alignment", alignment), ("data_size", entry.data_bytes)):
+            if int(ih[key]) != expected:
+                raise FormatError(f"index header {key} disagrees with the manifest",
+                                  path=self.index_path, found=int(ih[key]), expected=expected)
+        dh = np.frombuffer(self._data_mm, DATA_HEADER, 1)[0]
+        _check_magic(self.data_path, self._data_mm, dh, DATA_MAGIC, "data")
+        if int(dh["alignment"]) != alignment:
+            raise FormatError("data header alignment disagrees with the manifest",
+                              path=self.data_path, offset=16, found=int(dh["alignment"]),
+                              expected=alignment)
+
+        n = entry.records
+        offsets_at, lengths_at, crcs_at, _ = index_sections(n, num_fields)
+        cells = n * num_fields
+        shape = (n, num_fields)
+        self.offsets = np.frombuffer(self._index_mm, "<u8", cells, offsets_at).reshape(shape)
+        self.lengths = np.frombuffer(self._index_mm, "<u8", cells, lengths_at).reshape(shape)
+        self.crcs = np.frombuffer(self._index_mm, "<u4", cells, crcs_at).reshape(shape)
+        self.data = np.frombuffer(self._data_mm, np.uint8)
+        self.view = memoryview(self._data_mm)
+        self.alignment = alignment
+        self.validated = False
+
+    def __len__(self) -> int:
+        return self.entry.records
+
+    def validate(self) -> None:
+        """Check every index entry against the data file, in numpy; raise on the first bad one."""
+        if self.validated:
+            return
+        size = self.entry.data_bytes
+        off = self.offsets.reshape(-1)
+        length = self.lengths.reshape(-1)
+        bad = (off < HEADER_SIZE) | (off > size) | (length > size) | (off % self.alignment != 0)
+        if not bad.any():
+            ends = off + length  # no overflow: both terms are <= size
+            bad = ends > size
+            if not bad.any() and len(off) > 1:
+                # Payloads are laid out in order and never overlap.
+                bad[1:] = off[1:] < ends[:-1]
+        if bad.any():
+            cell = int(np.flatnonzero(bad)[0])
+            record, field = divmod(cell, self.offsets.shape[1])
+            raise FormatError(
+                f"index entry for field {field} is out of bounds, misaligned or overlapping",
+                path=self.index_path, record=record,
+                found=f"offset {int(off[cell])} length {int(length[cell])}",
+                expected=f"aligned to {self.alignment}, after the previous payload, within {size} bytes",
+            )
+        self.validated = True
+
+    def payload(self, record: int, field: int, check: bool = False) -> memoryview:
+        """The stored bytes of one field of one record (zero-copy)."""
+        if not self.validated:
+            self.validate()
+        start = int(self.offsets[record, field])
+        view = self.view[start : start + int(self.lengths[record, field])]
+        if check:
+            self.check(record, field, view)
+        return view
+
+    def check(self, record: int, field: int, view) -> None:
+        """Raise :class:`CorruptRecordError` unless ``view`` matches its stored CRC32C."""
+        expected = int(self.crcs[record, field])
+        found = crc32c(view)
+        if found != expected:
+            raise CorruptRecordError(
+                f"field {field} checksum mismatch",
+                path=self.data_path, record=record, offset=int(self.offsets[record, field]),
+                found=f"0x{found:08x}", expected=f"0x{expected:08x}",
+            )
+
+    def close(self) -> None:
+        """Release the maps (deferred to garbage collection while views are alive)."""
+        self.offsets = self.lengths = self.crcs = self.data = None
+        with contextlib.suppress(BufferError):
+            self.view.release()
+        for mm in (self._index_mm, self._data_mm):
+            try:
+                mm.close()
+            except BufferError:
+                pass  # a caller still holds a view; the map goes when it does

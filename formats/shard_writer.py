@@ -1,0 +1,212 @@
+"""Writes one shard: its data file, its index file and its metadata table.
+
+Files are written under temporary names and renamed only by :meth:`ShardWriter.seal`,
+so a file with a final shard name is always complete.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .checksum import crc32c, file_crc32c
+from .fields import Field
+from .files import temp_name
+from .layout import (
+    DATA_HEADER,
+    DATA_MAGIC,
+    HEADER_SIZE,
+    INDEX_HEADER,
+    INDEX_HEADER_CRC_SPAN,
+    INDEX_MAGIC,
+    MAJOR,
+    MINOR,
+    align_up,
+    index_sections,
+)
+from .manifest import ShardEntry
+
+__all__ = ["META_SCHEMA", "ShardWriter"]
+
+# The per-record metadata table: readable without touching data files.
+META_SCHEMA = pa.schema(
+    [
+        ("label", pa.int64()),
+        ("key", pa.string()),
+        ("size", pa.int64()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+    ]
+)
+
+_ZEROS = bytes(4096)
+_WRITE_BUFFER = 4 << 20
+
+
+class ShardWriter:
+    """Appends records to one shard.
+
+    Args:
+        root: the dataset folder.
+        name: the shard's base name (``shard-00000``).
+        fields: the schema, in index column order.
+        alignment: payload alignment in bytes.
+        durable: fsync files before they are renamed.
+    """
+
+    def __init__(self, root: Path, name: str, fields: tuple[Field, ...], alignment: int,
+                 durable: bool = True) -> None:
+        self.root = Path(root)
+        self.name = name
+        self.fields = fields
+        self.alignment = alignment
+        self.durable = durable
+        self.entry = ShardEntry(name, 0, 0, 0, 0, 0, 0, 0)
+        self._data_path = self.root / self.entry.data_file
+        self._data_tmp = temp_name(self._data_path)
+        self._f = open(self._data_tmp, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115
+        header = np.zeros((), DATA_HEADER)
+        header["magic"] = DATA_MAGIC
+        header["major"], header["minor"] = MAJOR, MINOR
+        header["header_size"], header["alignment"] = HEADER_SIZE, alignment
+        self._pos = 0
+        self._crc = 0
+        self._put(header.tobytes())
+        self._offsets: list[int] = []
+        self._lengths: list[int] = []
+        self._crcs: list[int] = []
+        self._meta: dict[str, list] = {k: [] for k in META_SCHEMA.names}
+
+    @property
+    def records(self) -> int:
+        return len(self._meta["size"])
+
+    @property
+    def nbytes(self) -> int:
+        return self._pos
+
+    def _put(self, data) -> None:
+        self._f.write(data)
+        self._crc = crc32c(data, self._crc)
+        self._pos += len(data)
+
+    def append(self, payloads, meta: dict) -> None:
+        """Append one record.
+
+        Args:
+            payloads: stored (already encoded and compressed) bytes per field, in
+                schema order.
+            meta: metadata table values (``label``, ``key``, ``width``,
+                ``height``; missing ones are null). ``size`` is filled in here.
+        """
+        size = 0
+        for payload in payloads:
+            pad = align_up(self._pos, self.alignment) - self._pos
+            while pad:
+                chunk = _ZEROS[: min(pad, len(_ZEROS))]
+                self._put(chunk)
+                pad -= len(chunk)
+            n = len(payload)
+            self._offsets.append(self._pos)
+            self._lengths.append(n)
+            self._crcs.append(crc32c(payload))
+            if n:
+                self._put(payload)
+            size += n
+        for k in ("label", "key", "width", "height"):
+            self._meta[k].append(meta.get(k))
+        self._meta["size"].append(size)
+
+    def seal(self) -> ShardEntry:
+        """Finish the three files, rename them to their final names, return the entry."""
+        self._f.flush()
+        if self.durable:
+            os.fsync(self._f.fileno())
+        self._f.close()
+        data_size = self._pos
+        data_crc = self._crc
+
+        n, nf = self.records, len(self.fields)
+        offsets_at, lengths_at, crcs_at, index_size = index_sections(n, nf)
+        index = bytearray(index_size)
+        header = np.zeros((), INDEX_HEADER)
+        header["magic"] = INDEX_MAGIC
+        header["major"], header["minor"] = MAJOR, MINOR
+        header["header_size"], header["record_count"] = HEADER_SIZE, n
+        header["num_fields"], header["alignment"] = nf, self.alignment
+        header["data_size"], header["data_crc32c"] = data_size, data_crc
+        raw = header.tobytes()
+        header["header_crc32c"] = crc32c(raw[:INDEX_HEADER_CRC_SPAN])
+        index[:HEADER_SIZE] = header.tobytes()
+        cells = n * nf
+        index[offsets_at : offsets_at + 8 * cells] = np.asarray(self._offsets, "<u8").tobytes()
+        index[lengths_at : lengths_at + 8 * cells] = np.asarray(self._lengths, "<u8").tobytes()
+        index[crcs_at : crcs_at + 4 * cells] = np.asarray(self._crcs, "<u4").tobytes()
+
+        index_path = self.root / self.entry.index_file
+        meta_path = self.root / self.entry.meta_file
+        index_tmp, meta_tmp = temp_name(index_path), temp_name(meta_path)
+        try:
+            self._write_file(index_tmp, index)
+            meta_bytes = self._meta_table_bytes()
+            self._write_file(meta_tmp, meta_bytes)
+            # The index is renamed last: a data file without its index is never opened.
+            os.replace(self._data_tmp, self._data_path)
+            os.replace(meta_tmp, meta_path)
+            os.replace(index_tmp, index_path)
+        except BaseException:
+            for p in (index_tmp, meta_tmp, self._data_tmp):
+                p.unlink(missing_ok=True)
+            raise
+        self.entry = ShardEntry(
+            name=self.name,
+            records=n,
+            data_bytes=data_size,
+            index_bytes=index_size,
+            meta_bytes=len(meta_bytes),
+            data_crc32c=data_crc,
+            index_crc32c=crc32c(index),
+            meta_crc32c=crc32c(meta_bytes),
+        )
+        return self.entry
+
+    def _write_file(self, path: Path, data) -> None:
+        with open(path, "wb") as f:
+            f.write(data)
+            if self.durable:
+                f.flush()
+                os.fsync(f.fileno())
+
+    def _meta_table_bytes(self) -> bytes:
+        table = pa.table({k: pa.array(v, META_SCHEMA.field(k).type) for k, v in self._meta.items()},
+                         schema=META_SCHEMA)
+        sink = io.BytesIO()
+        pq.write_table(table, sink, compression="zstd")
+        return sink.getvalue()
+
+    def abort(self) -> None:
+        """Drop the unfinished shard's temporary files."""
+        if not self._f.closed:
+            self._f.close()
+        self._data_tmp.unlink(missing_ok=True)
+
+
+def entry_matches_files(root: Path, entry: ShardEntry) -> bool:
+    """Whether the three files of a sealed shard exist with the recorded sizes and checksums."""
+    try:
+        for file, size, crc in (
+            (entry.data_file, entry.data_bytes, entry.data_crc32c),
+            (entry.index_file, entry.index_bytes, entry.index_crc32c),
+            (entry.meta_file, entry.meta_bytes, entry.meta_crc32c),
+        ):
+            path = root / file
+            if path.stat().st_size != size or file_crc32c(path) != crc:
+                return False
+    except OSError:
+        return False
+    return True
