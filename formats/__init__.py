@@ -4,7 +4,7 @@ This is the only package that knows how bytes sit on disk.
 """
 
 from .base import Record, Sink, Source
-from .dataset import ShardDataset, open_shards
+from .dataset import ShardDataset, open_shards, read_metadata
 from .dataset_writer import DatasetWriter
 from .errors import (
     CorruptRecordError,
@@ -40,5 +40,6 @@ __all__ = [
     "VersionError",
     "open_shards",
     "read_manifest",
+    "read_metadata",
     "verify_dataset",
 ]

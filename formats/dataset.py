@@ -25,7 +25,7 @@ from .manifest import Manifest, read_manifest
 from .shard import ShardReader
 from .shard_writer import META_SCHEMA
 
-__all__ = ["ShardDataset", "open_shards"]
+__all__ = ["ShardDataset", "open_shards", "read_metadata"]
 
 
 def open_shards(path: str | Path, *, check_crc: bool = False) -> ShardDataset:
@@ -159,7 +159,8 @@ class ShardDataset:
             return decode_value(f, view)
         except (SchemaError, DecompressionError) as exc:
             shard = self._shards[s]
-            raise CorruptRecordError(
+            cls = DecompressionError if isinstance(exc, DecompressionError) else CorruptRecordError
+            raise cls(
                 exc.message, path=shard.data_path, record=r, offset=int(shard.offsets[r, j]),
                 found=exc.found, expected=exc.expected,
             ) from None
@@ -271,18 +272,30 @@ class ShardDataset:
     # -- metadata ---------------------------------------------------------------------
 
     def metadata(self, columns: list[str] | None = None) -> pa.Table:
-        """The per-record metadata table (label, key, size, width, height) of all shards.
+        """The per-record metadata table of all shards (see :func:`read_metadata`)."""
+        return read_metadata(self.root, columns, self.manifest)
 
-        Reads only the small ``.meta.parquet`` files, never the data files.
-        """
-        tables = []
-        for e in self.manifest.shards:
-            path = self.root / e.meta_file
-            try:
-                tables.append(pq.read_table(path, columns=columns))
-            except (OSError, pa.ArrowException) as exc:
-                raise FormatError(f"cannot read the metadata table ({exc})", path=path) from None
-        if not tables:
-            schema = META_SCHEMA if columns is None else pa.schema([META_SCHEMA.field(c) for c in columns])
-            return schema.empty_table()
-        return pa.concat_tables(tables)
+
+def read_metadata(path: str | Path, columns: list[str] | None = None,
+                  manifest: Manifest | None = None) -> pa.Table:
+    """The per-record metadata table (label, key, size, width, height), in record order.
+
+    Reads the manifest and the small ``.meta.parquet`` files only, never the data
+    files: for filtering, statistics and size-aware batching.
+    """
+    root = Path(path)
+    manifest = manifest or read_manifest(root)
+    tables = []
+    for e in manifest.shards:
+        p = root / e.meta_file
+        try:
+            tables.append(pq.read_table(p, columns=columns))
+        except (OSError, pa.ArrowException) as exc:
+            raise FormatError(f"cannot read the metadata table ({exc})", path=p) from None
+        if tables[-1].num_rows != e.records:
+            raise FormatError("metadata table row count disagrees with the manifest", path=p,
+                              found=tables[-1].num_rows, expected=e.records)
+    if not tables:
+        schema = META_SCHEMA if columns is None else pa.schema([META_SCHEMA.field(c) for c in columns])
+        return schema.empty_table()
+    return pa.concat_tables(tables)
