@@ -256,10 +256,15 @@ class DatasetWriter:
         self.sealed.append(entry)
         self._append_journal({"shard": entry.to_json(), "progress": progress})
 
-    def close(self) -> Manifest:
-        """Seal the last shard and write the manifest; returns it."""
+    def close(self, progress: Any = None) -> Manifest:
+        """Seal the last shard and write the manifest; returns it.
+
+        Args:
+            progress: stored with the last shard like :meth:`write`'s, so a crash
+                between sealing it and writing the manifest still resumes exactly.
+        """
         if self._shard is not None and self._shard.records:
-            self._seal(None)
+            self._seal(progress)
         manifest = Manifest(
             fields=self.fields,
             shards=tuple(self.sealed),
