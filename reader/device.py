@@ -1,0 +1,335 @@
+"""The GPU path: batches go from their shared-memory slot to the GPU with no staging copy.
+
+Per batch, on a dedicated non-blocking CUDA stream: one async host-to-device copy
+per field straight out of the slot (the slot ring is page-locked in place with
+``cudaHostRegister``), then one fused kernel that converts uint8 images to
+float16/float32, normalizes them (mean/std) and lays them out as NCHW or NHWC.
+An event recorded after the copies gates the slot: it goes back to the workers only
+once that event has completed (:class:`SlotGate`).
+
+Stream semantics for the consumer: before a batch is returned, the consumer's
+current stream (cupy's, or torch's with ``output="torch"``) is made to wait on the
+batch's ready event (``cudaStreamWaitEvent``), so work the consumer queues afterwards
+sees the finished batch without the host ever blocking. In the other direction, when
+the next batch is requested our stream waits on an event recorded on the consumer's
+stream, so memory the consumer has dropped is not reused while its kernels may still
+read it.
+
+Where registering the ring fails (some container runtimes, or ``pinning="staging"``),
+each slot is first copied into a cupy pinned staging buffer. Nothing here imports
+cupy until a CUDA loader is constructed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DeviceOptions", "SlotGate", "make_sink", "normalize", "require_cupy"]
+
+INSTALL_HINT = "device='cuda' needs cupy and a CUDA GPU: pip install 'shardpack[gpu]'"
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    """How batches look on the GPU.
+
+    Args:
+        dtype: image dtype on the GPU: ``float16``, ``float32`` or ``uint8`` (no
+            normalization; images always travel as uint8, 4x less than float32).
+        layout: ``NCHW`` or ``NHWC``.
+        mean, std: per-channel normalization on the 0..255 scale (``(x - mean) / std``).
+        output: ``cupy`` arrays, or ``torch`` tensors through DLPack (zero-copy).
+        pinning: ``auto`` (register the ring, fall back to staging), ``register``
+            (fail if registration fails) or ``staging``.
+        device_id: the GPU; default: ``LOCAL_RANK`` from the environment, else the
+            loader's rank modulo the GPU count.
+    """
+
+    dtype: str = "float16"
+    layout: str = "NCHW"
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    output: str = "cupy"
+    pinning: str = "auto"
+    device_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float16", "float32", "uint8"):
+            raise ValueError(f"dtype must be float16, float32 or uint8, not {self.dtype!r}")
+        if self.layout not in ("NCHW", "NHWC"):
+            raise ValueError(f"layout must be NCHW or NHWC, not {self.layout!r}")
+        if self.output not in ("cupy", "torch"):
+            raise ValueError(f"output must be cupy or torch, not {self.output!r}")
+        if self.pinning not in ("auto", "register", "staging"):
+            raise ValueError(f"pinning must be auto, register or staging, not {self.pinning!r}")
+        if len(self.mean) != len(self.std) or any(s == 0 for s in self.std):
+            raise ValueError("mean and std need one non-zero std per channel")
+
+
+def normalize(images, options: DeviceOptions, xp=np):
+    """uint8 ``[B, H, W, C]`` images -> the dtype/layout/normalization of ``options``.
+
+    Written against an array module ``xp`` (numpy or cupy): the reference for the
+    fused GPU kernel, and the CPU tests' definition of what the GPU must produce.
+    """
+    if options.dtype == "uint8":
+        out = images
+    else:
+        dt = xp.float16 if options.dtype == "float16" else xp.float32
+        mean = xp.asarray(options.mean, dtype=xp.float32)
+        inv_std = xp.asarray([1.0 / s for s in options.std], dtype=xp.float32)
+        out = ((images.astype(xp.float32) - mean) * inv_std).astype(dt)
+    if options.layout == "NCHW":
+        out = xp.ascontiguousarray(out.transpose(0, 3, 1, 2))
+    return out
+
+
+class SlotGate:
+    """Slots whose device copies are in flight, in submission order.
+
+    A slot may be refilled by the workers only after the event recorded behind its
+    copies has completed; :meth:`reclaim` hands back exactly those, and, when more
+    than ``limit`` are pending, waits for the oldest so the ring can't run dry.
+
+    Args:
+        limit: the most slots held back at once.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._pending: deque[tuple[int, Any]] = deque()
+
+    def add(self, slot: int, event) -> None:
+        """``event`` has ``done`` (bool) and ``synchronize()``, like a CUDA event."""
+        self._pending.append((slot, event))
+
+    def reclaim(self) -> list[int]:
+        free = []
+        while self._pending and (len(self._pending) > self.limit or self._pending[0][1].done):
+            slot, event = self._pending.popleft()
+            event.synchronize()
+            free.append(slot)
+        return free
+
+    def drain(self) -> list[int]:
+        """Wait for every pending copy; return all slots."""
+        out = []
+        while self._pending:
+            slot, event = self._pending.popleft()
+            event.synchronize()
+            out.append(slot)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+
+def require_cupy():
+    """Import cupy and check for a GPU, or raise ImportError with the install hint."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError when no driver is loaded
+        raise ImportError(f"{INSTALL_HINT} (cupy found no usable CUDA driver: {exc})") from exc
+    if count < 1:
+        raise ImportError(f"{INSTALL_HINT} (no CUDA device visible)")
+    return cupy
+
+
+def pick_device(options: DeviceOptions, rank: int, count: int) -> int:
+    if options.device_id is not None:
+        return options.device_id
+    local = os.environ.get("LOCAL_RANK")
+    return int(local) if local is not None else rank % count
+
+
+def make_sink(loader) -> CudaSink:
+    """The loader's sink for ``device="cuda"`` (see ``reader.loader.CpuSink`` for the protocol)."""
+    state = getattr(loader, "_cuda_state", None)
+    if state is None:
+        state = _CudaState(require_cupy(), loader.device_options, loader.sampler_options.rank)
+        loader._cuda_state = state
+    return CudaSink(loader, state)
+
+
+_KERNEL_SRC = """
+    // one thread per output element; x is [B, H, W, C] uint8
+    int c, h, w, b;
+    if (nchw) {
+        w = i % W; int t = i / W; h = t % H; t /= H; c = t % C; b = t / C;
+    } else {
+        c = i % C; int t = i / C; w = t % W; t /= W; h = t % H; b = t / H;
+    }
+    float v = (float)x[((b * H + h) * W + w) * C + c];
+    y = (T)((v - mean[c]) * inv_std[c]);
+"""
+
+
+class _CudaState:
+    """What lives as long as the loader: device, stream, kernel, ring registration."""
+
+    def __init__(self, cp, options: DeviceOptions, rank: int) -> None:
+        self.cp = cp
+        self.options = options
+        self.device_id = pick_device(options, rank, cp.cuda.runtime.getDeviceCount())
+        self.device = cp.cuda.Device(self.device_id)
+        with self.device:
+            self.stream = cp.cuda.Stream(non_blocking=True)
+            self.mean = cp.asarray(options.mean, dtype=cp.float32)
+            self.inv_std = cp.asarray([1.0 / s for s in options.std], dtype=cp.float32)
+            self.kernel = cp.ElementwiseKernel(
+                "raw uint8 x, raw float32 mean, raw float32 inv_std, int32 H, int32 W, int32 C, "
+                "bool nchw", "T y", _KERNEL_SRC, "shardpack_normalize")
+        self.registered = None  # (address, nbytes) of the page-locked ring
+        self.mode = None  # "register" or "staging"
+        self.staging = None
+
+    def prepare(self, ring) -> None:
+        """Page-lock ``ring`` (once per ring), or set up staging buffers."""
+        key = (ring.address, ring.nbytes)
+        if self.registered == key or (self.mode == "staging" and self.staging is not None
+                                      and self.staging_key == ring.slot_bytes):
+            return
+        self.release()
+        cp = self.cp
+        if self.options.pinning != "staging":
+            try:
+                cp.cuda.runtime.hostRegister(ring.address, ring.nbytes, 0)
+                self.registered, self.mode = key, "register"
+                return
+            except cp.cuda.runtime.CUDARuntimeError:
+                if self.options.pinning == "register":
+                    raise
+        mem = cp.cuda.alloc_pinned_memory(ring.slot_bytes)
+        self.staging = np.frombuffer(mem, np.uint8, ring.slot_bytes)
+        self.staging_mem, self.staging_key, self.mode = mem, ring.slot_bytes, "staging"
+
+    def release(self) -> None:
+        if self.registered is not None:
+            self.stream.synchronize()
+            self.cp.cuda.runtime.hostUnregister(self.registered[0])
+            self.registered = None
+
+
+class CudaSink:
+    """Copies each delivered slot to the GPU; slots come back when their copy event is done."""
+
+    hold = 2  # the slot being copied, and the one before it (its copy may still run)
+
+    def __init__(self, loader, state: _CudaState) -> None:
+        self.loader = loader
+        self.state = state
+        self.gate = SlotGate(limit=self.hold)
+        self._timings: deque = deque()
+        self._last_h2d: tuple[float, int] | None = None
+
+    def deliver(self, slot: int, batch: dict, timing):
+        st, cp = self.state, self.state.cp
+        ring = self.loader.ring
+        st.prepare(ring)
+        opts = st.options
+        base = ring.address + ring.slot_offset(slot)
+        if st.mode == "staging":
+            # One host memcpy of the used part of the slot into pinned memory.
+            used = max(f.offset + f.nbytes for f in ring.layout.fields)
+            st.stream.synchronize()  # the previous copy out of the staging buffer is done
+            np.copyto(st.staging[:used], ring.array[ring.slot_offset(slot):ring.slot_offset(slot) + used])
+            base = st.staging.ctypes.data
+        out = {}
+        nbytes = 0
+        with st.device, st.stream:
+            start = cp.cuda.Event()
+            start.record(st.stream)
+            device_arrays = {}
+            for f in ring.layout.fields:
+                if f.name not in batch:
+                    continue
+                dev = cp.empty(f.shape, dtype=f.dtype)
+                dev.data.copy_from_host_async(base + f.offset, f.nbytes, st.stream)
+                device_arrays[f.name] = dev
+                nbytes += f.nbytes
+            copied = cp.cuda.Event()
+            copied.record(st.stream)
+            self.gate.add(slot, copied)
+            for name, dev in device_arrays.items():
+                out[name] = self._images(dev) if dev.ndim == 4 and dev.dtype == cp.uint8 else dev
+            ready = cp.cuda.Event()
+            ready.record(st.stream)
+        for name, value in batch.items():
+            if name not in out:
+                out[name] = value  # host-side fields (strings, variable-size arrays)
+        self._timings.append((start, copied, nbytes))
+        timing = self._attach_h2d(timing)
+        consumer = self._consumer_stream()
+        consumer.wait_event(ready)
+        if opts.output == "torch":
+            import torch
+
+            out = {k: (torch.from_dlpack(v) if isinstance(v, cp.ndarray) else v) for k, v in out.items()}
+        return out, timing
+
+    def _images(self, dev):
+        st, cp = self.state, self.state.cp
+        opts = st.options
+        b, h, w, c = dev.shape
+        if opts.dtype == "uint8":
+            return cp.ascontiguousarray(dev.transpose(0, 3, 1, 2)) if opts.layout == "NCHW" else dev
+        shape = (b, c, h, w) if opts.layout == "NCHW" else (b, h, w, c)
+        y = cp.empty(shape, dtype=cp.float16 if opts.dtype == "float16" else cp.float32)
+        st.kernel(dev, st.mean, st.inv_std, np.int32(h), np.int32(w), np.int32(c),
+                  opts.layout == "NCHW", y)
+        return y
+
+    def _consumer_stream(self):
+        cp = self.state.cp
+        if self.state.options.output == "torch":
+            import torch
+
+            return cp.cuda.ExternalStream(torch.cuda.current_stream(self.state.device_id).cuda_stream)
+        return cp.cuda.get_current_stream()
+
+    def _attach_h2d(self, timing):
+        """Copy times come from CUDA events; read them once complete (no host stall)."""
+        cp = self.state.cp
+        while self._timings and self._timings[0][1].done:
+            start, end, nbytes = self._timings.popleft()
+            self._last_h2d = (cp.cuda.get_elapsed_time(start, end) / 1e3, nbytes)
+        if timing is None or self._last_h2d is None:
+            return timing
+        return replace(timing, h2d_s=self._last_h2d[0], h2d_bytes=self._last_h2d[1])
+
+    def reclaim(self) -> list[int]:
+        # Our next writes wait for whatever the consumer has queued so far.
+        consumer_done = self._consumer_stream().record()
+        self.state.stream.wait_event(consumer_done)
+        return self.gate.reclaim()
+
+    def close(self) -> None:
+        self.gate.drain()
+
+
+def measure_pinned_bandwidth(nbytes: int, repeats: int = 20) -> float:
+    """Raw pinned host -> device copy bandwidth in GB/s (the limit for the loader's copy)."""
+    cp = require_cupy()
+    host = np.frombuffer(cp.cuda.alloc_pinned_memory(nbytes), np.uint8, nbytes)
+    host[:] = 1
+    dev = cp.empty(nbytes, cp.uint8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    dev.data.copy_from_host_async(host.ctypes.data, nbytes, stream)
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dev.data.copy_from_host_async(host.ctypes.data, nbytes, stream)
+    stream.synchronize()
+    return nbytes * repeats / (time.perf_counter() - t0) / 1e9

@@ -1,0 +1,153 @@
+"""Single-core rates of the per-sample decode path, and the resize backend comparison.
+
+Usage: ``python -m scripts.bench_decode [--count 300] [--rounds 3]``. Every rate is
+the best of ``--rounds`` passes over the same synthetic ~100 KB JPEGs (300-500 px),
+since other processes share the machine. OpenCV is optional; its rows are skipped
+when it is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import simplejpeg
+from PIL import Image
+
+from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
+from scripts.synth import make_jpeg
+
+SIZE = 224
+
+
+def _rate(fn: Callable[[bytes], object], jpegs: list[bytes], rounds: int) -> float:
+    best = math.inf
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for data in jpegs:
+            fn(data)
+        best = min(best, time.perf_counter() - start)
+    return len(jpegs) / best
+
+
+def _naive(rng: np.random.Generator) -> Callable[[bytes], np.ndarray]:
+    """What a torchvision user does: full decode, crop, resize with Pillow, flip, HWC->CHW."""
+    crop = RandomResizedCrop(SIZE)
+
+    def run(data: bytes) -> np.ndarray:
+        full = simplejpeg.decode_jpeg(data)
+        top, left, h, w = crop.get_params(full.shape[0], full.shape[1], rng)
+        img = Image.fromarray(full).crop((left, top, left + w, top + h))
+        img = img.resize((SIZE, SIZE), Image.Resampling.BILINEAR)
+        if rng.random() < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return np.ascontiguousarray(np.asarray(img).transpose(2, 0, 1))
+
+    return run
+
+
+def _ours(backend: str, rng: np.random.Generator) -> Callable[[bytes], np.ndarray]:
+    pipe = ImagePipeline([RandomResizedCrop(SIZE), RandomHorizontalFlip()], backend=backend)
+    out = np.empty(pipe.output_shape, np.uint8)
+    return lambda data: pipe(data, out, rng)
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return math.inf if mse == 0 else 10 * math.log10(255**2 / mse)
+
+
+def _backend_table(
+    jpegs: list[bytes], rounds: int, has_cv2: bool
+) -> list[tuple[str, float, float]]:
+    """Resize-only cost and quality on crops as the fused path sees them."""
+    rng = np.random.default_rng(1)
+    crop = RandomResizedCrop(SIZE)
+    crops = []
+    for data in jpegs[:100]:
+        full = simplejpeg.decode_jpeg(data)
+        top, left, h, w = crop.get_params(full.shape[0], full.shape[1], rng)
+        crops.append(np.ascontiguousarray(full[top : top + h, left : left + w]))
+
+    def pil(c):
+        return np.asarray(Image.fromarray(c).resize((SIZE, SIZE), Image.Resampling.BILINEAR))
+
+    methods = {"pillow bilinear (antialiased)": pil}
+    if has_cv2:
+        import cv2
+
+        cv2.setNumThreads(0)
+        out = np.empty((SIZE, SIZE, 3), np.uint8)
+
+        def cv(flag_shrink, flag_grow, area_from):
+            def run(c):
+                flag = flag_shrink if min(c.shape[:2]) >= area_from * SIZE else flag_grow
+                return cv2.resize(c, (SIZE, SIZE), dst=out, interpolation=flag).copy()
+
+            return run
+
+        methods["cv2 area (linear to enlarge)"] = cv(cv2.INTER_AREA, cv2.INTER_LINEAR, 1)
+        methods["cv2 linear (ours below 2x)"] = cv(cv2.INTER_AREA, cv2.INTER_LINEAR, 2)
+    refs = [pil(c) for c in crops]
+    rows = []
+    for name, fn in methods.items():
+        us = 1e6 / _rate(fn, crops, rounds)
+        quality = np.mean([_psnr(fn(c), r) for c, r in zip(crops, refs, strict=True)])
+        rows.append((name, us, quality))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    try:
+        import cv2  # noqa: F401
+
+        has_cv2 = True
+    except ImportError:
+        has_cv2 = False
+
+    rng = np.random.default_rng(0)
+    sides = rng.integers(300, 501, (args.count, 2))
+    jpegs = [make_jpeg(rng, int(w), int(h)) for w, h in sides]
+    print(f"{len(jpegs)} JPEGs, mean {np.mean([len(j) for j in jpegs]) / 1e3:.1f} KB, 300-500 px")
+
+    rates = {
+        "simplejpeg full decode": _rate(simplejpeg.decode_jpeg, jpegs, args.rounds),
+        "pillow full decode": _rate(
+            lambda d: np.asarray(Image.open(io.BytesIO(d)).convert("RGB")), jpegs, args.rounds
+        ),
+        "naive: decode, pillow crop+resize, flip, CHW": _rate(
+            _naive(np.random.default_rng(2)), jpegs, args.rounds
+        ),
+        "ours (RRC 224 + flip), pillow": _rate(
+            _ours("pillow", np.random.default_rng(2)), jpegs, args.rounds
+        ),
+    }
+    if has_cv2:
+        rates["ours (RRC 224 + flip), cv2"] = _rate(
+            _ours("cv2", np.random.default_rng(2)), jpegs, args.rounds
+        )
+    decode, naive = (
+        rates["simplejpeg full decode"],
+        rates["naive: decode, pillow crop+resize, flip, CHW"],
+    )
+    print(f"\n{'path (one core)':48} {'img/s':>8} {'/naive':>7} {'/decode':>8}")
+    for name, r in rates.items():
+        print(f"{name:48} {r:8.0f} {r / naive:7.2f} {r / decode:8.2f}")
+
+    print(f"\n{'resize backend (crop -> 224x224)':32} {'µs/img':>8} {'PSNR vs pillow':>15}")
+    for name, us, quality in _backend_table(jpegs, args.rounds, has_cv2):
+        print(f"{name:32} {us:8.0f} {quality:15.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,252 @@
+"""Synthetic, natural-looking JPEGs for the demo, the tests and the benchmarks.
+
+Flat noise compresses badly and smooth gradients compress too well; neither looks
+like a photo to libjpeg, so neither gives realistic decode costs. An image here is
+the sum of layers that each mimic one band of a photo's spectrum:
+
+* a low-frequency "scene": a tiny random colour grid upsampled bicubically;
+* mid-frequency "texture": a random crop of a multi-octave noise tile, with a
+  random per-channel gain (tiles are built once per process from a fixed seed);
+* hard edges: a few filled polygons and ellipses in random colours, some textured;
+* fine grain: a random crop of a precomputed sensor-noise tile.
+
+Everything per image is drawn from the caller's ``numpy.random.Generator``, and
+each file of :func:`make_image_folder` gets its own generator derived from
+``(seed, class, index)``, so output bytes depend only on the seed, never on the
+number of workers. With the defaults the mean file is about 100 KB for sides of
+300 to 500 pixels, like ImageNet's training set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import multiprocessing as mp
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import simplejpeg
+from PIL import Image, ImageDraw
+
+__all__ = ["make_image_folder", "make_jpeg", "make_tiny_jpeg", "synth_image"]
+
+_TILE = 640  # tiles are cropped, so images larger than this are tiled by wrapping
+_NUM_TILES = 4
+_BANK_SEED = 0x5EED  # fixed: the bank is part of the generator, not of a dataset
+_TEXTURE_AMPLITUDE = 40.0
+# (grid cells across a tile, weight): a 1/f-like falloff, but with enough fine detail
+# that the JPEG size resembles a photo's rather than a cartoon's.
+_OCTAVES = ((8, 1.0), (24, 0.8), (64, 0.8), (160, 1.0), (320, 1.2))
+_GRAIN_AMPLITUDE = 14.0
+
+
+@functools.lru_cache(maxsize=1)
+def _texture_bank() -> tuple[np.ndarray, np.ndarray]:
+    """Build the shared texture and grain tiles (int16, HWC), once per process."""
+    rng = np.random.default_rng(_BANK_SEED)
+    textures = np.empty((_NUM_TILES, _TILE, _TILE, 3), np.int16)
+    for t in range(_NUM_TILES):
+        acc = np.zeros((_TILE, _TILE, 3), np.float32)
+        # Octaves with a 1/f-like falloff; the finest ones carry the "detail".
+        for cells, weight in _OCTAVES:
+            small = rng.normal(0.0, 1.0, (cells, cells, 3)).astype(np.float32)
+            channels = [
+                np.asarray(
+                    Image.fromarray(small[..., c], mode="F").resize(
+                        (_TILE, _TILE), Image.Resampling.BICUBIC
+                    )
+                )
+                for c in range(3)
+            ]
+            acc += weight * np.stack(channels, axis=-1)
+        # Mostly luminance, like real texture; chroma noise would be lost to 4:2:0 anyway.
+        acc = acc[..., :1] + 0.3 * acc
+        acc *= _TEXTURE_AMPLITUDE / acc.std()
+        textures[t] = np.clip(acc, -127, 127).astype(np.int16)
+    grain = rng.normal(0.0, _GRAIN_AMPLITUDE, (_TILE, _TILE, 1)) + rng.normal(
+        0.0, _GRAIN_AMPLITUDE / 3, (_TILE, _TILE, 3)
+    )
+    grain = grain.astype(np.int16)
+    return textures, grain
+
+
+def _tile_crop(tile: np.ndarray, rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A random (height, width) window of ``tile``, wrapping when it is too small."""
+    y = int(rng.integers(0, tile.shape[0]))
+    x = int(rng.integers(0, tile.shape[1]))
+    if y + height <= tile.shape[0] and x + width <= tile.shape[1]:
+        return tile[y : y + height, x : x + width]
+    rows = np.arange(y, y + height) % tile.shape[0]
+    cols = np.arange(x, x + width) % tile.shape[1]
+    return tile[np.ix_(rows, cols)]
+
+
+def _draw_shapes(rng: np.random.Generator, width: int, height: int) -> tuple[Image.Image, list]:
+    """A mask image of 2 to 6 shapes and the RGB colour of each (mask value = index + 1)."""
+    mask = Image.new("L", (width, height), 0)
+    draw = ImageDraw.Draw(mask)
+    colours = []
+    for i in range(int(rng.integers(2, 7))):
+        cx, cy = rng.uniform(0, width), rng.uniform(0, height)
+        r = rng.uniform(0.08, 0.35) * min(width, height)
+        if rng.random() < 0.5:
+            draw.ellipse((cx - r, cy - r * rng.uniform(0.5, 1.5), cx + r, cy + r), fill=i + 1)
+        else:
+            n = int(rng.integers(3, 7))
+            angles = np.sort(rng.uniform(0, 2 * np.pi, n))
+            radii = r * rng.uniform(0.5, 1.2, n)
+            points = list(
+                zip(cx + radii * np.cos(angles), cy + radii * np.sin(angles), strict=True)
+            )
+            draw.polygon(points, fill=i + 1)
+        colours.append(rng.integers(0, 256, 3))
+    return mask, colours
+
+
+def synth_image(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
+    """Generate one natural-looking RGB image.
+
+    Args:
+        rng: Source of all randomness for this image.
+        width: Image width in pixels.
+        height: Image height in pixels.
+
+    Returns:
+        A C-contiguous ``(height, width, 3)`` uint8 array.
+    """
+    textures, grain = _texture_bank()
+    grid = rng.integers(0, 256, (int(rng.integers(2, 6)), int(rng.integers(2, 6)), 3), np.uint8)
+    img = np.asarray(
+        Image.fromarray(grid).resize((width, height), Image.Resampling.BICUBIC), np.int16
+    ).copy()
+
+    mask, colours = _draw_shapes(rng, width, height)
+    labels = np.asarray(mask)
+    palette = np.zeros((len(colours) + 1, 3), np.int16)
+    palette[1:] = np.asarray(colours, np.int16)
+    inside = labels > 0
+    # Shapes replace the scene where they are opaque, so their edges are sharp.
+    img[inside] = palette[labels[inside]]
+
+    texture = textures[int(rng.integers(0, _NUM_TILES))]
+    gain = rng.uniform(0.4, 1.4, 3).astype(np.float32)
+    img += (_tile_crop(texture, rng, height, width) * gain).astype(np.int16)
+    img += _tile_crop(grain, rng, height, width)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def make_jpeg(rng: np.random.Generator, width: int, height: int, quality: int = 90) -> bytes:
+    """Encode a :func:`synth_image` as a 4:2:0 JPEG (the common camera/web layout).
+
+    Args:
+        rng: Source of all randomness for this image.
+        width: Image width in pixels.
+        height: Image height in pixels.
+        quality: JPEG quality, 1 to 100.
+
+    Returns:
+        The JPEG file bytes.
+    """
+    return simplejpeg.encode_jpeg(
+        synth_image(rng, width, height), quality=quality, colorsubsampling="420"
+    )
+
+
+def make_tiny_jpeg(rng: np.random.Generator, width: int = 32, height: int = 24) -> bytes:
+    """A small JPEG for fast tests (same generator, just small)."""
+    return make_jpeg(rng, width, height, quality=90)
+
+
+def _write_one(job: tuple[Path, int, int, int, int, int, int]) -> int:
+    """Write one file of the tree; returns its size. Module-level so it pickles."""
+    path, seed, label, index, min_side, max_side, quality = job
+    rng = np.random.default_rng([seed, label, index])
+    width, height = (int(s) for s in rng.integers(min_side, max_side + 1, 2))
+    data = make_jpeg(rng, width, height, quality)
+    path.write_bytes(data)
+    return len(data)
+
+
+def make_image_folder(
+    root: str | Path,
+    num_classes: int,
+    per_class: int,
+    *,
+    min_side: int = 300,
+    max_side: int = 500,
+    seed: int = 0,
+    quality: int = 90,
+    workers: int = 1,
+) -> list[Path]:
+    """Write an ImageFolder tree ``root/class_XXX/img_XXXXX.jpg``.
+
+    Files are byte-identical for the same arguments whatever ``workers`` is.
+
+    Args:
+        root: Directory to create (existing files with the same names are replaced).
+        num_classes: Number of class folders.
+        per_class: Images per class.
+        min_side: Smallest width or height, in pixels.
+        max_side: Largest width or height, in pixels.
+        seed: Seed for all content and sizes.
+        quality: JPEG quality.
+        workers: Processes to generate with; 1 generates in this process.
+
+    Returns:
+        The paths written, sorted by class then index.
+    """
+    if not 1 <= min_side <= max_side:
+        raise ValueError(f"need 1 <= min_side <= max_side, got {min_side}, {max_side}")
+    root = Path(root)
+    jobs = []
+    for label in range(num_classes):
+        folder = root / f"class_{label:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for index in range(per_class):
+            path = folder / f"img_{index:05d}.jpg"
+            jobs.append((path, seed, label, index, min_side, max_side, quality))
+    if workers > 1 and len(jobs) > 1:
+        with mp.get_context("spawn").Pool(workers) as pool:
+            list(pool.imap_unordered(_write_one, jobs, chunksize=64))
+    else:
+        for job in jobs:
+            _write_one(job)
+    return [job[0] for job in jobs]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m scripts.synth OUT --classes 10 --per-class 100``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="directory to write the ImageFolder tree into")
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--per-class", type=int, default=100)
+    parser.add_argument("--min-side", type=int, default=300)
+    parser.add_argument("--max-side", type=int, default=500)
+    parser.add_argument("--quality", type=int, default=90)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    paths = make_image_folder(
+        args.out,
+        args.classes,
+        args.per_class,
+        min_side=args.min_side,
+        max_side=args.max_side,
+        seed=args.seed,
+        quality=args.quality,
+        workers=args.workers,
+    )
+    total = sum(p.stat().st_size for p in paths)
+    seconds = time.perf_counter() - start
+    print(
+        f"{len(paths)} images, {total / 1e6:.1f} MB, mean {total / max(len(paths), 1) / 1e3:.1f} KB, "
+        f"{seconds:.1f} s ({len(paths) / seconds:.0f} img/s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""The GPU path's logic on CPU (slot gating, normalization math), and on a GPU when present."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from reader.device import DeviceOptions, SlotGate, normalize, require_cupy
+
+
+class FakeEvent:
+    def __init__(self):
+        self.done = False
+        self.synced = False
+
+    def synchronize(self):
+        self.synced = True
+        self.done = True
+
+
+def test_slot_comes_back_only_after_its_event():
+    gate = SlotGate(limit=2)
+    e0, e1 = FakeEvent(), FakeEvent()
+    gate.add(0, e0)
+    gate.add(1, e1)
+    assert gate.reclaim() == []  # nothing finished, within the limit: nothing is waited for
+    assert not e0.synced
+    e0.done = True
+    assert gate.reclaim() == [0]
+    assert len(gate) == 1
+
+
+def test_slots_come_back_in_order_even_if_a_later_one_finishes_first():
+    gate = SlotGate(limit=3)
+    events = [FakeEvent() for _ in range(3)]
+    for i, e in enumerate(events):
+        gate.add(i, e)
+    events[2].done = True
+    assert gate.reclaim() == []  # slot 0's copy may still be reading the ring
+    events[0].done = True
+    assert gate.reclaim() == [0]
+
+
+def test_gate_waits_for_the_oldest_when_over_its_limit():
+    gate = SlotGate(limit=1)
+    e0, e1 = FakeEvent(), FakeEvent()
+    gate.add(0, e0)
+    gate.add(1, e1)
+    assert gate.reclaim() == [0]
+    assert e0.synced and not e1.synced
+    assert gate.drain() == [1] and e1.synced
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_normalize_matches_the_definition(rng, dtype, layout):
+    images = rng.integers(0, 256, (3, 5, 7, 3), dtype=np.uint8)
+    opts = DeviceOptions(dtype=dtype, layout=layout, mean=(10.0, 20.0, 30.0), std=(2.0, 4.0, 8.0))
+    out = normalize(images, opts)
+    assert out.dtype == np.dtype(dtype)
+    assert out.flags.c_contiguous
+    b, h, w, c = images.shape
+    assert out.shape == ((b, c, h, w) if layout == "NCHW" else (b, h, w, c))
+    for k in range(c):
+        want = (images[..., k].astype(np.float64) - opts.mean[k]) / opts.std[k]
+        got = out[:, k] if layout == "NCHW" else out[..., k]
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+
+
+def test_uint8_passthrough_only_changes_layout(rng):
+    images = rng.integers(0, 256, (2, 4, 6, 3), dtype=np.uint8)
+    out = normalize(images, DeviceOptions(dtype="uint8", layout="NCHW"))
+    assert out.dtype == np.uint8 and np.array_equal(out, images.transpose(0, 3, 1, 2))
+
+
+@pytest.mark.parametrize("bad", [{"dtype": "int8"}, {"layout": "CHW"}, {"output": "jax"},
+                                 {"pinning": "magic"}, {"std": (1.0, 0.0, 1.0)},
+                                 {"mean": (1.0, 2.0)}])
+def test_device_options_are_checked(bad):
+    with pytest.raises(ValueError):
+        DeviceOptions(**bad)
+
+
+def test_without_cupy_the_error_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    with pytest.raises(ImportError, match=r"pip install 'shardpack\[gpu\]'"):
+        require_cupy()
+
+
+def _gpu_or_skip():
+    try:
+        return require_cupy()
+    except ImportError as exc:
+        pytest.skip(f"needs a CUDA GPU and cupy: {exc}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gpu_kernel_matches_numpy_reference(rng, layout):
+    cp = _gpu_or_skip()
+    from reader.device import _CudaState
+
+    opts = DeviceOptions(dtype="float32", layout=layout)
+    state = _CudaState(cp, opts, rank=0)
+    images = rng.integers(0, 256, (4, 9, 11, 3), dtype=np.uint8)
+    from reader.device import CudaSink
+
+    sink = CudaSink.__new__(CudaSink)
+    sink.state = state
+    got = cp.asnumpy(sink._images(cp.asarray(images)))
+    np.testing.assert_allclose(got, normalize(images, opts), rtol=1e-5, atol=1e-4)
