@@ -1,0 +1,322 @@
+"""Parquet files: a source and a sink, in the layout Hugging Face ``datasets`` writes.
+
+An image column is either the ``datasets.Image`` struct (``bytes``: binary, ``path``:
+string) or a plain binary column named ``image``/``img``/``jpg``/``png``. Class names
+come from the ``huggingface`` schema metadata (``info.features.<label>.names`` of a
+``ClassLabel``). Files are read in row batches (``iter_batches``), never whole.
+The sink writes that same layout, class names included, so ``datasets`` reads it
+back with ``Image`` and ``ClassLabel`` features.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .base import Record
+from .errors import FormatError, SchemaError
+from .fields import Field
+from .files import temp_name
+from .outputs import prepare_output_dir
+from .paths import expand_inputs
+from .sniff import image_type
+
+__all__ = ["ParquetSink", "ParquetSource"]
+
+IMAGE_NAMES = ("image", "img", "jpg", "jpeg", "png", "picture")
+LABEL_NAMES = ("label", "labels", "class", "cls", "target")
+_BATCH = 256
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def _is_image_struct(t: pa.DataType) -> bool:
+    return (pa.types.is_struct(t) and t.get_field_index("bytes") >= 0
+            and _is_binary(t.field("bytes").type))
+
+
+def _hf_features(schema: pa.Schema) -> dict:
+    meta = schema.metadata or {}
+    try:
+        info = json.loads(meta.get(b"huggingface", b"{}"))
+        return info.get("info", {}).get("features", {}) or {}
+    except (ValueError, AttributeError):
+        return {}
+
+
+def _json_columns(schema: pa.Schema) -> set[str]:
+    try:
+        cols = json.loads((schema.metadata or {}).get(b"shardpack", b"{}")).get("json_columns", [])
+        return {c for c in cols if isinstance(c, str)}
+    except (ValueError, AttributeError):
+        return set()
+
+
+def _scalar_field(name: str, t: pa.DataType) -> Field:
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return Field(name, "int")
+    if pa.types.is_floating(t):
+        return Field(name, "float")
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return Field(name, "str")
+    if _is_binary(t):
+        return Field(name, "bytes")
+    return Field(name, "json")
+
+
+class ParquetSource:
+    """Rows of Parquet files (a file, a folder, a glob) as records.
+
+    Args:
+        path: where the files are.
+        image_column: the column holding encoded images (auto-detected by default).
+        label_column: the int column holding labels (``label`` and similar by default).
+
+    Fields: ``image`` (type sniffed from the first row), ``label`` when present,
+    ``key`` (a ``key`` column, else the image's ``path``, else ``file:row``), and
+    every other column under its own name.
+
+    Raises:
+        SchemaError: no image column (the message lists the columns there are).
+    """
+
+    def __init__(self, path: str | Path, *, image_column: str | None = None,
+                 label_column: str | None = None, batch_size: int = _BATCH) -> None:
+        self.files = expand_inputs(path, (".parquet",))
+        self.batch_size = batch_size
+        try:
+            self._schema = pq.read_schema(self.files[0])
+        except (OSError, pa.ArrowException) as exc:
+            raise FormatError(f"not a Parquet file ({exc})", path=self.files[0]) from None
+        names = self._schema.names
+        if image_column is None:
+            image_column = next((n for n in names if _is_image_struct(self._schema.field(n).type)),
+                                None)
+            if image_column is None:
+                image_column = next((n for n in names if n.lower() in IMAGE_NAMES and
+                    _is_binary(self._schema.field(n).type)), None)
+        if image_column is None or image_column not in names:
+            raise SchemaError("no image column (a datasets.Image struct or a binary column named "
+                              f"one of {list(IMAGE_NAMES)}); its columns are {names}",
+                              path=self.files[0], found=image_column)
+        self.image_column = image_column
+        self._struct = _is_image_struct(self._schema.field(image_column).type)
+        hf = _hf_features(self._schema)
+        if label_column is None:
+            label_column = next((n for n in names if n.lower() in LABEL_NAMES and (
+                pa.types.is_integer(self._schema.field(n).type))), None)
+        elif label_column not in names:
+            raise SchemaError(f"no column {label_column!r}; its columns are {names}",
+                              path=self.files[0])
+        self.label_column = label_column
+        label_feature = hf.get(label_column, {}) if label_column else {}
+        names_list = label_feature.get("names") if isinstance(label_feature, dict) else None
+        self.classes = tuple(names_list) if isinstance(names_list, list) and all(
+            isinstance(c, str) for c in names_list) else None
+        self._others = [n for n in names if n not in (image_column, label_column)]
+        self._key_column = "key" if "key" in self._others else None
+        first = self._first_image()
+        fields = [Field("image", image_type(first))]
+        if label_column:
+            fields.append(Field("label", "int"))
+        fields.append(Field("key", "str"))
+        json_cols = _json_columns(self._schema)
+        for n in self._others:
+            if n != "key":
+                f = _scalar_field(n, self._schema.field(n).type)
+                fields.append(Field(n, "json") if n in json_cols and f.type == "str" else f)
+        self.fields = tuple(fields)
+
+    def _first_image(self) -> bytes:
+        for path in self.files:
+            for batch in self._batches(path, [self.image_column]):
+                col = batch.column(0)
+                if len(col):
+                    value = col[0].as_py()
+                    return (value or {}).get("bytes") or b"" if self._struct else value or b""
+        raise FormatError("no rows in any Parquet file", path=self.files[0])
+
+    def _batches(self, path: Path, columns=None):
+        try:
+            pf = pq.ParquetFile(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise FormatError(f"not a Parquet file ({exc})", path=path) from None
+        if pf.schema_arrow.names != self._schema.names:
+            raise SchemaError("Parquet file has other columns than the first file", path=path,
+                              found=pf.schema_arrow.names, expected=self._schema.names)
+        try:
+            yield from pf.iter_batches(batch_size=self.batch_size, columns=columns)
+        except pa.ArrowException as exc:
+            raise FormatError(f"damaged Parquet data ({exc})", path=path) from None
+
+    @staticmethod
+    def _cell(kind: str, v, path: Path, row: int, name: str):
+        if v is None:
+            raise SchemaError(f"column {name!r} is null", path=path, record=row)
+        if kind == "int":
+            return int(v)
+        if kind == "json" and isinstance(v, str):
+            try:
+                return json.loads(v)
+            except ValueError:
+                raise SchemaError(f"column {name!r} is not valid JSON", path=path,
+                                  record=row) from None
+        return v
+
+    def __len__(self) -> int:
+        return sum(pq.ParquetFile(p).metadata.num_rows for p in self.files)
+
+    def __iter__(self) -> Iterator[Record]:
+        image_f = self.fields[0]
+        types = {f.name: f.type for f in self.fields}
+        for path in self.files:
+            row = 0
+            for batch in self._batches(path):
+                cols = {n: batch.column(n) for n in batch.schema.names}
+                images = cols[self.image_column]
+                if self._struct:
+                    data_col = images.field("bytes").to_pylist()
+                    path_col = images.field("path").to_pylist() if images.type.get_field_index(
+                        "path") >= 0 else [None] * len(batch)
+                else:
+                    data_col, path_col = images.to_pylist(), [None] * len(batch)
+                labels = cols[self.label_column].to_pylist() if self.label_column else None
+                others = {n: cols[n].to_pylist() for n in self._others}
+                for i in range(len(batch)):
+                    origin = f"{path.name}:{row}"
+                    data = data_col[i]
+                    if data is None:
+                        raise SchemaError("row has no image bytes", path=path, record=row)
+                    if image_f.type != "image" and image_type(data) != image_f.type:
+                        raise SchemaError(
+                            f"image is {image_type(data)}, the first row's is {image_f.type}; "
+                            "pass image type 'image' for mixed formats", path=path, record=row)
+                    values = {"image": data}
+                    if labels is not None:
+                        if labels[i] is None:
+                            raise SchemaError("row has no label", path=path, record=row)
+                        values["label"] = int(labels[i])
+                    key = others.get("key", [None] * len(batch))[i] if self._key_column else None
+                    values["key"] = str(key if key is not None else path_col[i] or origin)
+                    for n in self._others:
+                        if n != "key":
+                            values[n] = self._cell(types[n], others[n][i], path, row, n)
+                    yield Record(values, {}, origin)
+                    row += 1
+
+
+def _arrow_type(f: Field) -> pa.DataType:
+    return {"int": pa.int64(), "float": pa.float64(), "str": pa.string(),
+            "json": pa.string()}.get(f.type, pa.binary())
+
+
+class ParquetSink:
+    """Writes ``shard-NNNNN.parquet`` files in the ``datasets`` layout.
+
+    Args:
+        path: the output folder.
+        fields: the schema; ``image`` becomes a ``{bytes, path}`` struct (path =
+            the ``key``), ``label`` an int64 ClassLabel column, others plain columns
+            (json as text, ndarray as raw bytes).
+        classes: class names, stored in the ``huggingface`` metadata.
+        records_per_shard / shard_size: when to start a new file.
+        row_group_size: rows per row group (and per write).
+        overwrite: replace files of an earlier run.
+    """
+
+    def __init__(self, path: str | Path, fields, classes=None, *, shard_size: int | None = 256 << 20,
+                 records_per_shard: int | None = None, row_group_size: int = 1024,
+                 overwrite: bool = False) -> None:
+        self.root = prepare_output_dir(path, overwrite=overwrite, owned=("shard-",))
+        self.fields = tuple(fields)
+        if "image" not in {f.name for f in self.fields}:
+            raise SchemaError("the parquet sink writes image datasets; no 'image' field",
+                              found=[f.name for f in self.fields])
+        self.classes = None if classes is None else list(classes)
+        self.shard_size, self.records_per_shard = shard_size, records_per_shard
+        self.row_group_size = row_group_size
+        self._columns = ["image"] + [f.name for f in self.fields if f.name not in ("image", "key")]
+        self._schema = self._make_schema()
+        self.files: list[Path] = []
+        self._rows: list[Record] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._tmp: Path | None = None
+        self._records = self._bytes = 0
+
+    def _make_schema(self) -> pa.Schema:
+        features: dict = {"image": {"_type": "Image"}}
+        cols = [pa.field("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())]))]
+        for f in self.fields:
+            if f.name in ("image", "key"):
+                continue
+            cols.append(pa.field(f.name, _arrow_type(f)))
+            if f.name == "label" and f.type == "int" and self.classes is not None:
+                features["label"] = {"_type": "ClassLabel", "names": self.classes}
+            else:
+                dtype = {"int": "int64", "float": "float64", "str": "string", "json": "string"}
+                features[f.name] = {"_type": "Value", "dtype": dtype.get(f.type, "binary")}
+        meta = {"info": {"features": features}}
+        # JSON fields are text columns to every other reader; this key tells ours.
+        ours = {"json_columns": [f.name for f in self.fields if f.type == "json"]}
+        return pa.schema(cols, metadata={"huggingface": json.dumps(meta, sort_keys=True),
+                                         "shardpack": json.dumps(ours, sort_keys=True)})
+
+    def write(self, record: Record) -> None:
+        self._rows.append(record)
+        if len(self._rows) >= self.row_group_size or (
+                self.records_per_shard and self._records + len(self._rows) >= self.records_per_shard):
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, []
+        types = {f.name: f.type for f in self.fields}
+        data = {"image": [{"bytes": bytes(r.fields["image"]),
+                           "path": r.fields.get("key") if "key" in types else None} for r in rows]}
+        for name in self._columns[1:]:
+            t = types[name]
+            if t == "json":
+                data[name] = [json.dumps(r.fields[name], sort_keys=True) for r in rows]
+            elif t in ("int", "float", "str"):
+                data[name] = [r.fields[name] for r in rows]
+            else:
+                data[name] = [bytes(r.fields[name]) if t != "ndarray"
+                              else np.ascontiguousarray(r.fields[name]).tobytes() for r in rows]
+        table = pa.Table.from_pydict(data, schema=self._schema)
+        if self._writer is None:
+            self._path = self.root / f"shard-{len(self.files):05d}.parquet"
+            self._tmp = temp_name(self._path)
+            self._writer = pq.ParquetWriter(self._tmp, self._schema)
+        self._writer.write_table(table)
+        self._records += len(rows)
+        self._bytes += table.nbytes
+        if (self.records_per_shard and self._records >= self.records_per_shard) or (
+                self.shard_size and self._bytes >= self.shard_size):
+            self._seal()
+
+    def _seal(self) -> None:
+        self._writer.close()
+        os.replace(self._tmp, self._path)
+        self.files.append(self._path)
+        self._writer, self._tmp, self._records, self._bytes = None, None, 0, 0
+
+    def __enter__(self) -> ParquetSink:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self._flush()
+            if self._writer is not None:
+                self._seal()
+        elif self._writer is not None:
+            self._writer.close()
+            self._tmp.unlink(missing_ok=True)

@@ -1,0 +1,176 @@
+"""Codecs by name: what ``pack-dataset --from X --to Y`` resolves through.
+
+Conversion is "a source of one format, a sink of another" (:func:`convert`).
+Each codec module is imported only when its name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import tarfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .base import Record, Sink, Source
+from .fields import Field
+from .paths import expand_braces
+
+__all__ = ["SINKS", "SOURCES", "UnknownFormatError", "convert", "detect", "open_sink",
+           "open_source"]
+
+_SOURCES = {
+    "tfrecord": ("formats.tfrecord", "TFRecordSource"),
+    "webdataset": ("formats.webdataset", "WebDatasetSource"),
+    "parquet": ("formats.parquet_codec", "ParquetSource"),
+    "mds": ("formats.mds", "MDSSource"),
+    "shards": ("formats.shards_codec", "ShardsSource"),
+}
+_SINKS = {
+    "shards": ("formats.shards_codec", "ShardsSink"),
+    "tfrecord": ("formats.tfrecord", "TFRecordSink"),
+    "webdataset": ("formats.webdataset", "WebDatasetSink"),
+    "parquet": ("formats.parquet_codec", "ParquetSink"),
+    "imagefolder": ("formats.folder_sink", "ImageFolderSink"),
+}
+SOURCES: tuple[str, ...] = tuple(_SOURCES)
+SINKS: tuple[str, ...] = tuple(_SINKS)
+
+#: Options a caller (the packer) may hand every codec; those a codec has no use for
+#: are dropped (an ImageFolder has no shard size), any other unknown option is an error.
+COMMON_OPTIONS = frozenset({"shard_size", "records_per_shard", "overwrite", "resume",
+                            "created_by", "durable", "on_error"})
+
+
+class UnknownFormatError(KeyError, ValueError):
+    """A format name no codec has (a KeyError for the packer, a ValueError for usage)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _load(table: dict, name: str, what: str) -> type:
+    if name not in table:
+        raise UnknownFormatError(f"unknown {what} format {name!r}; known: {', '.join(table)}")
+    module, cls = table[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def _call(cls: type, args: tuple, options: dict, what: str, droppable=COMMON_OPTIONS):
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return cls(*args, **options)
+    known = {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    unknown = sorted(set(options) - known - droppable)
+    if unknown:
+        raise ValueError(f"{what} does not take option(s) {unknown}; it takes {sorted(known)}")
+    return cls(*args, **{k: v for k, v in options.items() if k in known})
+
+
+def _merge(options: Mapping[str, Any] | None, kwargs: dict) -> dict:
+    merged = dict(options or {})
+    merged.update(kwargs)
+    return merged
+
+
+def open_source(name: str, path: str | Path, options: Mapping[str, Any] | None = None,
+                /, **kwargs: Any) -> Source:
+    """Open ``path`` as a source of format ``name`` (one of :data:`SOURCES`).
+
+    Options come as a mapping (how the packer passes them) and/or keywords; the
+    codec's own keyword arguments are the options it takes.
+
+    Raises:
+        UnknownFormatError: unknown name (a KeyError and a ValueError).
+        ValueError: an option the codec does not take.
+        ShardpackError: the input is missing, damaged or has no usable schema.
+    """
+    return _call(_load(_SOURCES, name, "source"), (path,), _merge(options, kwargs),
+                 f"source {name!r}")
+
+
+def open_sink(name: str, path: str | Path, fields: tuple[Field, ...], classes=None,
+              options: Mapping[str, Any] | None = None, /, **kwargs: Any) -> Sink:
+    """A sink of format ``name`` (one of :data:`SINKS`) writing into the folder ``path``.
+
+    ``classes`` and ``options`` as for :func:`open_source`.
+    """
+    return _call(_load(_SINKS, name, "sink"), (path, tuple(fields), classes),
+                 _merge(options, kwargs), f"sink {name!r}")
+
+
+def _kind_of_file(p: Path) -> str | None:
+    n = p.name.lower()
+    if n == "manifest.json":
+        return "shards"
+    if n == "index.json":
+        return "mds"
+    if n.endswith((".tar", ".tar.gz", ".tgz")):
+        return "webdataset"
+    if n.endswith(".parquet"):
+        return "parquet"
+    if ".tfrecord" in n or ".tfrec" in n:
+        return "tfrecord"
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None
+    if head == b"PAR1":
+        return "parquet"
+    from .tfrecord import looks_like_tfrecord
+    if looks_like_tfrecord(p):
+        return "tfrecord"
+    try:
+        if tarfile.is_tarfile(p):
+            return "webdataset"
+    except OSError:
+        pass
+    return None
+
+
+def detect(path: str | Path) -> str | None:
+    """The foreign source kind of ``path`` (a file, folder, glob or brace pattern), or None.
+
+    None means "not one of :data:`SOURCES`": a plain folder of images is for the
+    packer's own folder sources to recognize.
+    """
+    p = Path(path)
+    if p.is_dir():
+        if (p / "manifest.json").is_file():
+            return "shards"
+        if (p / "index.json").is_file():
+            return "mds"
+        kinds = {_kind_of_file(q) for q in sorted(p.iterdir())[:64] if q.is_file()
+                 and q.suffix.lower() not in (".idx", ".json", ".txt", ".md")}
+        kinds.discard(None)
+        return kinds.pop() if len(kinds) == 1 else None
+    if p.is_file():
+        return _kind_of_file(p)
+    import glob
+    for pattern in expand_braces(str(path))[:1]:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        for m in matches[:1]:
+            if Path(m).is_file():
+                return _kind_of_file(Path(m))
+    return None
+
+
+def convert(src_name: str, src: str | Path, dst_name: str, dst: str | Path, *,
+            source_options: dict | None = None, progress: Callable[[Record], None] | None = None,
+            **sink_options: Any) -> int:
+    """Read ``src`` with one codec and write every record to ``dst`` with another.
+
+    Returns:
+        The number of records written.
+    """
+    source = open_source(src_name, src, **(source_options or {}))
+    count = 0
+    with open_sink(dst_name, dst, source.fields, source.classes, **sink_options) as sink:
+        for record in source:
+            sink.write(record)
+            count += 1
+            if progress is not None:
+                progress(record)
+    return count

@@ -1,0 +1,208 @@
+"""A minimal protobuf wire-format codec for ``tf.train.Example`` (no TensorFlow, no protobuf).
+
+The messages (tensorflow/core/example/{example,feature}.proto)::
+
+    Example   { Features features = 1; }
+    Features  { map<string, Feature> feature = 1; }      // entries: key = 1, value = 2
+    Feature   { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
+                             Int64List int64_list = 3; } }
+    BytesList { repeated bytes value = 1; }
+    FloatList { repeated float value = 1 [packed = true]; }
+    Int64List { repeated int64 value = 1 [packed = true]; }
+
+The decoder accepts packed and unpacked repeated scalars (proto2 writers emit
+either), skips unknown fields, and checks every length against the buffer; the
+encoder writes packed lists and sorts feature names so its bytes are deterministic.
+A decoded feature is ``bytes``-list (list of bytes), ``np.int64`` or ``np.float32`` array.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+
+import numpy as np
+
+__all__ = ["ExampleError", "decode_example", "encode_example"]
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+
+
+class ExampleError(ValueError):
+    """The bytes are not a well-formed Example; the caller adds file and record."""
+
+
+def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end:
+            raise ExampleError(f"varint runs past the end at byte {pos}")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise ExampleError(f"varint longer than 10 bytes at byte {pos}")
+
+
+def _fields(buf: memoryview, pos: int, end: int):
+    """Yield (field number, wire type, value or (start, end) of a LEN payload)."""
+    while pos < end:
+        key, pos = _varint(buf, pos, end)
+        num, wt = key >> 3, key & 7
+        if num == 0:
+            raise ExampleError(f"field number 0 at byte {pos}")
+        if wt == _VARINT:
+            value, pos = _varint(buf, pos, end)
+            yield num, wt, value
+        elif wt == _LEN:
+            n, pos = _varint(buf, pos, end)
+            if n > end - pos:
+                raise ExampleError(f"length {n} at byte {pos} runs past the end of its message")
+            yield num, wt, (pos, pos + n)
+            pos += n
+        elif wt in (_I64, _I32):
+            n = 8 if wt == _I64 else 4
+            if n > end - pos:
+                raise ExampleError(f"fixed field at byte {pos} runs past the end")
+            yield num, wt, (pos, pos + n)
+            pos += n
+        else:
+            raise ExampleError(f"unsupported wire type {wt} at byte {pos}")
+
+
+def _signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _decode_feature(buf: memoryview, start: int, end: int):
+    kind = None
+    values: list = []
+    for num, wt, val in _fields(buf, start, end):
+        if num not in (1, 2, 3):
+            continue
+        if wt != _LEN:
+            raise ExampleError(f"Feature field {num} has wire type {wt}, expected a message")
+        if kind is not None and kind != num:
+            values = []  # protobuf: the last member of a oneof wins
+        kind = num
+        s, e = val
+        for vn, vwt, v in _fields(buf, s, e):
+            if vn != 1:
+                continue
+            if num == 1:
+                if vwt != _LEN:
+                    raise ExampleError("BytesList value is not length-delimited")
+                values.append(bytes(buf[v[0]:v[1]]))
+            elif num == 2:
+                if vwt == _LEN:  # packed
+                    if (v[1] - v[0]) % 4:
+                        raise ExampleError("packed FloatList length is not a multiple of 4")
+                    values.extend(np.frombuffer(buf[v[0]:v[1]], "<f4").tolist())
+                elif vwt == _I32:
+                    values.append(struct.unpack_from("<f", buf, v[0])[0])
+                else:
+                    raise ExampleError(f"FloatList value has wire type {vwt}")
+            else:
+                if vwt == _LEN:  # packed
+                    p, pe = v
+                    while p < pe:
+                        x, p = _varint(buf, p, pe)
+                        values.append(_signed64(x))
+                elif vwt == _VARINT:
+                    values.append(_signed64(v))
+                else:
+                    raise ExampleError(f"Int64List value has wire type {vwt}")
+    if kind == 2:
+        return np.asarray(values, np.float32)
+    if kind == 3:
+        return np.asarray(values, np.int64)
+    return values  # bytes list (also a Feature with no kind set)
+
+
+def decode_example(data) -> dict[str, list[bytes] | np.ndarray]:
+    """Feature name -> value of one serialized Example.
+
+    Raises:
+        ExampleError: malformed wire format (lengths past the end, bad wire types,
+            non-UTF-8 feature names).
+    """
+    buf = memoryview(data).cast("B")
+    out: dict = {}
+    for num, wt, val in _fields(buf, 0, len(buf)):
+        if num != 1:
+            continue
+        if wt != _LEN:
+            raise ExampleError("Example.features is not a message")
+        for fnum, fwt, fval in _fields(buf, *val):
+            if fnum != 1:
+                continue
+            if fwt != _LEN:
+                raise ExampleError("Features.feature entry is not a message")
+            name, feature = "", []
+            for enum, ewt, ev in _fields(buf, *fval):
+                if ewt != _LEN:
+                    continue
+                if enum == 1:
+                    try:
+                        name = str(buf[ev[0]:ev[1]], "utf-8")
+                    except UnicodeDecodeError:
+                        raise ExampleError("feature name is not UTF-8") from None
+                elif enum == 2:
+                    feature = _decode_feature(buf, *ev)
+            out[name] = feature
+    return out
+
+
+def _put_varint(out: bytearray, v: int) -> None:
+    v &= (1 << 64) - 1
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def _put_len(out: bytearray, num: int, payload) -> None:
+    _put_varint(out, (num << 3) | _LEN)
+    _put_varint(out, len(payload))
+    out += payload
+
+
+def _encode_feature(value) -> bytearray:
+    inner = bytearray()
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iub":
+        packed = bytearray()
+        for x in value.reshape(-1).tolist():
+            _put_varint(packed, int(x))
+        _put_len(inner, 1, packed)
+        kind = 3
+    elif isinstance(value, np.ndarray) and value.dtype.kind == "f":
+        _put_len(inner, 1, np.ascontiguousarray(value.reshape(-1), "<f4").tobytes())
+        kind = 2
+    else:
+        for item in value:
+            _put_len(inner, 1, item)
+        kind = 1
+    out = bytearray()
+    _put_len(out, kind, inner)
+    return out
+
+
+def encode_example(features: Mapping[str, object]) -> bytes:
+    """Serialize an Example.
+
+    Args:
+        features: name -> a list of bytes-like (BytesList), an integer numpy array
+            (Int64List) or a floating numpy array (FloatList, stored as float32).
+    """
+    feats = bytearray()
+    for name in sorted(features):
+        entry = bytearray()
+        _put_len(entry, 1, name.encode("utf-8"))
+        _put_len(entry, 2, _encode_feature(features[name]))
+        _put_len(feats, 1, entry)
+    out = bytearray()
+    _put_len(out, 1, feats)
+    return bytes(out)

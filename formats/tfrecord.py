@@ -1,0 +1,376 @@
+"""TFRecord files of ``tf.train.Example`` records: a source and a sink.
+
+Framing of each record (little-endian)::
+
+    uint64 length | uint32 masked_crc32c(length) | data[length] | uint32 masked_crc32c(data)
+
+with ``masked(c) = ((c >> 15) | (c << 17)) + 0xa282ead8 (mod 2**32)``. Both CRCs are
+verified on read; the length is trusted only after its CRC matched, and never
+beyond ``max_record_bytes``. Files may be gzip-compressed (detected by magic).
+DALI-style index files hold one ``offset size`` line per record, ``size`` being
+the whole framed record.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from .base import Record
+from .bounded import DEFAULT_MAX_MEMBER, DEFAULT_MAX_STREAM, open_input, read_exact
+from .checksum import crc32c
+from .errors import CorruptRecordError, FormatError, SchemaError
+from .fields import Field
+from .outputs import AtomicFile, prepare_output_dir
+from .paths import canonical_order, expand_inputs, read_classes_file, write_classes_file
+from .sniff import image_type
+from .tfexample import ExampleError, decode_example, encode_example
+
+__all__ = [
+    "TFRecordSink",
+    "TFRecordSource",
+    "iter_frames",
+    "looks_like_tfrecord",
+    "masked_crc",
+    "parse_feature_map",
+]
+
+SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz", ".tfrec.gz")
+_HEAD = struct.Struct("<QI")
+_CRC = struct.Struct("<I")
+_MASK_DELTA = 0xA282EAD8
+
+#: Feature names read as our conventional fields (ImageNet/TF-slim and TFDS spellings).
+DEFAULT_FEATURES = {
+    "image/encoded": "image", "image": "image",
+    "image/class/label": "label", "label": "label",
+    "image/filename": "key", "key": "key", "__key__": "key",
+}
+#: Feature names the sink writes for our conventional fields.
+DEFAULT_SINK_FEATURES = {"image": "image/encoded", "label": "image/class/label",
+                         "key": "image/filename"}
+
+
+def masked_crc(data) -> int:
+    c = crc32c(data)
+    return ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def looks_like_tfrecord(path: str | Path) -> bool:
+    """Whether ``path`` starts with a valid TFRecord frame header (gzip allowed)."""
+    try:
+        with open_input(path) as f:
+            head = f.read(12)
+    except (OSError, ValueError, EOFError):
+        return False
+    return len(head) == 12 and masked_crc(head[:8]) == _HEAD.unpack(head)[1]
+
+
+def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | None = "auto",
+                max_record_bytes: int = DEFAULT_MAX_MEMBER,
+                max_bytes: int = DEFAULT_MAX_STREAM) -> Iterator[tuple[int, int, bytes]]:
+    """Yield (record index, byte offset, data) of every record in one file.
+
+    Offsets are in the uncompressed stream. Raises CorruptRecordError (a CRC does
+    not match), DecompressionError (truncated or over a bound) or FormatError (a
+    record length over ``max_record_bytes``), naming the file, record and offset.
+    """
+    with open_input(path, compression=compression, max_bytes=max_bytes) as f:
+        index = offset = 0
+        while True:
+            head = f.read(12)
+            if not head:
+                return
+            if len(head) < 12:
+                read_exact(f, 12 - len(head), path, f"the header of record {index}", offset)
+            length, length_crc = _HEAD.unpack(head)
+            if check_crc and masked_crc(head[:8]) != length_crc:
+                raise CorruptRecordError("TFRecord length checksum mismatch", path=path,
+                                         record=index, offset=offset,
+                                         found=f"0x{masked_crc(head[:8]):08x}",
+                                         expected=f"0x{length_crc:08x}")
+            if length > max_record_bytes:
+                raise FormatError("TFRecord record longer than the limit", path=path, record=index,
+                                  offset=offset, found=length, expected=f"<= {max_record_bytes}")
+            body = read_exact(f, length + 4, path, f"record {index}", offset)
+            data = body[:length]
+            if check_crc:
+                want = _CRC.unpack_from(body, length)[0]
+                got = masked_crc(data)
+                if got != want:
+                    raise CorruptRecordError("TFRecord data checksum mismatch", path=path,
+                                             record=index, offset=offset,
+                                             found=f"0x{got:08x}", expected=f"0x{want:08x}")
+            yield index, offset, data
+            index += 1
+            offset += 16 + length
+
+
+def parse_feature_map(spec: str | Mapping[str, str] | None) -> dict[str, str] | None:
+    """``"image/encoded=image,image/class/label=label"`` (or a dict) -> {feature: field}.
+
+    A field may carry a type, ``feature=field:type`` (e.g. ``:png``, ``:str``).
+    """
+    if spec is None or isinstance(spec, Mapping):
+        return None if spec is None else dict(spec)
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, sep, field = part.partition("=")
+        if not name:
+            raise SchemaError("bad feature mapping entry (want feature=field[:type])", found=part)
+        out[name] = field if sep else name
+    return out
+
+
+def _infer(name: str, field_spec: str, value, *, where: str) -> Field:
+    fname, _, ftype = field_spec.partition(":")
+    if ftype:
+        return Field(fname, ftype, dtype="<i8" if ftype == "ndarray" else None,
+                     shape=(None,) if ftype == "ndarray" else None)
+    if isinstance(value, np.ndarray):
+        if value.size == 1:
+            return Field(fname, "int" if value.dtype.kind == "i" else "float")
+        return Field(fname, "ndarray", dtype=value.dtype.str, shape=(None,))
+    if len(value) > 1:
+        raise SchemaError(f"{where}: feature {name!r} holds {len(value)} byte strings; "
+                          "one per record is supported")
+    if fname == "key":
+        return Field(fname, "str")
+    if fname == "image":
+        return Field(fname, image_type(value[0] if value else b""))
+    return Field(fname, "bytes")
+
+
+class TFRecordSource:
+    """Records of TFRecord files (a file, a folder, a glob or a brace pattern).
+
+    Args:
+        path: where the files are.
+        features: ``{feature: field[:type]}`` or its string form (see
+            :func:`parse_feature_map`); only these features are read. By default
+            every feature is read, with :data:`DEFAULT_FEATURES` renamed.
+        check_crc: verify both CRCs of every record.
+        max_record_bytes: refuse records longer than this.
+        max_bytes: the most a gzip file may expand to.
+
+    Int64/float lists of length 1 in the first record become ``int``/``float``
+    fields, longer ones ``ndarray`` fields; later records must agree.
+    """
+
+    def __init__(self, path: str | Path, *, features: str | Mapping[str, str] | None = None,
+                 check_crc: bool = True, max_record_bytes: int = DEFAULT_MAX_MEMBER,
+                 max_bytes: int = DEFAULT_MAX_STREAM) -> None:
+        try:
+            self.files = expand_inputs(path, SUFFIXES)
+        except FormatError:
+            p = Path(path)
+            if not p.is_dir():
+                raise
+            self.files = [q for q in sorted(p.iterdir()) if q.is_file() and looks_like_tfrecord(q)]
+            if not self.files:
+                raise
+        self.check_crc = check_crc
+        self.max_record_bytes = max_record_bytes
+        self.max_bytes = max_bytes
+        self.classes = read_classes_file(self.files[0].parent)
+        self._explicit = parse_feature_map(features)
+        self._map: dict[str, str] = {}
+        self.fields = self._schema()
+
+    def _frames(self, path: Path):
+        return iter_frames(path, check_crc=self.check_crc, max_record_bytes=self.max_record_bytes,
+                           max_bytes=self.max_bytes)
+
+    def _decode(self, path: Path, index: int, offset: int, data: bytes) -> dict:
+        try:
+            return decode_example(data)
+        except ExampleError as exc:
+            raise CorruptRecordError(f"not a tf.train.Example ({exc})", path=path, record=index,
+                                     offset=offset) from None
+
+    def _schema(self) -> tuple[Field, ...]:
+        for path in self.files:
+            for index, offset, data in self._frames(path):
+                example = self._decode(path, index, offset, data)
+                where = f"{path.name} record {index}"
+                if self._explicit is not None:
+                    missing = sorted(set(self._explicit) - set(example))
+                    if missing:
+                        raise SchemaError(f"{where}: features {missing} not found",
+                                          found=sorted(example))
+                    specs = self._explicit
+                else:
+                    specs, taken = {}, set()
+                    for name in sorted(example, key=lambda n: (n not in DEFAULT_FEATURES, n)):
+                        target = DEFAULT_FEATURES.get(name, name)
+                        specs[name] = name if target in taken else target
+                        taken.add(specs[name])
+                fields = tuple(_infer(n, s, example[n], where=where) for n, s in specs.items())
+                self._map = {n: f.name for n, f in zip(specs, fields, strict=True)}
+                return canonical_order(fields)
+        raise FormatError("no records in any input file", path=self.files[0])
+
+    def __iter__(self) -> Iterator[Record]:
+        by_name = {f.name: f for f in self.fields}
+        for path in self.files:
+            for index, offset, data in self._frames(path):
+                example = self._decode(path, index, offset, data)
+                if self._explicit is None and len(example) != len(self._map):
+                    extra = sorted(set(example) - set(self._map))
+                    if extra:
+                        raise SchemaError(f"features {extra} are not in the first record's schema",
+                                          path=path, record=index, offset=offset)
+                values = {}
+                for name, fname in self._map.items():
+                    if name not in example:
+                        raise SchemaError(f"feature {name!r} is missing", path=path, record=index,
+                                          offset=offset)
+                    values[fname] = self._value(by_name[fname], example[name], path, index, offset)
+                yield Record(values, {}, f"{path.name}:{index}")
+
+    @staticmethod
+    def _value(f: Field, value, path, index, offset):
+        kind = f.type
+        if kind in ("int", "float"):
+            if not isinstance(value, np.ndarray) or value.size != 1:
+                raise SchemaError(f"feature for field {f.name!r} ({kind}) is not one number",
+                                  path=path, record=index, offset=offset,
+                                  found=getattr(value, "size", "bytes"), expected=1)
+            return int(value[0]) if kind == "int" else float(value[0])
+        if kind == "ndarray":
+            if not isinstance(value, np.ndarray):
+                raise SchemaError(f"field {f.name!r} expects numbers, found bytes", path=path,
+                                  record=index, offset=offset)
+            return value
+        if isinstance(value, np.ndarray) or len(value) > 1:
+            raise SchemaError(f"field {f.name!r} expects one byte string", path=path, record=index,
+                              offset=offset)
+        raw = value[0] if value else b""
+        if kind in ("str", "json"):
+            try:
+                text = raw.decode("utf-8")
+                if kind == "json":
+                    return json.loads(text)
+                return text
+            except (UnicodeDecodeError, ValueError):
+                raise SchemaError(f"field {f.name!r} is not valid {kind}", path=path, record=index,
+                                  offset=offset) from None
+        return raw
+
+
+def _feature_value(f: Field, value):
+    t = f.type
+    if t == "int":
+        return np.array([int(value)], np.int64)
+    if t == "float":
+        return np.array([float(value)], np.float32)
+    if t == "ndarray":
+        arr = np.asarray(value).reshape(-1)
+        if arr.dtype.kind in "iub":
+            return arr.astype(np.int64)
+        if arr.dtype.kind == "f":
+            return arr.astype(np.float32)
+        return [arr.tobytes()]
+    if t == "str":
+        return [value.encode("utf-8")]
+    if t == "json":
+        return [json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")]
+    return [bytes(value)]
+
+
+class TFRecordSink:
+    """Writes ``shard-NNNNN.tfrecord[.gz]`` files of Examples into a folder.
+
+    Args:
+        path: the output folder.
+        fields: the schema of the records written.
+        classes: class names, written to ``classes.json`` beside the files (the
+            source reads them back; TFRecord itself has no place for them).
+        features: ``{field: feature name}``; by default :data:`DEFAULT_SINK_FEATURES`
+            for ``image``/``label``/``key`` and the field name otherwise.
+        shard_size: start a new file after this many bytes.
+        records_per_shard: or after this many records.
+        compression: ``None`` or ``"gzip"``.
+        index: also write DALI-style ``shard-NNNNN.idx`` files (uncompressed only).
+        overwrite: replace files of an earlier run.
+
+    ``float`` fields are written as FloatList, i.e. float32.
+    """
+
+    def __init__(self, path: str | Path, fields, classes=None, *,
+                 features: Mapping[str, str] | None = None, shard_size: int | None = 256 << 20,
+                 records_per_shard: int | None = None, compression: str | None = None,
+                 index: bool = False, overwrite: bool = False) -> None:
+        if compression not in (None, "gzip"):
+            raise SchemaError("TFRecord compression must be None or 'gzip'", found=compression)
+        if index and compression:
+            raise SchemaError("index files describe uncompressed TFRecords only")
+        self.root = prepare_output_dir(path, overwrite=overwrite, owned=("shard-", "classes.json"))
+        self.fields = tuple(fields)
+        self.classes = classes
+        write_classes_file(self.root, classes)
+        names = dict(DEFAULT_SINK_FEATURES)
+        names.update(features or {})
+        self._names = {f.name: names.get(f.name, f.name) for f in self.fields}
+        self.shard_size, self.records_per_shard = shard_size, records_per_shard
+        self.compression, self.index = compression, index
+        self.files: list[Path] = []
+        self._file: AtomicFile | None = None
+        self._gz = None
+        self._offsets: list[tuple[int, int]] = []
+
+    def _open(self) -> None:
+        suffix = ".tfrecord.gz" if self.compression else ".tfrecord"
+        self._file = AtomicFile(self.root / f"shard-{len(self.files):05d}{suffix}")
+        if self.compression:
+            # mtime=0 and no file name: the same records give the same bytes.
+            self._gz = gzip.GzipFile(filename="", fileobj=self._file.file, mode="wb", mtime=0)
+        self._offsets = []
+
+    def write(self, record: Record) -> None:
+        feats = {self._names[f.name]: _feature_value(f, record.fields[f.name]) for f in self.fields}
+        data = encode_example(feats)
+        if self._file is None:
+            self._open()
+        length = _HEAD.pack(len(data), 0)[:8]
+        frame = b"".join((length, _CRC.pack(masked_crc(length)), data, _CRC.pack(masked_crc(data))))
+        start = self._file.nbytes
+        if self._gz is not None:
+            self._gz.write(frame)
+            self._file.nbytes += len(frame)
+        else:
+            self._file.write(frame)
+        self._offsets.append((start, len(frame)))
+        self._file.records += 1
+        if (self.records_per_shard and self._file.records >= self.records_per_shard) or (
+                self.shard_size and self._file.nbytes >= self.shard_size):
+            self._seal()
+
+    def _seal(self) -> None:
+        if self._gz is not None:
+            self._gz.close()
+            self._gz = None
+        self._file.commit()
+        self.files.append(self._file.path)
+        if self.index:
+            text = "".join(f"{o} {n}\n" for o, n in self._offsets)
+            self._file.path.with_name(self._file.path.name.split(".")[0] + ".idx").write_text(text)
+        self._file = None
+
+    def __enter__(self) -> TFRecordSink:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._file is None:
+            return
+        if exc_type is None:
+            self._seal()
+        else:
+            if self._gz is not None:
+                self._gz.close()
+            self._file.abort()
