@@ -1,0 +1,55 @@
+"""The packer: turns small-file datasets into sharded, indexed record files.
+
+``pack(src, dst, PackOptions(...), progress)`` is the library call;
+``pack-dataset`` (:mod:`packer.cli`) is its command line. Modules: ``options``
+(the frozen :class:`PackOptions`), ``listing`` (built-in folder and file-list
+sources, and their rules), ``work`` (per-file read/parse/re-encode and the
+worker pool), ``run`` (the ordered, resumable write loop), ``report`` (counters,
+progress callback, summary), ``resolve`` (``--from``/``--to`` lookup).
+
+Plugging in codecs (``formats/registry.py``)
+-------------------------------------------
+``--from X`` / ``--to Y`` are resolved by :mod:`packer.resolve`: the built-in
+sources ``imagefolder``, ``files``, ``filelist`` first, and the sink ``shards``
+(our :class:`formats.DatasetWriter`); every other name is asked of the module
+``formats.registry``, imported lazily (when it is missing, the user is told
+"format X not available"). It may define:
+
+``open_source(name: str, path: pathlib.Path, options: Mapping[str, Any]) -> formats.Source``
+    A :class:`formats.base.Source` (``fields``, ``classes``, ``__iter__`` of
+    :class:`formats.Record`, ``__len__`` when known, for the progress total).
+    Raise ``KeyError`` for a name it does not know. Records are written as
+    given: ``record.fields`` must match ``fields``; ``record.meta`` may hold
+    ``width``/``height``. Iteration order must be stable (``--resume`` skips the
+    first N records of a fresh iterator).
+
+``open_sink(name: str, path: pathlib.Path, fields: tuple[Field, ...], classes: tuple[str, ...] | None, options: Mapping[str, Any]) -> formats.Sink``
+    A context manager with ``write(record: Record)``; a clean exit completes the
+    output. ``KeyError`` for an unknown name. ``--resume`` is refused for sinks
+    other than ``shards``.
+
+``detect(path: pathlib.Path) -> str | None`` (optional)
+    The codec name for SRC (a ``.tfrecord`` file, a folder of ``.tar`` files, a
+    folder with ``manifest.json``...), or None to let the built-in rules decide.
+
+``options`` holds ``shard_size``, ``records_per_shard``, ``overwrite``,
+``on_error`` and ``durable``.
+"""
+
+from .errors import PackError, PackInputError, PackInterrupted, UsageError
+from .options import PackOptions, parse_size
+from .report import PackProgress, PackSummary, format_summary
+from .run import pack
+
+__all__ = [
+    "PackError",
+    "PackInputError",
+    "PackInterrupted",
+    "PackOptions",
+    "PackProgress",
+    "PackSummary",
+    "UsageError",
+    "format_summary",
+    "pack",
+    "parse_size",
+]

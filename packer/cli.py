@@ -1,0 +1,180 @@
+"""``pack-dataset SRC DST [options]``: a thin adapter over :func:`packer.pack`.
+
+Exit status: 0 success, 1 a data or IO error (the message names the file and
+the reason), 2 bad usage, 130 interrupted (finished shards kept; ``--resume``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from formats.errors import ShardpackError
+
+from .errors import PackInterrupted, UsageError
+from .options import ON_ERROR, PackOptions, parse_size
+from .report import PackProgress, format_summary
+from .run import pack
+
+__all__ = ["main"]
+
+_EPILOG = """\
+sources (--from; detected when omitted):
+  imagefolder  SRC/<class>/**/<file>; label = index of the sorted class name;
+               files directly in SRC are ignored; an empty class keeps its label
+  files        every file under SRC, recursively; no label
+  filelist     a .csv/.tsv/.jsonl file with a 'path' column (relative to the
+               list's folder; absolute and '..' paths allowed: it is your own
+               list); other columns become int/float/str fields; a str 'label'
+               column becomes class indices
+  other names (tfrecord, webdataset, parquet, shards...) come from formats.registry
+
+inputs:
+  names starting with '.' are ignored and not counted. Every other listed file
+  is an input: files are recognized by content, not name. A file that is not an
+  image, is empty, corrupt, truncated, missing or unreadable stops the pack
+  (--on-error fail) or is listed in DST/skipped.jsonl with its kind (skip);
+  records in = written + skipped.
+
+image field:
+  JPEGs are stored byte for byte (re-encoded only with --max-side). The field is
+  typed 'jpeg' unless the listing has non-JPEG image names (.png .webp .gif .bmp
+  .tif .tiff): then those are stored as they are and the field is typed 'image'
+  (readers sniff the format), or, with --to-jpeg, converted to JPEG (Pillow).
+  A file named .jpg that holds PNG data in a 'jpeg' dataset is bad input.
+
+output:
+  bytes depend only on the input and the options, never on --workers; an
+  interrupted pack (Ctrl-C, kill -9) leaves no manifest and resumes with --resume.
+exit status: 0 ok, 1 data or IO error, 2 usage, 130 interrupted.
+"""
+
+
+class _TqdmProgress(PackProgress):
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar = None
+
+    def start(self, total, done=0):
+        if self.quiet:
+            return
+        from tqdm import tqdm
+
+        # disable=None: silent when stderr is not a terminal.
+        self.bar = tqdm(total=total, initial=done, unit="file", disable=None, file=sys.stderr,
+                        dynamic_ncols=True, smoothing=0.1)
+        self._bytes = 0
+
+    def advance(self, records, nbytes):
+        if self.bar is not None:
+            self._bytes += nbytes
+            elapsed = self.bar.format_dict.get("elapsed") or 0
+            if elapsed:
+                self.bar.set_postfix_str(f"{self._bytes / elapsed / 1e6:.0f} MB/s", refresh=False)
+            self.bar.update(records)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return v
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pack-dataset",
+        description="Pack a small-file dataset into sharded, indexed record files.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("src", metavar="SRC", help="image folder, folder of files, or file list")
+    p.add_argument("dst", metavar="DST", help="output folder")
+    p.add_argument("--from", dest="source", metavar="KIND",
+                   help="imagefolder | files | filelist | a formats.registry codec (default: detect)")
+    p.add_argument("--to", dest="sink", default="shards", metavar="KIND",
+                   help="shards (default) | a formats.registry codec")
+    p.add_argument("--shard-size", type=_size, default=None,
+                   help="seal a shard at this data size, e.g. 64MB, 1GiB (default 256MB)")
+    p.add_argument("--records-per-shard", type=_positive_int, default=None,
+                   help="or at this many records")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes for decoding/re-encoding (default: all cores; 0: none)")
+    p.add_argument("--max-side", type=_positive_int, default=None,
+                   help="re-encode JPEGs whose longer side exceeds N to exactly N")
+    p.add_argument("--quality", type=_positive_int, default=90,
+                   help="JPEG quality when re-encoding (default 90)")
+    p.add_argument("--to-jpeg", action="store_true",
+                   help="convert non-JPEG images (PNG, WebP, GIF...) to JPEG (needs Pillow)")
+    p.add_argument("--on-error", choices=ON_ERROR, default="fail",
+                   help="fail: stop at the first bad input (default); skip: list it in skipped.jsonl")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the shards an interrupted run of this pack finished")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset already in DST")
+    p.add_argument("--shuffle", action="store_true", help="write records in a seeded random order")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no summary table")
+    return p
+
+
+def _resume_hint(argv: list[str]) -> str:
+    args = [a for a in argv if a not in ("--resume", "--overwrite")]
+    return shlex.join(["pack-dataset", *args, "--resume"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (also when called as a script)."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        shard_size = args.shard_size
+        if shard_size is None and args.records_per_shard is None:
+            shard_size = PackOptions.shard_size
+        options = PackOptions(
+            source=args.source, sink=args.sink, shard_size=shard_size,
+            records_per_shard=args.records_per_shard, workers=args.workers,
+            max_side=args.max_side, quality=args.quality, to_jpeg=args.to_jpeg,
+            on_error=args.on_error, resume=args.resume, overwrite=args.overwrite,
+            shuffle=args.shuffle, seed=args.seed)
+        summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))
+    except UsageError as exc:
+        parser.print_usage(sys.stderr)
+        print(f"pack-dataset: error: {exc}", file=sys.stderr)
+        return 2
+    except PackInterrupted as exc:
+        s = exc.summary
+        print(f"\npack-dataset: interrupted; {s.shards} finished shard(s) kept in {s.dst}\n"
+              f"resume with: {_resume_hint(argv)}", file=sys.stderr)
+        return 130
+    except (ShardpackError, OSError) as exc:
+        print(f"pack-dataset: error: {exc}", file=sys.stderr)
+        return 1
+    except ImportError as exc:  # an optional dependency, with its install hint
+        print(f"pack-dataset: error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(summary.to_json(), indent=2))
+    elif not args.quiet:
+        print(format_summary(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Errors of the packer, on the ``formats`` base so every message names its file.
+
+``UsageError`` is a bad command line or a bad destination (exit status 2);
+``PackInputError`` is one bad input file (exit status 1), carrying the skip
+``kind`` so the same value feeds ``skipped.jsonl``.
+"""
+
+from __future__ import annotations
+
+from formats.errors import ShardpackError
+
+__all__ = ["PackError", "PackInputError", "PackInterrupted", "UsageError"]
+
+
+class PackError(ShardpackError):
+    """The pack cannot go on (bad source, unwritable destination...)."""
+
+
+class UsageError(PackError):
+    """Options or paths that contradict each other; nothing was written."""
+
+
+class PackInputError(PackError):
+    """One input file cannot be packed.
+
+    Args:
+        path: the file.
+        kind: the skip kind (``missing``, ``unreadable``, ``empty``,
+            ``not-an-image``, ``not-a-jpeg``, ``corrupt``, ``truncated``).
+        reason: what is wrong, in words.
+    """
+
+    def __init__(self, reason: str, *, path=None, kind: str = "unreadable", **kw) -> None:
+        self.kind = kind
+        super().__init__(reason, path=path, **kw)
+
+    def _render(self) -> str:
+        # The full path, never shortened: the user has to find the file.
+        return f"{self.path}: {self.message} [{self.kind}]"
+
+    def __reduce__(self):
+        return (_rebuild_input, (self.message, self.path, self.kind))
+
+
+def _rebuild_input(message, path, kind):
+    return PackInputError(message, path=path, kind=kind)
+
+
+class PackInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a pack; sealed shards stay for ``--resume``.
+
+    Args:
+        summary: the counters so far (a :class:`~packer.report.PackSummary`).
+    """
+
+    def __init__(self, summary) -> None:
+        super().__init__("pack interrupted")
+        self.summary = summary

@@ -1,0 +1,301 @@
+"""The built-in sources: what to pack from a folder or a file list, listed up front.
+
+A :class:`Listing` is the whole input, in order, before a byte is read: the
+paths, their keys, per-record column values and the schema. Listing first gives
+the progress bar its total, lets ``--shuffle`` permute a known list, and makes a
+resume position a plain index.
+
+Rules (also in ``pack-dataset --help``):
+
+* Names starting with ``.`` (files and folders) are ignored and not counted.
+* ``imagefolder``: every non-hidden sub-folder of SRC is a class; label = index
+  of the class name in sorted order; files directly in SRC (README, LICENSE...)
+  are ignored. Class folders are walked recursively. An empty class folder
+  keeps its label (the summary names it).
+* ``files``: every non-hidden file under SRC, recursively; no label.
+* ``filelist``: a ``.csv``, ``.tsv`` or ``.jsonl``/``.ndjson`` file with a
+  ``path`` column; relative paths are resolved against the list's folder. A
+  file list is the user's own, trusted input: absolute paths and ``..`` are
+  allowed (never so for names read from archives or manifests). Other columns
+  become fields whose type (int, float, str) is inferred from all rows, which
+  must agree; a ``str`` ``label`` column becomes class indices (classes sorted).
+* Every listed file counts as an input: one that turns out not to be an image
+  is skipped (kind ``not-an-image``) or fails the pack, per ``--on-error``.
+* The image field is typed ``jpeg`` unless the listing holds non-JPEG image
+  extensions (.png .webp .gif .bmp .tif .tiff) and ``--to-jpeg`` is off: then
+  ``image`` (any encoded image; readers sniff the magic).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from formats import Field
+
+from .errors import PackError, UsageError
+
+__all__ = [
+    "BUILTIN_SOURCES",
+    "JPEG_EXTENSIONS",
+    "LIST_EXTENSIONS",
+    "OTHER_IMAGE_EXTENSIONS",
+    "Listing",
+    "detect_builtin",
+    "list_source",
+]
+
+BUILTIN_SOURCES = ("imagefolder", "files", "filelist")
+JPEG_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif"})
+OTHER_IMAGE_EXTENSIONS = frozenset({".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+LIST_EXTENSIONS = frozenset({".csv", ".tsv", ".jsonl", ".ndjson"})
+_RESERVED = ("image", "key")
+
+
+@dataclass
+class Listing:
+    """Everything to pack, in input order.
+
+    Attributes:
+        kind: the source kind.
+        root: SRC (a folder, or the file list).
+        paths: the file to read for each record.
+        keys: each record's ``key`` field (POSIX path relative to SRC, or as the
+            file list wrote it).
+        columns: other per-record field values (``label``, file list columns).
+        fields: the schema, ``image`` first.
+        classes: class names (index = label), or None.
+        empty_classes: class folders that held no file.
+        problems: record index -> (kind, reason) already known from listing
+            (e.g. a FIFO); those records are never opened.
+    """
+
+    kind: str
+    root: Path
+    paths: list[str]
+    keys: list[str]
+    columns: dict[str, list[Any]]
+    fields: tuple[Field, ...]
+    classes: tuple[str, ...] | None = None
+    empty_classes: tuple[str, ...] = ()
+    problems: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def reorder(self, order: list[int]) -> None:
+        """Put records in ``order`` (a permutation of ``range(len(self))``)."""
+        self.paths = [self.paths[i] for i in order]
+        self.keys = [self.keys[i] for i in order]
+        self.columns = {k: [v[i] for i in order] for k, v in self.columns.items()}
+        where = {old: new for new, old in enumerate(order)}
+        self.problems = {where[i]: p for i, p in self.problems.items()}
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def detect_builtin(src: Path) -> str | None:
+    """``filelist`` for a list file, ``imagefolder``/``files`` for a folder, else None.
+
+    A folder is an image folder when it has a non-hidden sub-folder and no image
+    file at its top level.
+    """
+    if src.is_file():
+        return "filelist" if src.suffix.lower() in LIST_EXTENSIONS else None
+    if not src.is_dir():
+        return None
+    has_dir = has_image = False
+    for e in os.scandir(src):
+        if _hidden(e.name):
+            continue
+        if e.is_dir():
+            has_dir = True
+        elif os.path.splitext(e.name)[1].lower() in JPEG_EXTENSIONS | OTHER_IMAGE_EXTENSIONS:
+            has_image = True
+    return "imagefolder" if has_dir and not has_image else "files"
+
+
+def _walk(top: Path, rel: str, out: list[tuple[str, str, tuple[str, str] | None]],
+          ancestors: frozenset[tuple[int, int]]) -> None:
+    """Append (path, key, problem) for every non-hidden file under ``top``, sorted by name."""
+    try:
+        entries = sorted(os.scandir(top), key=lambda e: e.name)
+    except OSError as exc:
+        raise PackError(f"cannot list folder: {exc.strerror}", path=top) from None
+    for e in entries:
+        if _hidden(e.name):
+            continue
+        key = f"{rel}/{e.name}" if rel else e.name
+        try:
+            st = e.stat()  # follows symlinks
+        except OSError:
+            out.append((e.path, key, None))  # dangling or looping link: reading it says which
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            ident = (st.st_dev, st.st_ino)
+            if ident in ancestors:
+                out.append((e.path, key, ("unreadable", "symlink loop: links to a folder above it")))
+            else:
+                _walk(Path(e.path), key, out, ancestors | {ident})
+        elif stat.S_ISREG(st.st_mode):
+            out.append((e.path, key, None))
+        else:
+            out.append((e.path, key, ("unreadable", "not a regular file (FIFO, socket or device)")))
+
+
+def _ident(p: Path) -> tuple[int, int]:
+    st = p.stat()
+    return (st.st_dev, st.st_ino)
+
+
+def _image_type(paths: list[str], to_jpeg: bool) -> str:
+    if to_jpeg:
+        return "jpeg"
+    others = any(os.path.splitext(p)[1].lower() in OTHER_IMAGE_EXTENSIONS for p in paths)
+    return "image" if others else "jpeg"
+
+
+def _finish(kind: str, root: Path, found, columns: dict[str, list], col_fields: list[Field],
+            to_jpeg: bool, classes=None, empty=()) -> Listing:
+    paths = [p for p, _, _ in found]
+    keys = [k for _, k, _ in found]
+    problems = {i: pr for i, (_, _, pr) in enumerate(found) if pr is not None}
+    fields = [Field("image", _image_type(paths, to_jpeg))]
+    if "label" in columns:
+        fields.append(next(f for f in col_fields if f.name == "label"))
+    fields.append(Field("key", "str"))
+    fields += [f for f in col_fields if f.name != "label"]
+    return Listing(kind, root, paths, keys, columns, tuple(fields),
+                   None if classes is None else tuple(classes), tuple(empty), problems)
+
+
+def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
+    """List a built-in source.
+
+    Raises:
+        UsageError: SRC is not the kind of thing ``kind`` reads.
+        PackError: a file list that cannot be parsed (names line and column).
+    """
+    src = Path(src)
+    if kind in ("imagefolder", "files"):
+        if not src.is_dir():
+            raise UsageError(f"--from {kind} needs a folder", path=src)
+        found: list = []
+        if kind == "files":
+            _walk(src, "", found, frozenset({_ident(src)}))
+            return _finish(kind, src, found, {}, [], to_jpeg)
+        classes = sorted(e.name for e in os.scandir(src) if not _hidden(e.name) and e.is_dir())
+        labels: list[int] = []
+        empty = []
+        for label, name in enumerate(classes):
+            before = len(found)
+            _walk(src / name, name, found, frozenset({_ident(src), _ident(src / name)}))
+            if len(found) == before:
+                empty.append(name)
+            labels += [label] * (len(found) - before)
+        return _finish(kind, src, found, {"label": labels}, [Field("label", "int")], to_jpeg,
+                       classes, empty)
+    if kind == "filelist":
+        if not src.is_file():
+            raise UsageError("--from filelist needs a .csv, .tsv or .jsonl file", path=src)
+        return _list_file(src, to_jpeg)
+    raise UsageError(f"not a built-in source: {kind!r}")
+
+
+# -- file lists -------------------------------------------------------------------------
+
+def _read_rows(src: Path) -> list[dict[str, Any]]:
+    suffix = src.suffix.lower()
+    try:
+        text = src.read_text("utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PackError(f"cannot read file list: {exc}", path=src) from None
+    if suffix in (".jsonl", ".ndjson"):
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise PackError(f"line {n}: invalid JSON ({exc.msg})", path=src) from None
+            if not isinstance(row, dict):
+                raise PackError(f"line {n}: expected a JSON object", path=src,
+                                found=type(row).__name__)
+            rows.append(row)
+        return rows
+    reader = csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
+    rows = list(reader)
+    for n, row in enumerate(rows, 2):
+        if None in row or None in row.values():
+            raise PackError(f"line {n}: wrong number of columns", path=src,
+                            expected=len(reader.fieldnames or ()))
+    return rows
+
+
+def _infer(name: str, values: list[Any], from_text: bool, src: Path) -> tuple[Field, list[Any]]:
+    if from_text:
+        for cast, type_ in ((int, "int"), (float, "float")):
+            try:
+                return Field(name, type_), [cast(v) for v in values]
+            except ValueError:
+                pass
+        return Field(name, "str"), values
+    kinds = {type(v) for v in values}
+    if kinds <= {int}:
+        return Field(name, "int"), values
+    if kinds <= {int, float}:
+        return Field(name, "float"), [float(v) for v in values]
+    if kinds <= {str}:
+        return Field(name, "str"), values
+    bad = next(i for i, v in enumerate(values) if type(v) not in (int, float, str) or
+               type(v) is not type(values[0]))
+    raise PackError(f"column {name!r}: rows disagree on the type (or it is not int, float or str)",
+                    path=src, record=bad, found=type(values[bad]).__name__,
+                    expected=type(values[0]).__name__)
+
+
+def _list_file(src: Path, to_jpeg: bool) -> Listing:
+    rows = _read_rows(src)
+    if not rows:
+        return _finish("filelist", src, [], {}, [], to_jpeg)
+    names = list(rows[0])
+    if "path" not in names:
+        raise PackError("file list has no 'path' column", path=src, found=names)
+    for r in _RESERVED:
+        if r in names:
+            raise PackError(f"file list column {r!r} clashes with the packer's own field", path=src)
+    for i, row in enumerate(rows):
+        if list(row) != names and set(row) != set(names):
+            raise PackError("row has other columns than the first row", path=src, record=i,
+                            found=sorted(row), expected=sorted(names))
+    base = src.parent
+    found = []
+    for i, row in enumerate(rows):
+        p = row["path"]
+        if not isinstance(p, str) or not p:
+            raise PackError("empty or non-string 'path'", path=src, record=i, found=p)
+        # Trusted input: the user's own list may point anywhere (see module docstring).
+        found.append((os.path.join(base, p), p.replace(os.sep, "/"), None))
+    columns: dict[str, list] = {}
+    col_fields: list[Field] = []
+    classes = None
+    text = src.suffix.lower() in (".csv", ".tsv")
+    for name in names:
+        if name == "path":
+            continue
+        f, values = _infer(name, [row[name] for row in rows], text, src)
+        if name == "label" and f.type == "str":
+            classes = sorted(set(values))
+            index = {c: i for i, c in enumerate(classes)}
+            f, values = Field("label", "int"), [index[v] for v in values]
+        columns[name] = values
+        col_fields.append(f)
+    return _finish("filelist", src, found, columns, col_fields, to_jpeg, classes)

@@ -1,0 +1,114 @@
+"""Packing options as one frozen value, and the size parser the CLI uses."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import UsageError
+
+__all__ = ["ON_ERROR", "PackOptions", "parse_size"]
+
+ON_ERROR = ("fail", "skip")
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``"64MB"``, ``"1GiB"``, ``"1.5 GB"`` or a plain number.
+
+    MB/GB are powers of 1000, MiB/GiB powers of 1024 (as ``ls --si`` / ``ls -h``).
+
+    Raises:
+        UsageError: the text is not a positive size.
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE.match(text)
+        unit = m and m.group(2).lower()
+        if not m or unit not in _UNITS:
+            raise UsageError(f"not a size: {text!r} (e.g. 256MB, 1GiB, 65536)")
+        value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise UsageError(f"size must be positive: {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How to pack. Every field has a default; the CLI maps one flag to each.
+
+    Args:
+        source: ``imagefolder``, ``files``, ``filelist``, a ``formats.registry``
+            codec name, or ``None`` to detect it from SRC.
+        sink: ``shards`` (our format) or a ``formats.registry`` codec name.
+        shard_size: seal a shard once its data file holds this many bytes.
+        records_per_shard: or once it holds this many records.
+        workers: processes reading and parsing files; ``0`` reads in the calling
+            process; ``None`` means all cores.
+        max_side: re-encode JPEGs whose longer side exceeds this, to exactly it.
+        quality: JPEG quality for re-encoded images.
+        to_jpeg: convert non-JPEG images (PNG, WebP, GIF...) to JPEG (needs Pillow).
+        on_error: ``fail`` stops at the first bad input; ``skip`` lists it in
+            ``skipped.jsonl`` and goes on.
+        resume: keep the shards an interrupted run of the same pack sealed.
+        overwrite: replace a dataset already in DST.
+        shuffle: write records in a seeded random order.
+        seed: the shuffle seed.
+        durable: fsync shards before they get their final names.
+    """
+
+    source: str | None = None
+    sink: str = "shards"
+    shard_size: int | None = 256 * 1000**2
+    records_per_shard: int | None = None
+    workers: int | None = None
+    max_side: int | None = None
+    quality: int = 90
+    to_jpeg: bool = False
+    on_error: str = "fail"
+    resume: bool = False
+    overwrite: bool = False
+    shuffle: bool = False
+    seed: int = 0
+    durable: bool = True
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise UsageError(f"on_error must be one of {ON_ERROR}, not {self.on_error!r}")
+        if self.shard_size is None and self.records_per_shard is None:
+            raise UsageError("give shard_size or records_per_shard")
+        for name in ("shard_size", "records_per_shard", "max_side"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v <= 0):
+                raise UsageError(f"{name} must be a positive integer, not {v!r}")
+        if self.workers is not None and self.workers < 0:
+            raise UsageError(f"workers must be >= 0, not {self.workers}")
+        if not 1 <= self.quality <= 100:
+            raise UsageError(f"quality must be in 1..100, not {self.quality}")
+        if self.resume and self.overwrite:
+            raise UsageError("--resume and --overwrite contradict each other")
+
+    @property
+    def num_workers(self) -> int:
+        return (os.cpu_count() or 1) if self.workers is None else self.workers
+
+    def recorded(self) -> dict[str, Any]:
+        """The options that shape the output, for the manifest's ``created_by``.
+
+        Leaves out what never changes the bytes (workers, resume, overwrite,
+        durability), so runs that differ only in those write identical manifests.
+        """
+        out = asdict(self)
+        for k in ("workers", "resume", "overwrite", "durable"):
+            del out[k]
+        return out

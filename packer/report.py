@@ -1,0 +1,114 @@
+"""What a pack did: counters, the progress callback protocol, and the summary text."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["PackProgress", "PackSummary", "format_summary"]
+
+
+class PackProgress:
+    """Progress callback: subclass and override; the default does nothing.
+
+    The packer calls :meth:`start` once with the number of inputs (None when a
+    source cannot tell), :meth:`advance` as inputs are done (written or
+    skipped), and :meth:`close` at the end, also on error.
+    """
+
+    def start(self, total: int | None, done: int = 0) -> None:
+        """The pack begins; ``done`` inputs were already packed by an earlier run."""
+
+    def advance(self, records: int, nbytes: int) -> None:
+        """``records`` more inputs are done, ``nbytes`` source bytes with them."""
+
+    def close(self) -> None:
+        """The pack ended (successfully or not)."""
+
+
+@dataclass
+class PackSummary:
+    """Counters of one pack (the resumed part included).
+
+    ``records_in == records_written + records_skipped`` always holds.
+    """
+
+    src: str
+    dst: str
+    source: str
+    sink: str
+    records_in: int = 0
+    records_written: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    shards: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+    resumed_records: int = 0
+    empty_classes: tuple[str, ...] = ()
+    image_type: str | None = None
+    complete: bool = False
+
+    @property
+    def records_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    def to_json(self) -> dict[str, Any]:
+        s = max(self.seconds, 1e-9)
+        return {
+            "src": self.src,
+            "dst": self.dst,
+            "source": self.source,
+            "sink": self.sink,
+            "complete": self.complete,
+            "records_in": self.records_in,
+            "records_written": self.records_written,
+            "records_skipped": self.records_skipped,
+            "skipped_by_kind": dict(sorted(self.skipped.items())),
+            "resumed_records": self.resumed_records,
+            "shards": self.shards,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "seconds": round(self.seconds, 3),
+            "records_per_second": round(self.records_in / s, 1),
+            "mb_per_second": round(self.bytes_in / s / 1e6, 1),
+            "empty_classes": list(self.empty_classes),
+            "image_type": self.image_type,
+        }
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError  # unreachable
+
+
+def format_summary(s: PackSummary) -> str:
+    """The end-of-pack table for people."""
+    sec = max(s.seconds, 1e-9)
+    rows = [
+        ("source", f"{s.src} ({s.source})"),
+        ("destination", f"{s.dst} ({s.sink})"),
+        ("records in", f"{s.records_in}"),
+        ("written", f"{s.records_written}" + (
+            f" ({s.resumed_records} kept from an earlier run)" if s.resumed_records else "")),
+        ("skipped", f"{s.records_skipped}" + (
+            " (" + ", ".join(f"{k}: {v}" for k, v in sorted(s.skipped.items())) + ")"
+            if s.skipped else "")),
+        ("shards", f"{s.shards}"),
+        ("bytes in", _bytes(s.bytes_in)),
+        ("bytes out", _bytes(s.bytes_out)),
+        ("wall time", f"{s.seconds:.2f} s"),
+        ("throughput", f"{s.records_in / sec:,.0f} files/s, {s.bytes_in / sec / 1e6:,.1f} MB/s"),
+    ]
+    if s.image_type:
+        rows.insert(2, ("image field", s.image_type))
+    if s.empty_classes:
+        rows.append(("empty classes", ", ".join(s.empty_classes)))
+    if s.records_skipped:
+        rows.append(("skip list", f"{s.dst}/skipped.jsonl"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

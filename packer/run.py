@@ -1,0 +1,323 @@
+"""The pack loop: list, load in order (in parallel), write in order, resume exactly.
+
+Invariants:
+
+* Records are written in listing order (after the seeded shuffle) by this
+  process alone, so the bytes written never depend on ``workers``.
+* Each ``write`` carries a progress value ``{"next", "skipped", "bytes_in"}``;
+  the writer stores the one that sealed each shard in its journal, so
+  ``resume`` restarts at exactly the first input not in a sealed shard.
+* The skip list is appended to ``.skipped.partial.jsonl`` as inputs are skipped
+  (flushed each line); a resume keeps its first ``sum(skipped)`` lines. It is
+  renamed to ``skipped.jsonl`` before the manifest is written, which is last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+from formats import DatasetWriter, Record
+from formats.checksum import crc32c
+from formats.files import fsync_dir
+
+from .errors import PackError, PackInputError, PackInterrupted, UsageError
+from .listing import Listing
+from .options import PackOptions
+from .report import PackProgress, PackSummary
+from .resolve import detect_source, open_sink, open_source
+from .work import WorkOptions, iter_loaded
+
+__all__ = ["SKIPPED_NAME", "pack"]
+
+SKIPPED_NAME = "skipped.jsonl"
+_PARTIAL = ".skipped.partial.jsonl"
+_ADVANCE_EVERY = 64
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("shardpack")
+    except Exception:  # not installed: a source checkout
+        return "0+unknown"
+
+
+def _check_paths(src: Path, dst: Path, options: PackOptions) -> None:
+    if not src.exists():
+        raise UsageError("SRC does not exist", path=src)
+    if dst.exists() and not dst.is_dir():
+        raise UsageError("DST exists and is not a folder", path=dst)
+    rs, rd = src.resolve(), dst.resolve()
+    if src.is_dir() and (rd == rs or rs in rd.parents):
+        raise UsageError("DST is inside SRC; it would pack itself", path=dst)
+    if (dst / "manifest.json").exists() and not options.overwrite:
+        raise UsageError("DST is already a dataset; pass --overwrite to replace it", path=dst)
+
+
+class _SkipLog:
+    """``skipped.jsonl`` built up crash-safely (see module docstring)."""
+
+    def __init__(self, dst: Path, keep: int) -> None:
+        self.partial = dst / _PARTIAL
+        self.final = dst / SKIPPED_NAME
+        lines: list[str] = []
+        if keep:
+            for p in (self.partial, self.final):
+                if p.exists():
+                    lines = p.read_text("utf-8").splitlines(keepends=True)[:keep]
+                    break
+            if len(lines) != keep:
+                raise PackError("cannot resume: the skip list of the interrupted run is missing "
+                                "lines; pack again without --resume", path=self.partial,
+                                found=len(lines), expected=keep)
+        self.final.unlink(missing_ok=True)
+        self.partial.unlink(missing_ok=True)
+        self.count = len(lines)
+        self._f = None
+        if lines:
+            self._open().writelines(lines)
+            self._f.flush()
+
+    def _open(self):
+        if self._f is None:
+            self._f = open(self.partial, "a", encoding="utf-8")  # noqa: SIM115
+        return self._f
+
+    def add(self, key: str, kind: str, reason: str) -> None:
+        f = self._open()
+        f.write(json.dumps({"kind": kind, "path": key, "reason": reason}, ensure_ascii=False,
+                           sort_keys=True) + "\n")
+        f.flush()  # a SIGKILL must not lose a line the next seal counts
+        self.count += 1
+
+    def finish(self, durable: bool) -> None:
+        if self._f is None:
+            return
+        if durable:
+            os.fsync(self._f.fileno())
+        self._f.close()
+        self._f = None
+        os.replace(self.partial, self.final)
+        if durable:
+            fsync_dir(self.final.parent)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
+         progress: PackProgress | None = None) -> PackSummary:
+    """Pack SRC into DST.
+
+    Args:
+        src: an image folder, a folder of files, a file list, or anything
+            ``formats.registry`` reads.
+        dst: the output folder.
+        options: how to pack (defaults: ``PackOptions()``).
+        progress: called as inputs are done (tqdm lives in the CLI, not here).
+
+    Returns:
+        The counters; ``complete`` is true once the manifest is written.
+
+    Raises:
+        UsageError: bad options or paths; nothing was written.
+        PackInputError: a bad input with ``on_error="fail"`` (names file, kind, reason).
+        PackError: any other data problem (a file list that does not parse...).
+        PackInterrupted: Ctrl-C; sealed shards are kept for ``resume``.
+    """
+    options = options or PackOptions()
+    progress = progress or PackProgress()
+    src, dst = Path(src), Path(dst)
+    _check_paths(src, dst, options)
+    if options.resume and options.sink != "shards":
+        raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
+    kind = options.source or detect_source(src)
+    source = open_source(kind, src, options)
+    summary = PackSummary(str(src), str(dst), kind, options.sink)
+    t0 = time.perf_counter()
+    try:
+        if isinstance(source, Listing):
+            _pack_listing(source, dst, options, progress, summary)
+        else:
+            _pack_records(source, dst, options, progress, summary)
+    except KeyboardInterrupt:
+        raise PackInterrupted(summary) from None
+    finally:
+        summary.seconds = time.perf_counter() - t0
+        progress.close()
+    return summary
+
+
+def _created_by(summary: PackSummary, options: PackOptions) -> dict:
+    return {"tool": "pack-dataset", "version": _version(),
+            "source": {"kind": summary.source, "path": summary.src},
+            "options": options.recorded()}
+
+
+def _open_writer(dst, fields, classes, options, summary):
+    if options.sink == "shards":
+        return DatasetWriter(
+            dst, fields, shard_size=options.shard_size,
+            records_per_shard=options.records_per_shard, classes=classes,
+            created_by=_created_by(summary, options), overwrite=options.overwrite,
+            resume=options.resume, durable=options.durable)
+    return open_sink(options.sink, dst, fields, classes, options)
+
+
+def _plan(listing: Listing, options: PackOptions) -> str:
+    """A fingerprint of what decides the record order and bytes (on_error aside:
+    resuming a failed pack with ``skip`` is the way past a bad file)."""
+    opts = {k: v for k, v in options.recorded().items() if k != "on_error"}
+    text = json.dumps([opts, len(listing), listing.keys[:1], listing.keys[-1:]], sort_keys=True)
+    return f"{crc32c(text.encode()):08x}"
+
+
+@contextmanager
+def _writing(writer, shards: bool):
+    """Our writer is closed explicitly (with a progress value); others by ``with``."""
+    if not shards:
+        with writer:
+            yield
+        return
+    try:
+        yield
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _pack_listing(listing: Listing, dst: Path, options: PackOptions, progress: PackProgress,
+                  summary: PackSummary) -> None:
+    n = len(listing)
+    if not n:
+        raise PackError("SRC holds no input files (hidden files are ignored)", path=listing.root)
+    if options.shuffle:
+        import numpy as np
+
+        listing.reorder(np.random.default_rng(options.seed).permutation(n).tolist())
+    summary.empty_classes = listing.empty_classes
+    summary.image_type = listing.fields[0].type
+    work = WorkOptions(listing.fields[0].type, options.max_side, options.quality, options.to_jpeg)
+    shards = options.sink == "shards"
+    writer = _open_writer(dst, listing.fields, listing.classes, options, summary)
+
+    skipped: Counter = Counter()
+    start = bytes_in = 0
+    plan = _plan(listing, options)
+    if shards and writer.resumed:
+        last = writer.resumed[-1]
+        if not isinstance(last, dict) or last.get("plan") != plan:
+            writer.abort()
+            raise PackError("cannot resume: the interrupted run packed other inputs or used "
+                            "other options (shuffle, seed, max-side...); pack again without "
+                            "--resume", path=dst)
+        start, bytes_in = last["next"], last["bytes_in"]
+        skipped.update(last["skipped"])
+        summary.resumed_records = writer.records_written
+    skips = _SkipLog(dst, sum(skipped.values())) if shards else None
+    progress.start(n, start)
+
+    paths, keys, problems = listing.paths, listing.keys, listing.problems
+    columns = [(k, v) for k, v in listing.columns.items()]
+    fail = options.on_error == "fail"
+    todo = [p for i, p in enumerate(paths[start:], start) if i not in problems] if problems \
+        else paths[start:]
+    loaded = iter_loaded(todo, work, options.num_workers)
+    write = writer.write if shards else None
+    pending = pending_bytes = 0
+    state = None
+    try:
+        with _writing(writer, shards):
+            for i in range(start, n):
+                if problems and i in problems:
+                    kind, reason = problems[i]
+                    size = 0
+                else:
+                    data, width, height, size, kind, reason = next(loaded)
+                    bytes_in += size
+                if kind is None:
+                    record = {"image": data, "key": keys[i]}
+                    for name, values in columns:
+                        record[name] = values[i]
+                    state = {"next": i + 1, "skipped": dict(skipped), "bytes_in": bytes_in,
+                             "plan": plan}
+                    meta = {"width": width, "height": height}
+                    if write is not None:
+                        write(record, meta, state)
+                    else:
+                        writer.write(Record(record, meta, keys[i]))
+                else:
+                    if fail:
+                        raise PackInputError(reason, path=paths[i], kind=kind)
+                    skipped[kind] += 1
+                    if skips is not None:
+                        skips.add(keys[i], kind, reason)
+                pending += 1
+                pending_bytes += size
+                if pending == _ADVANCE_EVERY:
+                    progress.advance(pending, pending_bytes)
+                    pending = pending_bytes = 0
+            progress.advance(pending, pending_bytes)
+            if skips is not None:
+                skips.finish(options.durable)
+            if shards:
+                final = {"next": n, "skipped": dict(skipped), "bytes_in": bytes_in, "plan": plan}
+                manifest = writer.close(final)
+                summary.shards = len(manifest.shards)
+                summary.bytes_out = sum(s.data_bytes + s.index_bytes + s.meta_bytes
+                                        for s in manifest.shards)
+                summary.complete = True
+    finally:
+        loaded.close()
+        if skips is not None:
+            skips.close()
+        summary.records_written = writer.records_written if shards else \
+            (n - start) - sum(skipped.values())
+        summary.skipped = skipped
+        summary.records_in = summary.records_written + sum(skipped.values())
+        summary.bytes_in = bytes_in
+        if not summary.complete and shards:
+            summary.shards = len(writer.sealed)
+    if not shards:
+        summary.complete = True
+
+
+def _pack_records(source, dst: Path, options: PackOptions, progress: PackProgress,
+                  summary: PackSummary) -> None:
+    """A registry Source: its records are already made; bad ones raise (no skip)."""
+    import itertools
+
+    fields = tuple(source.fields)
+    classes = None if source.classes is None else list(source.classes)
+    total = len(source) if hasattr(source, "__len__") else None
+    writer = _open_writer(dst, fields, classes, options, summary)
+    shards = options.sink == "shards"
+    start = writer.resumed[-1]["next"] if shards and writer.resumed else 0
+    summary.resumed_records = start
+    progress.start(total, start)
+    count = start
+    with _writing(writer, shards):
+        for rec in itertools.islice(iter(source), start, None):
+            count += 1
+            size = sum(len(v) for v in rec.fields.values() if isinstance(v, (bytes, memoryview)))
+            summary.bytes_in += size
+            if shards:
+                writer.write(rec.fields, rec.meta, {"next": count})
+            else:
+                writer.write(rec)
+            progress.advance(1, size)
+        if shards:
+            manifest = writer.close({"next": count})
+            summary.shards = len(manifest.shards)
+            summary.bytes_out = sum(s.data_bytes + s.index_bytes + s.meta_bytes
+                                    for s in manifest.shards)
+    summary.records_in = summary.records_written = count
+    summary.complete = True
