@@ -1,0 +1,352 @@
+"""One epoch's worker processes, the in-order delivery, and the slot sinks.
+
+Shutdown protocol
+-----------------
+Every way out of an epoch (end of data, ``break``, an exception in the training
+loop, ``KeyboardInterrupt``, a worker error or death, ``close()``, garbage
+collection of the iterator or the loader) goes through ``Epoch.shutdown``:
+
+1. set the done event (idle workers see it within ``IDLE_POLL_S``);
+2. put one ``None`` task per worker (busy workers stop after their batch);
+3. join each worker for up to ``JOIN_S`` together, then ``terminate()``, then
+   ``kill()`` whatever is still alive, and join it (no zombies);
+4. close both queues without waiting on their feeder threads.
+
+Workers never outlive their parent: they check ``os.getppid()`` on every idle
+poll and are daemonic (multiprocessing terminates them at interpreter exit). The
+ring belongs to the loader, not the epoch, so a GPU consumer can page-lock it
+once; ``Loader.close()`` (also on garbage collection) releases it. The ``anon``
+ring has no name, so a loader killed with SIGKILL leaves nothing behind; the
+``shm`` ring (spawn) is named by owner pid and reclaimed by the next loader.
+Every wait in the main process is a ``get`` with a timeout followed by a
+liveness check of every worker, so a dead worker raises within about
+``POLL_S`` seconds instead of hanging.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from formats.errors import ShardpackError
+
+from .dataset import main_fields
+from .errors import LoaderTimeoutError, WorkerDiedError, WorkerError
+from .timing import BatchTiming
+from .worker import BatchBuilder, batch_rng, worker_loop
+
+if TYPE_CHECKING:
+    from .loader import Loader
+
+__all__ = ["CpuSink", "Epoch", "RawEpoch"]
+
+POLL_S = 0.1
+JOIN_S = 2.0
+AUTO_SHRINK_AFTER = 32  # batches in a row without waiting before auto prefetch shrinks
+WAITED_S = 1e-3  # a wait longer than this counts as the consumer waiting
+
+
+class CpuSink:
+    """Hands slot views to the user; a slot comes back when the next batch is requested.
+
+    The slot-release protocol every sink follows (a GPU sink in :mod:`reader.device`
+    implements the same three members):
+
+    * ``hold``: how many slots the consumer may hold at once (extra ring slots);
+    * ``deliver(slot, batch, timing) -> (batch, timing)``: turn the slot's views
+      into what the user gets (here: the views, or copies with ``copy=True``);
+    * ``reclaim() -> list[int]``: called at the start of every ``next()``; the
+      slots that may be refilled now (here: the one delivered last time).
+    """
+
+    hold = 1
+
+    def __init__(self, copy: bool = False) -> None:
+        self.copy = copy
+        self._held: list[int] = []
+
+    def deliver(self, slot: int, batch: dict, timing: BatchTiming | None):
+        if self.copy:
+            batch = {k: (v.copy() if isinstance(v, np.ndarray) else
+                         [bytes(x) if isinstance(x, memoryview) else x for x in v])
+                     for k, v in batch.items()}
+        self._held.append(slot)
+        return batch, timing
+
+    def reclaim(self) -> list[int]:
+        out, self._held = self._held, []
+        return out
+
+    def close(self) -> None:
+        self._held = []
+
+
+class RawEpoch:
+    """Raw-bytes mode: batches read in-process from the mmaps; no workers, no ring."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.epoch = loader.epoch
+        self.k = loader.position
+        self.copy = loader.worker_options.copy
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        lo = self.loader
+        if self.k >= lo.sampler.num_batches:
+            lo._finished(self.epoch)
+            raise StopIteration
+        t0 = time.perf_counter()
+        indices = lo.sampler.batch(self.epoch, self.k)
+        batch = main_fields(lo.dataset, lo.fields, indices)
+        if self.copy:
+            batch = {k: v if isinstance(v, np.ndarray) else
+                     [bytes(x) if isinstance(x, memoryview) else x for x in v]
+                     for k, v in batch.items()}
+        k, self.k = self.k, self.k + 1
+        lo._delivered(self.epoch, k)
+        if lo.monitor is not None:
+            dt = time.perf_counter() - t0
+            nbytes = sum(len(x) for v in batch.values() if isinstance(v, list)
+                         for x in v if isinstance(x, (bytes, memoryview)))
+            lo.monitor.on_batch(BatchTiming(k, self.epoch, -1, len(indices), nbytes, 0, 0.0, 0.0,
+                                            0.0, dt, dt, 0.0, dt, dt, 0))
+        return batch
+
+    def shutdown(self) -> None:
+        pass
+
+
+class Epoch:
+    """One pass over (the rest of) an epoch with workers (or in-process for 0 workers)."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.epoch = loader.epoch
+        self.n = loader.sampler.num_batches
+        self.next_issue = self.next_deliver = loader.position
+        self.sink = loader._make_sink()
+        self.lo_depth, self.depth, self.hi_depth = loader._depths(self.sink.hold)
+        self.ring = loader._ensure_ring(self.hi_depth + self.sink.hold)
+        self.free = list(range(self.ring.num_slots))
+        self.ready: dict[int, tuple] = {}
+        self.issued_at: dict[int, float] = {}
+        self.slot_of: dict[int, int] = {}
+        self.calm = 0
+        self.workers: list = []
+        self.closed = False
+        self.builder = None
+        if loader.num_workers == 0:
+            self.builder = BatchBuilder(loader.dataset, loader.spec)
+        elif self.next_issue < self.n:
+            self._start_workers()
+
+    def _start_workers(self) -> None:
+        lo = self.loader
+        ctx = mp.get_context(lo._start_method())
+        self.task_q = ctx.Queue()
+        self.done_q = ctx.Queue()
+        self.done_event = ctx.Event()
+        for i in range(lo.num_workers):
+            p = ctx.Process(target=worker_loop, name=f"shardpack-worker-{i}", daemon=True,
+                            args=(i, lo.dataset, self.ring, lo.spec, self.task_q, self.done_q,
+                                  self.done_event, os.getpid()))
+            p.start()
+            self.workers.append(p)
+
+    def __iter__(self):
+        return self
+
+    # -- the hot path --------------------------------------------------------------------
+
+    def __next__(self) -> dict:
+        t_call = time.perf_counter()
+        if self.closed:
+            raise StopIteration
+        try:
+            self.free.extend(self.sink.reclaim())
+            k = self.next_deliver
+            if k >= self.n:
+                self.shutdown()
+                self.loader._finished(self.epoch)
+                raise StopIteration
+            in_flight = self.next_issue - self.next_deliver
+            self._issue()
+            t_wait = time.perf_counter()
+            msg = self.ready.pop(k, None) if self.builder is None else None
+            if self.builder is not None:
+                msg = self._build_here(k)
+            waited = 0.0
+            if msg is None:
+                msg = self._wait_for(k)
+                waited = time.perf_counter() - t_wait
+            if msg[0][0] == "error":
+                self._raise_worker_error(msg[0])
+            return self._deliver(k, msg, t_call, waited, in_flight)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _issue(self) -> None:
+        lo = self.loader
+        limit = 1 if self.builder is not None else self.depth
+        while (self.free and self.next_issue < self.n
+               and self.next_issue - self.next_deliver < limit):
+            k = self.next_issue
+            slot = self.free.pop()
+            self.slot_of[k] = slot
+            self.issued_at[k] = time.perf_counter()
+            if self.builder is None:
+                self.task_q.put((k, slot, self.epoch, lo.sampler.batch(self.epoch, k)))
+            self.next_issue += 1
+
+    def _build_here(self, k: int) -> tuple:
+        lo = self.loader
+        slot = self.slot_of[k]
+        try:
+            t = self.builder.build(lo.sampler.batch(self.epoch, k), self.ring.slot_view(slot),
+                                   batch_rng(lo.spec, self.epoch, k))
+        except ShardpackError:
+            raise
+        except Exception as exc:
+            raise WorkerError(f"in-process batch {k} failed on record {self.builder.current}: "
+                              f"{type(exc).__name__}: {exc}", record=self.builder.current,
+                              exc_type=type(exc).__qualname__) from exc
+        return ("ok", k, slot, -1, os.getpid(), t), time.perf_counter()
+
+    def _wait_for(self, k: int) -> tuple:
+        timeout = self.loader.worker_options.timeout
+        since = time.perf_counter()
+        while True:
+            try:
+                msg = self.done_q.get(timeout=POLL_S)
+            except queue.Empty:
+                self._check_workers()
+                if timeout is not None and time.perf_counter() - since > timeout:
+                    raise LoaderTimeoutError(
+                        f"no batch for {timeout} s although all {len(self.workers)} workers are "
+                        f"alive (waiting for batch {k} of epoch {self.epoch})") from None
+                continue
+            since = time.perf_counter()
+            # Errors wait their turn like batches, so the same record fails first
+            # whatever the number of workers.
+            if msg[1] == k:
+                return msg, since
+            self.ready[msg[1]] = (msg, since)
+
+    def _check_workers(self) -> None:
+        for i, p in enumerate(self.workers):
+            code = p.exitcode
+            if code is not None:
+                how = (f"killed by signal {signal.Signals(-code).name}" if code < 0
+                       else f"exit status {code}")
+                pid = p.pid
+                busy = f"batches {self.next_deliver}..{self.next_issue - 1} were in flight"
+                self.shutdown()
+                raise WorkerDiedError(f"worker {i} (pid {pid}) exited unexpectedly ({how}); "
+                                      f"{busy} in epoch {self.epoch}")
+
+    def _raise_worker_error(self, msg: tuple) -> None:
+        _, k, _slot, wid, pid, record, (blob, type_name, text), tb = msg
+        self.shutdown()
+        exc = None
+        if blob is not None:
+            try:
+                exc = pickle.loads(blob)
+            except Exception:
+                exc = None
+        where = f"worker {wid} (pid {pid}) failed on record {record} (batch {k} of epoch {self.epoch})"
+        if isinstance(exc, ShardpackError):
+            exc.add_note(f"{where}\nOriginal traceback in the worker:\n{tb}")
+            raise exc
+        err = WorkerError(f"{where}: {type_name}: {text}\n\nOriginal traceback in the worker:\n{tb}",
+                          worker=wid, pid=pid, record=record, exc_type=type_name, traceback=tb)
+        raise err from exc
+
+    def _deliver(self, k: int, msg: tuple, t_call: float, waited: float, in_flight: int) -> dict:
+        (_, _, slot, wid, _pid, t), t_ready = msg
+        lo = self.loader
+        self.next_deliver = k + 1
+        nrec = t[6]
+        views = self.ring.slot_view(slot)
+        batch = {name: a[:nrec] for name, a in views.items()}
+        if lo.main_fields:
+            batch.update(main_fields(lo.dataset, lo.main_fields, lo.sampler.batch(self.epoch, k)))
+        if t[7]:
+            lo.skipped += t[7]
+        timing = None
+        if lo.monitor is not None:
+            timing = BatchTiming(k, self.epoch, wid, nrec, t[5], t[7], t[0], t[1], t[2], t[3],
+                                 t[4], waited, t_ready - self.issued_at[k], 0.0, in_flight)
+        self.issued_at.pop(k, None)
+        self.slot_of.pop(k, None)
+        batch, timing = self.sink.deliver(slot, batch, timing)
+        lo._delivered(self.epoch, k)
+        self._adapt(waited)
+        if timing is not None:
+            lo.monitor.on_batch(replace(timing, next_s=time.perf_counter() - t_call))
+        if self.next_deliver >= self.n and self.workers:
+            self._stop_workers()  # nothing left to build: free the processes early
+        return batch
+
+    def _adapt(self, waited: float) -> None:
+        """``prefetch="auto"``: deepen when the consumer waited, shallow after a calm run."""
+        if self.lo_depth == self.hi_depth:
+            return
+        if waited > WAITED_S:
+            self.depth = min(self.depth + 1, self.hi_depth)
+            self.calm = 0
+        else:
+            self.calm += 1
+            if self.calm >= AUTO_SHRINK_AFTER and len(self.ready) > 1:
+                self.depth = max(self.depth - 1, self.lo_depth)
+                self.calm = 0
+
+    # -- shutdown (see "Shutdown protocol" in the module docstring) ---------------------
+
+    def _stop_workers(self) -> None:
+        workers, self.workers = self.workers, []
+        if not workers:
+            return
+        self.done_event.set()
+        for _ in workers:
+            try:
+                self.task_q.put(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + JOIN_S
+        for p in workers:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in workers:
+            if p.is_alive():
+                p.terminate()
+                p.join(0.5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for q in (self.task_q, self.done_q):
+            q.cancel_join_thread()
+            q.close()
+
+    def shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._stop_workers()
+        self.sink.close()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass

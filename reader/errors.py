@@ -1,0 +1,46 @@
+"""Errors raised by the loader itself (bad data raises ``formats`` errors instead).
+
+A data error found in a worker (a corrupt JPEG, a damaged record) is re-raised in
+the main process as the original :class:`formats.ShardpackError` subclass, which
+names shard and record, with a note saying which worker found it. Anything else a
+worker raises (a bug in a user transform) becomes a :class:`WorkerError` that
+names the worker, its pid and the record, and carries the original traceback text.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError"]
+
+
+class LoaderError(RuntimeError):
+    """Base class for loader failures that are not bad data."""
+
+
+class WorkerError(LoaderError):
+    """A worker raised while building a batch.
+
+    Attributes:
+        worker: the worker id (0-based).
+        pid: its process id.
+        record: the global record index it was working on (None if not known).
+        exc_type: the original exception's class name.
+        traceback: the original traceback, as text.
+    """
+
+    def __init__(self, message: str, *, worker: int | None = None, pid: int | None = None,
+                 record: int | None = None, exc_type: str | None = None,
+                 traceback: str | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.pid = pid
+        self.record = record
+        self.exc_type = exc_type
+        self.traceback = traceback
+
+
+class WorkerDiedError(LoaderError):
+    """A worker process exited without being asked to (killed, crashed, out of memory)."""
+
+
+class LoaderTimeoutError(LoaderError):
+    """No batch arrived within the loader's ``timeout`` although every worker is alive."""

@@ -1,0 +1,64 @@
+"""Adapts an image pipeline to what a worker calls per sample.
+
+A worker needs two things from a pipeline: ``output_shape`` (H, W, C), known
+before any image is decoded so the slot ring can be allocated, and
+``run(view, out, rng) -> (decode_s, transform_s)``, which decodes the image in
+``view`` straight into ``out`` (a slot region) and reports the time split. Any
+object with those two members is used as is. A
+:class:`reader.transforms.ImagePipeline`, or a list of transform specs and
+callables to build one from, is wrapped around a :class:`reader.decode.Decoder`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["DecoderPipeline", "make_pipeline"]
+
+
+def make_pipeline(transform: Any, backend: str = "auto"):
+    """The worker-side pipeline for ``transform`` (see the module docstring).
+
+    Raises:
+        ValueError: the specs do not fix an output size.
+    """
+    if hasattr(transform, "output_shape") and hasattr(transform, "run"):
+        return transform
+    from .transforms import ImagePipeline
+
+    if not isinstance(transform, ImagePipeline):
+        specs = list(transform) if isinstance(transform, (list, tuple)) else [transform]
+        transform = ImagePipeline(specs)
+    return DecoderPipeline(transform, backend)
+
+
+class DecoderPipeline:
+    """An :class:`ImagePipeline` run by a :class:`reader.decode.Decoder`.
+
+    The decoder is built on first use, i.e. inside the worker process (it sets
+    process-wide OpenCV threading and owns a scratch buffer), and is not pickled.
+    Decode, resample, flip and user callables are one fused call, so all of it is
+    reported as ``decode_s`` and ``transform_s`` is 0.
+    """
+
+    def __init__(self, pipeline, backend: str = "auto") -> None:
+        self.pipeline = pipeline
+        self.backend = backend
+        self.output_shape = tuple(pipeline.output_shape)
+        self._decoder = None
+
+    def __getstate__(self) -> dict:
+        return {"pipeline": self.pipeline, "backend": self.backend}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["pipeline"], state["backend"])
+
+    def run(self, view, out, rng) -> tuple[float, float]:
+        t = time.perf_counter()
+        if self._decoder is None:
+            from .decode import Decoder
+
+            self._decoder = Decoder(self.pipeline, self.backend)
+        self._decoder.decode_into(view, out, rng)
+        return time.perf_counter() - t, 0.0

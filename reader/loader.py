@@ -1,0 +1,308 @@
+"""The loader: an iterable of batches built by worker processes into shared slots.
+
+Batch ``k`` of an epoch is issued to the workers as ``(k, slot, epoch, indices)``;
+a worker writes it into ``slot`` of the :class:`~reader.slots.SlotRing` and
+answers ``("ok", k, slot, worker, pid, timing)``. Batches are delivered in order
+of ``k`` whatever order workers finish in. The consumer (a *sink*) says when a
+slot may be reused: on CPU when the next batch is requested, on a GPU when the
+copy out of it has completed (see :class:`reader.epoch.CpuSink`).
+
+The epoch machinery and its shutdown protocol live in :mod:`reader.epoch`.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from formats import ShardDataset
+from formats.fields import BYTES_TYPES
+
+from .dataset import open_dataset
+from .epoch import CpuSink, Epoch, RawEpoch
+from .imaging import make_pipeline
+from .options import DecodeOptions, SamplerOptions, WorkerOptions, resolve_num_workers
+from .sampler import Sampler
+from .slots import SlotLayout, SlotRing
+from .worker import BatchSpec
+
+__all__ = ["CpuSink", "Loader"]
+
+IMAGE_TYPES = ("jpeg", "image")
+
+
+class Loader:
+    """Batches of a dataset as dicts of field -> numpy array (or list, for bytes/str fields).
+
+    Batches on CPU are views into a shared-memory slot, valid until the next batch
+    is requested; pass ``copy=True`` to get owned arrays. The loader is a cursor:
+    a new ``iter()`` continues where the last one stopped (``state_dict()`` says
+    where); the end of an epoch moves it to the next epoch's first batch.
+
+    Args:
+        source: a dataset folder or an open ``ShardDataset``.
+        batch_size: records per batch.
+        num_workers: worker processes, ``"auto"`` (one per core) or 0 (in-process).
+        prefetch: batches in flight, or ``"auto"``.
+        shuffle: ``False``, ``True``/``"full"`` or ``"block"`` (see :class:`SamplerOptions`).
+        seed: seed of the order and of the random transforms.
+        drop_last: see :class:`SamplerOptions`.
+        transform: image pipeline or list of transform specs (see :class:`DecodeOptions`).
+        decode: ``False`` for raw-bytes mode (in-process, no workers).
+        on_error: ``"fail"`` or ``"skip"`` corrupt images.
+        copy: return owned arrays instead of views of the shared ring.
+        device: ``"cpu"`` or ``"cuda"`` (handled by :mod:`reader.device`).
+        rank, world_size: distributed partitioning.
+        monitor: None (the process default set by ``reader.enable_monitor``; off
+            unless enabled), False (off), an object with ``on_batch(BatchTiming)``
+            and ``stats()``, or a number: report every that many seconds via
+            ``reader.monitor.Monitor``.
+        sampler_options, decode_options, worker_options: whole option groups; each
+            replaces the keywords of its group.
+        device_options: ``reader.device.DeviceOptions`` for ``device="cuda"``.
+    """
+
+    def __init__(self, source: str | Path | ShardDataset, batch_size: int = 256, *,
+                 num_workers: int | str = "auto", prefetch: int | str = "auto",
+                 shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
+                 transform: Any = None, decode: bool = True, on_error: str = "fail",
+                 copy: bool = False, device: str = "cpu", rank: int = 0, world_size: int = 1,
+                 monitor: Any = None, timeout: float | None = None,
+                 sampler_options: SamplerOptions | None = None,
+                 decode_options: DecodeOptions | None = None,
+                 worker_options: WorkerOptions | None = None,
+                 device_options: Any = None) -> None:
+        self.dataset = source if isinstance(source, ShardDataset) else open_dataset(source)
+        self.batch_size = int(batch_size)
+        self.sampler_options = sampler_options or SamplerOptions(
+            shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size)
+        self.decode_options = decode_options or DecodeOptions(
+            transform=transform, decode=decode, on_error=on_error)
+        self.worker_options = worker_options or WorkerOptions(
+            num_workers=num_workers, prefetch=prefetch, timeout=timeout, copy=copy)
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+        self.device = device
+        self.device_options = device_options
+        self.sampler = Sampler(len(self.dataset), self.dataset.starts, self.batch_size,
+                               self.sampler_options)
+        self.num_workers = resolve_num_workers(self.worker_options.num_workers)
+        self._plan_fields()
+        self.monitor = _make_monitor(monitor, self.num_workers)
+        self.epoch = 0
+        self.position = 0  # next batch of self.epoch to deliver
+        self.skipped = 0
+        self._ring: SlotRing | None = None
+        self._active: weakref.ref | None = None
+        self._closed = False
+
+    # -- planning ----------------------------------------------------------------------
+
+    def _plan_fields(self) -> None:
+        ds, opts = self.dataset, self.decode_options
+        names = opts.fields or tuple(f.name for f in ds.fields)
+        for n in names:
+            if n not in ds.field_index:
+                raise ValueError(f"no field {n!r} in {ds.root} (fields: {list(ds.field_index)})")
+        types = {f.name: f for f in ds.fields}
+        self.fields = names
+        self.raw = not opts.decode
+        image = None
+        pipeline = None
+        if not self.raw:
+            image = opts.image_field or next((n for n in names if types[n].type in IMAGE_TYPES), None)
+            if image is not None:
+                if types[image].type in BYTES_TYPES and types[image].type not in IMAGE_TYPES:
+                    raise ValueError(f"field {image!r} is {types[image].type}, not an image")
+                if opts.transform is None:
+                    raise ValueError(
+                        f"decoding image field {image!r} needs a transform with a fixed output "
+                        "size, e.g. transform=[RandomResizedCrop(224), RandomHorizontalFlip()] "
+                        "from reader.transforms; or pass decode=False for raw bytes")
+                pipeline = make_pipeline(opts.transform)
+        slot_fields, main_fields = [], []
+        for n in names:
+            f = types[n]
+            if n == image:
+                continue
+            if not self.raw and (f.type in ("int", "float") or (f.type == "ndarray" and f.fixed_shape)):
+                slot_fields.append((n, f.type))
+            else:
+                main_fields.append(n)
+        self.image_field = image
+        self.main_fields = tuple(main_fields)
+        self.spec = BatchSpec(image, pipeline, tuple(slot_fields), opts.on_error,
+                              self.sampler_options.seed, self.sampler_options.rank)
+        b = self.batch_size
+        specs = []
+        if image is not None:
+            specs.append((image, np.uint8, (b, *pipeline.output_shape)))
+        for n, t in slot_fields:
+            f = types[n]
+            dt = {"int": np.int64, "float": np.float64}.get(t) or np.dtype(f.dtype)
+            specs.append((n, dt, (b, *(f.shape or ()))))
+        if image is not None and opts.on_error == "skip":
+            specs.append(("valid", np.bool_, (b,)))
+        self.layout = SlotLayout.build(specs)
+
+    @property
+    def ring(self) -> SlotRing | None:
+        """The shared slot ring (created with the first epoch; None in raw mode)."""
+        return self._ring
+
+    def _make_sink(self):
+        if self.device == "cuda":
+            try:
+                from . import device
+            except ImportError as exc:
+                raise ImportError(
+                    "device='cuda' needs reader.device and cupy: pip install 'shardpack[gpu]'"
+                ) from exc
+            if self.device_options is None:
+                self.device_options = device.DeviceOptions()
+            return device.make_sink(self)
+        return CpuSink(copy=self.worker_options.copy)
+
+    def _depths(self, hold: int) -> tuple[int, int, int]:
+        """(lowest, starting, highest) batches in flight; the ring has highest + hold slots."""
+        w = self.worker_options
+        nw = max(self.num_workers, 1)
+        hi = w.max_prefetch or max(2, 4 * nw)
+        if w.prefetch != "auto":
+            hi = max(hi, w.prefetch) if w.max_prefetch is None else w.max_prefetch
+        hi = max(1, min(hi, w.max_ring_bytes // self.layout.slot_bytes - hold))
+        if self.num_workers == 0:
+            return 1, 1, 1
+        if w.prefetch != "auto":
+            p = min(w.prefetch, hi)
+            return p, p, p
+        lo = min(nw, hi)
+        return lo, min(2 * nw, hi), hi
+
+    def _ensure_ring(self, slots: int) -> SlotRing:
+        if self._ring is None or self._ring.num_slots < slots:
+            self._release_ring()
+            backend = "anon" if self._start_method() == "fork" or self.num_workers == 0 else "shm"
+            self._ring = SlotRing(self.layout, slots, backend)
+        return self._ring
+
+    def _start_method(self) -> str:
+        m = self.worker_options.start_method
+        if m is not None:
+            return m
+        return "fork" if sys.platform.startswith("linux") else "spawn"
+
+    # -- iteration ---------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches per epoch (for this rank)."""
+        return self.sampler.num_batches
+
+    def __iter__(self) -> Iterator[dict]:
+        if self._closed:
+            raise RuntimeError("this Loader is closed")
+        self._stop_active()
+        it = RawEpoch(self) if self.raw else Epoch(self)
+        self._active = weakref.ref(it)
+        return it
+
+    def _stop_active(self) -> None:
+        it = self._active() if self._active is not None else None
+        if it is not None:
+            it.shutdown()
+        self._active = None
+
+    def _delivered(self, epoch: int, k: int) -> None:
+        self.epoch, self.position = epoch, k + 1
+
+    def _finished(self, epoch: int) -> None:
+        if self.epoch == epoch and self.position >= self.sampler.num_batches:
+            self.epoch, self.position = epoch + 1, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make ``epoch`` current; a different epoch starts at its first batch, the
+        current one keeps its position (so a resumed state survives the usual
+        ``set_epoch`` at the top of a training loop)."""
+        if epoch != self.epoch:
+            self._stop_active()
+            self.epoch, self.position = int(epoch), 0
+
+    def state_dict(self) -> dict:
+        """Where the loader is: the next batch to deliver, plus what the order depends on."""
+        o = self.sampler_options
+        return {"epoch": self.epoch, "batch": self.position, "num_batches": len(self),
+                "seed": o.seed, "shuffle": o.shuffle, "window": o.window, "rank": o.rank,
+                "world_size": o.world_size, "drop_last": o.drop_last,
+                "batch_size": self.batch_size, "num_records": len(self.dataset)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly at the batch after the last one delivered when ``state`` was taken.
+
+        Raises:
+            ValueError: the state was taken with a different order or partitioning.
+        """
+        mine = self.state_dict()
+        for key in ("seed", "shuffle", "window", "rank", "world_size", "drop_last",
+                    "batch_size", "num_records"):
+            if state.get(key) != mine[key]:
+                raise ValueError(f"loader state was saved with {key}={state.get(key)!r}, "
+                                 f"this loader has {key}={mine[key]!r}: cannot resume exactly")
+        self._stop_active()
+        self.epoch, self.position = int(state["epoch"]), int(state["batch"])
+
+    def stats(self) -> dict:
+        """The monitor's figures, or a minimal dict when no monitor is attached."""
+        if self.monitor is not None:
+            return self.monitor.stats()
+        return {"epoch": self.epoch, "batch": self.position, "skipped": self.skipped,
+                "num_workers": self.num_workers}
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the workers and release the shared ring. Idempotent."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._stop_active()
+        self._release_ring()
+
+    def _release_ring(self) -> None:
+        if self._ring is None:
+            return
+        cuda = getattr(self, "_cuda_state", None)
+        if cuda is not None:
+            cuda.release()  # unregister (page-unlock) before the memory is unmapped
+        self._ring.close()
+        self._ring = None
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _make_monitor(value: Any, num_workers: int):
+    """None follows ``reader.enable_monitor`` (never imported if nobody enabled it)."""
+    if value is None:
+        mod = sys.modules.get(__package__ + ".monitor")
+        return None if mod is None else mod.resolve_monitor(None, num_workers=num_workers)
+    if value is False:
+        return None
+    if hasattr(value, "on_batch"):
+        return value
+    from .monitor import resolve_monitor
+
+    return resolve_monitor(value, num_workers=num_workers)

@@ -1,0 +1,70 @@
+"""Per-batch timings: measured by the code that does the work, summed by whoever listens.
+
+A worker measures its own stages and sends them back in the batch-done message
+(a plain tuple, see :data:`WORKER_FIELDS`); the main process adds what only it can
+see (how long ``next()`` waited, latency, prefetch depth) and hands one frozen
+:class:`BatchTiming` per batch to ``monitor.on_batch`` just before the batch is
+returned to the user. With no monitor attached nothing is built at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["WORKER_FIELDS", "BatchTiming"]
+
+# Order of the values in a worker's timing tuple (what crosses the queue).
+WORKER_FIELDS = ("io_s", "decode_s", "transform_s", "assemble_s", "busy_s", "bytes", "records",
+                 "skipped")
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """What one batch cost, stage by stage.
+
+    Worker side (``worker`` is -1 and the stages are measured in the main process
+    when ``num_workers=0`` or in raw mode):
+
+    Attributes:
+        batch: the batch number within the epoch (0-based, in delivery order).
+        epoch: the epoch the batch belongs to.
+        worker: id of the worker that built it (0..num_workers-1), -1 in-process.
+        records: records in the batch.
+        bytes: stored bytes brought in from the shards (sum of payload lengths).
+        skipped: records that failed to decode and were skipped (``on_error="skip"``).
+        io_s: time to page in the records' bytes (touching each page before decoding).
+        decode_s: JPEG decode time (with the transform when the pipeline fuses them;
+            then ``transform_s`` is what the pipeline reports as the split, or 0).
+        transform_s: transform time after decoding.
+        assemble_s: writing scalar fields, the valid mask and indices into the slot.
+        busy_s: wall time of the whole batch in the worker.
+
+    Main-process side:
+
+    Attributes:
+        wait_s: how long ``next()`` blocked waiting for this batch (0 if it was ready).
+        latency_s: from the batch's request being issued to the workers to its
+            done message being received.
+        next_s: from the user's ``next()`` call to the batch being returned.
+        prefetch: batches in flight (issued, not yet consumed) when it was requested.
+        h2d_s: host-to-device copy time (``device="cuda"`` only, else None).
+        h2d_bytes: bytes copied to the device (``device="cuda"`` only, else None).
+    """
+
+    batch: int
+    epoch: int
+    worker: int
+    records: int
+    bytes: int
+    skipped: int
+    io_s: float
+    decode_s: float
+    transform_s: float
+    assemble_s: float
+    busy_s: float
+    wait_s: float
+    latency_s: float
+    next_s: float
+    prefetch: int
+    h2d_s: float | None = None
+    h2d_bytes: int | None = None

@@ -1,0 +1,180 @@
+"""Builds batches into ring slots, in a worker process or in the main process.
+
+A worker's life (see "Shutdown protocol" in :mod:`reader.epoch`): it takes
+``(batch, slot, epoch, indices)`` tasks from the shared task queue, writes the
+batch into ``ring.slot_view(slot)``, and answers on the done queue with a small
+tuple. Sample data never crosses a queue. A ``None`` task, the done event, or
+its parent's death (checked on every idle second) ends it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from formats.errors import CorruptRecordError, ShardpackError
+
+__all__ = ["BatchBuilder", "BatchSpec", "batch_rng", "worker_loop"]
+
+PAGE_STRIDE = 4096
+IDLE_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """What a worker writes into a slot, fixed for the loader's lifetime.
+
+    Args:
+        image_field: the field decoded through ``pipeline`` (None: no image).
+        pipeline: an object with ``output_shape`` and
+            ``run(view, out, rng) -> (decode_s, transform_s)`` (see
+            :mod:`reader.imaging`).
+        slot_fields: ``(name, type)`` of the int/float/fixed ndarray fields
+            gathered into the slot.
+        on_error: ``"fail"`` or ``"skip"`` for images that do not decode.
+        seed: base seed of the per-batch random streams.
+        rank: this loader's rank (part of the stream seed).
+    """
+
+    image_field: str | None
+    pipeline: Any
+    slot_fields: tuple[tuple[str, str], ...]
+    on_error: str
+    seed: int
+    rank: int
+
+
+def batch_rng(spec: BatchSpec, epoch: int, batch: int) -> np.random.Generator:
+    """The random stream of one batch: the same whoever builds it."""
+    return np.random.default_rng([spec.seed, int(epoch), spec.rank, int(batch)])
+
+
+class BatchBuilder:
+    """Fills slot arrays for given record indices; returns the worker's timing tuple.
+
+    ``current`` is the global index of the record being worked on, so a failure
+    can name it.
+    """
+
+    def __init__(self, ds, spec: BatchSpec) -> None:
+        self.ds = ds
+        self.spec = spec
+        self.current: int | None = None
+        self._decode_error = _decode_error_type()
+
+    def build(self, indices: np.ndarray, arrays: dict[str, np.ndarray],
+              rng: np.random.Generator) -> tuple:
+        t_start = time.perf_counter()
+        spec, ds = self.spec, self.ds
+        n = len(indices)
+        io_s = decode_s = transform_s = 0.0
+        nbytes = skipped = 0
+        valid = arrays.get("valid")
+        if valid is not None:
+            valid[:n] = True
+        if spec.image_field is not None:
+            views = ds.payloads(indices, spec.image_field)
+            t = time.perf_counter()
+            for v in views:
+                nbytes += len(v)
+                if len(v):
+                    a = np.frombuffer(v, np.uint8)
+                    int(a[::PAGE_STRIDE].sum()) + int(a[-1])  # page the record in
+            io_s = time.perf_counter() - t
+            images = arrays[spec.image_field]
+            run = spec.pipeline.run
+            idx = indices.tolist()
+            for i, v in enumerate(views):
+                self.current = idx[i]
+                try:
+                    d, tr = run(v, images[i], rng)
+                except self._decode_error as exc:
+                    if spec.on_error != "skip":
+                        raise self._corrupt(idx[i], exc) from None
+                    images[i] = 0
+                    valid[i] = False
+                    skipped += 1
+                    continue
+                decode_s += d
+                transform_s += tr
+            self.current = None
+        t = time.perf_counter()
+        for name, ftype in spec.slot_fields:
+            if ftype in ("int", "float"):
+                arrays[name][:n] = ds.scalars(indices, name)
+            else:
+                out = arrays[name]
+                for i, r in enumerate(indices.tolist()):
+                    out[i] = ds.get(r, name)
+        assemble_s = time.perf_counter() - t
+        busy_s = time.perf_counter() - t_start
+        return (io_s, decode_s, transform_s, assemble_s, busy_s, nbytes, n, skipped)
+
+    def _corrupt(self, index: int, exc: Exception) -> CorruptRecordError:
+        s, r = self.ds.locate(index)
+        shard = self.ds.shards[s]
+        j = self.ds.field_index[self.spec.image_field]
+        return CorruptRecordError(
+            f"field {self.spec.image_field!r} of dataset record {index} does not decode ({exc}); "
+            "pass on_error='skip' to skip such records",
+            path=shard.data_path, record=r, offset=int(shard.offsets[r, j]),
+        )
+
+
+def _decode_error_type() -> type[Exception]:
+    try:
+        from .decode import DecodeError
+    except ImportError:  # the image module is not there: nothing can raise it
+        return ShardpackError
+    return DecodeError
+
+
+def error_message(exc: BaseException) -> tuple:
+    """What a worker sends for an exception: (pickled exception or None, class name, text)."""
+    try:
+        blob = pickle.dumps(exc)
+        pickle.loads(blob)
+    except Exception:
+        blob = None
+    return blob, type(exc).__qualname__, str(exc)
+
+
+def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_event,
+                parent_pid: int) -> None:
+    """A worker process's main function (module scope, so it can be spawned)."""
+    # Ctrl-C goes to the whole process group: the main process decides what to do.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    builder = BatchBuilder(ds, spec)
+    pid = os.getpid()
+    try:
+        while not done_event.is_set():
+            try:
+                task = task_q.get(timeout=IDLE_POLL_S)
+            except queue.Empty:
+                if os.getppid() != parent_pid:
+                    break  # the parent died: nobody will read our results
+                continue
+            if task is None:
+                break
+            k, slot, epoch, indices = task
+            try:
+                timing = builder.build(indices, ring.slot_view(slot), batch_rng(spec, epoch, k))
+            except Exception as exc:
+                done_q.put(("error", k, slot, worker_id, pid, builder.current,
+                            error_message(exc), traceback.format_exc()))
+                builder.current = None
+                continue
+            done_q.put(("ok", k, slot, worker_id, pid, timing))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        # Results still buffered matter to nobody once we stop; never block exit on them.
+        done_q.cancel_join_thread()

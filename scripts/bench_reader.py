@@ -1,0 +1,351 @@
+"""Reader benchmark: ratios against the hardware limit and against peers, in one run.
+
+    python -m scripts.bench_reader --data /tmp/bench-reader [--quick] [--workers N]
+
+Warm page cache throughout (every input is read once before it is timed).
+(a) raw loader read (no decode) bytes/s vs a numpy memcpy of the same bytes;
+(b) full pipeline (decode + RandomResizedCrop 224 + flip, batch 256, workers =
+cores) images/s vs cores x the single-core decode+crop rate measured in-process;
+(c) ImageFolder + PIL + torch DataLoader, same work; (d) webdataset tars with our
+decoder; (e) single-core decode+crop+flip, ours vs naive PIL; and the loader's
+resident anonymous memory (main + workers) for a small and a 10x larger dataset.
+Needs the ``bench`` extra (torch, webdataset); peers that are missing are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from formats import DatasetWriter, Field, open_shards
+
+BATCH = 256
+SIZE = 224
+
+
+# -- data ------------------------------------------------------------------------------
+
+def build_inputs(root: Path, n: int, classes: int = 10, seed: int = 0) -> dict[str, Path]:
+    """Generate ``n`` JPEGs once; pack them as shards, an image folder and webdataset tars."""
+    from scripts.synth import make_jpeg
+
+    root.mkdir(parents=True, exist_ok=True)
+    shards, folder, tars = root / f"shards-{n}", root / f"folder-{n}", root / f"wds-{n}"
+    done = root / f".done-{n}"
+    if done.exists():
+        return {"shards": shards, "folder": folder, "wds": tars}
+    rng = np.random.default_rng(seed)
+    tars.mkdir(exist_ok=True)
+    ntar = 8
+    with contextlib.ExitStack() as stack, DatasetWriter(
+            shards, [Field("image", "jpeg"), Field("label", "int")], overwrite=True,
+            shard_size=64 << 20, durable=False) as w:
+        tfs = [stack.enter_context(tarfile.open(tars / f"part-{i:03d}.tar", "w"))
+               for i in range(ntar)]
+        for i in range(n):
+            data = make_jpeg(rng, int(rng.integers(300, 500)), int(rng.integers(300, 500)))
+            label = i % classes
+            w.write({"image": data, "label": label})
+            d = folder / f"c{label:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"{i:06d}.jpg").write_bytes(data)
+            tf = tfs[i % ntar]
+            for name, payload in ((f"{i:06d}.jpg", data), (f"{i:06d}.cls", str(label).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                info.mtime = 0
+                tf.addfile(info, io.BytesIO(payload))
+    done.touch()
+    return {"shards": shards, "folder": folder, "wds": tars}
+
+
+def build_tiny(root: Path, n: int) -> Path:
+    """``n`` tiny records (for the memory-vs-dataset-size check)."""
+    import simplejpeg
+
+    path = root / f"tiny-{n}"
+    if (path / "manifest.json").exists():
+        return path
+    rng = np.random.default_rng(1)
+    jpegs = [simplejpeg.encode_jpeg(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8))
+             for _ in range(64)]
+    with DatasetWriter(path, [Field("image", "jpeg"), Field("label", "int")], overwrite=True,
+                       durable=False) as w:
+        for i in range(n):
+            w.write({"image": jpegs[i % 64], "label": i})
+    return path
+
+
+def warm(paths) -> None:
+    for p in paths:
+        for f in Path(p).rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    while fh.read(16 << 20):
+                        pass
+
+
+# -- measurements ------------------------------------------------------------------------
+
+def raw_read(shards: Path) -> tuple[float, float]:
+    """(loader bytes/s with owned copies, memcpy bytes/s of the same payload bytes)."""
+    from reader import Loader
+
+    ds = open_shards(shards)
+    payload = sum(int(s.lengths[:, 0].sum()) for s in ds.shards)
+    best_loader = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        nbytes = 0
+        with Loader(ds, BATCH, decode=False, copy=True) as lo:
+            for b in lo:
+                nbytes += sum(len(x) for x in b["image"])
+        best_loader = max(best_loader, nbytes / (time.perf_counter() - t))
+    src = [s.data for s in ds.shards]
+    dst = np.empty(max(a.size for a in src), np.uint8)
+    best_copy = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        for a in src:
+            np.copyto(dst[: a.size], a)
+        best_copy = max(best_copy, sum(a.size for a in src) / (time.perf_counter() - t))
+    assert nbytes == payload
+    return best_loader, best_copy
+
+
+def pipeline_specs():
+    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
+
+    return [RandomResizedCrop(SIZE), RandomHorizontalFlip()]
+
+
+def single_core_ours(shards: Path, n: int) -> float:
+    from reader.decode import Decoder
+    from reader.transforms import ImagePipeline
+
+    ds = open_shards(shards)
+    dec = Decoder(ImagePipeline(pipeline_specs()))
+    out = np.empty((SIZE, SIZE, 3), np.uint8)
+    rng = np.random.default_rng(0)
+    views = ds.payloads(np.arange(min(n, len(ds))), "image")
+    for v in views[:10]:
+        dec.decode_into(v, out, rng)
+    t = time.perf_counter()
+    for v in views:
+        dec.decode_into(v, out, rng)
+    return len(views) / (time.perf_counter() - t)
+
+
+def _one_core(job: tuple[Path, int, int]) -> tuple[int, float]:
+    shards, start, count = job
+    from reader.decode import Decoder
+    from reader.transforms import ImagePipeline
+
+    ds = open_shards(shards)
+    dec = Decoder(ImagePipeline(pipeline_specs()))
+    out = np.empty((SIZE, SIZE, 3), np.uint8)
+    rng = np.random.default_rng(start)
+    views = ds.payloads(np.arange(start, start + count) % len(ds), "image")
+    t = time.perf_counter()
+    for v in views:
+        dec.decode_into(v, out, rng)
+    return count, time.perf_counter() - t
+
+
+def parallel_raw_decode(shards: Path, cores: int, per_core: int) -> float:
+    """Images/s of ``cores`` bare processes decoding at once: the ceiling under today's load."""
+    import multiprocessing as mp
+
+    with mp.get_context("fork").Pool(cores) as pool:
+        t = time.perf_counter()
+        done = pool.map(_one_core, [(shards, i * per_core, per_core) for i in range(cores)])
+        wall = time.perf_counter() - t
+    return sum(c for c, _ in done) / wall
+
+
+def naive_rrc_flip(data: bytes, rng: np.random.Generator) -> np.ndarray:
+    """What a torchvision user's pipeline does: full PIL decode, crop, bilinear resize, flip."""
+    from PIL import Image
+
+    from reader.transforms import RandomResizedCrop
+
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    top, left, h, w = RandomResizedCrop(SIZE).get_params(img.height, img.width, rng)
+    img = img.resize((SIZE, SIZE), Image.BILINEAR, box=(left, top, left + w, top + h))
+    if rng.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(img)
+
+
+def single_core_naive(shards: Path, n: int) -> float:
+    ds = open_shards(shards)
+    datas = [bytes(v) for v in ds.payloads(np.arange(min(n, len(ds))), "image")]
+    rng = np.random.default_rng(0)
+    t = time.perf_counter()
+    for d in datas:
+        naive_rrc_flip(d, rng)
+    return len(datas) / (time.perf_counter() - t)
+
+
+def full_pipeline(shards: Path, workers: int, epochs: int = 1) -> float:
+    from reader import Loader
+
+    with Loader(shards, BATCH, num_workers=workers, shuffle="block", seed=0,
+                transform=pipeline_specs()) as lo:
+        best = 0.0
+        for _ in range(epochs):
+            t = time.perf_counter()
+            n = sum(len(b["label"]) for b in lo)
+            best = max(best, n / (time.perf_counter() - t))
+    return best
+
+
+class _FolderDataset:
+    """torchvision's ImageFolder, written out (torchvision is not importable here)."""
+
+    def __init__(self, root: Path) -> None:
+        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+        self.samples = [(str(f), i) for i, c in enumerate(classes) for f in sorted((root / c).iterdir())]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        import torch
+
+        path, label = self.samples[i]
+        with open(path, "rb") as fh:
+            img = naive_rrc_flip(fh.read(), np.random.default_rng())
+        return torch.from_numpy(img.copy()), label
+
+
+def imagefolder_torch(folder: Path, workers: int) -> float:
+    import torch
+
+    dl = torch.utils.data.DataLoader(_FolderDataset(folder), batch_size=BATCH, shuffle=True,
+                                     num_workers=workers)
+    t = time.perf_counter()
+    n = sum(len(y) for _, y in dl)
+    return n / (time.perf_counter() - t)
+
+
+_DECODER = None
+
+
+def _wds_decode(sample):
+    global _DECODER
+    from reader.decode import Decoder
+    from reader.transforms import ImagePipeline
+
+    if _DECODER is None:
+        _DECODER = Decoder(ImagePipeline(pipeline_specs()))
+    out = np.empty((SIZE, SIZE, 3), np.uint8)
+    _DECODER.decode_into(sample["jpg"], out, np.random.default_rng())
+    return out, int(sample["cls"])
+
+
+def webdataset_torch(tars: Path, workers: int) -> float:
+    import torch
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in tars.glob("*.tar"))
+    ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_wds_decode).batched(BATCH)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+    t = time.perf_counter()
+    n = sum(len(y) for _, y in dl)
+    return n / (time.perf_counter() - t)
+
+
+def rss_anon_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    return 0
+
+
+def loader_memory(path: Path, workers: int, batches: int = 20) -> int:
+    """RssAnon of main + workers (KiB) after ``batches`` batches of a full shuffle."""
+    from reader import Loader
+    from reader.transforms import CenterCrop
+
+    with Loader(path, 64, num_workers=workers, shuffle="full", transform=[CenterCrop(32)]) as lo:
+        it = iter(lo)
+        for _ in range(batches):
+            next(it)
+        kb = rss_anon_kb(os.getpid()) + sum(rss_anon_kb(p.pid) for p in it.workers)
+        it.shutdown()
+    return kb
+
+
+# -- report -----------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=Path("/tmp/shardpack-bench-reader"))
+    p.add_argument("--quick", action="store_true", help="fewer images (about a minute)")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--images", type=int, default=None)
+    args = p.parse_args(argv)
+    n = args.images or (1536 if args.quick else 4096)
+    cores = args.workers
+    t0 = time.perf_counter()
+    inputs = build_inputs(args.data, n)
+    tiny = [build_tiny(args.data, m) for m in ((2000, 20000) if args.quick else (10000, 100000))]
+    print(f"data: {n} JPEGs (~{sum(f.stat().st_size for f in inputs['shards'].glob('*.rec')) / n / 1e3:.0f} KB), "
+          f"prepared in {time.perf_counter() - t0:.0f} s; workers = cores = {cores}", file=sys.stderr)
+    warm(inputs.values())
+
+    rows = []
+    mem = [loader_memory(t, cores) for t in tiny]
+    loader_bps, copy_bps = raw_read(inputs["shards"])
+    rows.append(("(a) raw read, loader / memcpy", f"{loader_bps / 1e9:.2f} GB/s", f"{copy_bps / 1e9:.2f} GB/s",
+                 loader_bps / copy_bps, ">= 0.8"))
+    k = max(256, n // 4)
+    ours1 = single_core_ours(inputs["shards"], k)
+    naive1 = single_core_naive(inputs["shards"], k)
+    rows.append(("(e) 1 core decode+RRC+flip, ours / naive PIL", f"{ours1:.0f} img/s", f"{naive1:.0f} img/s",
+                 ours1 / naive1, ">= 1.4"))
+    full = full_pipeline(inputs["shards"], cores, epochs=2)
+    par = parallel_raw_decode(inputs["shards"], cores, n // cores)
+    ceiling = cores * ours1
+    rows.append(("(b) full pipeline / (cores x 1-core rate)", f"{full:.0f} img/s", f"{ceiling:.0f} img/s",
+                 full / ceiling, ">= 0.9"))
+    rows.append(("(b') full pipeline / bare parallel decode, same load", f"{full:.0f} img/s",
+                 f"{par:.0f} img/s", full / par, "(context)"))
+    try:
+        folder = imagefolder_torch(inputs["folder"], cores)
+        rows.append(("(b)/(c) vs ImageFolder+PIL+DataLoader", f"{full:.0f} img/s", f"{folder:.0f} img/s",
+                     full / folder, ">= 1.5"))
+    except ImportError as exc:
+        rows.append(("(c) ImageFolder+PIL+DataLoader", "skipped", str(exc), float("nan"), ">= 1.5"))
+    try:
+        wds_rate = webdataset_torch(inputs["wds"], cores)
+        rows.append(("(b)/(d) vs webdataset (same decoder)", f"{full:.0f} img/s", f"{wds_rate:.0f} img/s",
+                     full / wds_rate, "> 1.0"))
+    except ImportError as exc:
+        rows.append(("(d) webdataset", "skipped", str(exc), float("nan"), "> 1.0"))
+    small, large = (len(open_shards(t)) for t in tiny)
+    rows.append((f"memory: RssAnon {large} vs {small} records", f"{mem[1] / 1024:.0f} MiB",
+                 f"{mem[0] / 1024:.0f} MiB", mem[1] / mem[0], "~ 1.0 (flat)"))
+
+    w0 = max(len(r[0]) for r in rows)
+    print(f"{'measure':<{w0}}  {'ours':>14}  {'reference':>14}  {'ratio':>6}  target")
+    for name, ours, ref, ratio, target in rows:
+        print(f"{name:<{w0}}  {ours:>14}  {ref:>14}  {ratio:>6.2f}  {target}")
+    load = os.getloadavg()
+    print(f"load average during the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores "
+          "(other processes compete with every multi-process figure)")
+    print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""Loader behaviour: determinism, zero-copy slots, copies, raw mode, resume, options."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers_reader import SIDE, CropPipeline, make_dataset
+
+import reader
+from reader import Loader, SlotRing
+from reader.slots import PAGE
+
+
+@pytest.fixture(scope="module")
+def ds_path(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("reader") / "ds", 200)
+
+
+def collect(loader, copy=True):
+    out = []
+    for b in loader:
+        out.append({k: (v.copy() if isinstance(v, np.ndarray) else list(v)) if copy else v
+                    for k, v in b.items()})
+    return out
+
+
+def test_open_dataset_random_access(ds_path):
+    ds = reader.open_dataset(ds_path)
+    assert len(ds) == 200
+    rec = ds[7]
+    assert rec["label"] == 7 and rec["key"] == "k7" and isinstance(rec["image"], memoryview)
+    many = reader.read_many(ds, [3, 150, 7])
+    assert many["label"].tolist() == [3, 150, 7]
+    assert many["key"] == ["k3", "k150", "k7"]
+    assert bytes(many["image"][2]) == bytes(rec["image"])
+    assert ds.metadata().num_rows == 200
+
+
+@pytest.mark.parametrize("shuffle", [False, "block", "full"])
+def test_same_batches_for_any_num_workers(ds_path, shuffle):
+    runs = []
+    for nw in (0, 1, 3):
+        with Loader(ds_path, 16, num_workers=nw, shuffle=shuffle, seed=5,
+                    transform=CropPipeline()) as lo:
+            runs.append(collect(lo))
+    for other in runs[1:]:
+        assert len(other) == len(runs[0]) == 13
+        for a, b in zip(runs[0], other, strict=True):
+            assert np.array_equal(a["label"], b["label"])
+            assert np.array_equal(a["image"], b["image"])  # the random flips too
+            assert a["key"] == b["key"]
+    labels = np.concatenate([b["label"] for b in runs[0]])
+    assert sorted(labels.tolist()) == list(range(200))
+    assert (labels.tolist() == list(range(200))) == (shuffle is False)
+    b = runs[0][0]
+    assert b["image"].shape == (16, SIDE, SIDE, 3) and b["image"].dtype == np.uint8
+    assert b["label"].dtype == np.int64 and b["score"].dtype == np.float64
+    assert np.allclose(b["score"], b["label"] / 2)
+    assert b["key"] == [f"k{i}" for i in b["label"]]
+
+
+def test_batches_are_views_of_the_ring_until_next(ds_path):
+    with Loader(ds_path, 32, num_workers=2, transform=CropPipeline()) as lo:
+        it = iter(lo)
+        b = next(it)
+        ring = lo.ring
+        assert isinstance(ring, SlotRing)
+        assert np.shares_memory(b["image"], ring.array)
+        assert np.shares_memory(b["label"], ring.array)
+        assert ring.address % PAGE == 0 and ring.slot_bytes % PAGE == 0
+        for f in ring.layout.fields:
+            assert f.offset % PAGE == 0
+        offsets = {ring.slot_offset(i) + ring.layout.field("image").offset
+                   for i in range(ring.num_slots)}
+        assert b["image"].ctypes.data - ring.address in offsets
+        next(it)
+        it.shutdown()
+
+
+def test_copy_gives_owned_arrays(ds_path):
+    with Loader(ds_path, 32, num_workers=2, transform=CropPipeline(), copy=True) as lo:
+        batches = [b for b in lo]  # kept across next(): must stay intact
+        for b in batches:
+            assert b["image"].flags.owndata and not np.shares_memory(b["image"], lo.ring.array)
+        labels = np.concatenate([b["label"] for b in batches])
+        assert labels.tolist() == list(range(200))
+        first = batches[0]["image"]
+    with Loader(ds_path, 32, num_workers=0, transform=CropPipeline()) as lo:
+        assert np.array_equal(next(iter(lo))["image"], first)
+
+
+def test_raw_mode_gives_zero_copy_bytes_without_workers(ds_path):
+    ds = reader.open_dataset(ds_path)
+    with Loader(ds, 50, decode=False, shuffle="full", seed=1) as lo:
+        batches = list(lo)
+        assert lo.ring is None
+    assert len(batches) == 4
+    b = batches[0]
+    assert isinstance(b["image"], list) and isinstance(b["image"][0], memoryview)
+    for lab, img in zip(b["label"].tolist(), b["image"], strict=True):
+        assert bytes(img) == bytes(ds[lab]["image"])
+    labels = np.concatenate([b["label"] for b in batches])
+    assert sorted(labels.tolist()) == list(range(200))
+    with Loader(ds, 50, decode=False, copy=True) as lo:
+        assert isinstance(next(iter(lo))["image"][0], bytes)
+
+
+def test_partial_last_batch_and_drop_last(ds_path):
+    with Loader(ds_path, 64, num_workers=2, transform=CropPipeline()) as lo:
+        sizes = [len(b["label"]) for b in lo]
+    assert sizes == [64, 64, 64, 8]
+    with Loader(ds_path, 64, num_workers=2, transform=CropPipeline(), drop_last=True) as lo:
+        assert [len(b["label"]) for b in lo] == [64, 64, 64] and len(lo) == 3
+
+
+def test_resume_mid_epoch_is_exact(ds_path):
+    kw = dict(num_workers=2, shuffle="full", seed=9, transform=CropPipeline())
+    with Loader(ds_path, 16, **kw) as lo:
+        lo.set_epoch(3)
+        full = [b["label"].copy() for b in lo]
+    with Loader(ds_path, 16, **kw) as lo:
+        lo.set_epoch(3)
+        first = []
+        for b in lo:
+            first.append(b["label"].copy())
+            if len(first) == 5:
+                break
+        state = lo.state_dict()
+    assert state["epoch"] == 3 and state["batch"] == 5
+    with Loader(ds_path, 16, **kw) as lo:
+        lo.load_state_dict(state)
+        lo.set_epoch(3)  # the usual call at the top of a loop keeps the position
+        second = [b["label"].copy() for b in lo]
+        assert lo.state_dict()["epoch"] == 4 and lo.state_dict()["batch"] == 0
+    both = np.concatenate(first + second)
+    assert np.array_equal(both, np.concatenate(full))
+    assert len(np.unique(both)) == 200
+    with Loader(ds_path, 16, num_workers=0, shuffle="full", seed=10,
+                transform=CropPipeline()) as lo, pytest.raises(ValueError, match="seed"):
+        lo.load_state_dict(state)
+
+
+def test_epochs_advance_and_differ(ds_path):
+    with Loader(ds_path, 50, num_workers=1, shuffle="block", seed=2,
+                transform=CropPipeline()) as lo:
+        e0 = np.concatenate([b["label"] for b in collect(lo)])
+        e1 = np.concatenate([b["label"] for b in collect(lo)])
+        assert lo.epoch == 2
+    assert sorted(e0.tolist()) == sorted(e1.tolist()) == list(range(200))
+    assert not np.array_equal(e0, e1)
+
+
+def test_ranks_split_the_data(ds_path):
+    seen = []
+    counts = set()
+    for rank in range(3):
+        with Loader(ds_path, 16, num_workers=1, rank=rank, world_size=3, shuffle=True,
+                    transform=CropPipeline()) as lo:
+            got = [b["label"].copy() for b in lo]
+            counts.add(len(got))
+            seen.append(np.concatenate(got))
+    assert len(counts) == 1
+    assert set(np.concatenate(seen).tolist()) == set(range(200))
+
+
+class RecordingMonitor:
+    def __init__(self):
+        self.timings = []
+
+    def on_batch(self, timing):
+        self.timings.append(timing)
+
+    def stats(self):
+        return {"batches": len(self.timings)}
+
+
+def test_monitor_hook_gets_one_timing_per_batch(ds_path):
+    mon = RecordingMonitor()
+    with Loader(ds_path, 32, num_workers=2, transform=CropPipeline(), monitor=mon) as lo:
+        n = sum(1 for _ in lo)
+        assert lo.stats() == {"batches": n}
+    assert [t.batch for t in mon.timings] == list(range(n))
+    t = mon.timings[0]
+    assert isinstance(t, reader.BatchTiming)
+    assert t.records == 32 and t.bytes > 0 and t.worker in (0, 1) and t.h2d_s is None
+    assert t.busy_s >= t.io_s + t.decode_s and t.latency_s > 0 and t.next_s >= t.wait_s
+    assert sum(x.records for x in mon.timings) == 200
+    with Loader(ds_path, 32, num_workers=0, transform=CropPipeline()) as lo:
+        assert lo.monitor is None and lo.stats()["num_workers"] == 0
+
+
+def test_prefetch_auto_stays_within_bounds(ds_path):
+    with Loader(ds_path, 8, num_workers=2, transform=CropPipeline(), prefetch="auto") as lo:
+        it = iter(lo)
+        depths = []
+        for _ in it:
+            depths.append(it.depth)
+        assert all(it.lo_depth <= d <= it.hi_depth for d in depths)
+        assert lo.ring.num_slots == it.hi_depth + 1
+    with Loader(ds_path, 8, num_workers=2, transform=CropPipeline(), prefetch=3) as lo:
+        it = iter(lo)
+        next(it)
+        assert it.depth == 3 and lo.ring.num_slots == 4
+        it.shutdown()
+
+
+def test_options_and_errors(ds_path):
+    with pytest.raises(ValueError, match="transform"):
+        Loader(ds_path, 8)
+    with pytest.raises(ValueError, match="no field"):
+        Loader(ds_path, 8, decode=False, decode_options=reader.DecodeOptions(fields=("nope",)))
+    with pytest.raises(ValueError, match="num_workers"):
+        Loader(ds_path, 8, num_workers=-1, transform=CropPipeline())
+    with Loader(ds_path, 8, transform=CropPipeline(),
+                decode_options=reader.DecodeOptions(transform=CropPipeline(),
+                                                    fields=("image", "label"))) as lo:
+        assert set(next(iter(lo))) == {"image", "label"}
+    assert reader.options.resolve_num_workers("auto") >= 1
+
+
+def test_spawn_start_method_uses_a_named_ring(ds_path):
+    with Loader(ds_path, 50, num_workers=1, transform=CropPipeline(),
+                worker_options=reader.WorkerOptions(num_workers=1, start_method="spawn")) as lo:
+        labels = np.concatenate([b["label"].copy() for b in lo])
+        assert lo.ring.backend == "shm" and lo.ring.name.startswith("shardpack_")
+        name = lo.ring.name
+    assert labels.tolist() == list(range(200))
+    import os
+
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+def test_real_decode_pipeline_specs(ds_path):
+    from reader.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
+
+    runs = []
+    for nw in (0, 2):
+        with Loader(ds_path, 16, num_workers=nw, shuffle=True, seed=1,
+                    transform=[RandomResizedCrop(24, scale=(0.3, 1.0)),
+                               RandomHorizontalFlip()]) as lo:
+            runs.append(collect(lo))
+    assert runs[0][0]["image"].shape == (16, 24, 24, 3)
+    for a, b in zip(*runs, strict=True):
+        assert np.array_equal(a["image"], b["image"]) and np.array_equal(a["label"], b["label"])
+    with Loader(ds_path, 16, num_workers=1, transform=CenterCrop(20)) as lo:
+        b = next(iter(lo))
+        assert b["image"].shape == (16, 20, 20, 3) and b["image"].any()
+        # Exactly the center of the decoded image.
+        from reader.decode import decode_full
+
+        full = decode_full(reader.open_dataset(ds_path)[0]["image"])
+        assert np.array_equal(b["image"][0], full[10:30, 14:34])
+
+
+def test_user_callable_error_in_real_pipeline(ds_path):
+    from reader.transforms import CenterCrop
+
+    def bad(img):
+        if img[-1, 0, 0] == (3 * 37) % 256:
+            raise KeyError("bad user code")
+        return img
+
+    with Loader(ds_path, 16, num_workers=2, transform=[CenterCrop(20), bad]) as lo, \
+            pytest.raises(reader.WorkerError, match=r"record 3.*KeyError"):
+        list(lo)

@@ -1,0 +1,45 @@
+"""The PyTorch adapter (skipped without torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers_reader import SIDE, CropPipeline, make_dataset
+
+from reader import Loader
+from reader.torch_adapter import TorchBatchDataset, TorchLoader
+
+torch = pytest.importorskip("torch", reason="the torch adapter needs PyTorch")
+
+
+@pytest.fixture(scope="module")
+def ds_path(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("torch") / "ds", 64, extra=True)
+
+
+def test_torch_loader_is_zero_copy_and_converts(ds_path):
+    with Loader(ds_path, 16, num_workers=1, transform=CropPipeline()) as lo:
+        it = iter(TorchLoader(lo))
+        b = next(it)
+        assert isinstance(b["image"], torch.Tensor) and b["image"].dtype == torch.uint8
+        assert np.shares_memory(b["image"].numpy(), lo.ring.array)
+        assert b["label"].dtype == torch.int64 and b["key"][0] == "k0"
+    with Loader(ds_path, 16, num_workers=1, transform=CropPipeline()) as lo:
+        b = next(iter(TorchLoader(lo, channels_first=True, dtype=torch.float32)))
+        assert b["image"].shape == (16, 3, SIDE, SIDE) and b["image"].dtype == torch.float32
+        assert float(b["image"].min()) >= 0.0 and float(b["image"].max()) <= 1.0
+
+
+def test_inside_torch_dataloader_matches_the_loader(ds_path):
+    with Loader(ds_path, 16, num_workers=2, shuffle=True, seed=4, transform=CropPipeline(),
+                copy=True) as lo:
+        lo.set_epoch(1)
+        ours = list(lo)
+        lo.set_epoch(1)
+        dl = torch.utils.data.DataLoader(TorchBatchDataset(lo), batch_size=None, num_workers=0)
+        theirs = list(dl)
+    assert len(ours) == len(theirs) == 4
+    for a, b in zip(ours, theirs, strict=True):
+        assert np.array_equal(a["image"], b["image"].numpy())
+        assert np.array_equal(a["label"], b["label"].numpy())
+        assert a["key"] == b["key"]
