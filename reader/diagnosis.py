@@ -1,0 +1,175 @@
+"""Name the loader's bottleneck from the monitor's figures.
+
+:func:`diagnose` is a pure function of a figures dict (as found under
+``"current"`` or ``"mean"`` in :meth:`reader.monitor.Monitor.stats`), so every
+rule can be tested with hand-written numbers. The rules follow the four patterns
+of the MegEngine Data Monitor, in this order:
+
+1. transfer-bound: host-to-device bandwidth is low *and* the copy costs a
+   visible share of wall time. Checked first because the copy runs on the
+   consumer's side, so it slows training even when the queue never runs dry.
+2. healthy: the consumer rarely waits for a batch, so the training step, not
+   the loader, sets the pace.
+3. sync-bound: the consumer waits but the workers are often idle. With fewer
+   batches in flight than workers, they are not allowed to run far enough
+   ahead (prefetch too small for a bursty consumer); with work queued, the
+   main process is slow to dispatch and collect it (task scheduling).
+4. IO-bound: busy workers spend their time reading, not decoding.
+5. CPU-bound: busy workers spend their time decoding, transforming or
+   assembling; the message names the stage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["KINDS", "Diagnosis", "Thresholds", "diagnose"]
+
+KINDS = ("no-data", "healthy", "io-bound", "cpu-bound", "transfer-bound", "sync-bound")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Limits the report marks and the diagnosis uses.
+
+    The first five are the seed's "suggested thresholds".
+
+    Args:
+        max_load_latency_ms: mean time from a batch being requested to ready.
+        max_decode_share_pct: decode time as a share of worker busy time.
+        max_io_share_pct: read time as a share of worker busy time; above it
+            (with a low decode share) the loader is IO-bound.
+        min_h2d_gb_s: host-to-device copy bandwidth.
+        max_queue_wait_pct: share of wall time the consumer blocks in ``next()``.
+        min_worker_busy_pct: below this, a waiting consumer with idle workers
+            means the workers are held back (sync-bound), not overloaded.
+        min_h2d_share_pct: a slow copy only matters when it costs at least
+            this share of wall time.
+    """
+
+    max_load_latency_ms: float = 20.0
+    max_decode_share_pct: float = 35.0
+    max_io_share_pct: float = 50.0
+    min_h2d_gb_s: float = 5.0
+    max_queue_wait_pct: float = 10.0
+    min_worker_busy_pct: float = 75.0
+    min_h2d_share_pct: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+                raise ValueError(f"Thresholds.{name}: expected a number >= 0, found {value!r}")
+            if name.endswith("_pct") and value > 100:
+                raise ValueError(f"Thresholds.{name}: expected a percentage <= 100, found {value!r}")
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The verdict for one set of figures.
+
+    Attributes:
+        kind: one of :data:`KINDS`.
+        message: one line naming the bottleneck, the evidence and the fix.
+    """
+
+    kind: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "message": self.message}
+
+
+def _num(figures: dict[str, Any], key: str, default: float = 0.0) -> float:
+    value = figures.get(key)
+    return default if value is None else float(value)
+
+
+def diagnose(stats: dict[str, Any], thresholds: Thresholds | None = None) -> Diagnosis:
+    """Name the bottleneck and the fix.
+
+    Args:
+        stats: a figures dict, or a whole ``Monitor.stats()`` dict (its
+            ``"current"`` figures are used).
+        thresholds: the limits; defaults to :class:`Thresholds()`.
+
+    Returns:
+        The :class:`Diagnosis`.
+    """
+    th = thresholds or Thresholds()
+    f = stats["current"] if isinstance(stats.get("current"), dict) else stats
+    if not f or not f.get("batches"):
+        return Diagnosis("no-data", "no batches delivered yet")
+
+    wait = _num(f, "queue_wait_pct")
+    busy = _num(f, "worker_busy_pct")
+    latency = _num(f, "load_latency_ms")
+    io = _num(f, "io_share_pct")
+    decode = _num(f, "decode_share_pct")
+    transform = _num(f, "transform_share_pct")
+    assemble = _num(f, "assemble_share_pct")
+    workers = int(_num(f, "num_workers", 1))  # 0: built in the main process
+    h2d_gb_s = f.get("h2d_gb_s")
+    h2d_share = _num(f, "h2d_share_pct")
+
+    if h2d_gb_s is not None and h2d_gb_s < th.min_h2d_gb_s and h2d_share >= th.min_h2d_share_pct:
+        return Diagnosis(
+            "transfer-bound",
+            f"transfer-bound: host-to-device copies run at {h2d_gb_s:.2f} GB/s "
+            f"(< {th.min_h2d_gb_s:g}) and take {h2d_share:.0f}% of wall time -> use pinned "
+            "host memory, larger batches, and transfer uint8 (normalize on the GPU)",
+        )
+    if wait < th.max_queue_wait_pct:
+        return Diagnosis(
+            "healthy",
+            f"healthy: the consumer waits only {wait:.1f}% of the time "
+            f"(< {th.max_queue_wait_pct:g}%); the training step, not the loader, sets the pace",
+        )
+    if busy < th.min_worker_busy_pct:
+        depth = _num(f, "prefetch_depth")
+        if depth < workers:
+            return Diagnosis(
+                "sync-bound",
+                f"sync-bound: the consumer waits {wait:.0f}% of the time while workers are only "
+                f"{busy:.0f}% busy with {depth:.1f} batches in flight for {workers} worker(s) "
+                "-> raise prefetch so workers run ahead of bursts in the consumer",
+            )
+        # Work is queued yet workers idle: handing out tasks and collecting batches
+        # (the main process) is what they wait for, so deeper prefetch would not help.
+        return Diagnosis(
+            "sync-bound",
+            f"sync-bound: the consumer waits {wait:.0f}% of the time and workers are only "
+            f"{busy:.0f}% busy although {depth:.1f} batches are in flight -> the main process "
+            "is slow to dispatch and collect batches: leave a core free for it (fewer "
+            "workers), use larger batches, or move per-batch work out of the training loop",
+        )
+    if io >= th.max_io_share_pct and decode < th.max_decode_share_pct:
+        rate = f.get("read_mb_s")
+        rate_text = "" if rate is None else f", reading at {rate:.0f} MB/s"
+        return Diagnosis(
+            "io-bound",
+            f"IO-bound: workers spend {io:.0f}% of their time reading and {decode:.0f}% "
+            f"decoding, load latency {latency:.1f} ms{rate_text} -> faster storage, larger "
+            "shards, block shuffle, or warm the page cache",
+        )
+    stage, share = max(
+        (("decode", decode), ("transform", transform), ("assemble", assemble), ("read", io)),
+        key=lambda item: item[1],
+    )
+    fixes = {
+        "decode": "re-pack with `pack-dataset --max-side N`, or decode at reduced size",
+        "transform": "make transforms cheaper or move augmentation to the GPU",
+        "assemble": "use fewer, larger fields per record or a larger batch",
+        "read": "faster storage or larger shards",
+    }
+    who = (
+        "the main process (num_workers=0) is"
+        if workers == 0
+        else f"the {workers} worker(s) are"
+    )
+    return Diagnosis(
+        "cpu-bound",
+        f"CPU-bound: {stage} takes {share:.0f}% of worker time and {who} {busy:.0f}% busy "
+        f"-> add workers, {fixes[stage]}",
+    )

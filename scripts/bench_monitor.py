@@ -1,0 +1,194 @@
+"""Monitor overhead: loader throughput with the monitor on ÷ off (target >= 0.98).
+
+Two measurements:
+
+1. ``on_batch`` alone: microseconds per call (hot path, and amortized with the
+   interval reports), set against realistic per-batch times of the loader.
+2. End to end, when ``reader.Loader`` exists: the same Loader over the same
+   dataset, epochs alternating monitor off / on, best epoch of each.
+
+Usage: ``python scripts/bench_monitor.py [--records N] [--samples S] [--workers W]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from reader.monitor import Monitor
+from reader.timing import BatchTiming
+
+
+def _timing(i: int) -> BatchTiming:
+    return BatchTiming(
+        batch=i, epoch=0, worker=i % 2, records=64, bytes=64 * 110_000, skipped=0,
+        io_s=0.0004, decode_s=0.030, transform_s=0.008, assemble_s=0.0002, busy_s=0.039,
+        wait_s=0.001, latency_s=0.012, next_s=0.001, prefetch=4, h2d_s=None, h2d_bytes=None,
+    )  # fmt: skip
+
+
+def bench_on_batch(calls: int = 200_000, interval: float = 0.05) -> dict[str, float]:
+    """Seconds per ``on_batch`` call: hot path only, and with frequent reports.
+
+    Args:
+        calls: calls per measurement.
+        interval: report interval for the amortized figure (short on purpose:
+            100× more reports than the default 5 s).
+    """
+    timings = [_timing(i) for i in range(1024)]
+    out: dict[str, float] = {}
+    for label, ival in (("hot path (no report)", 1e9), (f"with a report every {interval}s", interval)):
+        best = float("inf")
+        for _ in range(3):
+            mon = Monitor(ival, output=False, record=os.devnull, num_workers=2)
+            t0 = time.perf_counter()
+            for i in range(calls):
+                mon.on_batch(timings[i & 1023])
+            best = min(best, (time.perf_counter() - t0) / calls)
+        out[label] = best
+    return out
+
+
+def _make_dataset(root: str, records: int, side: int) -> str:
+    import simplejpeg
+
+    from formats import DatasetWriter, Field
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 255, (side, side, 3), dtype=np.uint8)
+    path = os.path.join(root, "ds")
+    with DatasetWriter(path, [Field("image", "jpeg"), Field("label", "int")]) as w:
+        for i in range(records):
+            img = np.roll(base, i, axis=1)
+            w.write({"image": simplejpeg.encode_jpeg(img, quality=90), "label": i % 10})
+    return path
+
+
+def _consume(batch: dict, buf: np.ndarray | None) -> int:
+    """What the training loop does with a batch: nothing, or copy its image bytes out
+    (as staging for a device copy would)."""
+    images = batch["image"]
+    if buf is not None:
+        at = 0
+        for x in images:
+            n = len(x)
+            buf[at : at + n] = np.frombuffer(x, np.uint8)
+            at += n
+    return len(images)
+
+
+def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw: bool,
+                 copy_out: bool = False, min_s: float = 0.5) -> dict[str, list[float]]:  # fmt: skip
+    """Throughput (samples/s) of the same Loader with the monitor off and on.
+
+    Each sample runs whole epochs until at least ``min_s`` seconds have passed;
+    samples alternate off/on (and which goes first) so drift hits both alike.
+    """
+    import reader
+    from reader.monitor import Monitor as _Monitor
+
+    kwargs = dict(batch_size=batch_size, num_workers=workers, prefetch=2 * max(workers, 1))
+    if raw:
+        kwargs["decode"] = False
+    else:
+        from reader.transforms import CenterCrop
+
+        kwargs["transform"] = [CenterCrop(224)]
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    # Main-process CPU seconds per batch: the monitor's whole cost lands there, and
+    # unlike wall time it barely moves when other processes compete for the cores.
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    buf = np.empty(batch_size * 512 * 1024, np.uint8) if copy_out else None
+    loaders = {
+        "off": reader.Loader(path, monitor=False, **kwargs),
+        "on": reader.Loader(path, monitor=_Monitor(5.0, output=False, num_workers=workers), **kwargs),
+    }
+    try:
+        for loader in loaders.values():  # warm the page cache and the code paths
+            for _batch in loader:
+                pass
+        for i in range(samples):
+            for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                loader = loaders[mode]
+                n = batches = 0
+                t0, c0 = time.perf_counter(), time.process_time()
+                while True:
+                    for batch in loader:
+                        n += _consume(batch, buf)
+                        batches += 1
+                    elapsed = time.perf_counter() - t0
+                    if elapsed >= min_s:
+                        break
+                cpu[mode].append((time.process_time() - c0) / batches)
+                rates[mode].append(n / elapsed)
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    return {"rates": rates, "cpu": cpu}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=2048)
+    parser.add_argument("--samples", type=int, default=6)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args(argv)
+
+    costs = bench_on_batch()
+    print("on_batch cost")
+    print(f"{'case':<34}{'us/call':>10}")
+    for label, s in costs.items():
+        print(f"{label:<34}{s * 1e6:>10.2f}")
+    worst = max(costs.values())
+    print()
+    print("on_batch cost vs realistic batch times (1 - cost/batch time = throughput ratio bound)")
+    print(f"{'batch':<44}{'batch ms':>10}{'ratio':>10}{'limit':>8}")
+    for label, batch_s in (
+        ("64 x 224px decode+crop, 2 workers", 64 / (2 * 700)),
+        ("256 x 110 KB raw bytes at 5 GB/s", 256 * 110e3 / 5e9),
+        ("64 x 110 KB raw bytes at 10 GB/s", 64 * 110e3 / 10e9),
+    ):
+        print(f"{label:<44}{batch_s * 1e3:>10.3f}{1 - worst / batch_s:>10.4f}{'>= 0.98':>8}")
+
+    try:
+        from reader import Loader  # noqa: F401
+    except ImportError:
+        print("\nreader.Loader is not available yet: end-to-end comparison skipped", file=sys.stderr)
+        return 0
+    with tempfile.TemporaryDirectory() as root:
+        path = _make_dataset(root, args.records, 256)
+        for raw, copy_out, mode in (
+            (False, False, "decode + CenterCrop(224), consumer idle"),
+            (True, True, "raw bytes (decode=False), consumer copies the bytes out"),
+            (True, False, "raw bytes (decode=False), consumer idle (worst case)"),
+        ):
+            res = bench_loader(path, samples=args.samples, workers=args.workers,
+                               batch_size=args.batch_size, raw=raw, copy_out=copy_out)  # fmt: skip
+            off, on = res["rates"]["off"], res["rates"]["on"]
+            print()
+            print(f"Loader, {mode}, {args.records} records, batch {args.batch_size}, "
+                  f"{args.workers} workers, {args.samples} samples each")  # fmt: skip
+            print(f"{'monitor':<10}{'best/s':>12}{'median/s':>12}")
+            print(f"{'off':<10}{max(off):>12.0f}{statistics.median(off):>12.0f}")
+            print(f"{'on':<10}{max(on):>12.0f}{statistics.median(on):>12.0f}")
+            ratio_best = max(on) / max(off)
+            ratio_med = statistics.median(on) / statistics.median(off)
+            print(f"ratio on/off: best {ratio_best:.3f}, median {ratio_med:.3f} (limit >= 0.98)")
+            cpu_off = statistics.median(res["cpu"]["off"])
+            extra = statistics.median(res["cpu"]["on"]) - cpu_off
+            batch_s = args.batch_size / statistics.median(off)
+            print(f"main-process CPU per batch: off {cpu_off * 1e6:.1f} us, monitor adds "
+                  f"{extra * 1e6:.1f} us = {extra / batch_s:.2%} of a {batch_s * 1e3:.3f} ms batch "
+                  f"-> ratio bound {1 - max(extra, 0.0) / batch_s:.3f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

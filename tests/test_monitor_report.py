@@ -1,0 +1,116 @@
+"""Monitor records read back: summary, CLI handler, bad files, the PNG timeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reader.monitor import Monitor
+from reader.monitor_report import (
+    MonitorRecordError,
+    format_summary,
+    main,
+    plot_records,
+    summarize_records,
+)
+from tests.helpers_monitor import CPU_BOUND, HEALTHY, FakeClock, feed
+
+pytest.importorskip("reader.timing", reason="reader/timing.py (BatchTiming) not written yet")
+
+
+@pytest.fixture
+def records(tmp_path):
+    """A record file: ~4 s healthy then ~4 s CPU-bound, 1 s intervals."""
+    path = tmp_path / "run.jsonl"
+    clock = FakeClock()
+    mon = Monitor(1.0, output=False, record=path, clock=clock, num_workers=2, name="train")
+    feed(mon, clock, HEALTHY, 200)
+    feed(mon, clock, CPU_BOUND, 200, start=200)
+    mon.flush()
+    return path, mon
+
+
+def test_summary(records):
+    path, mon = records
+    s = summarize_records(path)
+    assert s["intervals"] == mon.reports
+    assert s["batches"] == 400
+    assert s["samples"] == 400 * 32
+    assert s["loaders"] == ["train"]
+    assert s["duration_s"] == pytest.approx(mon.stats()["elapsed_s"])
+    assert set(s["diagnoses"]) == {"healthy", "cpu-bound"}
+    assert s["bottleneck"] in ("healthy", "cpu-bound")
+    assert s["last_diagnosis"].startswith("CPU-bound")
+    wait = s["figures"]["queue_wait_pct"]
+    assert wait["min"] == pytest.approx(0.0) and wait["max"] > 50
+    assert wait["min"] <= wait["mean"] <= wait["max"]
+    assert s["figures"]["h2d_gb_s"] is None
+    text = format_summary(s)
+    assert "queue_wait_pct" in text and "bottleneck:" in text and "n/a" in text
+
+
+def test_cli_text_and_json(records, capsys):
+    path, _ = records
+    assert main([str(path)]) == 0
+    assert "diagnoses (intervals)" in capsys.readouterr().out
+    assert main([str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["batches"] == 400
+
+
+def test_bad_files(tmp_path, capsys):
+    with pytest.raises(MonitorRecordError, match="cannot read"):
+        summarize_records(tmp_path / "missing.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(MonitorRecordError, match="no monitor records"):
+        summarize_records(empty)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"current": {"batches": 1}}\n{oops\n')
+    with pytest.raises(MonitorRecordError, match="record 2: not JSON"):
+        summarize_records(bad)
+    bad.write_text('{"current": {"batches": 1}}\n[1, 2]\n')
+    with pytest.raises(MonitorRecordError, match="record 2: not a monitor record"):
+        summarize_records(bad)
+    assert main([str(bad)]) == 1
+    assert "bad.jsonl record 2" in capsys.readouterr().err
+
+
+def test_plot(records, tmp_path):
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib")
+    path, _ = records
+    png = tmp_path / "timeline.png"
+    plot_records(path, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 5000
+
+
+def test_plot_without_matplotlib_names_the_fix(records, tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(ImportError, match="pip install matplotlib"):
+        plot_records(records[0], tmp_path / "x.png")
+
+
+def test_handler_fits_a_parent_parser_with_dst(records, capsys):
+    """inspect-shards style: ``DST`` positional and ``--json`` on the parent parser."""
+    import argparse
+
+    from reader.monitor_report import add_monitor_report_arguments, monitor_report_command
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dst")
+    parser.add_argument("--json", action="store_true")
+    add_monitor_report_arguments(parser, file=False, json_flag=False)
+    args = parser.parse_args([str(records[0]), "--json"])
+    assert monitor_report_command(args) == 0
+    assert json.loads(capsys.readouterr().out)["intervals"] == records[1].reports
