@@ -1,0 +1,61 @@
+"""``pack-dataset SRC DST --from X --to Y`` through formats.registry, every direction."""
+
+from __future__ import annotations
+
+import pytest
+
+from formats import open_shards
+from formats.registry import open_source
+from tests.helpers_codecs import make_dataset, make_records
+
+cli = pytest.importorskip("packer.cli", reason="the packer CLI is not there yet")
+
+
+@pytest.fixture
+def packed(tmp_path, rng):
+    recs = make_records(rng, 9)
+    return recs, make_dataset(tmp_path / "packed", recs)
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "webdataset", "parquet"])
+def test_shards_to_foreign_and_back(tmp_path, packed, fmt):
+    recs, src = packed
+    assert cli.main([str(src), str(tmp_path / fmt), "--to", fmt, "--quiet",
+                     "--records-per-shard", "4"]) == 0
+    assert len(list((tmp_path / fmt).glob("shard-*"))) >= 3
+    # detected without --from
+    assert cli.main([str(tmp_path / fmt), str(tmp_path / "back"), "--quiet"]) == 0
+    ds = open_shards(tmp_path / "back")
+    assert [bytes(ds[i]["image"]) for i in range(len(ds))] == [r["image"] for r in recs]
+    assert ds.scalars(range(len(ds)), "label").tolist() == [r["label"] for r in recs]
+    assert ds.manifest.created_by["source"]["kind"] == fmt
+
+
+def test_shards_to_imagefolder(tmp_path, packed):
+    recs, src = packed
+    assert cli.main([str(src), str(tmp_path / "if"), "--from", "shards", "--to", "imagefolder",
+                     "--quiet"]) == 0
+    for r in recs:
+        assert (tmp_path / "if" / r["key"]).read_bytes() == r["image"]
+
+
+def test_foreign_to_foreign(tmp_path, packed):
+    recs, src = packed
+    assert cli.main([str(src), str(tmp_path / "wds"), "--to", "webdataset", "--quiet"]) == 0
+    assert cli.main([str(tmp_path / "wds"), str(tmp_path / "tf"), "--from", "webdataset",
+                     "--to", "tfrecord", "--quiet"]) == 0
+    got = list(open_source("tfrecord", tmp_path / "tf"))
+    assert [g.fields["label"] for g in got] == [r["label"] for r in recs]
+
+
+def test_unknown_format_is_usage_error(tmp_path, packed, capsys):
+    _, src = packed
+    assert cli.main([str(src), str(tmp_path / "x"), "--to", "zip", "--quiet"]) == 2
+
+
+def test_bad_foreign_input_is_data_error(tmp_path, capsys):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.tfrecord").write_bytes(b"\x05" + b"\0" * 20)
+    assert cli.main([str(tmp_path / "in"), str(tmp_path / "out"), "--from", "tfrecord",
+                     "--quiet"]) == 1
+    assert "a.tfrecord" in capsys.readouterr().err

@@ -1,0 +1,135 @@
+"""inspect-shards: every command on a packed dataset and on a damaged one, tables and --json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from formats import open_shards
+from scripts.inspect_shards import COMMANDS, main
+from tests.helpers_codecs import CLASSES, make_dataset, make_records
+
+
+@pytest.fixture
+def dataset(tmp_path, rng):
+    recs = make_records(rng, 9)
+    return recs, make_dataset(tmp_path / "ds", recs)
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_info(dataset, capsys):
+    _recs, root = dataset
+    code, out, _ = run(capsys, root, "info")
+    assert code == 0
+    assert "records" in out and "9" in out and "jpeg" in out and "cat, dog, emu" in out
+    code, out, _ = run(capsys, root, "info", "--json")
+    info = json.loads(out)
+    assert (info["records"], info["shards"], info["classes"]) == (9, 3, CLASSES)
+    assert info["format_version"] == "1.0" and info["created_by"] == {"tool": "tests"}
+    assert [f["name"] for f in info["fields"]] == ["image", "label", "key"]
+
+
+def test_verify_clean(dataset, capsys):
+    _, root = dataset
+    code, out, _ = run(capsys, root, "verify")
+    assert code == 0 and out.startswith("ok")
+    code, out, _ = run(capsys, root, "verify", "--json")
+    assert json.loads(out) == {"ok": True, "problems": []}
+
+
+def test_verify_damaged(dataset, capsys):
+    _, root = dataset
+    ds = open_shards(root)
+    _, offset, _ = ds.spans([5], "image")
+    shard = ds.shards[1].data_path
+    ds.close()
+    data = bytearray(shard.read_bytes())
+    data[int(offset[0]) + 10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    code, out, _ = run(capsys, root, "verify")
+    assert code == 1
+    assert "DAMAGED" in out and "shard-00001.rec" in out
+    code, out, _ = run(capsys, root, "verify", "--json")
+    problems = json.loads(out)["problems"]
+    assert code == 1
+    rec = [p for p in problems if p["record"] is not None]
+    assert rec == [{"file": "shard-00001.rec", "record": 1, "field": "image",
+                    "offset": int(offset[0]), "what": rec[0]["what"]}]
+    assert any(p["record"] is None and "file checksum" in p["what"] for p in problems)
+
+
+def test_ls(dataset, capsys):
+    recs, root = dataset
+    code, out, _ = run(capsys, root, "ls", "--json", "--limit", "3", "--offset", "2")
+    rows = json.loads(out)
+    assert [r["index"] for r in rows] == [2, 3, 4]
+    assert rows[0]["key"] == recs[2]["key"] and rows[0]["width"] == recs[2]["width"]
+    code, out, _ = run(capsys, root, "ls", "--json", "--label", "1", "--limit", "100")
+    assert [r["index"] for r in json.loads(out)] == [1, 4, 7]
+    code, out, _ = run(capsys, root, "ls")
+    assert code == 0 and recs[0]["key"] in out and f"{recs[0]['width']}x{recs[0]['height']}" in out
+
+
+def test_show(dataset, capsys):
+    recs, root = dataset
+    code, out, _ = run(capsys, root, "show", "4", "--json")
+    info = json.loads(out)
+    assert code == 0 and info["shard"] == "shard-00001.rec" and info["record"] == 0
+    img = info["fields"]["image"]
+    assert img["size"] == len(recs[4]["image"]) and img["sniffed"] == "jpeg"
+    assert img["head"].startswith("ff d8 ff")
+    assert info["fields"]["label"]["value"] == recs[4]["label"]
+    code, out, _ = run(capsys, root, "show", "4")
+    assert "jpeg" in out and repr(recs[4]["key"]) in out
+
+
+def test_extract(dataset, capsys, tmp_path):
+    recs, root = dataset
+    code, _, _ = run(capsys, root, "extract", "6", "--out", tmp_path / "x.jpg")
+    assert code == 0 and (tmp_path / "x.jpg").read_bytes() == recs[6]["image"]
+    code, _, _ = run(capsys, root, "extract", "6", "--out", tmp_path / "k", "--field", "key")
+    assert (tmp_path / "k").read_text() == recs[6]["key"]
+    code, _, err = run(capsys, root, "extract", "6", "--out", tmp_path / "n", "--field", "nope")
+    assert code == 2 and "no field 'nope'" in err
+
+
+def test_stats(dataset, capsys, tmp_path):
+    recs, root = dataset
+    code, out, _ = run(capsys, root, "stats", "--json")
+    stats = json.loads(out)
+    assert {k: v["count"] for k, v in stats["labels"].items()} == {"0": 3, "1": 3, "2": 3}
+    assert stats["labels"]["2"]["class"] == "emu"
+    # size = the record's stored bytes, all fields (image + 8-byte label + key)
+    assert stats["size_bytes"]["max"] == max(len(r["image"]) + 8 + len(r["key"]) for r in recs)
+    assert stats["width"]["min"] == min(r["width"] for r in recs)
+    code, out, _ = run(capsys, root, "stats")
+    assert code == 0 and "emu" in out and "p50" in out
+
+
+def test_stats_plot(dataset, capsys, tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
+    _, root = dataset
+    code, _, _ = run(capsys, root, "stats", "--plot", tmp_path / "s.png")
+    assert code == 0 and (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_errors_and_usage(dataset, capsys, tmp_path):
+    _, root = dataset
+    code, _, err = run(capsys, tmp_path / "nothing", "info")
+    assert code == 1 and "no manifest.json" in err
+    code, _, err = run(capsys, root, "show", "99")
+    assert code == 2 and "out of range" in err
+    with pytest.raises(SystemExit) as exc:
+        main([str(root), "frobnicate"])
+    assert exc.value.code == 2
+
+
+def test_commands_table_is_extensible():
+    assert [c[0] for c in COMMANDS] == ["info", "verify", "ls", "show", "extract", "stats"]
+    assert all(callable(c[1]) and callable(c[2]) for c in COMMANDS)
