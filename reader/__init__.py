@@ -28,6 +28,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerOptions",
+    "disable_monitor",
     "enable_monitor",
     "open_dataset",
     "read_many",
@@ -39,3 +40,10 @@ def enable_monitor(*args, **kwargs):
     from .monitor import enable_monitor as _enable
 
     return _enable(*args, **kwargs)
+
+
+def disable_monitor() -> None:
+    """See :func:`reader.monitor.disable_monitor`."""
+    from .monitor import disable_monitor as _disable
+
+    _disable()

@@ -89,6 +89,11 @@ class Loader:
             raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
         self.device = device
         self.device_options = device_options
+        if device == "cuda":
+            from .device import DeviceOptions, require_cupy
+
+            require_cupy()  # fail here, with the install hint, not at the first batch
+            self.device_options = device_options or DeviceOptions()
         self.sampler = Sampler(len(self.dataset), self.dataset.starts, self.batch_size,
                                self.sampler_options)
         self.num_workers = resolve_num_workers(self.worker_options.num_workers)
@@ -157,14 +162,8 @@ class Loader:
 
     def _make_sink(self):
         if self.device == "cuda":
-            try:
-                from . import device
-            except ImportError as exc:
-                raise ImportError(
-                    "device='cuda' needs reader.device and cupy: pip install 'shardpack[gpu]'"
-                ) from exc
-            if self.device_options is None:
-                self.device_options = device.DeviceOptions()
+            from . import device
+
             return device.make_sink(self)
         return CpuSink(copy=self.worker_options.copy)
 

@@ -218,6 +218,17 @@ def _conf_stats(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="draw the distributions (needs matplotlib)")
 
 
+def cmd_monitor_report(args: argparse.Namespace) -> int:
+    from reader.monitor_report import monitor_report_command
+
+    return monitor_report_command(args)
+
+
+def _conf_monitor_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plot", metavar="FILE.png", help="draw a timeline of stage times and "
+                   "throughput (needs matplotlib)")
+
+
 #: (name, handler, configure_parser, help): one row per subcommand.
 COMMANDS: list[tuple[str, Callable[[argparse.Namespace], int],
                      Callable[[argparse.ArgumentParser], None], str]] = [
@@ -227,6 +238,8 @@ COMMANDS: list[tuple[str, Callable[[argparse.Namespace], int],
     ("show", cmd_show, _conf_show, "one record's fields"),
     ("extract", cmd_extract, _conf_extract, "write one field of one record to a file"),
     ("stats", cmd_stats, _conf_stats, "label histogram, size and resolution distributions"),
+    ("monitor-report", cmd_monitor_report, _conf_monitor_report,
+     "summarize a Loader monitor record (DST is the .jsonl file the monitor wrote)"),
 ]
 
 

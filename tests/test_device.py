@@ -111,3 +111,15 @@ def test_gpu_kernel_matches_numpy_reference(rng, layout):
     sink.state = state
     got = cp.asnumpy(sink._images(cp.asarray(images)))
     np.testing.assert_allclose(got, normalize(images, opts), rtol=1e-5, atol=1e-4)
+
+
+def test_cuda_loader_fails_at_construction_without_cupy(tmp_path, monkeypatch):
+    import formats
+    import reader
+
+    with formats.DatasetWriter(tmp_path, [formats.Field("label", "int")]) as w:
+        for i in range(4):
+            w.write({"label": i})
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    with pytest.raises(ImportError, match=r"pip install 'shardpack\[gpu\]'"):
+        reader.Loader(tmp_path, batch_size=2, device="cuda", num_workers=0)

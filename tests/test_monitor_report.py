@@ -16,8 +16,6 @@ from reader.monitor_report import (
 )
 from tests.helpers_monitor import CPU_BOUND, HEALTHY, FakeClock, feed
 
-pytest.importorskip("reader.timing", reason="reader/timing.py (BatchTiming) not written yet")
-
 
 @pytest.fixture
 def records(tmp_path):
@@ -114,3 +112,12 @@ def test_handler_fits_a_parent_parser_with_dst(records, capsys):
     args = parser.parse_args([str(records[0]), "--json"])
     assert monitor_report_command(args) == 0
     assert json.loads(capsys.readouterr().out)["intervals"] == records[1].reports
+
+
+def test_inspect_shards_monitor_report_command(records, capsys):
+    from scripts.inspect_shards import main
+
+    assert main([str(records[0]), "monitor-report", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["batches"] == 400
+    assert main([str(records[0]), "monitor-report"]) == 0
+    assert "train" in capsys.readouterr().out
