@@ -44,8 +44,11 @@ META_SCHEMA = pa.schema(
     ]
 )
 
-_ZEROS = bytes(4096)
-_WRITE_BUFFER = 4 << 20
+_ZEROS = memoryview(bytes(4096))
+# Pieces (payloads and padding) are gathered and written with one writev() per
+# batch: no copy into a userspace buffer, which cost a third of packing time.
+_GATHER_BYTES = 1 << 20
+_GATHER_PIECES = 512
 
 
 class ShardWriter:
@@ -69,7 +72,9 @@ class ShardWriter:
         self.entry = ShardEntry(name, 0, 0, 0, 0, 0, 0, 0)
         self._data_path = self.root / self.entry.data_file
         self._data_tmp = temp_name(self._data_path)
-        self._f = open(self._data_tmp, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115
+        self._fd = os.open(self._data_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._pieces: list = []
+        self._pending = 0
         header = np.zeros((), DATA_HEADER)
         header["magic"] = DATA_MAGIC
         header["major"], header["minor"] = MAJOR, MINOR
@@ -91,9 +96,31 @@ class ShardWriter:
         return self._pos
 
     def _put(self, data) -> None:
-        self._f.write(data)
+        if not isinstance(data, (bytes, memoryview)) or (
+            isinstance(data, memoryview) and not data.readonly
+        ):
+            data = bytes(data)  # the caller may reuse a mutable buffer before we write it
+        self._pieces.append(data)
+        self._pending += len(data)
         self._crc = crc32c(data, self._crc)
         self._pos += len(data)
+        if self._pending >= _GATHER_BYTES or len(self._pieces) >= _GATHER_PIECES:
+            self._flush()
+
+    def _flush(self) -> None:
+        pieces = self._pieces
+        while pieces:
+            written = os.writev(self._fd, pieces)
+            # A short write (rare: signals, full disks) leaves a tail to write again.
+            done = 0
+            while done < len(pieces) and written >= len(pieces[done]):
+                written -= len(pieces[done])
+                done += 1
+            pieces = pieces[done:]
+            if pieces and written:
+                pieces[0] = memoryview(pieces[0])[written:]
+        self._pieces = []
+        self._pending = 0
 
     def append(self, payloads, meta: dict) -> None:
         """Append one record.
@@ -124,10 +151,11 @@ class ShardWriter:
 
     def seal(self) -> ShardEntry:
         """Finish the three files, rename them to their final names, return the entry."""
-        self._f.flush()
+        self._flush()
         if self.durable:
-            os.fsync(self._f.fileno())
-        self._f.close()
+            os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
         data_size = self._pos
         data_crc = self._crc
 
@@ -191,8 +219,9 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Drop the unfinished shard's temporary files."""
-        if not self._f.closed:
-            self._f.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         self._data_tmp.unlink(missing_ok=True)
 
 
