@@ -90,6 +90,10 @@ def _ratio(num: float, den: float, scale: float = 1.0) -> float | None:
     return num / den * scale if den > 0 else None
 
 
+def _capped(pct: float | None) -> float | None:
+    return None if pct is None else min(pct, 100.0)
+
+
 def _figures(
     t: _Totals, wall: float, max_latency: float, num_workers: int, busy_by_worker: dict
 ) -> dict[str, Any]:
@@ -112,7 +116,9 @@ def _figures(
         read_mb_s=_ratio(t.bytes, t.io, 1e-6),
         queue_wait_pct=_ratio(t.wait, wall, 100.0),  # share of wall time inside next()
         # In-process (0 workers) the main process is the one builder.
-        worker_busy_pct=_ratio(t.busy, max(num_workers, 1) * wall, 100.0),
+        # A batch is counted when delivered, so a short interval can hold more busy
+        # time than its wall time; the share is capped at 100%.
+        worker_busy_pct=_capped(_ratio(t.busy, max(num_workers, 1) * wall, 100.0)),
         samples_per_s=_ratio(t.samples, wall),
         mb_per_s=_ratio(t.bytes, wall, 1e-6),
         h2d_ms=_ratio(t.h2d, t.h2d_batches, 1e3) if t.h2d_batches else None,
@@ -121,7 +127,7 @@ def _figures(
         prefetch_depth=_ratio(t.prefetch, n),
         skipped=t.skipped,
         per_worker={
-            str(w): {"batches": b, "busy_pct": _ratio(s, wall, 100.0)}
+            str(w): {"batches": b, "busy_pct": _capped(_ratio(s, wall, 100.0))}
             for w, (s, b) in sorted(busy_by_worker.items(), key=lambda kv: str(kv[0]))
         },
     )

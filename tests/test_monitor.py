@@ -75,7 +75,8 @@ def test_figures_add_up():
     assert f["decode_share_pct"] == pytest.approx(100 * 0.030 / 0.040)
     shares = sum(f[f"{s}_share_pct"] for s in ("io", "decode", "transform", "assemble"))
     assert shares == pytest.approx(100.0)
-    assert f["worker_busy_pct"] == pytest.approx(100 * 100 * 0.040 / (2 * wall))
+    # Slightly over 100% by the batch counted at the start of the run: capped.
+    assert f["worker_busy_pct"] == pytest.approx(min(100 * 100 * 0.040 / (2 * wall), 100.0))
     assert f["samples_per_s"] == pytest.approx(100 * 32 / wall)
     assert f["read_mb_s"] == pytest.approx(CPU_BOUND.nbytes / CPU_BOUND.io / 1e6)
     assert f["load_latency_ms"] == pytest.approx(40.0)
