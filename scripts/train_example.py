@@ -68,8 +68,16 @@ def main(argv: list[str] | None = None) -> int:
         make_data(args.data, args.records, args.classes, side=args.size + args.size // 2)
     torch.manual_seed(args.seed)
     workers = args.workers if args.workers == "auto" else int(args.workers)
+    device_options = None
+    if args.device == "cuda":
+        from reader.device import DeviceOptions
+
+        # uint8 crosses PCIe; the GPU converts to NCHW float32 (0..255, as on the CPU path).
+        device_options = DeviceOptions(dtype="float32", layout="NCHW", output="torch",
+                                       mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
     loader = Loader(args.data, args.batch_size, num_workers=workers, shuffle=True,
                     seed=args.seed, drop_last=True, device=args.device,
+                    device_options=device_options,
                     transform=[RandomResizedCrop(args.size, scale=(0.5, 1.0)),
                                RandomHorizontalFlip()])
     classes = len(loader.dataset.classes or ()) or args.classes
@@ -77,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
         nn.Flatten(), nn.Linear(32, classes))
+    if args.device == "cuda":
+        model = model.cuda(loader.device_options.device_id or 0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step = 0
     if args.resume is not None:
@@ -92,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         while step < args.steps:
             for batch in loader:
                 if args.device == "cuda":
-                    x, y = batch["image"], batch["label"]  # already tensors on the GPU
+                    x, y = batch["image"], batch["label"]  # already float32 NCHW on the GPU
                 else:
                     b = to_torch(batch, channels_first=True, dtype=torch.float32)
                     x, y = b["image"], b["label"]
