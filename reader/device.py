@@ -253,12 +253,14 @@ class CudaSink:
             start.record(st.stream)
             device_arrays = {}
             for f in ring.layout.fields:
-                if f.name not in batch:
+                view = batch.get(f.name)
+                if not isinstance(view, np.ndarray):
                     continue
-                dev = cp.empty(f.shape, dtype=f.dtype)
-                dev.data.copy_from_host_async(base + f.offset, f.nbytes, st.stream)
+                # A partial last batch is a prefix of the slot's array: copy only that.
+                dev = cp.empty(view.shape, dtype=view.dtype)
+                dev.data.copy_from_host_async(base + f.offset, view.nbytes, st.stream)
                 device_arrays[f.name] = dev
-                nbytes += f.nbytes
+                nbytes += view.nbytes
             copied = cp.cuda.Event()
             copied.record(st.stream)
             self.gate.add(slot, copied)
