@@ -98,7 +98,7 @@ def format_summary(s: PackSummary) -> str:
         ("skipped", f"{s.records_skipped}" + (
             " (" + ", ".join(f"{k}: {v}" for k, v in sorted(s.skipped.items())) + ")"
             if s.skipped else "")),
-        ("shards", f"{s.shards}"),
+        ("shards" if s.sink == "shards" else "files out", f"{s.shards}"),
         ("bytes in", _bytes(s.bytes_in)),
         ("bytes out", _bytes(s.bytes_out)),
         ("wall time", f"{s.seconds:.2f} s"),

@@ -270,10 +270,7 @@ def _pack_listing(listing: Listing, dst: Path, options: PackOptions, progress: P
                 skips.finish(options.durable)
             if shards:
                 final = {"next": n, "skipped": dict(skipped), "bytes_in": bytes_in, "plan": plan}
-                manifest = writer.close(final)
-                summary.shards = len(manifest.shards)
-                summary.bytes_out = sum(s.data_bytes + s.index_bytes + s.meta_bytes
-                                        for s in manifest.shards)
+                _count_output(summary, dst, writer.close(final))
                 summary.complete = True
     finally:
         loaded.close()
@@ -287,7 +284,19 @@ def _pack_listing(listing: Listing, dst: Path, options: PackOptions, progress: P
         if not summary.complete and shards:
             summary.shards = len(writer.sealed)
     if not shards:
+        _count_output(summary, dst, None)
         summary.complete = True
+
+
+def _count_output(summary: PackSummary, dst: Path, manifest) -> None:
+    """Shards and bytes written: from the manifest, or the files a foreign sink made."""
+    if manifest is not None:
+        summary.shards = len(manifest.shards)
+        summary.bytes_out = sum(s.data_bytes + s.index_bytes + s.meta_bytes for s in manifest.shards)
+        return
+    files = [p for p in Path(dst).rglob("*") if p.is_file()]
+    summary.shards = len(files)
+    summary.bytes_out = sum(p.stat().st_size for p in files)
 
 
 def _pack_records(source, dst: Path, options: PackOptions, progress: PackProgress,
@@ -316,8 +325,6 @@ def _pack_records(source, dst: Path, options: PackOptions, progress: PackProgres
             progress.advance(1, size)
         if shards:
             manifest = writer.close({"next": count})
-            summary.shards = len(manifest.shards)
-            summary.bytes_out = sum(s.data_bytes + s.index_bytes + s.meta_bytes
-                                    for s in manifest.shards)
+    _count_output(summary, dst, manifest if shards else None)
     summary.records_in = summary.records_written = count
     summary.complete = True
