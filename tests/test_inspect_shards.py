@@ -131,5 +131,6 @@ def test_errors_and_usage(dataset, capsys, tmp_path):
 
 
 def test_commands_table_is_extensible():
-    assert [c[0] for c in COMMANDS] == ["info", "verify", "ls", "show", "extract", "stats"]
+    assert [c[0] for c in COMMANDS] == ["info", "verify", "ls", "show", "extract", "stats",
+                                       "monitor-report"]
     assert all(callable(c[1]) and callable(c[2]) for c in COMMANDS)
