@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -309,7 +309,8 @@ class CudaSink:
             self._last_h2d = (cp.cuda.get_elapsed_time(start, end) / 1e3, nbytes)
         if timing is None or self._last_h2d is None:
             return timing
-        return replace(timing, h2d_s=self._last_h2d[0], h2d_bytes=self._last_h2d[1])
+        timing.h2d_s, timing.h2d_bytes = self._last_h2d  # BatchTiming is mutable (reader.timing)
+        return timing
 
     def reclaim(self) -> list[int]:
         # Our next writes wait for whatever the consumer has queued so far.

@@ -4,13 +4,26 @@ Shutdown protocol
 -----------------
 Every way out of an epoch (end of data, ``break``, an exception in the training
 loop, ``KeyboardInterrupt``, a worker error or death, ``close()``, garbage
-collection of the iterator or the loader) goes through ``Epoch.shutdown``:
+collection of the iterator or the loader) goes through ``Epoch.shutdown``, which
+releases the epoch's :class:`~reader.worker.WorkerPool`. Stopping a pool
+(``WorkerPool.stop``):
 
 1. set the done event (idle workers see it within ``IDLE_POLL_S``);
 2. put one ``None`` task per worker (busy workers stop after their batch);
 3. join each worker for up to ``JOIN_S`` together, then ``terminate()``, then
    ``kill()`` whatever is still alive, and join it (no zombies);
 4. close both queues without waiting on their feeder threads.
+
+With ``persistent_workers`` the pool belongs to the loader and an epoch that
+ends without an error keeps it: the end of data leaves no task in flight; an
+early end (``break``, ``set_epoch``, garbage collection) first *drains* it:
+bump the pool's generation, so workers answer queued tasks ``"stale"`` without
+building them, and collect one answer per task still in flight (at most
+``DRAIN_S``). Only then may a later epoch reuse the slots. A failed drain, an
+error in ``next()`` (worker error or death, ``KeyboardInterrupt``, timeout) or
+a worker found dead when the next epoch starts stops the pool as above; the
+next epoch starts a fresh one. ``Loader.close()`` (also on garbage collection)
+stops it.
 
 Workers never outlive their parent: they check ``os.getppid()`` on every idle
 poll and are daemonic (multiprocessing terminates them at interpreter exit). The
@@ -25,23 +38,22 @@ liveness check of every worker, so a dead worker raises within about
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import pickle
 import queue
 import signal
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from formats.errors import ShardpackError
+from formats.fields import BYTES_TYPES
 
 from .dataset import main_fields
 from .errors import LoaderTimeoutError, WorkerDiedError, WorkerError
 from .timing import BatchTiming
-from .worker import BatchBuilder, batch_rng, worker_loop
+from .worker import BatchBuilder, batch_rng
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -50,6 +62,7 @@ __all__ = ["CpuSink", "Epoch", "RawEpoch"]
 
 POLL_S = 0.1
 JOIN_S = 2.0
+DRAIN_S = 5.0  # persistent workers: longest wait for an abandoned epoch's batches in progress
 AUTO_SHRINK_AFTER = 32  # batches in a row without waiting before auto prefetch shrinks
 WAITED_S = 1e-3  # a wait longer than this counts as the consumer waiting
 
@@ -97,6 +110,9 @@ class RawEpoch:
         self.epoch = loader.epoch
         self.k = loader.position
         self.copy = loader.worker_options.copy
+        types = {f.name: f.type for f in loader.dataset.fields}
+        # Fields that come as lists of bytes/memoryviews: what ``bytes`` counts.
+        self.byte_fields = tuple(n for n in loader.fields if types[n] in BYTES_TYPES)
 
     def __iter__(self):
         return self
@@ -117,10 +133,11 @@ class RawEpoch:
         lo._delivered(self.epoch, k)
         if lo.monitor is not None:
             dt = time.perf_counter() - t0
-            nbytes = sum(len(x) for v in batch.values() if isinstance(v, list)
-                         for x in v if isinstance(x, (bytes, memoryview)))
+            nbytes = 0
+            for name in self.byte_fields:
+                nbytes += sum(map(len, batch[name]))
             lo.monitor.on_batch(BatchTiming(k, self.epoch, -1, len(indices), nbytes, 0, 0.0, 0.0,
-                                            0.0, dt, dt, 0.0, dt, dt, 0))
+                                            0.0, dt, dt, dt, dt, dt, 0))
         return batch
 
     def shutdown(self) -> None:
@@ -143,26 +160,17 @@ class Epoch:
         self.issued_at: dict[int, float] = {}
         self.slot_of: dict[int, int] = {}
         self.calm = 0
+        self.pool = None
         self.workers: list = []
         self.closed = False
         self.builder = None
         if loader.num_workers == 0:
             self.builder = BatchBuilder(loader.dataset, loader.spec)
         elif self.next_issue < self.n:
-            self._start_workers()
-
-    def _start_workers(self) -> None:
-        lo = self.loader
-        ctx = mp.get_context(lo._start_method())
-        self.task_q = ctx.Queue()
-        self.done_q = ctx.Queue()
-        self.done_event = ctx.Event()
-        for i in range(lo.num_workers):
-            p = ctx.Process(target=worker_loop, name=f"shardpack-worker-{i}", daemon=True,
-                            args=(i, lo.dataset, self.ring, lo.spec, self.task_q, self.done_q,
-                                  self.done_event, os.getpid()))
-            p.start()
-            self.workers.append(p)
+            self.pool = loader._acquire_pool(self.ring)
+            self.workers = self.pool.processes
+            self.task_q, self.done_q = self.pool.task_q, self.pool.done_q
+            self.generation = self.pool.generation.value
 
     def __iter__(self):
         return self
@@ -183,18 +191,23 @@ class Epoch:
             in_flight = self.next_issue - self.next_deliver
             self._issue()
             t_wait = time.perf_counter()
-            msg = self.ready.pop(k, None) if self.builder is None else None
             if self.builder is not None:
+                # In-process, the consumer waits for the whole build.
                 msg = self._build_here(k)
-            waited = 0.0
-            if msg is None:
-                msg = self._wait_for(k)
                 waited = time.perf_counter() - t_wait
-            if msg[0][0] == "error":
-                self._raise_worker_error(msg[0])
+            else:
+                msg = self.ready.pop(k, None)
+                waited = 0.0
+                if msg is None:
+                    msg = self._wait_for(k)
+                    waited = time.perf_counter() - t_wait
+            if msg[0] == "error":
+                self._raise_worker_error(msg)
             return self._deliver(k, msg, t_call, waited, in_flight)
+        except StopIteration:
+            raise
         except BaseException:
-            self.shutdown()
+            self.shutdown(failed=True)
             raise
 
     def _issue(self) -> None:
@@ -207,7 +220,8 @@ class Epoch:
             self.slot_of[k] = slot
             self.issued_at[k] = time.perf_counter()
             if self.builder is None:
-                self.task_q.put((k, slot, self.epoch, lo.sampler.batch(self.epoch, k)))
+                self.task_q.put((k, slot, self.epoch, lo.sampler.batch(self.epoch, k),
+                                 self.generation))
             self.next_issue += 1
 
     def _build_here(self, k: int) -> tuple:
@@ -222,7 +236,7 @@ class Epoch:
             raise WorkerError(f"in-process batch {k} failed on record {self.builder.current}: "
                               f"{type(exc).__name__}: {exc}", record=self.builder.current,
                               exc_type=type(exc).__qualname__) from exc
-        return ("ok", k, slot, -1, os.getpid(), t), time.perf_counter()
+        return ("ok", k, slot, -1, os.getpid(), t)
 
     def _wait_for(self, k: int) -> tuple:
         timeout = self.loader.worker_options.timeout
@@ -241,8 +255,8 @@ class Epoch:
             # Errors wait their turn like batches, so the same record fails first
             # whatever the number of workers.
             if msg[1] == k:
-                return msg, since
-            self.ready[msg[1]] = (msg, since)
+                return msg
+            self.ready[msg[1]] = msg
 
     def _check_workers(self) -> None:
         for i, p in enumerate(self.workers):
@@ -252,13 +266,13 @@ class Epoch:
                        else f"exit status {code}")
                 pid = p.pid
                 busy = f"batches {self.next_deliver}..{self.next_issue - 1} were in flight"
-                self.shutdown()
+                self.shutdown(failed=True)
                 raise WorkerDiedError(f"worker {i} (pid {pid}) exited unexpectedly ({how}); "
                                       f"{busy} in epoch {self.epoch}")
 
     def _raise_worker_error(self, msg: tuple) -> None:
         _, k, _slot, wid, pid, record, (blob, type_name, text), tb = msg
-        self.shutdown()
+        self.shutdown(failed=True)
         exc = None
         if blob is not None:
             try:
@@ -274,7 +288,7 @@ class Epoch:
         raise err from exc
 
     def _deliver(self, k: int, msg: tuple, t_call: float, waited: float, in_flight: int) -> dict:
-        (_, _, slot, wid, _pid, t), t_ready = msg
+        _, _, slot, wid, _pid, t = msg
         lo = self.loader
         self.next_deliver = k + 1
         nrec = t[6]
@@ -286,17 +300,20 @@ class Epoch:
             lo.skipped += t[7]
         timing = None
         if lo.monitor is not None:
+            # t[8] is the builder's perf_counter at the end of the build (see reader.timing).
+            latency = t[8] - self.issued_at[k]
             timing = BatchTiming(k, self.epoch, wid, nrec, t[5], t[7], t[0], t[1], t[2], t[3],
-                                 t[4], waited, t_ready - self.issued_at[k], 0.0, in_flight)
+                                 t[4], waited, latency if latency > 0.0 else 0.0, 0.0, in_flight)
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)
         lo._delivered(self.epoch, k)
         self._adapt(waited)
         if timing is not None:
-            lo.monitor.on_batch(replace(timing, next_s=time.perf_counter() - t_call))
-        if self.next_deliver >= self.n and self.workers:
-            self._stop_workers()  # nothing left to build: free the processes early
+            timing.next_s = time.perf_counter() - t_call
+            lo.monitor.on_batch(timing)
+        if self.next_deliver >= self.n and self.pool is not None:
+            self._release_pool()  # nothing left to build: free (or hand back) the processes early
         return batch
 
     def _adapt(self, waited: float) -> None:
@@ -314,35 +331,30 @@ class Epoch:
 
     # -- shutdown (see "Shutdown protocol" in the module docstring) ---------------------
 
-    def _stop_workers(self) -> None:
-        workers, self.workers = self.workers, []
-        if not workers:
+    def _release_pool(self, failed: bool = False) -> None:
+        pool, self.pool = self.pool, None
+        self.workers = []
+        if pool is None:
             return
-        self.done_event.set()
-        for _ in workers:
+        lo = self.loader
+        if not failed and lo._pool is pool:
+            # Persistent workers: keep them if every task this epoch issued is
+            # accounted for, so none can write into a slot the next epoch reuses.
+            outstanding = self.next_issue - self.next_deliver - len(self.ready)
             try:
-                self.task_q.put(None)
-            except (OSError, ValueError):
-                pass
-        deadline = time.monotonic() + JOIN_S
-        for p in workers:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in workers:
-            if p.is_alive():
-                p.terminate()
-                p.join(0.5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        for q in (self.task_q, self.done_q):
-            q.cancel_join_thread()
-            q.close()
+                if pool.drain(outstanding, DRAIN_S):
+                    return
+            except BaseException:
+                lo._drop_pool(pool)
+                raise
+        lo._drop_pool(pool)
 
-    def shutdown(self) -> None:
+    def shutdown(self, failed: bool = False) -> None:
+        """End the epoch; ``failed`` (an error in ``next()``) also stops persistent workers."""
         if self.closed:
             return
         self.closed = True
-        self._stop_workers()
+        self._release_pool(failed)
         self.sink.close()
 
     def __del__(self) -> None:

@@ -1,8 +1,8 @@
 """The loader: an iterable of batches built by worker processes into shared slots.
 
-Batch ``k`` of an epoch is issued to the workers as ``(k, slot, epoch, indices)``;
-a worker writes it into ``slot`` of the :class:`~reader.slots.SlotRing` and
-answers ``("ok", k, slot, worker, pid, timing)``. Batches are delivered in order
+Batch ``k`` of an epoch is issued to the workers as ``(k, slot, epoch, indices,
+generation)``; a worker writes it into ``slot`` of the :class:`~reader.slots.SlotRing`
+and answers ``("ok", k, slot, worker, pid, timing)``. Batches are delivered in order
 of ``k`` whatever order workers finish in. The consumer (a *sink*) says when a
 slot may be reused: on CPU when the next batch is requested, on a GPU when the
 copy out of it has completed (see :class:`reader.epoch.CpuSink`).
@@ -12,6 +12,8 @@ The epoch machinery and its shutdown protocol live in :mod:`reader.epoch`.
 
 from __future__ import annotations
 
+import logging
+import multiprocessing as mp
 import sys
 import weakref
 from collections.abc import Iterator
@@ -29,9 +31,11 @@ from .imaging import make_pipeline
 from .options import DecodeOptions, SamplerOptions, WorkerOptions, resolve_num_workers
 from .sampler import Sampler
 from .slots import SlotLayout, SlotRing
-from .worker import BatchSpec
+from .worker import BatchSpec, WorkerPool
 
 __all__ = ["CpuSink", "Loader"]
+
+log = logging.getLogger(__name__)
 
 IMAGE_TYPES = ("jpeg", "image")
 
@@ -58,6 +62,7 @@ class Loader:
         copy: return owned arrays instead of views of the shared ring.
         device: ``"cpu"`` or ``"cuda"`` (handled by :mod:`reader.device`).
         rank, world_size: distributed partitioning.
+        timeout, persistent_workers: see :class:`WorkerOptions`.
         monitor: None (the process default set by ``reader.enable_monitor``; off
             unless enabled), False (off), an object with ``on_batch(BatchTiming)``
             and ``stats()``, or a number: report every that many seconds via
@@ -73,6 +78,7 @@ class Loader:
                  transform: Any = None, decode: bool = True, on_error: str = "fail",
                  copy: bool = False, device: str = "cpu", rank: int = 0, world_size: int = 1,
                  monitor: Any = None, timeout: float | None = None,
+                 persistent_workers: bool = False,
                  sampler_options: SamplerOptions | None = None,
                  decode_options: DecodeOptions | None = None,
                  worker_options: WorkerOptions | None = None,
@@ -84,7 +90,8 @@ class Loader:
         self.decode_options = decode_options or DecodeOptions(
             transform=transform, decode=decode, on_error=on_error)
         self.worker_options = worker_options or WorkerOptions(
-            num_workers=num_workers, prefetch=prefetch, timeout=timeout, copy=copy)
+            num_workers=num_workers, prefetch=prefetch, timeout=timeout, copy=copy,
+            persistent_workers=persistent_workers)
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
         self.device = device
@@ -103,6 +110,7 @@ class Loader:
         self.position = 0  # next batch of self.epoch to deliver
         self.skipped = 0
         self._ring: SlotRing | None = None
+        self._pool: WorkerPool | None = None  # persistent_workers only
         self._active: weakref.ref | None = None
         self._closed = False
 
@@ -190,6 +198,30 @@ class Loader:
             self._ring = SlotRing(self.layout, slots, backend)
         return self._ring
 
+    def _acquire_pool(self, ring: SlotRing) -> WorkerPool:
+        """Workers for an epoch: the persistent pool when it is usable, else new ones."""
+        pool = self._pool
+        if pool is not None and (pool.ring is not ring or not pool.alive()):
+            if pool.ring is ring:
+                log.warning("a persistent worker exited between epochs; starting new workers")
+            self._drop_pool(pool)
+            pool = None
+        if pool is None:
+            pool = WorkerPool(mp.get_context(self._start_method()), self.num_workers,
+                              self.dataset, ring, self.spec)
+            if self.worker_options.persistent_workers:
+                self._pool = pool
+        return pool
+
+    def _drop_pool(self, pool: WorkerPool | None = None) -> None:
+        """Stop ``pool`` (default: the persistent one), forgetting it if it is that one."""
+        pool = pool or self._pool
+        if pool is None:
+            return
+        if self._pool is pool:
+            self._pool = None
+        pool.stop()
+
     def _start_method(self) -> str:
         m = self.worker_options.start_method
         if m is not None:
@@ -269,9 +301,11 @@ class Loader:
             return
         self._closed = True
         self._stop_active()
+        self._drop_pool()
         self._release_ring()
 
     def _release_ring(self) -> None:
+        self._drop_pool()  # its workers write into this ring
         if self._ring is None:
             return
         cuda = getattr(self, "_cuda_state", None)

@@ -107,6 +107,15 @@ class WorkerOptions:
             :class:`reader.errors.LoaderTimeoutError`; None waits for ever.
         start_method: ``"fork"`` (Linux default) or ``"spawn"``.
         copy: return owned arrays instead of views of the shared ring.
+        persistent_workers: keep the worker processes from one epoch to the next
+            (like torch's DataLoader option) instead of starting them per epoch.
+            Start-up then costs once, not in every epoch's first waits, which
+            matters for short epochs. The price: idle workers hold their memory
+            between epochs until ``Loader.close()`` (or the loader is garbage
+            collected), and an epoch left early (``break``) first waits for the
+            batches its workers are building, at most ``reader.epoch.DRAIN_S``
+            seconds, before the next one may start. An error or a dead worker
+            still stops them all; the next epoch starts fresh ones.
     """
 
     num_workers: int | str = "auto"
@@ -116,6 +125,7 @@ class WorkerOptions:
     timeout: float | None = None
     start_method: str | None = None
     copy: bool = False
+    persistent_workers: bool = False
 
     def __post_init__(self) -> None:
         if self.num_workers != "auto" and (not isinstance(self.num_workers, int) or self.num_workers < 0):

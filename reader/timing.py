@@ -2,9 +2,19 @@
 
 A worker measures its own stages and sends them back in the batch-done message
 (a plain tuple, see :data:`WORKER_FIELDS`); the main process adds what only it can
-see (how long ``next()`` waited, latency, prefetch depth) and hands one frozen
+see (how long ``next()`` waited, latency, prefetch depth) and hands one
 :class:`BatchTiming` per batch to ``monitor.on_batch`` just before the batch is
 returned to the user. With no monitor attached nothing is built at all.
+
+``BatchTiming`` is a plain slotted dataclass, not a frozen one: it is built on
+the consumer's hot path for every batch (a frozen dataclass costs about six
+times as much to build, and ``dataclasses.replace`` another few microseconds),
+and the loader and a device sink fill in ``next_s`` and ``h2d_*`` in place
+before the monitor sees it. Treat it as read-only once ``on_batch`` has it.
+
+Clocks: every time stamp is ``time.perf_counter()``, which on Linux is
+``CLOCK_MONOTONIC`` (system-wide), so a worker's ``done_at`` and the main
+process's issue time are comparable.
 """
 
 from __future__ import annotations
@@ -14,11 +24,12 @@ from dataclasses import dataclass
 __all__ = ["WORKER_FIELDS", "BatchTiming"]
 
 # Order of the values in a worker's timing tuple (what crosses the queue).
+# ``done_at`` is the builder's ``time.perf_counter()`` when the batch was finished.
 WORKER_FIELDS = ("io_s", "decode_s", "transform_s", "assemble_s", "busy_s", "bytes", "records",
-                 "skipped")
+                 "skipped", "done_at")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BatchTiming:
     """What one batch cost, stage by stage.
 
@@ -42,9 +53,11 @@ class BatchTiming:
     Main-process side:
 
     Attributes:
-        wait_s: how long ``next()`` blocked waiting for this batch (0 if it was ready).
-        latency_s: from the batch's request being issued to the workers to its
-            done message being received.
+        wait_s: how long ``next()`` blocked waiting for this batch (0 if it was
+            ready); with ``num_workers=0``, the time ``next()`` spent building it.
+        latency_s: from the batch's request being issued to its builder (a worker,
+            or the main process) finishing it. Time a finished batch then sits in
+            the done queue while the consumer is busy does not count.
         next_s: from the user's ``next()`` call to the batch being returned.
         prefetch: batches in flight (issued, not yet consumed) when it was requested.
         h2d_s: host-to-device copy time (``device="cuda"`` only, else None).

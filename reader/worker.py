@@ -1,10 +1,11 @@
 """Builds batches into ring slots, in a worker process or in the main process.
 
 A worker's life (see "Shutdown protocol" in :mod:`reader.epoch`): it takes
-``(batch, slot, epoch, indices)`` tasks from the shared task queue, writes the
+``(batch, slot, epoch, indices, generation)`` tasks from the shared task queue, writes the
 batch into ``ring.slot_view(slot)``, and answers on the done queue with a small
 tuple. Sample data never crosses a queue. A ``None`` task, the done event, or
-its parent's death (checked on every idle second) ends it.
+its parent's death (checked on every idle second) ends it. :class:`WorkerPool`
+starts and stops a set of workers.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 
 from formats.errors import CorruptRecordError, ShardpackError
 
-__all__ = ["BatchBuilder", "BatchSpec", "batch_rng", "worker_loop"]
+__all__ = ["BatchBuilder", "BatchSpec", "WorkerPool", "batch_rng", "worker_loop"]
 
 PAGE_STRIDE = 4096
 IDLE_POLL_S = 1.0
@@ -114,9 +115,12 @@ class BatchBuilder:
                 out = arrays[name]
                 for i, r in enumerate(indices.tolist()):
                     out[i] = ds.get(r, name)
-        assemble_s = time.perf_counter() - t
-        busy_s = time.perf_counter() - t_start
-        return (io_s, decode_s, transform_s, assemble_s, busy_s, nbytes, n, skipped)
+        done_at = time.perf_counter()
+        assemble_s = done_at - t
+        # done_at lets the main process measure latency up to here, not up to
+        # whenever it gets round to reading the done message.
+        return (io_s, decode_s, transform_s, assemble_s, done_at - t_start, nbytes, n, skipped,
+                done_at)
 
     def _corrupt(self, index: int, exc: Exception) -> CorruptRecordError:
         s, r = self.ds.locate(index)
@@ -148,8 +152,13 @@ def error_message(exc: BaseException) -> tuple:
 
 
 def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_event,
-                parent_pid: int) -> None:
-    """A worker process's main function (module scope, so it can be spawned)."""
+                parent_pid: int, generation=None) -> None:
+    """A worker process's main function (module scope, so it can be spawned).
+
+    ``generation`` (a shared int, see :class:`WorkerPool`) cancels tasks: one
+    whose generation is no longer current is answered ``("stale", k, slot)``
+    without being built.
+    """
     # Ctrl-C goes to the whole process group: the main process decides what to do.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     builder = BatchBuilder(ds, spec)
@@ -164,7 +173,10 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
                 continue
             if task is None:
                 break
-            k, slot, epoch, indices = task
+            k, slot, epoch, indices, gen = task
+            if generation is not None and gen != generation.value:
+                done_q.put(("stale", k, slot))
+                continue
             try:
                 timing = builder.build(indices, ring.slot_view(slot), batch_rng(spec, epoch, k))
             except Exception as exc:
@@ -178,3 +190,96 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
     finally:
         # Results still buffered matter to nobody once we stop; never block exit on them.
         done_q.cancel_join_thread()
+
+
+class WorkerPool:
+    """Worker processes, their two queues, the done event and the task generation.
+
+    An epoch owns a pool for its own lifetime; with ``persistent_workers`` the
+    loader owns one across epochs and an epoch that ends early hands it back
+    only once none of its tasks can still write into a slot (:meth:`drain`).
+    Stopping follows "Shutdown protocol" in :mod:`reader.epoch`.
+
+    Args:
+        ctx: a multiprocessing context.
+        num_workers: processes to start.
+        ds, ring, spec: what every worker builds from and into.
+    """
+
+    def __init__(self, ctx, num_workers: int, ds, ring, spec: BatchSpec) -> None:
+        self.ring = ring
+        self.task_q = ctx.Queue()
+        self.done_q = ctx.Queue()
+        self.done_event = ctx.Event()
+        self.generation = ctx.RawValue("q", 0)  # an aligned int64: read without a lock
+        self.processes: list = []
+        self.stopped = False
+        try:
+            for i in range(num_workers):
+                p = ctx.Process(target=worker_loop, name=f"shardpack-worker-{i}", daemon=True,
+                                args=(i, ds, ring, spec, self.task_q, self.done_q,
+                                      self.done_event, os.getpid(), self.generation))
+                p.start()
+                self.processes.append(p)
+        except BaseException:
+            self.stop()
+            raise
+
+    def alive(self) -> bool:
+        """Every worker is running (and the pool was not stopped)."""
+        return bool(self.processes) and all(p.exitcode is None for p in self.processes)
+
+    def drain(self, outstanding: int, deadline_s: float) -> bool:
+        """Cancel queued tasks and collect the answers of ``outstanding`` issued ones.
+
+        Returns:
+            True when all of them were answered and no worker failed or died
+            within ``deadline_s``: no task can touch a slot any more and the
+            pool may serve another epoch. False otherwise (then stop it).
+        """
+        self.generation.value += 1
+        deadline = time.monotonic() + deadline_s
+        while outstanding > 0:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.alive():
+                return False
+            try:
+                msg = self.done_q.get(timeout=min(left, 0.1))
+            except queue.Empty:
+                continue
+            if msg[0] == "error":
+                return False  # the worker is fine, but be conservative: start afresh
+            outstanding -= 1
+        return True
+
+    def stop(self, join_s: float = 2.0) -> None:
+        """Stop and reap every worker, close the queues. Idempotent."""
+        if self.stopped:
+            return
+        self.stopped = True
+        processes, self.processes = self.processes, []
+        self.done_event.set()
+        for _ in processes:
+            try:
+                self.task_q.put(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + join_s
+        for p in processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(0.5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for q in (self.task_q, self.done_q):
+            q.cancel_join_thread()
+            q.close()
+
+    def __del__(self) -> None:
+        try:
+            self.stop()
+        except Exception:
+            pass

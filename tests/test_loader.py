@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from helpers_reader import SIDE, CropPipeline, make_dataset
@@ -263,3 +265,102 @@ def test_user_callable_error_in_real_pipeline(ds_path):
     with Loader(ds_path, 16, num_workers=2, transform=[CenterCrop(20), bad]) as lo, \
             pytest.raises(reader.WorkerError, match=r"record 3.*KeyError"):
         list(lo)
+
+
+def test_latency_ends_when_the_worker_finishes_not_when_the_consumer_reads(ds_path):
+    """A slow consumer leaves finished batches in the done queue; that is not latency."""
+    mon = RecordingMonitor()
+    step = 0.05
+    with Loader(ds_path, 8, num_workers=2, prefetch=4, transform=CropPipeline(),
+                monitor=mon) as lo:
+        for i, _ in enumerate(lo):
+            time.sleep(step)
+            if i == 8:
+                break
+    later = mon.timings[2:]  # past worker start-up
+    assert len(later) == 7
+    # Before the fix each of these read ~3 consumer steps (150 ms) of queueing.
+    assert np.median([t.latency_s for t in later]) < step / 2, [t.latency_s for t in later]
+    for t in mon.timings:
+        # The build is part of the latency: the worker's clock is comparable to ours.
+        assert t.busy_s - 1e-4 <= t.latency_s <= t.next_s + 3 * step
+
+
+def test_in_process_wait_is_the_build_time(ds_path):
+    mon = RecordingMonitor()
+    with Loader(ds_path, 8, num_workers=0, transform=CropPipeline(sleep=0.002),
+                monitor=mon) as lo:
+        for i, _ in enumerate(lo):
+            if i == 4:
+                break
+    for t in mon.timings:
+        assert t.worker == -1 and t.busy_s >= 8 * 0.002
+        assert t.busy_s <= t.wait_s <= t.next_s
+        assert t.busy_s <= t.latency_s <= t.next_s
+
+
+def test_raw_mode_timing_counts_payload_bytes(ds_path):
+    mon = RecordingMonitor()
+    ds = reader.open_dataset(ds_path)
+    with Loader(ds, 50, decode=False, monitor=mon) as lo:
+        batches = list(lo)
+    _, _, lengths = ds.spans(np.arange(200), "image")
+    assert sum(t.bytes for t in mon.timings) == int(lengths.sum())
+    assert [t.records for t in mon.timings] == [len(b["label"]) for b in batches]
+    assert all(t.wait_s == t.busy_s > 0 for t in mon.timings)
+
+
+def _pids(lo):
+    return [p.pid for p in lo._pool.processes]
+
+
+def test_persistent_workers_are_reused_and_give_the_same_batches(ds_path):
+    kw = dict(num_workers=2, shuffle="full", seed=4, transform=CropPipeline())
+    with Loader(ds_path, 16, **kw) as lo:
+        want = [collect(lo) for _ in range(2)]
+        assert lo._pool is None
+    with Loader(ds_path, 16, persistent_workers=True, **kw) as lo:
+        got = [collect(lo)]
+        pids = _pids(lo)
+        assert len(pids) == 2
+        got.append(collect(lo))
+        assert _pids(lo) == pids, "workers were restarted between epochs"
+        pool = lo._pool
+    assert pool.processes == [] and pool.stopped
+    for we, ge in zip(want, got, strict=True):
+        for a, b in zip(we, ge, strict=True):
+            assert np.array_equal(a["label"], b["label"]) and np.array_equal(a["image"], b["image"])
+
+
+def test_persistent_workers_after_break_resume_exactly(ds_path):
+    kw = dict(num_workers=2, prefetch=6, shuffle="full", seed=9, transform=CropPipeline(sleep=0.001))
+    with Loader(ds_path, 8, **kw) as lo:
+        full = [np.concatenate([b["label"] for b in collect(lo)]) for _ in range(2)]
+    with Loader(ds_path, 8, persistent_workers=True, **kw) as lo:
+        first = []
+        for b in lo:
+            first.append(b["label"].copy())
+            if len(first) == 3:
+                break  # batches still queued and being built: drained, not mixed in
+        pids = _pids(lo)
+        rest = [b["label"].copy() for b in lo]
+        assert _pids(lo) == pids
+        state = lo.state_dict()
+        second = np.concatenate([b["label"] for b in collect(lo)])
+    assert state == {**state, "epoch": 1, "batch": 0}
+    assert np.array_equal(np.concatenate(first + rest), full[0])
+    assert np.array_equal(second, full[1])
+
+
+def test_persistent_worker_dead_between_epochs_is_replaced(ds_path):
+    import os
+    import signal
+
+    with Loader(ds_path, 16, num_workers=2, transform=CropPipeline(),
+                persistent_workers=True) as lo:
+        n = len(collect(lo))
+        victim = lo._pool.processes[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(5)
+        assert len(collect(lo)) == n
+        assert victim.pid not in _pids(lo) and len(_pids(lo)) == 2

@@ -54,8 +54,15 @@ def _cmdline(d: Path) -> bytes:
         return b""
 
 
+# What this process can leave in /dev/shm: our named rings, multiprocessing's
+# semaphores and default-named segments. Other names belong to other programs
+# (e.g. a benchmark of MosaicML Streaming running alongside) and are not ours to judge.
+OUR_SHM = ("shardpack_", "sem.mp-", "psm_")
+
+
 def shm_names() -> set[str]:
-    return {p.name for p in Path("/dev/shm").iterdir()} if Path("/dev/shm").is_dir() else set()
+    d = Path("/dev/shm")
+    return {p.name for p in d.iterdir() if p.name.startswith(OUR_SHM)} if d.is_dir() else set()
 
 
 @pytest.fixture
@@ -71,14 +78,19 @@ def no_leaks():
     assert shm_names() - before_s == set(), "shared memory left behind"
 
 
+persistent = pytest.mark.parametrize("persistent", [False, True],
+                                     ids=["per-epoch", "persistent"])
+
+
 def loader(path, **kw):
     kw.setdefault("num_workers", 2)
     kw.setdefault("transform", CropPipeline())
     return Loader(path, 8, **kw)
 
 
-def test_sigkilled_worker_raises_quickly_naming_it(ds_path, no_leaks):
-    lo = loader(ds_path, transform=CropPipeline(sleep=0.01))
+@persistent
+def test_sigkilled_worker_raises_quickly_naming_it(ds_path, no_leaks, persistent):
+    lo = loader(ds_path, transform=CropPipeline(sleep=0.01), persistent_workers=persistent)
     it = iter(lo)
     next(it)
     victim = it.workers[1]
@@ -88,12 +100,18 @@ def test_sigkilled_worker_raises_quickly_naming_it(ds_path, no_leaks):
         for _ in it:
             pass
     assert time.monotonic() - t < 5
-    assert not it.workers
+    assert not it.workers and lo._pool is None
+    if persistent:  # the next iteration (from where delivery stopped) starts fresh workers
+        left = 15 - lo.position
+        assert len(list(lo)) == left and lo._pool.alive()
+        lo.close()
     del it, lo
 
 
-def test_user_transform_error_names_record_with_traceback(ds_path, no_leaks):
-    lo = loader(ds_path, transform=CropPipeline(fail_on=37), shuffle=True)
+@persistent
+def test_user_transform_error_names_record_with_traceback(ds_path, no_leaks, persistent):
+    lo = loader(ds_path, transform=CropPipeline(fail_on=37), shuffle=True,
+                persistent_workers=persistent)
     with pytest.raises(WorkerError) as info:
         for _ in lo:
             pass
@@ -102,6 +120,7 @@ def test_user_transform_error_names_record_with_traceback(ds_path, no_leaks):
     assert "record 37" in str(err) and "user transform failed on label 37" in str(err)
     assert "Traceback" in err.traceback and "helpers_reader.py" in err.traceback
     assert isinstance(err.__cause__, ZeroDivisionError)
+    assert lo._pool is None
     del info, err, lo
 
 
@@ -135,26 +154,30 @@ def test_corrupt_image_skipped_with_valid_mask(corrupt_path, no_leaks):
     lo.close()
 
 
-def test_break_releases_workers(ds_path, no_leaks):
-    lo = loader(ds_path)
+@persistent
+def test_break_releases_workers(ds_path, no_leaks, persistent):
+    lo = loader(ds_path, persistent_workers=persistent)
     for i, _ in enumerate(lo):
         if i == 2:
             break
     gc.collect()
     assert lo.position == 3
+    assert (lo._pool is not None and lo._pool.alive()) == persistent
     lo.close()
 
 
-def test_exception_in_training_loop_releases_workers(ds_path, no_leaks):
-    lo = loader(ds_path)
+@persistent
+def test_exception_in_training_loop_releases_workers(ds_path, no_leaks, persistent):
+    lo = loader(ds_path, persistent_workers=persistent)
     with pytest.raises(RuntimeError, match="training bug"):
         for _ in lo:
             raise RuntimeError("training bug")
     del lo
 
 
-def test_keyboard_interrupt_while_waiting_releases_workers(ds_path, no_leaks):
-    lo = loader(ds_path, transform=CropPipeline(sleep=0.05))
+@persistent
+def test_keyboard_interrupt_while_waiting_releases_workers(ds_path, no_leaks, persistent):
+    lo = loader(ds_path, transform=CropPipeline(sleep=0.05), persistent_workers=persistent)
     it = iter(lo)
     next(it)
     # Deliver SIGINT to ourselves while next() waits on the workers.
@@ -164,12 +187,13 @@ def test_keyboard_interrupt_while_waiting_releases_workers(ds_path, no_leaks):
         for _ in it:
             pass
     timer.join()
-    assert it.closed and not it.workers
+    assert it.closed and not it.workers and lo._pool is None
     del it, lo
 
 
-def test_garbage_collected_loader_releases_everything(ds_path, no_leaks):
-    lo = loader(ds_path, worker_options=None)
+@persistent
+def test_garbage_collected_loader_releases_everything(ds_path, no_leaks, persistent):
+    lo = loader(ds_path, persistent_workers=persistent)
     it = iter(lo)
     next(it)
     assert len(it.workers) == 2
