@@ -123,3 +123,50 @@ def test_cuda_loader_fails_at_construction_without_cupy(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(ImportError, match=r"pip install 'shardpack\[gpu\]'"):
         reader.Loader(tmp_path, batch_size=2, device="cuda", num_workers=0)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    from tests import fake_cupy
+
+    fake_cupy.registered.clear()
+    fake_cupy.copies.clear()
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    return fake_cupy
+
+
+@pytest.mark.parametrize("pinning", ["register", "staging"])
+def test_cuda_path_end_to_end_on_a_fake_device(tmp_path, rng, fake_cupy, pinning):
+    """The whole device='cuda' flow, with numpy standing in for the GPU."""
+    import simplejpeg
+
+    import formats
+    import reader
+    from reader.transforms import CenterCrop
+
+    with formats.DatasetWriter(tmp_path, [formats.Field("image", "jpeg"),
+                                          formats.Field("label", "int")]) as w:
+        for i in range(10):  # 10 records, batch 4: the last batch is partial
+            img = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+            w.write({"image": simplejpeg.encode_jpeg(img), "label": i})
+    opts = DeviceOptions(dtype="float32", layout="NCHW", pinning=pinning)
+    cpu = reader.Loader(tmp_path, 4, num_workers=1, transform=[CenterCrop(32)], copy=True)
+    want = [(normalize(b["image"], opts), b["label"]) for b in cpu]
+    cpu.close()
+    gpu = reader.Loader(tmp_path, 4, num_workers=1, transform=[CenterCrop(32)],
+                        device="cuda", device_options=opts)
+    with gpu:
+        got = [(np.asarray(b["image"]).copy(), np.asarray(b["label"]).copy()) for b in gpu]
+        lo, hi = gpu.ring.address, gpu.ring.address + gpu.ring.nbytes
+        mode = gpu._cuda_state.mode
+    assert mode == pinning
+    assert len(got) == len(want) == 3
+    for (gi, gl), (wi, wl) in zip(got, want, strict=True):
+        assert gi.shape == wi.shape and gi.dtype == np.float32
+        np.testing.assert_allclose(gi, wi, rtol=1e-6)
+        assert np.array_equal(gl, wl)
+    in_ring = [lo <= address and address + n <= hi for address, n in fake_cupy.copies]
+    # Registered: every copy reads straight out of the ring; staging: never.
+    assert all(in_ring) if pinning == "register" else not any(in_ring)
+    assert not fake_cupy.registered  # the ring is unregistered when the loader closes
+    assert fake_cupy.copies[-2][1] == 2 * 32 * 32 * 3  # the partial batch: 2 images only

@@ -1,0 +1,125 @@
+"""A stand-in for the small part of cupy that reader/device.py uses, backed by numpy.
+
+"Device" arrays live in host memory; an async host-to-device copy is a memmove
+from the given address, done at once; events are complete as soon as recorded.
+It lets CI drive the whole ``device="cuda"`` path (slot addresses, partial
+batches, event-gated slot release, the kernel's arguments) without a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import types
+
+import numpy as np
+
+float16, float32, uint8 = np.float16, np.float32, np.uint8
+registered: list[tuple[int, int]] = []
+copies: list[tuple[int, int]] = []
+
+
+class ndarray(np.ndarray):
+    @property
+    def data(self):
+        arr = self
+
+        class _Ptr:
+            def copy_from_host_async(self, address, nbytes, stream):
+                assert nbytes <= arr.nbytes
+                copies.append((address, nbytes))
+                ctypes.memmove(arr.ctypes.data, address, nbytes)
+
+        return _Ptr()
+
+
+def empty(shape, dtype):
+    return np.empty(shape, dtype).view(ndarray)
+
+
+def asarray(a, dtype=None):
+    return np.asarray(a, dtype).view(ndarray)
+
+
+def ascontiguousarray(a):
+    return np.ascontiguousarray(a).view(ndarray)
+
+
+def asnumpy(a):
+    return np.asarray(a)
+
+
+class _Event:
+    done = False
+
+    def record(self, stream=None):
+        self.done = True
+        return self
+
+    def synchronize(self):
+        self.done = True
+
+
+class _Stream:
+    def __init__(self, non_blocking=False, ptr=0):
+        self.waited = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def synchronize(self):
+        pass
+
+    def wait_event(self, event):
+        assert event.done is not None
+        self.waited += 1
+
+    def record(self):
+        return _Event().record()
+
+
+class _Device:
+    def __init__(self, i):
+        self.id = i
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+class CUDARuntimeError(RuntimeError):
+    pass
+
+
+def _host_register(address, nbytes, flags):
+    registered.append((address, nbytes))
+
+
+def _host_unregister(address):
+    registered[:] = [r for r in registered if r[0] != address]
+
+
+def _elementwise_kernel(in_params, out_params, body, name):
+    def run(x, mean, inv_std, h, w, c, nchw, y):
+        v = (np.asarray(x, np.float32) - np.asarray(mean)) * np.asarray(inv_std)
+        if nchw:
+            v = v.transpose(0, 3, 1, 2)
+        y[...] = v.astype(y.dtype)
+        return y
+
+    return run
+
+
+_current = _Stream()
+runtime = types.SimpleNamespace(
+    getDeviceCount=lambda: 1, hostRegister=_host_register, hostUnregister=_host_unregister,
+    CUDARuntimeError=CUDARuntimeError, getDeviceProperties=lambda i: {"name": b"fake"})
+cuda = types.SimpleNamespace(
+    runtime=runtime, Device=_Device, Stream=_Stream, Event=_Event, ExternalStream=_Stream,
+    get_current_stream=lambda: _current, get_elapsed_time=lambda a, b: 1.0,
+    alloc_pinned_memory=lambda n: bytearray(n))
+ElementwiseKernel = _elementwise_kernel
