@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,7 +188,7 @@ class SlotRing:
                 "owner": self._owner}
 
     def __setstate__(self, state: dict) -> None:
-        from multiprocessing import resource_tracker, shared_memory
+        from multiprocessing import shared_memory
 
         self.layout = state["layout"]
         self.num_slots = state["num_slots"]
@@ -196,13 +197,14 @@ class SlotRing:
         self.backend = "shm"
         self.name = state["name"]
         self._owner = state["owner"]
-        self._shm = shared_memory.SharedMemory(self.name)
-        # Attaching registers the segment with the resource tracker (Python < 3.13),
-        # which would unlink it when this worker exits: the owner alone unlinks it.
-        try:
-            resource_tracker.unregister(self._shm._name, "shared_memory")
-        except Exception:
-            pass
+        if sys.version_info >= (3, 13):
+            self._shm = shared_memory.SharedMemory(self.name, track=False)
+        else:
+            # Attaching registers the name with the resource tracker, which spawned
+            # workers share with the owner: a duplicate entry in its set, removed by
+            # the owner's unlink. Unregistering here would remove the owner's entry
+            # and make that unlink warn at exit.
+            self._shm = shared_memory.SharedMemory(self.name)
         self._mm = self._shm._mmap
         self._setup()
 
