@@ -72,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         from reader.device import DeviceOptions
 
-        # uint8 crosses PCIe; the GPU converts to NCHW float32 (0..255, as on the CPU path).
+        # uint8 crosses PCIe; the GPU converts to NCHW float32 in 0..1, as to_torch does
+        # on the CPU path.
         device_options = DeviceOptions(dtype="float32", layout="NCHW", output="torch",
-                                       mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+                                       mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
     loader = Loader(args.data, args.batch_size, num_workers=workers, shuffle=True,
                     seed=args.seed, drop_last=True, device=args.device,
                     device_options=device_options,

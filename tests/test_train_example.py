@@ -1,0 +1,27 @@
+"""The example trainer runs, learns, and resumes from its checkpoint (skipped without torch)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("torch", reason="the example trainer needs PyTorch")
+
+from scripts.train_example import main
+
+
+def test_trains_and_resumes(tmp_path, capsys):
+    data, ckpt = tmp_path / "toy", tmp_path / "ckpt.pt"
+    common = ["--data", str(data), "--records", "128", "--batch-size", "16", "--workers", "1",
+              "--size", "24", "--log-every", "20", "--checkpoint", str(ckpt), "--save-every", "40"]
+    assert main([*common, "--make-data", "--steps", "40"]) == 0
+    first = capsys.readouterr().out
+    assert ckpt.exists() and "done: 40 steps" in first
+    assert main([*common, "--steps", "80", "--resume", str(ckpt)]) == 0
+    second = capsys.readouterr().out
+    # Saved right after the last batch of epoch 4 (8 batches per epoch): epoch 4, batch 8.
+    assert re.search(r"resumed at step 40, epoch 4, batch 8", second), second
+    assert "done: 80 steps" in second
+    losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", first + second)]
+    assert losses[-1] < losses[0]  # it learns: the colour of a square gives the class
