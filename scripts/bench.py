@@ -43,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scripts.bench_reader import warm
+
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "bench_peers.py"
 VENV_FORMATS = ("mds", "litdata")
@@ -190,15 +192,6 @@ def rounds(cases: list[tuple[Case, callable]], repeat: int, after_round=None) ->
                 fn(case)
         if after_round:
             after_round(r)
-
-
-def warm(paths) -> None:
-    for p in paths:
-        for f in Path(p).rglob("*"):
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    while fh.read(16 << 20):
-                        pass
 
 
 # -- data -------------------------------------------------------------------------------------
