@@ -219,7 +219,10 @@ class SlotRing:
             try:
                 shm.close()
             except BufferError:
-                pass  # user still holds a batch view; the mapping goes with it
+                # A batch view is still alive; the mapping goes with it. Hand the map
+                # to those views alone, so SharedMemory's own __del__ doesn't try
+                # (and fail, noisily) to close it again at exit.
+                shm._mmap = None
             if os.getpid() == self._owner:
                 try:
                     shm.unlink()
