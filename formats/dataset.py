@@ -217,7 +217,11 @@ class ShardDataset:
 
         All numpy, one gather per distinct shard: the batch-level lookup the loader uses.
         """
-        j = self.field_index[field]
+        shard, _, offsets, lengths = self._gather(indices, self.field_index[field])
+        return shard, offsets, lengths
+
+    def _gather(self, indices, j: int):
+        """(shard numbers, records within shards, offsets, lengths) of field ``j``."""
         shard, local = self.locate_many(indices)
         offsets = np.empty(shard.shape, np.uint64)
         lengths = np.empty(shard.shape, np.uint64)
@@ -226,32 +230,28 @@ class ShardDataset:
             s.validate()
             offsets[:] = s.offsets[local, j]
             lengths[:] = s.lengths[local, j]
-            return shard, offsets, lengths
+            return shard, local, offsets, lengths
         for k in np.unique(shard):
             s = self._shards[k]
             s.validate()
             m = shard == k
             offsets[m] = s.offsets[local[m], j]
             lengths[m] = s.lengths[local[m], j]
-        return shard, offsets, lengths
+        return shard, local, offsets, lengths
 
     def payloads(self, indices, field: str) -> list[memoryview]:
         """Zero-copy stored bytes of one field for many records."""
-        shard, offsets, lengths = self.spans(indices, field)
+        j = self.field_index[field]
+        shard, local, offsets, lengths = self._gather(indices, j)
         views = [s.view for s in self._shards]
         out = [
             views[s][o:e]
             for s, o, e in zip(shard.tolist(), offsets.tolist(), (offsets + lengths).tolist(), strict=True)
         ]
         if self.check_crc:
-            self._check_many(indices, field, out)
+            for s, r, v in zip(shard.tolist(), local.tolist(), out, strict=True):
+                self._shards[s].check(r, j, v)
         return out
-
-    def _check_many(self, indices, field: str, views: list[memoryview]) -> None:
-        j = self.field_index[field]
-        shard, local = self.locate_many(indices)
-        for s, r, v in zip(shard.tolist(), local.tolist(), views, strict=True):
-            self._shards[s].check(r, j, v)
 
     def scalars(self, indices, field: str) -> np.ndarray:
         """An ``int``/``float`` field for many records as one int64/float64 array.
@@ -263,15 +263,16 @@ class ShardDataset:
         if f.type not in SCALAR_TYPES:
             raise SchemaError(f"field {field!r} is {f.type}, not int or float")
         dt = np.dtype("<i8" if f.type == "int" else "<f8")
-        shard, offsets, lengths = self.spans(indices, field)
+        j = self.field_index[field]
+        shard, local, offsets, lengths = self._gather(indices, j)
         if lengths.size and (lengths != 8).any():
             k = int(np.flatnonzero(lengths != 8)[0])
-            s, r = self.locate_many([np.asarray(indices).reshape(-1)[k]])
             raise CorruptRecordError(f"{f.type} field {field!r} payload size",
-                                     path=self._shards[int(s[0])].data_path, record=int(r[0]),
-                                     found=int(lengths[k]), expected=8)
+                                     path=self._shards[int(shard[k])].data_path,
+                                     record=int(local[k]), found=int(lengths[k]), expected=8)
         if self.check_crc:
-            self.payloads(indices, field)  # raises on the first record that fails its CRC
+            for s, r, o in zip(shard.tolist(), local.tolist(), offsets.tolist(), strict=True):
+                self._shards[s].check(r, j, self._shards[s].view[o : o + 8])
         out = np.empty(shard.shape, dt)
         slots = (offsets // 8).astype(np.int64)
         for k in (np.unique(shard) if len(self._shards) > 1 else [0]):
