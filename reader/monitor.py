@@ -170,6 +170,11 @@ class MonitorConfig:
         if not isinstance(self.interval, (int, float)) or not self.interval > 0:
             raise ValueError(f"monitor interval: expected seconds > 0, found {self.interval!r}")
 
+    def build(self, num_workers: int | None = None, name: str | None = None) -> Monitor:
+        """A Monitor with these settings."""
+        return Monitor(self.interval, output=self.output, record=self.record,
+                       thresholds=self.thresholds, num_workers=num_workers, name=name)
+
 
 class Monitor:
     """Accumulates per-batch timings and reports every ``interval`` seconds.
@@ -377,14 +382,7 @@ def default_monitor(*, num_workers: int | None = None, name: str | None = None) 
     if config is None:
         return None
     _count += 1
-    return Monitor(
-        config.interval,
-        output=config.output,
-        record=config.record,
-        thresholds=config.thresholds,
-        num_workers=num_workers,
-        name=name or f"loader-{_count}",
-    )
+    return config.build(num_workers, name or f"loader-{_count}")
 
 
 def resolve_monitor(value: Any = None, *, num_workers: int | None = None) -> Monitor | None:
@@ -413,13 +411,7 @@ def resolve_monitor(value: Any = None, *, num_workers: int | None = None) -> Mon
     if value is True:
         return Monitor(num_workers=num_workers)
     if isinstance(value, MonitorConfig):
-        return Monitor(
-            value.interval,
-            output=value.output,
-            record=value.record,
-            thresholds=value.thresholds,
-            num_workers=num_workers,
-        )
+        return value.build(num_workers)
     if isinstance(value, (int, float)):
         return Monitor(value, num_workers=num_workers)
     raise TypeError(

@@ -213,8 +213,8 @@ def _mds_dataset(root: Path, cls=None, **kw):
     return (cls or StreamingDataset)(local=str(root), remote=None, shuffle=False, **kw)
 
 
-def read_mds(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
-    ds = _mds_dataset(root, batch_size=1)
+def _read_map_style(ds, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+    """A peer's dataset: iterate it (seq) or index it (random)."""
     if mode == "seq":
         for s in ds:
             sink(s["image"])
@@ -223,20 +223,16 @@ def read_mds(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -
         return
     for i in _order(len(ds), mode, count, seed):
         sink(ds[i]["image"])
+
+
+def read_mds(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+    _read_map_style(_mds_dataset(root, batch_size=1), mode, count, seed, sink)
 
 
 def read_litdata(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
     import litdata
 
-    ds = litdata.StreamingDataset(str(root), shuffle=False)
-    if mode == "seq":
-        for s in ds:
-            sink(s["image"])
-            if count is not None and sink.records >= count:
-                break
-        return
-    for i in _order(len(ds), mode, count, seed):
-        sink(ds[i]["image"])
+    _read_map_style(litdata.StreamingDataset(str(root), shuffle=False), mode, count, seed, sink)
 
 
 READERS = {"shards": read_shards, "tfrecord": read_tfrecord, "wds": read_wds,
