@@ -18,6 +18,7 @@ __all__ = [
     "ManifestError",
     "SchemaError",
     "ShardpackError",
+    "StorageError",
     "UnsafePathError",
     "VersionError",
 ]
@@ -108,3 +109,8 @@ class DecompressionError(CorruptRecordError):
 
 class UnsafePathError(ShardpackError):
     """A name read from a manifest or an archive would leave the dataset folder."""
+
+
+class StorageError(ShardpackError):
+    """Object storage failed for good (after retries), or a download did not match
+    the manifest: the message names the object's URI."""

@@ -17,7 +17,8 @@ from .fields import Field
 from .files import atomic_write_bytes, safe_child
 from .layout import FORMAT_NAME, MAJOR, MAX_ALIGNMENT, MIN_ALIGNMENT, MINOR
 
-__all__ = ["MANIFEST_NAME", "Manifest", "ShardEntry", "read_manifest", "write_manifest"]
+__all__ = ["MANIFEST_NAME", "Manifest", "ShardEntry", "manifest_bytes", "parse_manifest",
+           "read_manifest", "write_manifest"]
 
 MANIFEST_NAME = "manifest.json"
 
@@ -104,10 +105,15 @@ class Manifest:
         }
 
 
-def write_manifest(root: Path, manifest: Manifest) -> None:
-    """Write ``root/manifest.json`` atomically (sorted keys: deterministic bytes)."""
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The manifest file's bytes (sorted keys: deterministic)."""
     text = json.dumps(manifest.to_json(), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
-    atomic_write_bytes(root / MANIFEST_NAME, text.encode("utf-8"))
+    return text.encode("utf-8")
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    """Write ``root/manifest.json`` atomically."""
+    atomic_write_bytes(root / MANIFEST_NAME, manifest_bytes(manifest))
 
 
 def read_manifest(root: str | Path) -> Manifest:

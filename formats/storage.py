@@ -1,0 +1,254 @@
+"""Datasets and sources on object storage: one small API over pyarrow's filesystems.
+
+A :class:`Location` is a folder on some filesystem: ``s3://bucket/prefix`` (and
+every other URI that ``pyarrow.fs`` opens: ``gs://``, ``hdfs://``, ``file://``),
+or, when fsspec is installed, any protocol fsspec knows. S3 settings ride in the
+URI's query (``s3://b/ds?endpoint_override=127.0.0.1:9000&scheme=http``) or in
+the usual ``AWS_*`` environment variables; a caller may also pass a ready
+``pyarrow.fs.FileSystem``.
+
+Every call is retried with exponential backoff on ``OSError`` (a dropped
+connection, a throttled request) and then raises :class:`StorageError` naming
+the object. Downloads go to a temporary name, are checked against the expected
+size and CRC32C, and only then renamed, so a partial or corrupt object is never
+taken for a good one. Names are always relative and checked: a name read from a
+manifest cannot reach outside its dataset's prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pyarrow.fs as pafs
+
+from .checksum import crc32c
+from .errors import StorageError, UnsafePathError
+from .files import temp_name
+
+__all__ = ["Location", "Retry", "is_uri", "open_location"]
+
+T = TypeVar("T")
+_CHUNK = 8 << 20
+
+
+def is_uri(path: object) -> bool:
+    """True for ``scheme://...`` other than ``file://`` (those are plain local paths)."""
+    text = str(path)
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.isidentifier() and scheme.lower() != "file"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How hard to try before a storage error is final.
+
+    Args:
+        attempts: tries in all (the first one included).
+        backoff: seconds before the second try; doubled each time, with jitter.
+        max_backoff: the longest single wait.
+    """
+
+    attempts: int = 5
+    backoff: float = 0.2
+    max_backoff: float = 10.0
+
+    def run(self, uri: str, what: str, fn: Callable[[], T]) -> T:
+        delay = self.backoff
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except FileNotFoundError:
+                raise StorageError(f"{what}: no such object", path=uri) from None
+            except OSError as exc:
+                if attempt == self.attempts:
+                    raise StorageError(f"{what} failed after {attempt} tries ({exc})",
+                                       path=uri) from exc
+            time.sleep(min(delay, self.max_backoff) * (0.5 + random.random()))
+            delay *= 2
+        raise AssertionError("unreachable")
+
+
+def _check_name(uri: str, name: str) -> str:
+    parts = name.split("/")
+    if (not isinstance(name, str) or not name or name.startswith("/") or "\\" in name
+            or "\x00" in name or any(p in ("", ".", "..") for p in parts)):
+        raise UnsafePathError("unsafe object name: must be a relative name inside the dataset",
+                              path=uri, found=name)
+    return name
+
+
+class Location:
+    """A folder on a filesystem; every name is relative to it (see module docstring).
+
+    Args:
+        fs: the filesystem.
+        root: the folder's path on ``fs`` (no scheme).
+        uri: how to name it in messages (``s3://bucket/prefix``).
+        retry: the retry policy for every call.
+    """
+
+    def __init__(self, fs: pafs.FileSystem, root: str, uri: str, retry: Retry = Retry()) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.uri = uri.rstrip("/")
+        self.retry = retry
+
+    def __repr__(self) -> str:
+        return f"Location({self.uri!r})"
+
+    def __reduce__(self):
+        return (Location, (self.fs, self.root, self.uri, self.retry))
+
+    def path(self, name: str) -> str:
+        """The filesystem path of ``name`` (checked: relative, no ``..``)."""
+        return f"{self.root}/{_check_name(self.uri, name)}" if self.root else _check_name(
+            self.uri, name)
+
+    def uri_of(self, name: str) -> str:
+        return f"{self.uri}/{name}"
+
+    # -- reading ---------------------------------------------------------------------
+
+    def exists(self, name: str) -> bool:
+        path = self.path(name)
+        info = self.retry.run(self.uri_of(name), "stat",
+                              lambda: self.fs.get_file_info(path))
+        return info.type == pafs.FileType.File
+
+    def read_bytes(self, name: str, limit: int) -> bytes:
+        """A whole small object (a manifest, a file list), refusing more than ``limit`` bytes."""
+        path, uri = self.path(name), self.uri_of(name)
+
+        def read() -> bytes:
+            with self.fs.open_input_stream(path) as f:
+                data = f.read(limit + 1)
+            return data
+
+        data = self.retry.run(uri, "read", read)
+        if len(data) > limit:
+            raise StorageError(f"object larger than the {limit}-byte limit for it", path=uri)
+        return data
+
+    def download(self, name: str, dest: Path, *, size: int | None = None,
+                 crc: int | None = None) -> None:
+        """Copy ``name`` to the local file ``dest``, all or nothing.
+
+        The bytes land in a temporary file beside ``dest``; a dropped connection
+        retries from the start; the size and CRC32C are checked before the rename.
+
+        Raises:
+            StorageError: the object is missing, storage kept failing, or the
+                bytes do not match ``size``/``crc`` (a corrupt object).
+        """
+        path, uri = self.path(name), self.uri_of(name)
+        tmp = temp_name(dest)
+
+        def fetch() -> tuple[int, int]:
+            total, check = 0, 0
+            try:
+                with self.fs.open_input_stream(path) as src, open(tmp, "wb") as out:
+                    while True:
+                        chunk = src.read(_CHUNK)
+                        if not chunk:
+                            break
+                        total += len(chunk)
+                        if size is not None and total > size:
+                            break  # bounded: never write more than the manifest says
+                        check = crc32c(chunk, check)
+                        out.write(chunk)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            return total, check
+
+        try:
+            total, check = self.retry.run(uri, "download", fetch)
+            if size is not None and total != size:
+                raise StorageError("object size differs from the manifest", path=uri,
+                                   found=total, expected=size)
+            if crc is not None and check != crc:
+                raise StorageError("object checksum differs from the manifest", path=uri,
+                                   found=f"{check:#010x}", expected=f"{crc:#010x}")
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def list_files(self) -> list[tuple[str, int]]:
+        """Every file under the folder, recursively: (relative name, size), sorted."""
+        selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
+        infos = self.retry.run(self.uri, "list", lambda: self.fs.get_file_info(selector))
+        cut = len(self.root) + 1 if self.root else 0
+        out = [(i.path[cut:], i.size) for i in infos if i.type == pafs.FileType.File]
+        out.sort()
+        return out
+
+    # -- writing ---------------------------------------------------------------------
+
+    def upload(self, src: Path, name: str) -> None:
+        """Copy the local file ``src`` to ``name`` (object stores publish it whole)."""
+        path, uri = self.path(name), self.uri_of(name)
+
+        def put() -> None:
+            with open(src, "rb") as f, self.fs.open_output_stream(path) as out:
+                while chunk := f.read(_CHUNK):
+                    out.write(chunk)
+
+        self.retry.run(uri, "upload", put)
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        path, uri = self.path(name), self.uri_of(name)
+
+        def put() -> None:
+            with self.fs.open_output_stream(path) as out:
+                out.write(data)
+
+        self.retry.run(uri, "upload", put)
+
+    def delete(self, name: str) -> None:
+        path = self.path(name)
+
+        def rm() -> None:
+            try:
+                self.fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+
+        self.retry.run(self.uri_of(name), "delete", rm)
+
+
+def _fsspec(uri: str) -> tuple[pafs.FileSystem, str]:
+    try:
+        import fsspec
+    except ImportError:
+        raise StorageError("pyarrow does not know this URI scheme, and fsspec (which may) "
+                           "is not installed: pip install fsspec", path=uri) from None
+    fs, path = fsspec.core.url_to_fs(uri)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+def open_location(path: str | Path, filesystem: pafs.FileSystem | None = None,
+                  retry: Retry = Retry()) -> Location:
+    """The :class:`Location` for a URI (or, with ``filesystem``, a path on it).
+
+    Raises:
+        StorageError: a URI that neither pyarrow nor fsspec can open.
+    """
+    text = str(path)
+    if filesystem is not None:
+        root = text.partition("://")[2] if is_uri(text) else text
+        return Location(filesystem, root.split("?", 1)[0], text.split("?", 1)[0], retry)
+    if not is_uri(text):
+        return Location(pafs.LocalFileSystem(), str(Path(text).resolve()), text, retry)
+    try:
+        fs, root = pafs.FileSystem.from_uri(text)
+    except ValueError:  # pyarrow.ArrowInvalid: a scheme pyarrow does not know
+        fs, root = _fsspec(text)
+    except OSError as exc:
+        raise StorageError(f"cannot open this location ({exc})", path=text) from None
+    return Location(fs, root, text.split("?", 1)[0], retry)
