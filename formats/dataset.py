@@ -66,8 +66,27 @@ class ShardDataset:
         self._open_all()
 
     def _open_all(self) -> None:
+        self._shards = [self._map_shard(s) for s in range(len(self.manifest.shards))]
+
+    def _map_shard(self, s: int) -> ShardReader:
         m = self.manifest
-        self._shards = [ShardReader(self.root, e, len(self.fields), m.alignment) for e in m.shards]
+        return ShardReader(self.root, m.shards[s], len(self.fields), m.alignment)
+
+    def _open_shard(self, s: int) -> ShardReader:
+        """Map shard ``s`` on first use (datasets that open shards lazily; see reader.remote)."""
+        self._shards[s] = reader = self._map_shard(s)
+        return reader
+
+    def _will_use(self, shards) -> None:
+        """Called with the distinct shards of a batch before they are read."""
+        for k in shards:
+            if self._shards[k] is None:
+                self._open_shard(k)
+
+    def shard(self, s: int) -> ShardReader:
+        """The reader of shard ``s`` (mapped on first use)."""
+        reader = self._shards[s]
+        return reader if reader is not None else self._open_shard(s)
 
     def _load_dictionaries(self) -> dict[str, bytes]:
         out = {}
@@ -137,18 +156,20 @@ class ShardDataset:
     def payload(self, index: int, field: str) -> memoryview:
         """The stored bytes of one field (zero-copy; compressed if the field is)."""
         s, r = self.locate(index)
-        return self._shards[s].payload(r, self.field_index[field], self.check_crc)
+        return self.shard(s).payload(r, self.field_index[field], self.check_crc)
 
     def get(self, index: int, field: str) -> Any:
         """The decoded value of one field of one record."""
         s, r = self.locate(index)
         j = self.field_index[field]
-        return self._decode(s, r, j, self._shards[s].payload(r, j, self.check_crc))
+        return self._decode(s, r, j, self.shard(s).payload(r, j, self.check_crc))
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """All fields of one record: bytes fields as zero-copy memoryviews."""
         s, r = self.locate(int(index))
         shard = self._shards[s]
+        if shard is None:
+            shard = self._open_shard(s)
         if not shard.validated:
             shard.validate()
         # One row of the index as Python ints, then a slice per field: the per-record
@@ -226,12 +247,14 @@ class ShardDataset:
         offsets = np.empty(shard.shape, np.uint64)
         lengths = np.empty(shard.shape, np.uint64)
         if len(self._shards) == 1:
-            s = self._shards[0]
+            s = self.shard(0)
             s.validate()
             offsets[:] = s.offsets[local, j]
             lengths[:] = s.lengths[local, j]
             return shard, local, offsets, lengths
-        for k in np.unique(shard):
+        distinct = np.unique(shard).tolist()
+        self._will_use(distinct)
+        for k in distinct:
             s = self._shards[k]
             s.validate()
             m = shard == k
@@ -243,7 +266,7 @@ class ShardDataset:
         """Zero-copy stored bytes of one field for many records."""
         j = self.field_index[field]
         shard, local, offsets, lengths = self._gather(indices, j)
-        views = [s.view for s in self._shards]
+        views = [None if s is None else s.view for s in self._shards]
         out = [
             views[s][o:e]
             for s, o, e in zip(shard.tolist(), offsets.tolist(), (offsets + lengths).tolist(), strict=True)

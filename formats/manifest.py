@@ -7,6 +7,7 @@ file name it yields is a plain name inside the dataset folder.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,7 @@ def read_manifest(root: str | Path) -> Manifest:
     return parse_manifest(obj, path)
 
 
-def _get(obj: dict, key: str, kind: type | tuple[type, ...], path: Path, where: str = "") -> Any:
+def _get(obj: dict, key: str, kind: type | tuple[type, ...], path: str | Path, where: str = "") -> Any:
     if key not in obj:
         raise ManifestError(f"missing key {where}{key!r}", path=path)
     value = obj[key]
@@ -152,21 +153,21 @@ def _get(obj: dict, key: str, kind: type | tuple[type, ...], path: Path, where: 
     return value
 
 
-def _count(obj: dict, key: str, path: Path, where: str) -> int:
+def _count(obj: dict, key: str, path: str | Path, where: str) -> int:
     value = _get(obj, key, int, path, where)
     if value < 0:
         raise ManifestError(f"key {where}{key!r} is negative", path=path, found=value)
     return value
 
 
-def _crc(obj: dict, key: str, path: Path, where: str) -> int:
+def _crc(obj: dict, key: str, path: str | Path, where: str) -> int:
     value = parse_crc(_get(obj, key, str, path, where))
     if value is None:
         raise ManifestError(f"key {where}{key!r} is not 8 hex digits", path=path, found=obj[key])
     return value
 
 
-def parse_manifest(obj: Any, path: Path) -> Manifest:
+def parse_manifest(obj: Any, path: str | Path) -> Manifest:
     """Validate a decoded manifest object (see :func:`read_manifest`)."""
     if not isinstance(obj, dict):
         raise ManifestError("manifest must be a JSON object", path=path, found=type(obj).__name__)
@@ -221,7 +222,7 @@ def parse_manifest(obj: Any, path: Path) -> Manifest:
     )
 
 
-def _parse_fields(entries: list, path: Path):
+def _parse_fields(entries: list, path: str | Path):
     fields, dictionaries, max_raw = [], {}, {}
     for i, entry in enumerate(entries):
         try:
@@ -234,7 +235,7 @@ def _parse_fields(entries: list, path: Path):
             if f.compression != "zstd":
                 raise ManifestError(f"fields[{i}]: a dictionary needs zstd compression", path=path)
             name = _get(entry, "dictionary", str, path, f"fields[{i}].")
-            safe_child(path.parent, name, what="dictionary file name")
+            safe_child(os.path.dirname(str(path)), name, what="dictionary file name")
             dictionaries[f.name] = (name, _crc(entry, "dictionary_crc32c", path, f"fields[{i}]."))
         fields.append(f)
     if len({f.name for f in fields}) != len(fields):
@@ -242,12 +243,12 @@ def _parse_fields(entries: list, path: Path):
     return tuple(fields), dictionaries, max_raw
 
 
-def _parse_shard(obj: Any, i: int, path: Path) -> ShardEntry:
+def _parse_shard(obj: Any, i: int, path: str | Path) -> ShardEntry:
     where = f"shards[{i}]."
     if not isinstance(obj, dict):
         raise ManifestError(f"shards[{i}] must be an object", path=path)
     name = _get(obj, "name", str, path, where)
-    safe_child(path.parent, name, what="shard name")
+    safe_child(os.path.dirname(str(path)), name, what="shard name")
     return ShardEntry(
         name=name,
         records=_count(obj, "records", path, where),

@@ -10,22 +10,36 @@ small per-shard parquet tables.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from formats import ShardDataset, open_shards
 from formats.fields import BYTES_TYPES
+from formats.storage import is_uri
+
+from .cache import CacheOptions
 
 __all__ = ["ShardDataset", "main_fields", "open_dataset", "read_many"]
 
 
-def open_dataset(path: str | Path, *, check_crc: bool = False) -> ShardDataset:
-    """Open the dataset folder ``path`` (holding ``manifest.json``).
+def open_dataset(path: str | Path, *, check_crc: bool = False, cache: CacheOptions | None = None,
+                 filesystem: Any = None) -> ShardDataset:
+    """Open the dataset folder ``path`` (holding ``manifest.json``), local or remote.
+
+    A URI (``s3://bucket/dataset``, or any that :mod:`formats.storage` opens) or a
+    ``filesystem`` gives a :class:`reader.remote.RemoteDataset`: shards are
+    downloaded into the local cache (``cache``) on first use, then mapped.
 
     Raises:
         formats.ManifestError, formats.FormatError, formats.VersionError: the
             dataset is incomplete, damaged, or of an unknown major version.
+        formats.StorageError: a remote dataset's storage failed (names the object).
     """
+    if is_uri(path) or filesystem is not None:
+        from .remote import RemoteDataset
+
+        return RemoteDataset(str(path), cache=cache, filesystem=filesystem, check_crc=check_crc)
     return open_shards(path, check_crc=check_crc)
 
 

@@ -113,6 +113,7 @@ class RawEpoch:
         types = {f.name: f.type for f in loader.dataset.fields}
         # Fields that come as lists of bytes/memoryviews: what ``bytes`` counts.
         self.byte_fields = tuple(n for n in loader.fields if types[n] in BYTES_TYPES)
+        self.prefetch = loader._start_prefetch(self.epoch, self.k)
 
     def __iter__(self):
         return self
@@ -120,9 +121,12 @@ class RawEpoch:
     def __next__(self) -> dict:
         lo = self.loader
         if self.k >= lo.sampler.num_batches:
+            self.shutdown()
             lo._finished(self.epoch)
             raise StopIteration
         t0 = time.perf_counter()
+        if self.prefetch is not None:
+            self.prefetch.advance(self.k + 1)
         indices = lo.sampler.batch(self.epoch, self.k)
         batch = main_fields(lo.dataset, lo.fields, indices)
         if self.copy:
@@ -141,7 +145,9 @@ class RawEpoch:
         return batch
 
     def shutdown(self) -> None:
-        pass
+        prefetch, self.prefetch = self.prefetch, None
+        if prefetch is not None:
+            prefetch.close()
 
 
 class Epoch:
@@ -163,6 +169,7 @@ class Epoch:
         self.pool = None
         self.workers: list = []
         self.closed = False
+        self.prefetch = None
         self.builder = None
         if loader.num_workers == 0:
             self.builder = BatchBuilder(loader.dataset, loader.spec)
@@ -171,6 +178,8 @@ class Epoch:
             self.workers = self.pool.processes
             self.task_q, self.done_q = self.pool.task_q, self.pool.done_q
             self.generation = self.pool.generation.value
+        # Started after the fork: a child must not inherit a download's lock descriptors.
+        self.prefetch = loader._start_prefetch(self.epoch, self.next_issue)
 
     def __iter__(self):
         return self
@@ -223,6 +232,8 @@ class Epoch:
                 self.task_q.put((k, slot, self.epoch, lo.sampler.batch(self.epoch, k),
                                  self.generation))
             self.next_issue += 1
+        if self.prefetch is not None:
+            self.prefetch.advance(self.next_issue)
 
     def _build_here(self, k: int) -> tuple:
         lo = self.loader
@@ -354,6 +365,9 @@ class Epoch:
         if self.closed:
             return
         self.closed = True
+        prefetch, self.prefetch = self.prefetch, None
+        if prefetch is not None:
+            prefetch.close()
         self._release_pool(failed)
         self.sink.close()
 

@@ -25,6 +25,7 @@ import numpy as np
 from formats import ShardDataset
 from formats.fields import BYTES_TYPES
 
+from .cache import CacheOptions
 from .dataset import open_dataset
 from .epoch import CpuSink, Epoch, RawEpoch
 from .imaging import make_pipeline
@@ -61,7 +62,10 @@ class Loader:
         on_error: ``"fail"`` or ``"skip"`` corrupt images.
         copy: return owned arrays instead of views of the shared ring.
         device: ``"cpu"`` or ``"cuda"`` (handled by :mod:`reader.device`).
-        rank, world_size: distributed partitioning.
+        rank, world_size: distributed partitioning; ``None`` reads ``$RANK`` and
+            ``$WORLD_SIZE`` (torchrun sets them), else 0 and 1.
+        cache: where a remote ``source`` (``s3://...``) keeps its shards
+            (:class:`reader.cache.CacheOptions`: folder, size bound, prefetching).
         timeout, persistent_workers: see :class:`WorkerOptions`.
         monitor: None (the process default set by ``reader.enable_monitor``; off
             unless enabled), False (off), an object with ``on_batch(BatchTiming)``
@@ -76,14 +80,16 @@ class Loader:
                  num_workers: int | str = "auto", prefetch: int | str = "auto",
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
                  transform: Any = None, decode: bool = True, on_error: str = "fail",
-                 copy: bool = False, device: str = "cpu", rank: int = 0, world_size: int = 1,
+                 copy: bool = False, device: str = "cpu", rank: int | None = None,
+                 world_size: int | None = None, cache: CacheOptions | None = None,
                  monitor: Any = None, timeout: float | None = None,
                  persistent_workers: bool = False,
                  sampler_options: SamplerOptions | None = None,
                  decode_options: DecodeOptions | None = None,
                  worker_options: WorkerOptions | None = None,
                  device_options: Any = None) -> None:
-        self.dataset = source if isinstance(source, ShardDataset) else open_dataset(source)
+        self.dataset = source if isinstance(source, ShardDataset) else open_dataset(source,
+                                                                                  cache=cache)
         self.batch_size = int(batch_size)
         self.sampler_options = sampler_options or SamplerOptions(
             shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size)
@@ -221,6 +227,13 @@ class Loader:
         if self._pool is pool:
             self._pool = None
         pool.stop()
+
+    def _start_prefetch(self, epoch: int, first_batch: int):
+        """A started shard prefetcher for a remote dataset, else None."""
+        start = getattr(self.dataset, "prefetcher", None)
+        if start is None or first_batch >= self.sampler.num_batches:
+            return None
+        return start(self.sampler.rank_indices(epoch), self.batch_size, first_batch)
 
     def _start_method(self) -> str:
         m = self.worker_options.start_method

@@ -16,6 +16,16 @@ __all__ = ["DecodeOptions", "SamplerOptions", "WorkerOptions", "resolve_num_work
 SHUFFLE_MODES = (False, "block", "full")
 
 
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} is not an integer") from None
+
+
 @dataclass(frozen=True)
 class SamplerOptions:
     """Which records, in which order, for which rank.
@@ -31,16 +41,18 @@ class SamplerOptions:
             the start of the epoch's order (like torch's DistributedSampler) so
             every rank gets ``ceil(len / world_size)`` records, and yields the last
             partial batch. Either way every rank gets the same number of batches.
-        rank: this process's rank in ``[0, world_size)``.
-        world_size: number of ranks splitting each epoch.
+        rank: this process's rank in ``[0, world_size)``; ``None``: ``$RANK`` (as
+            torchrun sets it), else 0.
+        world_size: number of ranks splitting each epoch; ``None``:
+            ``$WORLD_SIZE``, else 1.
         window: records per shuffle window for ``"block"``.
     """
 
     shuffle: bool | str = False
     seed: int = 0
     drop_last: bool = False
-    rank: int = 0
-    world_size: int = 1
+    rank: int | None = None
+    world_size: int | None = None
     window: int = 4096
 
     def __post_init__(self) -> None:
@@ -50,6 +62,10 @@ class SamplerOptions:
         object.__setattr__(self, "shuffle", shuffle)
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative int, not {self.seed!r}")
+        if self.rank is None:
+            object.__setattr__(self, "rank", _env_int("RANK", 0))
+        if self.world_size is None:
+            object.__setattr__(self, "world_size", _env_int("WORLD_SIZE", 1))
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
         if self.window < 1:

@@ -2,9 +2,12 @@
 
 Batch ``k`` of an epoch is fixed before any worker runs, so batches are the same
 for any number of workers, and resuming at batch ``k`` is exact: the state is
-just (epoch, next batch). Ranks split one global order by interleaving (rank
-``r`` takes positions ``r, r + W, r + 2W, ...``) after the order is padded by
-wrapping or truncated, so every rank gets the same number of batches.
+just (epoch, next batch). Ranks split one global order after it is padded by
+wrapping or truncated, so every rank gets the same number of batches: by
+interleaving (rank ``r`` takes positions ``r, r + W, r + 2W, ...``), except for
+the ``"block"`` order, where rank ``r`` takes the ``r``-th contiguous run. The
+block order is built from whole shards, so a contiguous run touches only about
+``1/W`` of the shards: a rank reading through a cache downloads only those.
 """
 
 from __future__ import annotations
@@ -81,7 +84,10 @@ class Sampler:
         total = self.num_samples * w
         if total > len(order):
             order = np.resize(order, total)  # wraps around to the start of the order
-        mine = order[r:total:w]
+        if self.options.shuffle == "block":
+            mine = order[r * self.num_samples : (r + 1) * self.num_samples]
+        else:
+            mine = order[r:total:w]
         if self.options.drop_last:
             mine = mine[: self.num_batches * self.batch_size]
         mine = np.ascontiguousarray(mine)

@@ -124,7 +124,7 @@ class BatchBuilder:
 
     def _corrupt(self, index: int, exc: Exception) -> CorruptRecordError:
         s, r = self.ds.locate(index)
-        shard = self.ds.shards[s]
+        shard = self.ds.shard(s)
         j = self.ds.field_index[self.spec.image_field]
         return CorruptRecordError(
             f"field {self.spec.image_field!r} of dataset record {index} does not decode ({exc}); "

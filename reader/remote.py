@@ -1,0 +1,220 @@
+"""A dataset on object storage, read through the local shard cache.
+
+:class:`RemoteDataset` is a :class:`ShardDataset` whose shards are mapped on
+first use: opening one pins it in the cache (downloading it if it is not there)
+and maps it as usual, so every read after that is the same index lookup and
+slice as on a local disk. When the cache cannot hold the whole dataset, each
+process keeps at most ``max_open`` shards mapped and unpins the least recently
+used, so eviction can make room.
+
+:class:`Prefetcher` downloads the shards a rank's sampler will need next, in
+order of first use, a few shards ahead of the batches in flight; it only warms
+the cache (a shard it has not fetched yet is downloaded on demand by whoever
+reads it first).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from formats import ShardDataset
+from formats.dataset import read_metadata
+from formats.errors import ManifestError
+from formats.files import atomic_write_bytes
+from formats.manifest import MANIFEST_NAME, parse_manifest
+from formats.shard import ShardReader
+from formats.storage import Location, open_location
+
+from .cache import CacheOptions, Pin
+
+__all__ = ["Prefetcher", "RemoteDataset"]
+
+_MANIFEST_LIMIT = 256 << 20  # a 10M-record dataset's manifest is a few MB
+
+
+class RemoteDataset(ShardDataset):
+    """A read-only dataset at a URI, mapped from a local cache folder.
+
+    Args:
+        uri: ``s3://bucket/dataset`` or any URI :func:`formats.storage.open_location` opens.
+        cache: the cache folder, its bound and prefetching (default: ``CacheOptions()``).
+        filesystem: a ``pyarrow.fs.FileSystem`` to use instead of the URI's own.
+        check_crc: as for :class:`ShardDataset` (downloads are always checked).
+        max_open: shards each process keeps mapped (default: all of them when the
+            cache can hold the dataset, else 2).
+
+    Raises:
+        StorageError: the manifest cannot be fetched (names the object).
+        ManifestError, VersionError: as for a local dataset.
+    """
+
+    def __init__(self, uri: str, *, cache: CacheOptions | None = None, filesystem: Any = None,
+                 check_crc: bool = False, max_open: int | None = None) -> None:
+        self.location: Location = open_location(uri, filesystem)
+        self.cache_options = cache or CacheOptions()
+        self.cache = self.cache_options.open()
+        raw = self.location.read_bytes(MANIFEST_NAME, _MANIFEST_LIMIT)
+        manifest_uri = self.location.uri_of(MANIFEST_NAME)
+        try:
+            manifest = parse_manifest(json.loads(raw), manifest_uri)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"manifest is not valid JSON ({exc})", path=manifest_uri) from None
+        root = self.cache.dataset_dir(self.location.uri, raw)
+        for name, crc in manifest.dictionaries.values():
+            if not (root / name).exists():
+                self.location.download(name, root / name, crc=crc)
+        if not (root / MANIFEST_NAME).exists():
+            atomic_write_bytes(root / MANIFEST_NAME, raw, durable=False)
+        self._pins: dict[int, Pin] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        super().__init__(root, check_crc=check_crc)
+        stored = sum(e.data_bytes + e.index_bytes for e in manifest.shards)
+        fits = self.cache.max_bytes is None or stored <= self.cache.max_bytes
+        self.max_open = max_open or (len(manifest.shards) if fits else 2)
+
+    def __repr__(self) -> str:
+        return f"Remote{super().__repr__()[:-1]}, uri={self.location.uri!r})"
+
+    # -- lazy, pinned shards ----------------------------------------------------------
+
+    def _open_all(self) -> None:
+        self._shards = [None] * len(self.manifest.shards)
+        self._pins = {}
+        self._lru = OrderedDict()
+
+    def _open_shard(self, s: int, keep=()) -> ShardReader:
+        entry = self.manifest.shards[s]
+        self._trim(keep, self.max_open - 1)  # unpin first, so eviction can make room
+        pin = self.cache.acquire(self.location, self.root, entry)
+        try:
+            reader = self._map_shard(s)
+        except BaseException:
+            pin.release()
+            raise
+        self._shards[s] = reader
+        self._pins[s] = pin
+        self._lru[s] = None
+        return reader
+
+    def _will_use(self, shards) -> None:
+        for k in shards:
+            if self._shards[k] is None:
+                self._open_shard(k, shards)
+            else:
+                self._lru.move_to_end(k)
+
+    def _trim(self, keep, limit: int) -> None:
+        """Unmap and unpin the least recently used shards (not in ``keep``) beyond ``limit``."""
+        if len(self._lru) <= limit:
+            return
+        for s in list(self._lru):
+            if len(self._lru) <= limit:
+                break
+            if s in keep:
+                continue
+            del self._lru[s]
+            self._shards[s].close()  # views still held by a caller keep their map alive
+            self._shards[s] = None
+            self._pins.pop(s).release()
+
+    def close(self) -> None:
+        super().close()
+        for pin in self._pins.values():
+            pin.release()
+        self._pins = {}
+        self._lru = OrderedDict()
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_pins"] = {}
+        state["_lru"] = OrderedDict()
+        return state
+
+    # -- metadata and prefetching -----------------------------------------------------
+
+    def metadata(self, columns: list[str] | None = None) -> pa.Table:
+        for e in self.manifest.shards:
+            self.cache.ensure_meta(self.location, self.root, e)
+        return read_metadata(self.root, columns, self.manifest)
+
+    def prefetcher(self, order: np.ndarray, batch_size: int, first_batch: int) -> Prefetcher:
+        """A started :class:`Prefetcher` for a rank's epoch ``order`` from ``first_batch``."""
+        return Prefetcher(self, order, batch_size, first_batch)
+
+
+class Prefetcher:
+    """Downloads shards in order of first use, ``prefetch_shards`` ahead of the batches issued.
+
+    Errors are left for the reader to meet (it retries and raises with the
+    object's name); the prefetcher only counts them.
+    """
+
+    def __init__(self, ds: RemoteDataset, order: np.ndarray, batch_size: int,
+                 first_batch: int) -> None:
+        self.ds = ds
+        opts = ds.cache_options
+        rest = np.asarray(order[first_batch * batch_size:], np.int64)
+        shards = np.searchsorted(ds.starts, rest, side="right") - 1
+        distinct, first = np.unique(shards, return_index=True)
+        by_use = np.argsort(first, kind="stable")
+        self.shards = distinct[by_use].tolist()
+        self.need_batch = (first[by_use] // batch_size + first_batch).tolist()
+        self.ahead = opts.prefetch_shards
+        if ds.cache.max_bytes is not None:
+            # Never prefetch so far ahead that shards fetched early evict each other.
+            largest = max(e.data_bytes + e.index_bytes for e in ds.manifest.shards)
+            fit = ds.cache.max_bytes // max(largest, 1)
+            self.ahead = max(0, min(self.ahead, fit - ds.max_open - 1))
+        self.errors = 0
+        self._issued = first_batch
+        self._cv = threading.Condition()
+        self._stop = False
+        self._pool = ThreadPoolExecutor(opts.download_threads, thread_name_prefix="shardpack-fetch")
+        self._thread = threading.Thread(target=self._run, name="shardpack-prefetch", daemon=True)
+        if self.ahead and self.shards:
+            self._thread.start()
+
+    def advance(self, issued: int) -> None:
+        """Batches before ``issued`` have been handed to the workers."""
+        with self._cv:
+            self._issued = issued
+            self._cv.notify()
+
+    def _window_end(self) -> int:
+        """How far into ``self.shards`` downloads may run now."""
+        current = int(np.searchsorted(self.need_batch, self._issued, side="right"))
+        return current + self.ahead
+
+    def _run(self) -> None:
+        for i, s in enumerate(self.shards):
+            with self._cv:
+                while not self._stop and i >= self._window_end():
+                    self._cv.wait(0.5)
+                if self._stop:
+                    return
+            self._pool.submit(self._fetch, s)
+
+    def _fetch(self, s: int) -> None:
+        if self._stop:
+            return
+        try:
+            self.ds.cache.ensure(self.ds.location, self.ds.root, self.ds.manifest.shards[s],
+                                 optional=True)
+        except Exception:
+            self.errors += 1
+
+    def close(self) -> None:
+        """Stop and wait for downloads in progress (before the loader forks workers)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._pool.shutdown(wait=True, cancel_futures=True)
