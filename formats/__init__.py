@@ -13,6 +13,7 @@ from .errors import (
     ManifestError,
     SchemaError,
     ShardpackError,
+    StorageError,
     UnsafePathError,
     VersionError,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "ShardpackError",
     "Sink",
     "Source",
+    "StorageError",
     "UnsafePathError",
     "VersionError",
     "open_shards",

@@ -115,7 +115,8 @@ class ShardDataset:
 
     def close(self) -> None:
         for s in self._shards or ():
-            s.close()
+            if s is not None:
+                s.close()
         self._shards = []
 
     def __enter__(self) -> ShardDataset:

@@ -47,6 +47,8 @@ __all__ = [
     "OTHER_IMAGE_EXTENSIONS",
     "Listing",
     "detect_builtin",
+    "detect_remote",
+    "list_remote",
     "list_source",
 ]
 
@@ -73,6 +75,8 @@ class Listing:
         empty_classes: class folders that held no file.
         problems: record index -> (kind, reason) already known from listing
             (e.g. a FIFO); those records are never opened.
+        location: for a source on object storage, the ``formats.storage.Location``
+            that ``paths`` are relative to (None: local paths).
     """
 
     kind: str
@@ -84,6 +88,7 @@ class Listing:
     classes: tuple[str, ...] | None = None
     empty_classes: tuple[str, ...] = ()
     problems: dict[int, tuple[str, str]] = field(default_factory=dict)
+    location: Any = None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -163,7 +168,7 @@ def _image_type(paths: list[str], to_jpeg: bool) -> str:
 
 
 def _finish(kind: str, root: Path, found, columns: dict[str, list], col_fields: list[Field],
-            to_jpeg: bool, classes=None, empty=()) -> Listing:
+            to_jpeg: bool, classes=None, empty=(), location=None) -> Listing:
     paths = [p for p, _, _ in found]
     keys = [k for _, k, _ in found]
     problems = {i: pr for i, (_, _, pr) in enumerate(found) if pr is not None}
@@ -173,7 +178,7 @@ def _finish(kind: str, root: Path, found, columns: dict[str, list], col_fields: 
     fields.append(Field("key", "str"))
     fields += [f for f in col_fields if f.name != "label"]
     return Listing(kind, root, paths, keys, columns, tuple(fields),
-                   None if classes is None else tuple(classes), tuple(empty), problems)
+                   None if classes is None else tuple(classes), tuple(empty), problems, location)
 
 
 def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
@@ -207,6 +212,40 @@ def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
             raise UsageError("--from filelist needs a .csv, .tsv or .jsonl file", path=src)
         return _list_file(src, to_jpeg)
     raise UsageError(f"not a built-in source: {kind!r}")
+
+
+def list_remote(kind: str, location, *, to_jpeg: bool = False) -> Listing:
+    """List an image folder or a folder of files on object storage (same rules as local).
+
+    Object stores have no empty folders, so no class is ever empty here.
+
+    Raises:
+        UsageError: ``kind`` is not one that can be listed remotely, or nothing is there.
+    """
+    if kind not in ("imagefolder", "files"):
+        raise UsageError(f"--from {kind} cannot read from object storage; an image folder or "
+                         "a folder of files can (or copy the source to a local disk first)",
+                         path=location.uri)
+    names = [n for n, _ in location.list_files()
+             if not any(_hidden(part) for part in n.split("/"))]
+    if kind == "files":
+        return _finish(kind, location.uri, [(n, n, None) for n in names], {}, [], to_jpeg,
+                       location=location)
+    nested = [n for n in names if "/" in n]
+    classes = sorted({n.split("/", 1)[0] for n in nested})
+    index = {c: i for i, c in enumerate(classes)}
+    # Sorted by class, then by path within it: the order a local walk gives.
+    nested.sort(key=lambda n: (index[n.split("/", 1)[0]], n.split("/")))
+    found = [(n, n, None) for n in nested]
+    labels = [index[n.split("/", 1)[0]] for n in nested]
+    return _finish(kind, location.uri, found, {"label": labels}, [Field("label", "int")],
+                   to_jpeg, classes, location=location)
+
+
+def detect_remote(location) -> str:
+    """``imagefolder`` when every non-hidden object sits in a sub-folder, else ``files``."""
+    names = [n for n, _ in location.list_files() if not n.startswith(".")]
+    return "imagefolder" if names and all("/" in n for n in names) else "files"
 
 
 # -- file lists -------------------------------------------------------------------------

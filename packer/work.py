@@ -23,11 +23,18 @@ import os
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import simplejpeg
 
-__all__ = ["Loaded", "WorkOptions", "iter_loaded", "load", "sniff"]
+from formats.errors import StorageError
+
+__all__ = ["MAX_OBJECT_BYTES", "Loaded", "WorkOptions", "iter_loaded", "load", "sniff"]
+
+# One input read from object storage is refused beyond this (a bound on memory).
+MAX_OBJECT_BYTES = 1 << 30
+# Object stores answer in milliseconds, not microseconds: reads overlap in threads.
+FETCH_THREADS = 16
 
 
 class Loaded(NamedTuple):
@@ -54,12 +61,15 @@ class WorkOptions:
         max_side: re-encode JPEGs whose longer side exceeds this.
         quality: JPEG quality when re-encoding.
         to_jpeg: convert non-JPEG images to JPEG.
+        location: for a source on object storage, the ``formats.storage.Location``
+            that paths are relative to.
     """
 
     image_type: str = "jpeg"
     max_side: int | None = None
     quality: int = 90
     to_jpeg: bool = False
+    location: Any = None
 
     @property
     def needs_processes(self) -> bool:
@@ -173,9 +183,13 @@ def _convert(data: bytes, fmt: str, opts: WorkOptions):
 def load(path: str, opts: WorkOptions) -> Loaded:
     """Read one file and make it ready to store; bad input comes back as a kind."""
     try:
-        data = _read(path)
+        data = _read(path) if opts.location is None else \
+            opts.location.read_bytes(path, MAX_OBJECT_BYTES)
     except OSError as exc:
         return _os_error(path, exc)
+    except StorageError as exc:
+        missing = "no such object" in exc.message
+        return Loaded(None, None, None, 0, "missing" if missing else "unreadable", exc.message)
     n = len(data)
     if not n:
         return Loaded(None, None, None, 0, "empty", "zero-byte file")
@@ -247,6 +261,9 @@ def iter_loaded(paths: list[str], opts: WorkOptions, workers: int,
     """
     if not paths:
         return
+    if opts.location is not None and not opts.needs_processes:
+        yield from _fetch_in_threads(paths, opts)
+        return
     if workers >= 2 and opts.needs_processes:
         import multiprocessing as mp
 
@@ -259,3 +276,22 @@ def iter_loaded(paths: list[str], opts: WorkOptions, workers: int,
         return
     for p in paths:
         yield load(p, opts)
+
+
+def _fetch_in_threads(paths: list[str], opts: WorkOptions) -> Iterator[Loaded]:
+    """:func:`load` from object storage, ``FETCH_THREADS`` requests in flight, in order."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="shardpack-read") as pool:
+        window: deque = deque()
+        todo = iter(paths)
+        for p in todo:
+            window.append(pool.submit(load, p, opts))
+            if len(window) >= 4 * FETCH_THREADS:
+                break
+        while window:
+            yield window.popleft().result()
+            p = next(todo, None)
+            if p is not None:
+                window.append(pool.submit(load, p, opts))

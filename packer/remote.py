@@ -1,0 +1,103 @@
+"""Packing to object storage: pack into a local staging folder, then publish.
+
+The staging folder is a normal dataset folder (journal, ``--resume`` and all),
+kept under the cache folder at a name derived from DST, so an interrupted pack
+resumes from it. Publishing uploads every file but the manifest, then the
+manifest last: until that one object exists, DST is not a dataset, exactly as a
+local pack's folder is not until its ``manifest.json`` is renamed into place.
+Replacing a dataset (``--overwrite``) deletes the old manifest first, and the
+old dataset's objects that the new one does not reuse after the new manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from formats.manifest import MANIFEST_NAME, read_manifest
+from formats.storage import Location, open_location
+
+from .errors import UsageError
+from .options import PackOptions
+from .report import PackProgress, PackSummary
+
+__all__ = ["pack_to_remote", "staging_folder"]
+
+# What a pack writes into DST (and so what --overwrite may delete there).
+_OWNED_SUFFIXES = (".rec", ".idx", ".meta.parquet", ".zstd")
+_OWNED_NAMES = ("skipped.jsonl", MANIFEST_NAME)
+
+
+def staging_folder(dst: str) -> Path:
+    """Where a pack to ``dst`` is built before it is uploaded (stable across runs)."""
+    from reader.cache import default_cache_folder
+
+    key = hashlib.sha256(dst.split("?", 1)[0].encode()).hexdigest()[:24]
+    return default_cache_folder() / "staging" / key
+
+
+def _owned(name: str) -> bool:
+    return "/" not in name and (name in _OWNED_NAMES or name.endswith(_OWNED_SUFFIXES))
+
+
+def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress | None,
+                   pack_local) -> PackSummary:
+    """Pack ``src`` into the remote folder ``dst`` through the staging folder.
+
+    Args:
+        pack_local: ``packer.run.pack`` (passed in: it calls this module).
+    """
+    if options.sink != "shards":
+        raise UsageError(f"--to {options.sink} writes local files only; object storage takes "
+                         "--to shards", path=dst)
+    location = open_location(dst)
+    if location.exists(MANIFEST_NAME) and not options.overwrite:
+        raise UsageError("DST is already a dataset; pass --overwrite to replace it", path=dst)
+    stage = staging_folder(dst)
+    if not options.resume and stage.exists():
+        shutil.rmtree(stage)
+    if options.resume and (stage / MANIFEST_NAME).exists():
+        # Packed in full before an interruption: what is left is to publish it.
+        summary = _staged_summary(src, dst, stage)
+        publish(stage, location, replace=options.overwrite)
+        shutil.rmtree(stage, ignore_errors=True)
+        return summary
+    summary = pack_local(src, stage, options, progress)
+    if summary.complete:
+        publish(stage, location, replace=options.overwrite)
+        shutil.rmtree(stage, ignore_errors=True)
+    summary.dst = dst
+    return summary
+
+
+def _staged_summary(src, dst: str, stage: Path) -> PackSummary:
+    from collections import Counter
+
+    manifest = read_manifest(stage)
+    skipped: Counter = Counter()
+    skip_file = stage / "skipped.jsonl"
+    if skip_file.exists():
+        for line in skip_file.read_text("utf-8").splitlines():
+            skipped[json.loads(line)["kind"]] += 1
+    written = manifest.records
+    return PackSummary(str(src), dst, manifest.created_by.get("source", {}).get("kind", "?"),
+                       "shards", records_in=written + sum(skipped.values()),
+                       records_written=written, skipped=skipped, shards=len(manifest.shards),
+                       resumed_records=written, complete=True)
+
+
+def publish(folder: Path, location: Location, *, replace: bool = False) -> None:
+    """Upload the dataset in ``folder`` to ``location``, manifest last."""
+    before = {n for n, _ in location.list_files()} if replace else set()
+    if replace and MANIFEST_NAME in before:
+        location.delete(MANIFEST_NAME)
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    for name in files:
+        if name != MANIFEST_NAME:
+            location.upload(folder / name, name)
+    location.upload(folder / MANIFEST_NAME, MANIFEST_NAME)
+    for name in sorted(before - set(files)):
+        if _owned(name):
+            location.delete(name)

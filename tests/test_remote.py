@@ -1,0 +1,295 @@
+"""Object storage end to end against a real S3 server on loopback (moto's server mode):
+pack to it, read from it through a cache smaller than the dataset, survive a dropped
+download, refuse a corrupted object, share one cache folder between processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers_packer import image_folder
+from helpers_reader import CropPipeline, make_dataset
+from helpers_s3 import CREDENTIALS, moto_server, new_bucket, s3_uri
+
+from formats import StorageError, open_shards
+from formats.storage import Location, Retry, open_location
+from packer import PackOptions, pack
+from reader import Loader, SamplerOptions, open_dataset
+from reader.cache import CacheOptions, ShardCache
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    saved = {k: os.environ.get(k) for k in CREDENTIALS}
+    os.environ.update(CREDENTIALS)
+    try:
+        with moto_server() as url:
+            yield url
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def local_ds(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("local") / "ds", 200, records_per_shard=25)
+
+
+def upload(folder: Path, uri: str) -> Location:
+    loc = open_location(uri)
+    for p in sorted(folder.iterdir()):
+        loc.upload(p, p.name)
+    return loc
+
+
+@pytest.fixture(scope="module")
+def remote_uri(endpoint, local_ds) -> str:
+    uri = s3_uri(endpoint, new_bucket(endpoint), "ds")
+    upload(local_ds, uri)
+    return uri
+
+
+def plain(record: dict) -> dict:
+    return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in record.items()}
+
+
+def shard_bytes(ds) -> int:
+    e = ds.manifest.shards[0]
+    return e.data_bytes + e.index_bytes
+
+
+def test_random_access_through_a_cache_smaller_than_the_dataset(remote_uri, local_ds, tmp_path):
+    local = open_shards(local_ds)
+    cache = CacheOptions(tmp_path / "cache", max_bytes=int(shard_bytes(local) * 2.5))
+    ds = open_dataset(remote_uri, cache=cache)
+    assert len(ds) == len(local) and ds.max_open == 2
+    rng = np.random.default_rng(0)
+    for i in [*range(len(local)), *rng.integers(0, len(local), 100).tolist()]:
+        assert plain(ds[i]) == plain(local[i])
+    assert ds.cache.evictions > 0
+    ds.close()
+    assert ds.cache.usage() <= cache.max_bytes
+    assert ds.metadata().equals(local.metadata())
+
+
+def test_loader_over_s3_matches_local_and_second_epoch_is_warm(remote_uri, local_ds, tmp_path):
+    cache = CacheOptions(tmp_path / "cache")
+    kw = dict(batch_size=16, num_workers=2, shuffle="block", seed=3, copy=True,
+              transform=CropPipeline())
+    with Loader(local_ds, **kw) as a, Loader(remote_uri, cache=cache, **kw) as b:
+        for epoch in range(2):
+            a.set_epoch(epoch)
+            b.set_epoch(epoch)
+            for x, y in zip(a, b, strict=True):
+                assert x.keys() == y.keys()
+                for k in x:
+                    assert np.array_equal(np.asarray(x[k]), np.asarray(y[k])), k
+            files = {p.name: p.stat().st_ino for p in b.dataset.root.glob("*.rec")}
+            if epoch == 0:
+                cold = files
+        assert len(cold) == len(b.dataset.manifest.shards)
+        assert files == cold, "the warm epoch downloaded shards again"
+
+
+def test_block_ranks_download_only_the_shards_they_read(remote_uri, local_ds, tmp_path):
+    n_shards = len(open_shards(local_ds).manifest.shards)
+    seen: list[int] = []
+    for rank in range(2):
+        cache = CacheOptions(tmp_path / f"cache{rank}", prefetch_shards=0)
+        opts = SamplerOptions(shuffle="block", seed=1, window=10, rank=rank, world_size=2)
+        with Loader(remote_uri, batch_size=10, decode=False, cache=cache,
+                    sampler_options=opts) as loader:
+            for batch in loader:
+                seen += batch["label"].tolist()
+            got = loader.dataset.cache.downloads
+        assert got <= n_shards // 2 + 1, "a rank fetched shards it never reads"
+    assert sorted(seen) == list(range(200))
+
+
+def test_rank_and_world_size_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert (SamplerOptions().rank, SamplerOptions().world_size) == (3, 4)
+    assert SamplerOptions(rank=0, world_size=1).world_size == 1
+    monkeypatch.setenv("WORLD_SIZE", "four")
+    with pytest.raises(ValueError, match="WORLD_SIZE"):
+        SamplerOptions()
+
+
+class FlakyFS:
+    """The real S3 filesystem, but the first ``failures`` reads of ``.rec`` objects
+    drop the connection half-way (an ``OSError`` after some bytes arrived)."""
+
+    def __init__(self, fs, failures: int) -> None:
+        self.fs = fs
+        self.failures = failures
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+    def open_input_stream(self, path):
+        stream = self.fs.open_input_stream(path)
+        if path.endswith(".rec") and self.failures > 0:
+            self.failures -= 1
+            return _Dropping(stream)
+        return stream
+
+
+class _Dropping:
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.sent = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stream.close()
+
+    def read(self, n):
+        if self.sent:
+            raise ConnectionResetError("connection reset by peer (injected)")
+        data = self.stream.read(min(n, 1000))
+        self.sent += len(data)
+        return data
+
+
+def _flaky_location(uri: str, failures: int, attempts: int = 5) -> tuple:
+    loc = open_location(uri)
+    return FlakyFS(loc.fs, failures), loc.root, Retry(attempts=attempts, backoff=0.01)
+
+
+def test_dropped_download_is_retried_and_never_used_half_done(remote_uri, local_ds, tmp_path):
+    fs, root, retry = _flaky_location(remote_uri, failures=2)
+    loc = Location(fs, root, remote_uri.split("?")[0], retry)
+    cache = ShardCache(tmp_path / "cache")
+    entry = open_shards(local_ds).manifest.shards[0]
+    folder = cache.dataset_dir(loc.uri, b"m")
+    pin = cache.acquire(loc, folder, entry)
+    pin.release()
+    assert fs.failures == 0, "both injected failures were met"
+    assert (folder / entry.data_file).read_bytes() == (local_ds / entry.data_file).read_bytes()
+    assert not list(folder.glob(".*tmp*")), "a partial download was left behind"
+
+
+def test_download_that_keeps_failing_names_the_object_and_leaves_nothing(remote_uri, local_ds,
+                                                                         tmp_path):
+    fs, root, retry = _flaky_location(remote_uri, failures=10, attempts=3)
+    loc = Location(fs, root, remote_uri.split("?")[0], retry)
+    cache = ShardCache(tmp_path / "cache")
+    entry = open_shards(local_ds).manifest.shards[1]
+    folder = cache.dataset_dir(loc.uri, b"m")
+    with pytest.raises(StorageError, match=r"shard-00001\.rec.*after 3 tries") as err:
+        cache.acquire(loc, folder, entry)
+    assert err.value.path.startswith("s3://")
+    assert not cache.present(folder, entry)
+    assert not list(folder.glob("*.rec")) and not list(folder.glob(".*tmp*"))
+
+
+def test_corrupted_object_is_refused_with_its_name(endpoint, local_ds, tmp_path):
+    uri = s3_uri(endpoint, new_bucket(endpoint), "bad")
+    loc = upload(local_ds, uri)
+    data = bytearray((local_ds / "shard-00002.rec").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    loc.write_bytes("shard-00002.rec", bytes(data))
+    ds = open_dataset(uri, cache=CacheOptions(tmp_path / "cache"))
+    assert ds[0]["label"] == 0  # the good shards read fine
+    with pytest.raises(StorageError, match=r"shard-00002\.rec: object checksum differs"):
+        ds[60]
+    assert not ShardCache.present(ds.root, ds.manifest.shards[2])
+
+
+def test_truncated_and_missing_objects(endpoint, local_ds, tmp_path):
+    uri = s3_uri(endpoint, new_bucket(endpoint), "cut")
+    loc = upload(local_ds, uri)
+    loc.write_bytes("shard-00001.idx", (local_ds / "shard-00001.idx").read_bytes()[:100])
+    loc.delete("shard-00003.rec")
+    ds = open_dataset(uri, cache=CacheOptions(tmp_path / "cache"))
+    with pytest.raises(StorageError, match=r"shard-00001\.idx: object size differs"):
+        ds[30]
+    with pytest.raises(StorageError, match=r"shard-00003\.rec: download: no such object"):
+        ds[80]
+    with pytest.raises(StorageError, match=r"manifest\.json"):
+        open_dataset(s3_uri(endpoint, new_bucket(endpoint), "nothing-here"),
+                     cache=CacheOptions(tmp_path / "cache"))
+
+
+def test_a_pinned_shard_is_never_evicted(remote_uri, tmp_path):
+    folder = tmp_path / "cache"
+    ds = open_dataset(remote_uri, cache=CacheOptions(folder))
+    ds[0]  # shard 0 mapped and pinned
+    other = ShardCache(folder, max_bytes=1)
+    assert not other.make_room(10**9)
+    assert ShardCache.present(ds.root, ds.manifest.shards[0])
+    ds.close()
+    assert other.make_room(10**9) or other.usage() == 0
+    assert not ShardCache.present(ds.root, ds.manifest.shards[0])
+
+
+def _read_all(uri: str, folder: str, max_bytes: int, out) -> None:
+    ds = open_dataset(uri, cache=CacheOptions(folder, max_bytes=max_bytes))
+    labels = [int(ds[i]["label"]) for i in range(len(ds))]
+    keys = [ds[i]["key"] for i in range(len(ds))]
+    out.put((labels, keys))
+
+
+def test_two_processes_share_one_small_cache(remote_uri, local_ds, tmp_path):
+    per = shard_bytes(open_shards(local_ds))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_read_all, args=(remote_uri, str(tmp_path / "cache"), per * 5, q))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    for labels, keys in results:
+        assert labels == list(range(200)) and keys == [f"k{i}" for i in range(200)]
+    assert ShardCache(tmp_path / "cache").usage() <= per * 5 + per * 4  # soft only while pinned
+
+
+def test_pack_to_s3_and_back(endpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    image_folder(src, np.random.default_rng(0), per_class=6)
+    dst = s3_uri(endpoint, new_bucket(endpoint), "packed")
+    options = PackOptions(records_per_shard=4, workers=0, durable=False)
+    summary = pack(src, dst, options)
+    assert summary.complete and summary.records_written == 12
+    pack(src, tmp_path / "local", options)
+    local = open_shards(tmp_path / "local")
+    remote = open_dataset(dst, cache=CacheOptions(tmp_path / "cache"))
+    assert [plain(remote[i]) for i in range(12)] == [plain(local[i]) for i in range(12)]
+    with pytest.raises(Exception, match="already a dataset"):
+        pack(src, dst, options)
+    pack(src, dst, PackOptions(records_per_shard=6, workers=0, durable=False, overwrite=True))
+    names = {n for n, _ in open_location(dst).list_files()}
+    assert "shard-00002.rec" not in names, "--overwrite left the old dataset's shards behind"
+    assert len(open_dataset(dst, cache=CacheOptions(tmp_path / "cache"))) == 12
+
+
+def test_pack_from_an_image_folder_on_s3(endpoint, tmp_path):
+    src = tmp_path / "src"
+    image_folder(src, np.random.default_rng(1), per_class=5)
+    (src / "cat" / "broken.jpg").write_bytes(b"not an image")
+    uri = s3_uri(endpoint, new_bucket(endpoint), "images")
+    loc = open_location(uri)
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            loc.upload(p, p.relative_to(src).as_posix())
+    options = PackOptions(records_per_shard=4, workers=0, durable=False, on_error="skip")
+    remote = pack(uri, tmp_path / "from-s3", options)
+    local = pack(src, tmp_path / "from-disk", options)
+    assert (remote.records_written, dict(remote.skipped)) == (local.records_written,
+                                                              dict(local.skipped))
+    a, b = open_shards(tmp_path / "from-s3"), open_shards(tmp_path / "from-disk")
+    assert a.classes == b.classes
+    assert [plain(a[i]) for i in range(len(a))] == [plain(b[i]) for i in range(len(b))]
