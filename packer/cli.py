@@ -14,7 +14,7 @@ import sys
 from formats.errors import ShardpackError
 
 from .errors import PackInterrupted, UsageError
-from .options import ON_ERROR, PackOptions, parse_size
+from .options import DEFAULT_TASK_RECORDS, ENGINES, ON_ERROR, PackOptions, parse_size
 from .report import PackProgress, format_summary
 from .run import pack
 
@@ -48,6 +48,14 @@ image field:
 output:
   bytes depend only on the input and the options, never on --workers; an
   interrupted pack (Ctrl-C, kill -9) leaves no manifest and resumes with --resume.
+engines (--engine):
+  local  this machine (default)
+  ray    Ray tasks (pip install 'shardpack[ray]'): the driver lists SRC once, each
+         task packs --task-records consecutive records into its own part-* shards,
+         the driver writes the manifest. Same records in the same order as local;
+         shard boundaries differ. --workers caps the tasks at once. SRC (and a
+         folder DST) must be at the same path on every node; DST may be a URI
+         (s3://bucket/ds). Folder and file-list sources only; --to shards only.
 exit status: 0 ok, 1 data or IO error, 2 usage, 130 interrupted.
 """
 
@@ -128,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already in DST")
     p.add_argument("--shuffle", action="store_true", help="write records in a seeded random order")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    p.add_argument("--engine", choices=ENGINES, default="local",
+                   help="local: this machine (default); ray: tasks on a Ray cluster")
+    p.add_argument("--ray-address", metavar="ADDR", default=None,
+                   help="the Ray cluster to join (default: start one here); --engine ray")
+    p.add_argument("--task-records", type=_positive_int, default=None, metavar="N",
+                   help=f"records per Ray task (default {DEFAULT_TASK_RECORDS:,}); --engine ray")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary table")
     return p
@@ -152,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             records_per_shard=args.records_per_shard, workers=args.workers,
             max_side=args.max_side, quality=args.quality, to_jpeg=args.to_jpeg,
             on_error=args.on_error, resume=args.resume, overwrite=args.overwrite,
-            shuffle=args.shuffle, seed=args.seed)
+            shuffle=args.shuffle, seed=args.seed, engine=args.engine,
+            ray_address=args.ray_address, task_records=args.task_records)
         summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))
     except UsageError as exc:
         parser.print_usage(sys.stderr)

@@ -9,9 +9,13 @@ from typing import Any
 
 from .errors import UsageError
 
-__all__ = ["ON_ERROR", "PackOptions", "parse_size"]
+__all__ = ["DEFAULT_TASK_RECORDS", "ENGINES", "ON_ERROR", "PackOptions", "parse_size"]
 
 ON_ERROR = ("fail", "skip")
+ENGINES = ("local", "ray")
+# Records per Ray task: big enough that a task (seconds of work) dwarfs its
+# scheduling cost, small enough that a retry redoes little and the bar moves.
+DEFAULT_TASK_RECORDS = 10_000
 
 _UNITS = {
     "": 1, "b": 1,
@@ -54,7 +58,8 @@ class PackOptions:
         shard_size: seal a shard once its data file holds this many bytes.
         records_per_shard: or once it holds this many records.
         workers: processes reading and parsing files; ``0`` reads in the calling
-            process; ``None`` means all cores.
+            process; ``None`` means all cores. With the ``ray`` engine: ranges
+            packed at once (``None``: one per CPU of the cluster).
         max_side: re-encode JPEGs whose longer side exceeds this, to exactly it.
         quality: JPEG quality for re-encoded images.
         to_jpeg: convert non-JPEG images (PNG, WebP, GIF...) to JPEG (needs Pillow).
@@ -65,6 +70,11 @@ class PackOptions:
         shuffle: write records in a seeded random order.
         seed: the shuffle seed.
         durable: fsync shards before they get their final names.
+        engine: ``local`` (this machine) or ``ray`` (tasks on a Ray cluster; each
+            packs a contiguous range of records into its own shards).
+        ray_address: the Ray cluster to join (``ray`` engine; default: start one here).
+        task_records: records per Ray task (``ray`` engine; default
+            :data:`DEFAULT_TASK_RECORDS`).
     """
 
     source: str | None = None
@@ -81,13 +91,20 @@ class PackOptions:
     shuffle: bool = False
     seed: int = 0
     durable: bool = True
+    engine: str = "local"
+    ray_address: str | None = None
+    task_records: int | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
             raise UsageError(f"on_error must be one of {ON_ERROR}, not {self.on_error!r}")
         if self.shard_size is None and self.records_per_shard is None:
             raise UsageError("give shard_size or records_per_shard")
-        for name in ("shard_size", "records_per_shard", "max_side"):
+        if self.engine not in ENGINES:
+            raise UsageError(f"engine must be one of {ENGINES}, not {self.engine!r}")
+        if self.engine != "ray" and (self.ray_address is not None or self.task_records is not None):
+            raise UsageError("--ray-address and --task-records need --engine ray")
+        for name in ("shard_size", "records_per_shard", "max_side", "task_records"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v <= 0):
                 raise UsageError(f"{name} must be a positive integer, not {v!r}")
@@ -102,13 +119,25 @@ class PackOptions:
     def num_workers(self) -> int:
         return (os.cpu_count() or 1) if self.workers is None else self.workers
 
+    @property
+    def range_records(self) -> int:
+        """Records per Ray task, the default filled in."""
+        return self.task_records or DEFAULT_TASK_RECORDS
+
     def recorded(self) -> dict[str, Any]:
         """The options that shape the output, for the manifest's ``created_by``.
 
         Leaves out what never changes the bytes (workers, resume, overwrite,
-        durability), so runs that differ only in those write identical manifests.
+        durability, the Ray address), so runs that differ only in those write
+        identical manifests. The Ray engine starts new shards at every task's
+        range, so ``engine`` and ``task_records`` are recorded for it; a local
+        pack records neither (its manifest is as before engines existed).
         """
         out = asdict(self)
-        for k in ("workers", "resume", "overwrite", "durable"):
+        for k in ("workers", "resume", "overwrite", "durable", "ray_address"):
             del out[k]
+        if self.engine == "local":
+            del out["engine"], out["task_records"]
+        else:
+            out["task_records"] = self.range_records
         return out

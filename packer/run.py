@@ -135,6 +135,10 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     """
     options = options or PackOptions()
     progress = progress or PackProgress()
+    if options.engine == "ray":  # its own driver (packer/ray_engine.py); DST may be a URI
+        from .ray_engine import pack_on_ray
+
+        return pack_on_ray(src, dst, options, progress)
     src, dst = Path(src), Path(dst)
     _check_paths(src, dst, options)
     if options.resume and options.sink != "shards":
