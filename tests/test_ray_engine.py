@@ -15,17 +15,22 @@ from packer import PackInputError, PackOptions, PackProgress, UsageError, pack  
 from packer.cli import main  # noqa: E402
 from packer.ranges import STATE_DIR, marker_name, part_name  # noqa: E402
 from tests.helpers_packer import dataset_files, image_folder, jpeg  # noqa: E402
+from tests.helpers_s3 import CREDENTIALS, moto_server, new_bucket, s3_uri  # noqa: E402
 
 FAST = {"durable": False, "workers": 0}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    """One local cluster for the module: starting Ray costs seconds."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR)
-    yield
-    ray.shutdown()
+    """One local cluster for the module: starting Ray costs seconds. Workers take
+    the environment at start, so the local S3 server's test credentials go in now."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in CREDENTIALS.items():
+            mp.setenv(k, v)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR)
+        yield
+        ray.shutdown()
 
 
 def local(**kw) -> PackOptions:
@@ -188,3 +193,23 @@ def test_worker_dying_every_try_fails_naming_the_range(tmp_path, rng, monkeypatc
         pack(src, tmp_path / "ray", on_ray())
     assert "cat/000.jpg" in str(e.value) and "emu/009.jpg" in str(e.value)
     assert not (tmp_path / "ray" / "manifest.json").exists()
+
+
+def test_destination_on_object_storage(tmp_path, rng):
+    from formats.storage import open_location
+
+    src = tmp_path / "src"
+    corpus(src, rng, per_class=10, bad=[("cat/empty.jpg", b"")])
+    with moto_server() as endpoint:
+        uri = s3_uri(endpoint, new_bucket(endpoint), "ds")
+        s = pack(src, uri, on_ray(task_records=12, records_per_shard=5, on_error="skip"))
+        assert s.complete and s.records_written == 30 and s.records_skipped == 1
+        location = open_location(uri)
+        names = [n for n, _ in location.list_files()]
+        assert not [n for n in names if n.startswith(STATE_DIR)]
+        for n in names:  # the tasks uploaded their shards; the driver the rest
+            location.download(n, tmp_path / n)
+    pack(src, tmp_path / "local", local(on_error="skip"))
+    assert_same_records(tmp_path / "local", tmp_path)
+    assert (tmp_path / "skipped.jsonl").read_bytes() == \
+        (tmp_path / "local" / "skipped.jsonl").read_bytes()
