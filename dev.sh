@@ -17,7 +17,7 @@ setup() {
     fi
     if [ ! -f "$VENV/.installed" ] || [ pyproject.toml -nt "$VENV/.installed" ]; then
         "$VENV/bin/python" -m pip install -q --upgrade pip
-        "$VENV/bin/python" -m pip install -q -e ".[dev]"
+        "$VENV/bin/python" -m pip install -q -e ".[dev,ray]"
         touch "$VENV/.installed"
     fi
 }
