@@ -24,9 +24,10 @@ from pathlib import Path
 from formats import DatasetWriter, Record
 from formats.checksum import crc32c
 from formats.files import fsync_dir
+from formats.storage import is_uri, open_location
 
 from .errors import PackError, PackInputError, PackInterrupted, UsageError
-from .listing import Listing
+from .listing import Listing, detect_remote, list_remote
 from .options import PackOptions
 from .report import PackProgress, PackSummary
 from .resolve import detect_source, open_sink, open_source
@@ -48,13 +49,13 @@ def _version() -> str:
         return "0+unknown"
 
 
-def _check_paths(src: Path, dst: Path, options: PackOptions) -> None:
-    if not src.exists():
+def _check_paths(src: Path | None, dst: Path, options: PackOptions) -> None:
+    if src is not None and not src.exists():
         raise UsageError("SRC does not exist", path=src)
     if dst.exists() and not dst.is_dir():
         raise UsageError("DST exists and is not a folder", path=dst)
-    rs, rd = src.resolve(), dst.resolve()
-    if src.is_dir() and (rd == rs or rs in rd.parents):
+    rs, rd = (src or dst).resolve(), dst.resolve()
+    if src is not None and src.is_dir() and (rd == rs or rs in rd.parents):
         raise UsageError("DST is inside SRC; it would pack itself", path=dst)
     if (dst / "manifest.json").exists() and not options.overwrite:
         raise UsageError("DST is already a dataset; pass --overwrite to replace it", path=dst)
@@ -139,12 +140,23 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         from .ray_engine import pack_on_ray
 
         return pack_on_ray(src, dst, options, progress)
-    src, dst = Path(src), Path(dst)
-    _check_paths(src, dst, options)
+    if is_uri(dst):
+        from .remote import pack_to_remote
+
+        return pack_to_remote(src, str(dst), options, progress, pack)
+    dst = Path(dst)
+    if is_uri(src):
+        location = open_location(src)
+        kind = options.source or detect_remote(location)
+        source = list_remote(kind, location, to_jpeg=options.to_jpeg)
+        _check_paths(None, dst, options)
+    else:
+        src = Path(src)
+        _check_paths(src, dst, options)
+        kind = options.source or detect_source(src)
+        source = open_source(kind, src, options)
     if options.resume and options.sink != "shards":
         raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
-    kind = options.source or detect_source(src)
-    source = open_source(kind, src, options)
     summary = PackSummary(str(src), str(dst), kind, options.sink)
     t0 = time.perf_counter()
     try:
@@ -209,7 +221,8 @@ def _pack_listing(listing: Listing, dst: Path, options: PackOptions, progress: P
         listing.reorder(np.random.default_rng(options.seed).permutation(n).tolist())
     summary.empty_classes = listing.empty_classes
     summary.image_type = listing.fields[0].type
-    work = WorkOptions(listing.fields[0].type, options.max_side, options.quality, options.to_jpeg)
+    work = WorkOptions(listing.fields[0].type, options.max_side, options.quality, options.to_jpeg,
+                       listing.location)
     shards = options.sink == "shards"
     writer = _open_writer(dst, listing.fields, listing.classes, options, summary)
 
