@@ -72,7 +72,7 @@ def list_records(path: str | Path, *, offset: int = 0, limit: int | None = 20,
 def describe_record(ds: ShardDataset, index: int) -> dict[str, Any]:
     """One record's fields: bytes fields summarized (size, sniffed type, first bytes)."""
     s, r = ds.locate(index)
-    out: dict[str, Any] = {"index": index, "shard": ds.shards[s].data_path.name, "record": r,
+    out: dict[str, Any] = {"index": index, "shard": ds.shard(s).data_path.name, "record": r,
                            "fields": {}}
     for f in ds.fields:
         value = ds.get(index, f.name)

@@ -3,6 +3,12 @@
 Subcommands are rows of :data:`COMMANDS` (name, handler, configure_parser); add
 one by appending a row. Every handler takes the parsed args and returns an exit
 status: 0 ok, 1 damaged or bad data, 2 usage.
+
+DST may be a URI (``s3://bucket/dataset``): the dataset is read through the local
+shard cache (``$SHARDPACK_CACHE``), fetching only what the command needs: the
+manifest for ``info``, the small metadata tables for ``ls`` and ``stats``, one
+shard for ``show`` and ``extract``, and every shard for ``verify`` (each download
+is checked against the manifest's CRC32C, then every record is).
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from formats import ShardpackError, open_shards, verify_dataset
+from formats import ShardpackError, verify_dataset
+from formats.storage import is_uri
 from formats.summary import (
     dataset_info,
     dataset_stats,
@@ -21,6 +28,7 @@ from formats.summary import (
     field_bytes,
     list_records,
 )
+from reader.dataset import open_dataset
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -115,7 +123,7 @@ def cmd_ls(args) -> int:
 
 
 def cmd_show(args) -> int:
-    with open_shards(args.dst, check_crc=True) as ds:
+    with open_dataset(args.dst, check_crc=True) as ds:
         info = describe_record(ds, args.index)
     rows = []
     for name, f in info["fields"].items():
@@ -132,7 +140,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_extract(args) -> int:
-    with open_shards(args.dst, check_crc=True) as ds:
+    with open_dataset(args.dst, check_crc=True) as ds:
         if args.field not in ds.field_index:
             print(f"inspect-shards: no field {args.field!r}; fields are "
                   f"{[f.name for f in ds.fields]}", file=sys.stderr)
@@ -245,7 +253,7 @@ COMMANDS: list[tuple[str, Callable[[argparse.Namespace], int],
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inspect-shards", description=__doc__.splitlines()[0])
-    parser.add_argument("dst", metavar="DST", help="the dataset folder")
+    parser.add_argument("dst", metavar="DST", help="the dataset folder, or its URI (s3://...)")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -257,9 +265,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fetch_remote(args) -> None:
+    """Point ``args.dst`` at the cached copy of a remote dataset, with what the command reads."""
+    if not is_uri(args.dst) or args.command in ("show", "extract", "monitor-report"):
+        return  # show/extract open the remote dataset themselves: one shard is fetched
+    ds = open_dataset(args.dst)
+    if args.command in ("ls", "stats", "verify"):
+        for e in ds.manifest.shards:
+            ds.cache.ensure_meta(ds.location, ds.root, e)
+    if args.command == "verify":
+        for e in ds.manifest.shards:
+            ds.cache.ensure(ds.location, ds.root, e)
+    args.dst = ds.root
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _fetch_remote(args)
         return args.handler(args)
     except IndexError as exc:
         print(f"inspect-shards: {exc}", file=sys.stderr)

@@ -293,3 +293,22 @@ def test_pack_from_an_image_folder_on_s3(endpoint, tmp_path):
     a, b = open_shards(tmp_path / "from-s3"), open_shards(tmp_path / "from-disk")
     assert a.classes == b.classes
     assert [plain(a[i]) for i in range(len(a))] == [plain(b[i]) for i in range(len(b))]
+
+
+def test_inspect_shards_reads_a_remote_dataset(remote_uri, local_ds, tmp_path, monkeypatch,
+                                               capsys):
+    from scripts.inspect_shards import main
+
+    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
+    for command in (["info"], ["ls", "--limit", "3"], ["show", "57"], ["stats"]):
+        assert main([remote_uri, *command, "--json"]) == 0, command
+        remote = capsys.readouterr().out
+        assert main([str(local_ds), *command, "--json"]) == 0
+        local = capsys.readouterr().out
+        if command != ["info"]:  # info names the folder it read
+            assert remote == local, command
+    assert main([remote_uri, "verify", "--quiet"]) == 0
+    assert "every checksum matches" in capsys.readouterr().out
+    out = tmp_path / "img.jpg"
+    assert main([remote_uri, "extract", "57", "--field", "image", "--out", str(out)]) == 0
+    assert out.read_bytes() == bytes(open_shards(local_ds)[57]["image"])
