@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers_packer import image_folder
 from helpers_reader import CropPipeline, make_dataset
-from helpers_s3 import CREDENTIALS, moto_server, new_bucket, s3_uri
+from helpers_s3 import CREDENTIALS, DroppingProxy, moto_server, new_bucket, s3_uri
 
 from formats import StorageError, open_shards
 from formats.storage import Location, Retry, open_location
@@ -312,3 +312,18 @@ def test_inspect_shards_reads_a_remote_dataset(remote_uri, local_ds, tmp_path, m
     out = tmp_path / "img.jpg"
     assert main([remote_uri, "extract", "57", "--field", "image", "--out", str(out)]) == 0
     assert out.read_bytes() == bytes(open_shards(local_ds)[57]["image"])
+
+
+def test_connection_reset_mid_download_is_survived(endpoint, remote_uri, local_ds, tmp_path):
+    proxy = DroppingProxy(endpoint)
+    try:
+        uri = remote_uri.replace(endpoint.split("://")[1], proxy.endpoint.split("://")[1])
+        ds = open_dataset(uri, cache=CacheOptions(tmp_path / "cache"))
+        proxy.armed = 3
+        got = [plain(ds[i]) for i in range(0, 200, 7)]
+        assert proxy.dropped >= 1, "no connection was reset: the test tested nothing"
+        local = open_shards(local_ds)
+        assert got == [plain(local[i]) for i in range(0, 200, 7)]
+        assert not list(ds.root.glob(".*tmp*"))
+    finally:
+        proxy.close()
