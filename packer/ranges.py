@@ -8,7 +8,7 @@ never uses, so neither engine mistakes the other's leftovers for its own)::
     part-AAAAAAAAAAAA-KKKKK.{rec,idx,meta.parquet}   shard K of the range starting at A
     .ray/plan.json                                    the plan fingerprint and the ranges
     .ray/range-AAAAAAAAAAAA-BBBBBBBBBBBB.json         done-marker: range [A, B) is published
-    .ray/work-AAAAAAAAAAAA/                           a task's scratch (local DST only)
+    .ray/work-AAAAAAAAAAAA-*/                         a task's scratch (local DST only)
 
 Invariants:
 
@@ -164,17 +164,22 @@ class Output:
             self._location = open_location(self.dst)
         return self._location
 
-    def scratch(self, start: int, plan: str) -> Path:
-        """An empty folder for one task's range; a retry gets the same one, emptied."""
-        if self.local is not None:
-            path = self.local / STATE_DIR / f"work-{start:012d}"
-        else:
-            import tempfile
+    def scratch(self, start: int) -> Path:
+        """A new, empty folder for one attempt at a range.
 
-            path = Path(tempfile.gettempdir()) / f"shardpack-ray-{plan}-{start:012d}"
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
-        return path
+        One per attempt, never shared: a cancelled attempt that is still winding
+        down must not delete the files of the one that replaced it. A local DST
+        keeps them under ``.ray/`` (same filesystem: publishing is a rename;
+        whatever a dead worker left goes with ``.ray/``); otherwise they are
+        in the node's temporary folder.
+        """
+        import tempfile
+
+        prefix = f"work-{start:012d}-"
+        if self.local is not None:
+            (self.local / STATE_DIR).mkdir(parents=True, exist_ok=True)
+            return Path(tempfile.mkdtemp(prefix=prefix, dir=self.local / STATE_DIR))
+        return Path(tempfile.mkdtemp(prefix=f"shardpack-ray-{prefix}"))
 
     def publish(self, src: Path, name: str) -> None:
         """Move (local) or upload the finished file ``src`` to ``name``."""

@@ -141,7 +141,7 @@ def _pack_range(job: _Job, listing: Listing, start: int, tally,
                 kill_once: str | None) -> RangeResult:
     """Pack records ``[start, start + len(listing))`` and publish them (a Ray task)."""
     out = job.output
-    scratch = out.scratch(start, job.plan)
+    scratch = out.scratch(start)
     try:
         summary = PackSummary(job.src, str(scratch), listing.kind, "shards")
         progress = _RangeProgress(tally, start, len(listing), kill_once)
@@ -173,10 +173,9 @@ def _pack_range(job: _Job, listing: Listing, start: int, tally,
 # -- the driver side ----------------------------------------------------------------------
 
 def _slice(listing: Listing, a: int, b: int) -> Listing:
-    problems = {i - a: p for i, p in listing.problems.items() if a <= i < b}
-    return Listing(listing.kind, listing.root, listing.paths[a:b], listing.keys[a:b],
-                   {k: v[a:b] for k, v in listing.columns.items()}, listing.fields,
-                   listing.classes, (), problems)
+    return replace(listing, paths=listing.paths[a:b], keys=listing.keys[a:b],
+                   columns={k: v[a:b] for k, v in listing.columns.items()}, empty_classes=(),
+                   problems={i - a: p for i, p in listing.problems.items() if a <= i < b})
 
 
 def _result(ray, ref, listing: Listing, a: int, b: int, dst: str) -> RangeResult:
@@ -216,21 +215,27 @@ def _run(ray, job: _Job, listing: Listing, todo: list[tuple[int, int]], window: 
             progress.advance(records - old_r, max(0, nbytes - old_b))
             shown[start] = (records, nbytes)
 
+    # Never block on the tally: its process takes a second to start, which a
+    # short pack need not wait for (tasks' reports queue up meanwhile).
+    poll, finished = None, []
     try:
         while queue or running:
             while queue and len(running) < window:
                 a, b = queue.pop()
                 running[task.remote(job, _slice(listing, a, b), a, tally, kill_once)] = (a, b)
             ready, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_SECONDS)
-            finished = []
             for ref in ready:
                 a, b = running.pop(ref)
                 result = results[a] = _result(ray, ref, listing, a, b, job.output.dst)
                 finished.append(a)
                 show(a, b - a, result.bytes_in)
-            for a, (records, nbytes) in ray.get(tally.poll.remote(finished)).items():
-                if a not in results:
-                    show(a, records, nbytes)
+            if poll is not None and ray.wait([poll], timeout=0)[0]:
+                for a, (records, nbytes) in ray.get(poll).items():
+                    if a not in results:
+                        show(a, records, nbytes)
+                poll = None
+            if poll is None:
+                poll, finished = tally.poll.remote(finished), []
     finally:
         for ref in running:  # a failure or Ctrl-C: finished ranges stay for --resume
             ray.cancel(ref)
@@ -275,6 +280,9 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
         ImportError: Ray is not installed (with the install hint).
         PackError: a range whose worker kept dying (names its first and last file).
     """
+    if is_uri(src):
+        raise UsageError("--engine ray reads SRC from a path that every node sees (a shared "
+                         "filesystem), not from object storage; use --engine local", path=src)
     src_path = Path(os.path.abspath(src))  # tasks run in other folders, maybe other nodes
     dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
     _check(src_path, dst_text, options)
@@ -306,9 +314,10 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     t0 = time.perf_counter()
     started = False
     try:
+        if todo:  # a resume with every range done needs no cluster
+            started = _connect(ray, options)
         progress.start(n, sum(r.stop - r.start for r in results.values()))
         if todo:
-            started = _connect(ray, options)
             window = options.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
             _run(ray, job, listing, todo, window, progress, results)
         _finish(output, listing, summary, options, list(results.values()))

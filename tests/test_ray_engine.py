@@ -11,7 +11,14 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'shardpack[ray]'")
 
 import formats  # noqa: E402
-from packer import PackInputError, PackOptions, PackProgress, UsageError, pack  # noqa: E402
+from packer import (  # noqa: E402
+    PackInputError,
+    PackInterrupted,
+    PackOptions,
+    PackProgress,
+    UsageError,
+    pack,
+)
 from packer.cli import main  # noqa: E402
 from packer.ranges import STATE_DIR, marker_name, part_name  # noqa: E402
 from tests.helpers_packer import dataset_files, image_folder, jpeg  # noqa: E402
@@ -149,6 +156,34 @@ def test_bad_input_fails_naming_it_then_resume_skips_it(tmp_path, rng):
     pack(src, tmp_path / "full", on_ray(on_error="skip", **kw))
     assert dataset_files(dst) == dataset_files(tmp_path / "full")
     assert not (dst / STATE_DIR).exists()
+
+
+class _CtrlC(Counting):
+    """Ctrl-C on the driver once the bar passes ``n`` records."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def advance(self, records, nbytes):
+        super().advance(records, nbytes)
+        if self.done >= self.n:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_then_resume(tmp_path, rng):
+    src = tmp_path / "src"
+    corpus(src, rng, per_class=20)
+    dst = tmp_path / "ray"
+    kw = {"task_records": 10, "records_per_shard": 3, "workers": 1}
+    with pytest.raises(PackInterrupted) as e:
+        pack(src, dst, on_ray(**kw), _CtrlC(25))
+    assert not e.value.summary.complete and e.value.summary.shards >= 8  # 2 ranges, 4 each
+    assert not (dst / "manifest.json").exists()
+    s = pack(src, dst, on_ray(resume=True, **kw))
+    assert s.complete and s.resumed_records >= 20 and s.records_written == 60
+    pack(src, tmp_path / "full", on_ray(**kw))
+    assert dataset_files(dst) == dataset_files(tmp_path / "full")
 
 
 def test_command_line(tmp_path, rng, capsys):
