@@ -5,7 +5,10 @@
 (the frozen :class:`PackOptions`), ``listing`` (built-in folder and file-list
 sources, and their rules), ``work`` (per-file read/parse/re-encode and the
 worker pool), ``run`` (the ordered, resumable write loop), ``report`` (counters,
-progress callback, summary), ``resolve`` (``--from``/``--to`` lookup).
+progress callback, summary), ``resolve`` (``--from``/``--to`` lookup),
+``ray_engine`` (``--engine ray``: Ray tasks pack contiguous ranges; needs the
+``ray`` extra, imported only then) and ``ranges`` (its ranges, shard names and
+done-markers in DST).
 
 Plugging in codecs (``formats/registry.py``)
 -------------------------------------------
