@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,9 @@ def shard_name(number: int) -> str:
 def _dataset_files(root: Path):
     for p in root.iterdir():
         n = p.name
-        if (n.startswith(("shard-", ".shard-", "dict-", ".dict-", ".manifest.json"))
-                or n in (MANIFEST_NAME, JOURNAL_NAME)):
+        # part-* and .ray/ are what an interrupted `pack-dataset --engine ray` leaves.
+        if (n.startswith(("shard-", ".shard-", "dict-", ".dict-", ".manifest.json", "part-"))
+                or n in (MANIFEST_NAME, JOURNAL_NAME, ".ray")):
             yield p
 
 
@@ -163,7 +165,10 @@ class DatasetWriter:
                 continue
             if p.name.startswith("shard-") and p.name.split(".", 1)[0] in keep:
                 continue
-            p.unlink()
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
 
     def _write_dictionaries(self, dictionaries: Mapping[str, bytes]) -> dict[str, tuple[str, int]]:
         out = {}

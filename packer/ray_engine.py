@@ -48,10 +48,10 @@ from pathlib import Path
 
 from formats.errors import ShardpackError
 from formats.manifest import MANIFEST_NAME, Manifest, manifest_bytes, read_manifest
-from formats.storage import is_uri
+from formats.storage import is_uri, open_location
 
 from .errors import PackError, PackInterrupted, UsageError
-from .listing import BUILTIN_SOURCES, Listing, list_source
+from .listing import BUILTIN_SOURCES, Listing, detect_remote, list_remote, list_source
 from .options import PackOptions
 from .ranges import Output, RangeResult, combine, marker_name, part_name, prepare, split
 from .report import PackProgress, PackSummary
@@ -255,14 +255,15 @@ def _count(summary: PackSummary, results: list[RangeResult], resumed: int) -> No
     summary.resumed_records = resumed
 
 
-def _check(src: Path, dst: str, options: PackOptions) -> None:
+def _check(src: Path | None, dst: str, options: PackOptions) -> None:
+    """``src`` is None for a source on object storage."""
     if options.sink != "shards":
         raise UsageError(f"--engine ray writes --to shards only, not {options.sink!r}; "
                          "use --engine local")
     if not is_uri(dst):
         _check_paths(src, Path(dst), options)
         return
-    if not src.exists():
+    if src is not None and not src.exists():
         raise UsageError("SRC does not exist", path=src)
     if Output(dst).location.exists(MANIFEST_NAME) and not options.overwrite:
         raise UsageError("DST is already a dataset; pass --overwrite to replace it", path=dst)
@@ -280,18 +281,20 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
         ImportError: Ray is not installed (with the install hint).
         PackError: a range whose worker kept dying (names its first and last file).
     """
-    if is_uri(src):
-        raise UsageError("--engine ray reads SRC from a path that every node sees (a shared "
-                         "filesystem), not from object storage; use --engine local", path=src)
-    src_path = Path(os.path.abspath(src))  # tasks run in other folders, maybe other nodes
+    remote = is_uri(src)
+    # A path is made absolute: tasks run in other folders, maybe on other nodes.
+    src_path = None if remote else Path(os.path.abspath(src))
     dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
     _check(src_path, dst_text, options)
-    kind = options.source or detect_source(src_path)
+    location = open_location(str(src)) if remote else None
+    kind = options.source or (detect_remote(location) if remote else detect_source(src_path))
     if kind not in BUILTIN_SOURCES:
         raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
                          f"{kind!r}; pack it with --engine local")
     ray = _import_ray()
-    listing = list_source(kind, src_path, to_jpeg=options.to_jpeg)
+    # Listed remotely, every task reads its objects through the listing's Location.
+    listing = list_remote(kind, location, to_jpeg=options.to_jpeg) if remote else \
+        list_source(kind, src_path, to_jpeg=options.to_jpeg)
     n = len(listing)
     if not n:
         raise PackError("SRC holds no input files (hidden files are ignored)", path=src)

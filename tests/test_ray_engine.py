@@ -244,7 +244,16 @@ def test_destination_on_object_storage(tmp_path, rng):
         assert not [n for n in names if n.startswith(STATE_DIR)]
         for n in names:  # the tasks uploaded their shards; the driver the rest
             location.download(n, tmp_path / n)
+        # And the source on object storage too: tasks read their objects themselves.
+        images = s3_uri(endpoint, new_bucket(endpoint), "images")
+        store = open_location(images)
+        for f in sorted(src.rglob("*")):
+            if f.is_file():
+                store.upload(f, f.relative_to(src).as_posix())
+        s = pack(images, tmp_path / "from-s3", on_ray(task_records=12, on_error="skip"))
+        assert s.records_written == 30 and s.records_skipped == 1
     pack(src, tmp_path / "local", local(on_error="skip"))
     assert_same_records(tmp_path / "local", tmp_path)
     assert (tmp_path / "skipped.jsonl").read_bytes() == \
         (tmp_path / "local" / "skipped.jsonl").read_bytes()
+    assert_same_records(tmp_path / "local", tmp_path / "from-s3")
