@@ -164,8 +164,12 @@ class Prefetcher:
         shards = np.searchsorted(ds.starts, rest, side="right") - 1
         distinct, first = np.unique(shards, return_index=True)
         by_use = np.argsort(first, kind="stable")
-        self.shards = distinct[by_use].tolist()
-        self.need_batch = (first[by_use] // batch_size + first_batch).tolist()
+        # Shards already in the cache are left out (one stat each, once per epoch): a
+        # warm epoch starts no thread and its batches pay nothing for prefetching.
+        missing = [not ds.cache.present(ds.root, ds.manifest.shards[s])
+                   for s in distinct[by_use].tolist()]
+        self.shards = distinct[by_use][missing].tolist()
+        self.need_batch = (first[by_use][missing] // batch_size + first_batch).tolist()
         self.ahead = opts.prefetch_shards
         if ds.cache.max_bytes is not None:
             # Never prefetch so far ahead that shards fetched early evict each other.
@@ -183,6 +187,8 @@ class Prefetcher:
 
     def advance(self, issued: int) -> None:
         """Batches before ``issued`` have been handed to the workers."""
+        if not self._thread.is_alive():
+            return
         with self._cv:
             self._issued = issued
             self._cv.notify()

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "bench-reader")
     p.add_argument("--n", type=int, default=4000, help="images (default 4000)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--repeat", type=int, default=3, help="warm epochs (best of N) per loader")
+    p.add_argument("--repeat", type=int, default=5, help="warm epochs (best of N) per loader")
     args = p.parse_args(argv)
     from reader.cache import CacheOptions
 
