@@ -5,6 +5,7 @@ batches (dict of field -> numpy array) built by worker processes straight into a
 ring of shared-memory slots (see :mod:`reader.loader` for the protocol).
 """
 
+from .cache import CacheOptions
 from .dataset import open_dataset, read_many
 from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from .loader import CpuSink, Loader
@@ -15,6 +16,7 @@ from .timing import BatchTiming
 
 __all__ = [
     "BatchTiming",
+    "CacheOptions",
     "CpuSink",
     "DecodeOptions",
     "FieldLayout",
