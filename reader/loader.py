@@ -88,8 +88,8 @@ class Loader:
                  decode_options: DecodeOptions | None = None,
                  worker_options: WorkerOptions | None = None,
                  device_options: Any = None) -> None:
-        self.dataset = source if isinstance(source, ShardDataset) else open_dataset(source,
-                                                                                  cache=cache)
+        self._owns_dataset = not isinstance(source, ShardDataset)
+        self.dataset = open_dataset(source, cache=cache) if self._owns_dataset else source
         self.batch_size = int(batch_size)
         self.sampler_options = sampler_options or SamplerOptions(
             shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size)
@@ -316,6 +316,8 @@ class Loader:
         self._stop_active()
         self._drop_pool()
         self._release_ring()
+        if self._owns_dataset:
+            self.dataset.close()  # unmaps, and unpins a remote dataset's cached shards
 
     def _release_ring(self) -> None:
         self._drop_pool()  # its workers write into this ring
