@@ -16,6 +16,8 @@ __all__ = [
     "DecompressionError",
     "FormatError",
     "ManifestError",
+    "MissingObjectError",
+    "ObjectTooLargeError",
     "SchemaError",
     "ShardpackError",
     "StorageError",
@@ -114,3 +116,11 @@ class UnsafePathError(ShardpackError):
 class StorageError(ShardpackError):
     """Object storage failed for good (after retries), or a download did not match
     the manifest: the message names the object's URI."""
+
+
+class MissingObjectError(StorageError):
+    """The object does not exist (not retried)."""
+
+
+class ObjectTooLargeError(StorageError):
+    """The object is larger than the bound set for reading it."""

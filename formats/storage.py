@@ -28,10 +28,10 @@ from typing import TypeVar
 import pyarrow.fs as pafs
 
 from .checksum import crc32c
-from .errors import StorageError, UnsafePathError
+from .errors import MissingObjectError, ObjectTooLargeError, StorageError, UnsafePathError
 from .files import temp_name
 
-__all__ = ["Location", "Retry", "is_uri", "open_location"]
+__all__ = ["Location", "Retry", "display_uri", "is_uri", "open_location"]
 
 T = TypeVar("T")
 _CHUNK = 8 << 20
@@ -42,6 +42,18 @@ def is_uri(path: object) -> bool:
     text = str(path)
     scheme, sep, _ = text.partition("://")
     return bool(sep) and scheme.isidentifier() and scheme.lower() != "file"
+
+
+def display_uri(path: object) -> str:
+    """A URI fit for messages, logs and manifests: no ``user:secret@``, no query
+    (which may hold keys or endpoints)."""
+    text = str(path)
+    if not is_uri(text):
+        return text
+    scheme, _, rest = text.partition("://")
+    rest = rest.split("?", 1)[0]
+    host, slash, tail = rest.partition("/")
+    return f"{scheme}://{host.rpartition('@')[2]}{slash}{tail}"
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,7 @@ class Retry:
             try:
                 return fn()
             except FileNotFoundError:
-                raise StorageError(f"{what}: no such object", path=uri) from None
+                raise MissingObjectError(f"{what}: no such object", path=uri) from None
             except OSError as exc:
                 if attempt == self.attempts:
                     raise StorageError(f"{what} failed after {attempt} tries ({exc})",
@@ -75,9 +87,8 @@ class Retry:
 
 
 def _check_name(uri: str, name: str) -> str:
-    parts = name.split("/")
     if (not isinstance(name, str) or not name or name.startswith("/") or "\\" in name
-            or "\x00" in name or any(p in ("", ".", "..") for p in parts)):
+            or "\x00" in name or any(p in ("", ".", "..") for p in name.split("/"))):
         raise UnsafePathError("unsafe object name: must be a relative name inside the dataset",
                               path=uri, found=name)
     return name
@@ -132,15 +143,17 @@ class Location:
 
         data = self.retry.run(uri, "read", read)
         if len(data) > limit:
-            raise StorageError(f"object larger than the {limit}-byte limit for it", path=uri)
+            raise ObjectTooLargeError(f"object larger than the {limit}-byte limit for it",
+                                      path=uri)
         return data
 
     def download(self, name: str, dest: Path, *, size: int | None = None,
-                 crc: int | None = None) -> None:
+                 crc: int | None = None, limit: int = 1 << 30) -> None:
         """Copy ``name`` to the local file ``dest``, all or nothing.
 
         The bytes land in a temporary file beside ``dest``; a dropped connection
         retries from the start; the size and CRC32C are checked before the rename.
+        Without ``size``, more than ``limit`` bytes is refused.
 
         Raises:
             StorageError: the object is missing, storage kept failing, or the
@@ -148,6 +161,7 @@ class Location:
         """
         path, uri = self.path(name), self.uri_of(name)
         tmp = temp_name(dest)
+        bound = limit if size is None else size
 
         def fetch() -> tuple[int, int]:
             total, check = 0, 0
@@ -158,7 +172,7 @@ class Location:
                         if not chunk:
                             break
                         total += len(chunk)
-                        if size is not None and total > size:
+                        if total > bound:
                             break  # bounded: never write more than the manifest says
                         check = crc32c(chunk, check)
                         out.write(chunk)
@@ -172,10 +186,16 @@ class Location:
             if size is not None and total != size:
                 raise StorageError("object size differs from the manifest", path=uri,
                                    found=total, expected=size)
+            if total > bound:
+                raise ObjectTooLargeError(f"object larger than the {bound}-byte limit for it",
+                                          path=uri)
             if crc is not None and check != crc:
                 raise StorageError("object checksum differs from the manifest", path=uri,
                                    found=f"{check:#010x}", expected=f"{crc:#010x}")
-            os.replace(tmp, dest)
+            try:
+                os.replace(tmp, dest)
+            except OSError as exc:
+                raise StorageError(f"cannot store the download ({exc})", path=dest) from None
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -240,15 +260,18 @@ def open_location(path: str | Path, filesystem: pafs.FileSystem | None = None,
         StorageError: a URI that neither pyarrow nor fsspec can open.
     """
     text = str(path)
+    shown = display_uri(text)
     if filesystem is not None:
-        root = text.partition("://")[2] if is_uri(text) else text
-        return Location(filesystem, root.split("?", 1)[0], text.split("?", 1)[0], retry)
+        root = shown.partition("://")[2] if is_uri(text) else text
+        return Location(filesystem, root, shown, retry)
     if not is_uri(text):
+        if text.lower().startswith("file://"):
+            text = text[len("file://"):]
         return Location(pafs.LocalFileSystem(), str(Path(text).resolve()), text, retry)
     try:
         fs, root = pafs.FileSystem.from_uri(text)
     except ValueError:  # pyarrow.ArrowInvalid: a scheme pyarrow does not know
         fs, root = _fsspec(text)
     except OSError as exc:
-        raise StorageError(f"cannot open this location ({exc})", path=text) from None
-    return Location(fs, root, text.split("?", 1)[0], retry)
+        raise StorageError(f"cannot open this location ({exc})", path=shown) from None
+    return Location(fs, root, shown, retry)

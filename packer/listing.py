@@ -228,14 +228,15 @@ def list_remote(kind: str, location, *, to_jpeg: bool = False) -> Listing:
                          path=location.uri)
     names = [n for n, _ in location.list_files()
              if not any(_hidden(part) for part in n.split("/"))]
+    # Folder by folder, names sorted within each: the order of a local walk
+    # ("a/x" before "a-c", which a plain string sort would put first).
+    names.sort(key=lambda n: n.split("/"))
     if kind == "files":
         return _finish(kind, location.uri, [(n, n, None) for n in names], {}, [], to_jpeg,
                        location=location)
     nested = [n for n in names if "/" in n]
     classes = sorted({n.split("/", 1)[0] for n in nested})
     index = {c: i for i, c in enumerate(classes)}
-    # Sorted by class, then by path within it: the order a local walk gives.
-    nested.sort(key=lambda n: (index[n.split("/", 1)[0]], n.split("/")))
     found = [(n, n, None) for n in nested]
     labels = [index[n.split("/", 1)[0]] for n in nested]
     return _finish(kind, location.uri, found, {"label": labels}, [Field("label", "int")],
@@ -243,9 +244,13 @@ def list_remote(kind: str, location, *, to_jpeg: bool = False) -> Listing:
 
 
 def detect_remote(location) -> str:
-    """``imagefolder`` when every non-hidden object sits in a sub-folder, else ``files``."""
-    names = [n for n, _ in location.list_files() if not n.startswith(".")]
-    return "imagefolder" if names and all("/" in n for n in names) else "files"
+    """The rule of :func:`detect_builtin` for a folder on object storage: an image
+    folder has a sub-folder and no image file at its top level."""
+    names = [n for n, _ in location.list_files() if not _hidden(n)]
+    has_dir = any("/" in n for n in names)
+    has_image = any("/" not in n and os.path.splitext(n)[1].lower() in
+                    JPEG_EXTENSIONS | OTHER_IMAGE_EXTENSIONS for n in names)
+    return "imagefolder" if has_dir and not has_image else "files"
 
 
 # -- file lists -------------------------------------------------------------------------

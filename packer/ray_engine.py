@@ -48,7 +48,7 @@ from pathlib import Path
 
 from formats.errors import ShardpackError
 from formats.manifest import MANIFEST_NAME, Manifest, manifest_bytes, read_manifest
-from formats.storage import is_uri, open_location
+from formats.storage import display_uri, is_uri, open_location
 
 from .errors import PackError, PackInterrupted, UsageError
 from .listing import BUILTIN_SOURCES, Listing, detect_remote, list_remote, list_source
@@ -302,7 +302,7 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
         import numpy as np
 
         listing.reorder(np.random.default_rng(options.seed).permutation(n).tolist())
-    summary = PackSummary(str(src), str(dst), kind, "shards")
+    summary = PackSummary(display_uri(src), display_uri(dst), kind, "shards")
     summary.empty_classes = listing.empty_classes
     summary.image_type = listing.fields[0].type
     plan = _plan(listing, options)

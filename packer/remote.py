@@ -17,9 +17,9 @@ import shutil
 from pathlib import Path
 
 from formats.manifest import MANIFEST_NAME, read_manifest
-from formats.storage import Location, open_location
+from formats.storage import Location, display_uri, is_uri, open_location
 
-from .errors import UsageError
+from .errors import PackError, UsageError
 from .options import PackOptions
 from .report import PackProgress, PackSummary
 
@@ -28,6 +28,7 @@ __all__ = ["pack_to_remote", "staging_folder"]
 # What a pack writes into DST (and so what --overwrite may delete there).
 _OWNED_SUFFIXES = (".rec", ".idx", ".meta.parquet", ".zstd")
 _OWNED_NAMES = ("skipped.jsonl", MANIFEST_NAME)
+_REPLACING = ".replacing"  # in the staging folder: a publish that replaces a dataset began
 
 
 def staging_folder(dst: str) -> Path:
@@ -51,38 +52,55 @@ def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress |
     """
     if options.sink != "shards":
         raise UsageError(f"--to {options.sink} writes local files only; object storage takes "
-                         "--to shards", path=dst)
+                         "--to shards", path=display_uri(dst))
     location = open_location(dst)
-    if location.exists(MANIFEST_NAME) and not options.overwrite:
-        raise UsageError("DST is already a dataset; pass --overwrite to replace it", path=dst)
     stage = staging_folder(dst)
+    if options.resume and (stage / MANIFEST_NAME).exists():
+        # Packed in full, then interrupted while publishing: publish it (again).
+        summary = _staged_summary(src, dst, stage, options)
+        _publish_stage(stage, location, options.overwrite)
+        return summary
+    if location.exists(MANIFEST_NAME) and not options.overwrite:
+        raise UsageError("DST is already a dataset; pass --overwrite to replace it",
+                         path=display_uri(dst))
     if not options.resume and stage.exists():
         shutil.rmtree(stage)
-    if options.resume and (stage / MANIFEST_NAME).exists():
-        # Packed in full before an interruption: what is left is to publish it.
-        summary = _staged_summary(src, dst, stage)
-        publish(stage, location, replace=options.overwrite)
-        shutil.rmtree(stage, ignore_errors=True)
-        return summary
     summary = pack_local(src, stage, options, progress)
     if summary.complete:
-        publish(stage, location, replace=options.overwrite)
-        shutil.rmtree(stage, ignore_errors=True)
-    summary.dst = dst
+        _publish_stage(stage, location, options.overwrite)
+    summary.dst = display_uri(dst)
     return summary
 
 
-def _staged_summary(src, dst: str, stage: Path) -> PackSummary:
+def _publish_stage(stage: Path, location: Location, overwrite: bool) -> None:
+    # Deleting the old manifest is the point of no return of a replace: a resumed
+    # publish must finish the replace (delete the old shards) even without --overwrite.
+    replacing = stage / _REPLACING
+    if overwrite:
+        replacing.touch()
+    publish(stage, location, replace=replacing.exists())
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def _staged_summary(src, dst: str, stage: Path, options: PackOptions) -> PackSummary:
+    """The counters of a pack finished in the staging folder, after checking that it is
+    this pack: the same source and the same options."""
     from collections import Counter
 
     manifest = read_manifest(stage)
+    made = manifest.created_by
+    shown = display_uri(src) if is_uri(src) else str(Path(src))
+    if made.get("source", {}).get("path") != shown or made.get("options") != options.recorded():
+        raise PackError("cannot resume: the staged pack for this DST packed another source or "
+                        "used other options; pack again without --resume", path=stage,
+                        found=made.get("source", {}).get("path"), expected=shown)
     skipped: Counter = Counter()
     skip_file = stage / "skipped.jsonl"
     if skip_file.exists():
         for line in skip_file.read_text("utf-8").splitlines():
             skipped[json.loads(line)["kind"]] += 1
     written = manifest.records
-    return PackSummary(str(src), dst, manifest.created_by.get("source", {}).get("kind", "?"),
+    return PackSummary(shown, display_uri(dst), made.get("source", {}).get("kind", "?"),
                        "shards", records_in=written + sum(skipped.values()),
                        records_written=written, skipped=skipped, shards=len(manifest.shards),
                        resumed_records=written, complete=True)

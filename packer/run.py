@@ -24,7 +24,7 @@ from pathlib import Path
 from formats import DatasetWriter, Record
 from formats.checksum import crc32c
 from formats.files import fsync_dir
-from formats.storage import is_uri, open_location
+from formats.storage import display_uri, is_uri, open_location
 
 from .errors import PackError, PackInputError, PackInterrupted, UsageError
 from .listing import Listing, detect_remote, list_remote
@@ -157,7 +157,7 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         source = open_source(kind, src, options)
     if options.resume and options.sink != "shards":
         raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
-    summary = PackSummary(str(src), str(dst), kind, options.sink)
+    summary = PackSummary(display_uri(src), display_uri(dst), kind, options.sink)
     t0 = time.perf_counter()
     try:
         if isinstance(source, Listing):

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import simplejpeg
 
-from formats.errors import StorageError
+from formats.errors import MissingObjectError, ObjectTooLargeError, StorageError
 
 __all__ = ["MAX_OBJECT_BYTES", "Loaded", "WorkOptions", "iter_loaded", "load", "sniff"]
 
@@ -188,8 +188,13 @@ def load(path: str, opts: WorkOptions) -> Loaded:
     except OSError as exc:
         return _os_error(path, exc)
     except StorageError as exc:
-        missing = "no such object" in exc.message
-        return Loaded(None, None, None, 0, "missing" if missing else "unreadable", exc.message)
+        # A missing or oversized object is bad input; storage that keeps failing is not,
+        # and must stop the pack rather than be skipped record by record.
+        if isinstance(exc, MissingObjectError):
+            return Loaded(None, None, None, 0, "missing", exc.message)
+        if isinstance(exc, ObjectTooLargeError):
+            return Loaded(None, None, None, 0, "unreadable", exc.message)
+        raise
     n = len(data)
     if not n:
         return Loaded(None, None, None, 0, "empty", "zero-byte file")

@@ -23,7 +23,10 @@ share one folder:
 
 Pins are released by closing the lock's file descriptor, never ``LOCK_UN``: a
 forked worker shares its parent's descriptors, and unlocking one would unpin the
-shard for both.
+shard for both. For the same reason a forked child closes, at once, every lock
+descriptor it inherited (``os.register_at_fork``): a download lock held by a
+parent's thread at the moment of a fork would otherwise stay held for as long
+as the child lives, and a pin until the child unmaps the shard.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +43,10 @@ from pathlib import Path
 from formats.manifest import ShardEntry
 from formats.storage import Location
 
-__all__ = ["CacheOptions", "ShardCache", "default_cache_folder"]
+__all__ = ["ORPHAN_S", "CacheOptions", "Pin", "ShardCache", "default_cache_folder"]
 
 _PRESENT = (".rec", ".idx")
+ORPHAN_S = 600.0
 
 
 def default_cache_folder() -> Path:
@@ -84,28 +90,51 @@ def dataset_key(uri: str, manifest: bytes) -> str:
     return hashlib.sha256(uri.encode() + b"\0" + manifest).hexdigest()[:24]
 
 
+# Lock descriptors this process holds for a moment (downloads, eviction), and its pins.
+_held: set[int] = set()
+_pins: weakref.WeakSet = weakref.WeakSet()
+
+
+def _forget_inherited_locks() -> None:
+    """In a forked child: drop the parent's lock descriptors (the parent keeps its locks)."""
+    for fd in list(_held):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+    for pin in list(_pins):
+        pin.release()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_locks)
+
+
 @contextmanager
 def _locked(path: Path, how: int):
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    _held.add(fd)
     try:
         fcntl.flock(fd, how)
         yield fd
     finally:
+        _held.discard(fd)
         os.close(fd)
 
 
 class Pin:
     """A shared lock on one cached shard, held while it is mapped."""
 
-    __slots__ = ("fd",)
+    __slots__ = ("__weakref__", "fd")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        _pins.add(self)
 
     def release(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
     def __del__(self) -> None:
         self.release()
@@ -180,10 +209,14 @@ class ShardCache:
             need = entry.data_bytes + entry.index_bytes
             if not self.make_room(need) and optional:
                 return False
-            for suffix, size, crc in ((".rec", entry.data_bytes, entry.data_crc32c),
-                                      (".idx", entry.index_bytes, entry.index_crc32c)):
-                name = f"{entry.name}{suffix}"
-                location.download(name, root / name, size=size, crc=crc)
+            try:
+                for suffix, size, crc in ((".rec", entry.data_bytes, entry.data_crc32c),
+                                          (".idx", entry.index_bytes, entry.index_crc32c)):
+                    name = f"{entry.name}{suffix}"
+                    location.download(name, root / name, size=size, crc=crc)
+            except BaseException:
+                (root / entry.data_file).unlink(missing_ok=True)  # never half a shard
+                raise
             self.downloads += 1
             self.download_bytes += need
         self.touch(root, entry)  # listed for eviction, as the most recently used
@@ -205,22 +238,33 @@ class ShardCache:
                               crc=entry.meta_crc32c)
         return path
 
+    def discard(self, root: Path, entry: ShardEntry) -> bool:
+        """Delete a cached shard now (a damaged copy), unless some process has it pinned."""
+        return self._evict(root, entry.name)
+
     # -- eviction ----------------------------------------------------------------------
 
     def _shards(self) -> list[tuple[float, Path, str, int]]:
-        """(last use, dataset dir, shard name, bytes) of every present shard."""
+        """(last use, dataset dir, shard name, bytes) of every shard with a file here
+        (a half one too: it takes room, and eviction removes it)."""
         out = []
         for d in self.folder.iterdir():
             if not d.is_dir():
                 continue
             for lock in d.glob("*.lock"):
                 name = lock.name[: -len(".lock")]
+                size = 0
+                for suffix in _PRESENT:
+                    try:
+                        size += (d / f"{name}{suffix}").stat().st_size
+                    except FileNotFoundError:
+                        pass
                 try:
-                    size = sum((d / f"{name}{s}").stat().st_size for s in _PRESENT)
                     used = lock.stat().st_mtime
                 except FileNotFoundError:
                     continue
-                out.append((used, d, name, size))
+                if size:
+                    out.append((used, d, name, size))
         return out
 
     def usage(self) -> int:
@@ -249,13 +293,15 @@ class ShardCache:
             return False
 
     def _drop_orphans(self) -> None:
-        """Temporary files of downloads whose process died (``.NAME.tmp-PID``)."""
+        """Temporary files of downloads that died (``.NAME.tmp-PID``, idle for
+        ``ORPHAN_S``). Judged by age, not by PID: a cache folder shared between
+        containers sees other PID namespaces; a live download writes every chunk."""
+        now = time.time()
         for tmp in self.folder.glob("*/.*.tmp-*"):
             try:
-                os.kill(int(tmp.name.rsplit("-", 1)[1]), 0)
-            except ProcessLookupError:
-                tmp.unlink(missing_ok=True)
-            except (ValueError, PermissionError):
+                if now - tmp.stat().st_mtime > ORPHAN_S:
+                    tmp.unlink(missing_ok=True)
+            except FileNotFoundError:
                 pass
 
     def _evict(self, root: Path, name: str) -> bool:

@@ -149,6 +149,12 @@ class RawEpoch:
         if prefetch is not None:
             prefetch.close()
 
+    def __del__(self) -> None:  # an epoch left half-read must not leave its prefetcher
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
 
 class Epoch:
     """One pass over (the rest of) an epoch with workers (or in-process for 0 workers)."""

@@ -233,7 +233,8 @@ class Loader:
         start = getattr(self.dataset, "prefetcher", None)
         if start is None or first_batch >= self.sampler.num_batches:
             return None
-        return start(self.sampler.rank_indices(epoch), self.batch_size, first_batch)
+        return start(self.sampler.rank_indices(epoch), self.batch_size, first_batch,
+                     self.num_workers + 1)
 
     def _start_method(self) -> str:
         m = self.worker_options.start_method

@@ -16,6 +16,7 @@ reads it first).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,7 @@ import pyarrow as pa
 
 from formats import ShardDataset
 from formats.dataset import read_metadata
-from formats.errors import ManifestError
+from formats.errors import FormatError, ManifestError
 from formats.files import atomic_write_bytes
 from formats.manifest import MANIFEST_NAME, parse_manifest
 from formats.shard import ShardReader
@@ -35,6 +36,8 @@ from formats.storage import Location, open_location
 from .cache import CacheOptions, Pin
 
 __all__ = ["Prefetcher", "RemoteDataset"]
+
+_log = logging.getLogger("shardpack")
 
 _MANIFEST_LIMIT = 256 << 20  # a 10M-record dataset's manifest is a few MB
 
@@ -94,7 +97,15 @@ class RemoteDataset(ShardDataset):
         self._trim(keep, self.max_open - 1)  # unpin first, so eviction can make room
         pin = self.cache.acquire(self.location, self.root, entry)
         try:
-            reader = self._map_shard(s)
+            try:
+                reader = self._map_shard(s)
+            except FormatError:
+                # The cached copy went bad after it was checked (a crash before the
+                # page cache reached the disk, a bad sector): fetch it again, once.
+                pin.release()
+                self.cache.discard(self.root, entry)
+                pin = self.cache.acquire(self.location, self.root, entry)
+                reader = self._map_shard(s)
         except BaseException:
             pin.release()
             raise
@@ -144,9 +155,11 @@ class RemoteDataset(ShardDataset):
             self.cache.ensure_meta(self.location, self.root, e)
         return read_metadata(self.root, columns, self.manifest)
 
-    def prefetcher(self, order: np.ndarray, batch_size: int, first_batch: int) -> Prefetcher:
-        """A started :class:`Prefetcher` for a rank's epoch ``order`` from ``first_batch``."""
-        return Prefetcher(self, order, batch_size, first_batch)
+    def prefetcher(self, order: np.ndarray, batch_size: int, first_batch: int,
+                   processes: int = 1) -> Prefetcher:
+        """A started :class:`Prefetcher` for a rank's epoch ``order`` from ``first_batch``,
+        for a loader of ``processes`` processes that map shards (workers + main)."""
+        return Prefetcher(self, order, batch_size, first_batch, processes)
 
 
 class Prefetcher:
@@ -157,7 +170,7 @@ class Prefetcher:
     """
 
     def __init__(self, ds: RemoteDataset, order: np.ndarray, batch_size: int,
-                 first_batch: int) -> None:
+                 first_batch: int, processes: int = 1) -> None:
         self.ds = ds
         opts = ds.cache_options
         rest = np.asarray(order[first_batch * batch_size:], np.int64)
@@ -172,10 +185,11 @@ class Prefetcher:
         self.need_batch = (first[by_use][missing] // batch_size + first_batch).tolist()
         self.ahead = opts.prefetch_shards
         if ds.cache.max_bytes is not None:
-            # Never prefetch so far ahead that shards fetched early evict each other.
+            # Never prefetch so far ahead that shards fetched early evict each other
+            # or the ones every process has mapped.
             largest = max(e.data_bytes + e.index_bytes for e in ds.manifest.shards)
             fit = ds.cache.max_bytes // max(largest, 1)
-            self.ahead = max(0, min(self.ahead, fit - ds.max_open - 1))
+            self.ahead = max(0, min(self.ahead, fit - processes * ds.max_open - 1))
         self.errors = 0
         self._issued = first_batch
         self._cv = threading.Condition()
@@ -213,8 +227,11 @@ class Prefetcher:
         try:
             self.ds.cache.ensure(self.ds.location, self.ds.root, self.ds.manifest.shards[s],
                                  optional=True)
-        except Exception:
+        except Exception as exc:
             self.errors += 1
+            if self.errors == 1:  # the reader meets it again, and raises it, in order
+                _log.warning("shardpack: prefetching a shard failed (%s); it will be "
+                             "fetched when it is read", exc)
 
     def close(self) -> None:
         """Stop and wait for downloads in progress (before the loader forks workers)."""

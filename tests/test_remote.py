@@ -4,8 +4,11 @@ download, refuse a corrupted object, share one cache folder between processes.""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -223,27 +226,28 @@ def test_truncated_and_missing_objects(endpoint, local_ds, tmp_path):
 def test_a_pinned_shard_is_never_evicted(remote_uri, tmp_path):
     folder = tmp_path / "cache"
     ds = open_dataset(remote_uri, cache=CacheOptions(folder))
-    ds[0]  # shard 0 mapped and pinned
-    other = ShardCache(folder, max_bytes=1)
-    assert not other.make_room(10**9)
-    assert ShardCache.present(ds.root, ds.manifest.shards[0])
-    ds.close()
-    assert other.make_room(10**9) or other.usage() == 0
-    assert not ShardCache.present(ds.root, ds.manifest.shards[0])
+    ds[0]  # shard 0 mapped and pinned: the only shard in the cache
+    entry = ds.manifest.shards[0]
+    other = ShardCache(folder, max_bytes=entry.data_bytes + entry.index_bytes)
+    assert not other.make_room(1), "room was made by evicting a pinned shard"
+    assert ShardCache.present(ds.root, entry)
+    ds.close()  # unpinned: now it can go
+    assert other.make_room(1)
+    assert not ShardCache.present(ds.root, entry)
 
 
 def _read_all(uri: str, folder: str, max_bytes: int, out) -> None:
     ds = open_dataset(uri, cache=CacheOptions(folder, max_bytes=max_bytes))
     labels = [int(ds[i]["label"]) for i in range(len(ds))]
     keys = [ds[i]["key"] for i in range(len(ds))]
-    out.put((labels, keys))
+    out.put((labels, keys, ds.cache.evictions, ds.cache.overflows))
 
 
 def test_two_processes_share_one_small_cache(remote_uri, local_ds, tmp_path):
-    per = shard_bytes(open_shards(local_ds))
+    bound = 5 * max(e.data_bytes + e.index_bytes for e in open_shards(local_ds).manifest.shards)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_read_all, args=(remote_uri, str(tmp_path / "cache"), per * 5, q))
+    procs = [ctx.Process(target=_read_all, args=(remote_uri, str(tmp_path / "cache"), bound, q))
              for _ in range(2)]
     for p in procs:
         p.start()
@@ -251,9 +255,75 @@ def test_two_processes_share_one_small_cache(remote_uri, local_ds, tmp_path):
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
-    for labels, keys in results:
+    for labels, keys, _, overflows in results:
         assert labels == list(range(200)) and keys == [f"k{i}" for i in range(200)]
-    assert ShardCache(tmp_path / "cache").usage() <= per * 5 + per * 4  # soft only while pinned
+        assert overflows == 0  # 2 processes x 2 mapped shards always leave room for one more
+    assert sum(r[2] for r in results) > 0, "8 shards through a 5-shard cache without evicting"
+    assert ShardCache(tmp_path / "cache").usage() <= bound
+
+
+def test_prefetch_runs_ahead_by_its_window_and_stops(remote_uri, tmp_path):
+    ds = open_dataset(remote_uri, cache=CacheOptions(tmp_path / "cache", prefetch_shards=2))
+    order = np.arange(len(ds))
+    per = int(ds.starts[1])  # records per shard; batch = one shard
+    fetcher = ds.prefetcher(order, per, 0)
+    present = lambda: sum(ShardCache.present(ds.root, e) for e in ds.manifest.shards)  # noqa: E731
+    deadline = time.monotonic() + 20
+    while present() < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    assert present() == 3, "batch 0's shard and the 2 after it, no more"
+    fetcher.advance(4)  # batches 0..3 issued: shards up to 4 + 2 may come
+    deadline = time.monotonic() + 20
+    while present() < 7 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert present() == 7
+    fetcher.close()
+    assert not fetcher._thread.is_alive()
+    assert not any(t.name.startswith("shardpack-fetch") for t in threading.enumerate())
+
+
+def test_an_abandoned_raw_epoch_stops_its_prefetcher(remote_uri, tmp_path):
+    with Loader(remote_uri, batch_size=5, decode=False,
+                cache=CacheOptions(tmp_path / "cache", prefetch_shards=1)) as loader:
+        for _ in range(2):
+            it = iter(loader)
+            next(it)
+            del it
+            gc.collect()
+    assert not any(t.name.startswith("shardpack-") for t in threading.enumerate())
+
+
+def _hold_for(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_forked_child_does_not_keep_a_download_lock(tmp_path):
+    import fcntl
+
+    from reader.cache import _locked
+
+    path = tmp_path / "x.dl"
+    with _locked(path, fcntl.LOCK_EX):
+        child = mp.get_context("fork").Process(target=_hold_for, args=(5,))
+        child.start()
+    try:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            deadline = time.monotonic() + 3  # the child may not have run its fork hook yet
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, "the forked child kept the lock"
+                    time.sleep(0.01)
+        finally:
+            os.close(fd)
+        assert child.is_alive()
+    finally:
+        child.terminate()
+        child.join()
 
 
 def test_pack_to_s3_and_back(endpoint, tmp_path, monkeypatch):
@@ -327,3 +397,69 @@ def test_connection_reset_mid_download_is_survived(endpoint, remote_uri, local_d
         assert not list(ds.root.glob(".*tmp*"))
     finally:
         proxy.close()
+
+
+def test_uris_shown_without_secrets_and_file_uris_are_paths(tmp_path):
+    from formats.storage import display_uri
+
+    assert display_uri("s3://AK:SECRET@bkt/ds/x?endpoint_override=h:9&scheme=http") == \
+        "s3://bkt/ds/x"
+    assert display_uri(tmp_path) == str(tmp_path)
+    (tmp_path / "a.txt").write_bytes(b"hi")
+    assert open_location(f"file://{tmp_path}").read_bytes("a.txt", 10) == b"hi"
+    with pytest.raises(Exception, match="unsafe object name"):
+        open_location(tmp_path).path("../etc/passwd")
+
+
+def test_a_remote_folder_lists_and_detects_like_a_local_one(endpoint, tmp_path):
+    from packer.listing import detect_builtin, detect_remote, list_remote, list_source
+
+    src = tmp_path / "src"
+    for name in ("a/x.jpg", "a-c.jpg", "a.b/y.jpg", "README.md"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(b"\xff\xd8\xff")
+    loc = open_location(s3_uri(endpoint, new_bucket(endpoint), "tree"))
+    for f in sorted(src.rglob("*")):
+        if f.is_file():
+            loc.upload(f, f.relative_to(src).as_posix())
+    assert detect_remote(loc) == detect_builtin(src) == "files"
+    assert list_remote("files", loc).keys == list_source("files", src).keys
+    (src / "a-c.jpg").unlink()
+    loc.delete("a-c.jpg")
+    assert detect_remote(loc) == detect_builtin(src) == "imagefolder"  # README.md is no image
+    remote, local = list_remote("imagefolder", loc), list_source("imagefolder", src)
+    assert (remote.keys, remote.classes, remote.columns) == (local.keys, local.classes,
+                                                             local.columns)
+
+
+def test_storage_that_keeps_failing_stops_a_pack_instead_of_skipping(remote_uri, tmp_path):
+    from packer.work import WorkOptions, load
+
+    fs, root, retry = _flaky_location(remote_uri, failures=0, attempts=2)
+    good = WorkOptions(location=Location(fs, root, "s3://x", retry))
+    assert load("no-such-file.jpg", good).kind == "missing"
+    down = WorkOptions(location=Location(_Down(), root, "s3://x", retry))
+    with pytest.raises(StorageError, match="after 2 tries"):
+        load("shard-00000.rec", down)
+
+
+class _Down:
+    def open_input_stream(self, path):
+        raise ConnectionRefusedError("connection refused (injected)")
+
+
+def test_resume_refuses_a_staged_pack_of_another_source(endpoint, tmp_path, monkeypatch):
+    from packer import PackError
+    from packer.remote import staging_folder
+
+    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
+    for name in ("a", "b"):
+        image_folder(tmp_path / name, np.random.default_rng(len(name)), per_class=2)
+    dst = s3_uri(endpoint, new_bucket(endpoint), "staged")
+    options = PackOptions(workers=0, durable=False)
+    pack(tmp_path / "a", staging_folder(dst), options)  # as if killed while publishing
+    with pytest.raises(PackError, match="another source"):
+        pack(tmp_path / "b", dst, PackOptions(workers=0, durable=False, resume=True))
+    summary = pack(tmp_path / "a", dst, PackOptions(workers=0, durable=False, resume=True))
+    assert summary.complete and summary.records_written == 4
+    assert len(open_dataset(dst, cache=CacheOptions(tmp_path / "cache"))) == 4
