@@ -64,9 +64,13 @@ class CacheOptions:
 
     Args:
         folder: the cache folder (default: :func:`default_cache_folder`).
-        max_bytes: the most shard bytes to keep (``None``: no bound but the disk).
-            Smaller than the dataset works, with ``shuffle="block"`` (or no
-            shuffle): a full shuffle touches every shard in every batch.
+        max_bytes: the most shard bytes (``.rec`` + ``.idx``) to keep, all datasets
+            in the folder together (``None``: no bound but the disk). Smaller than
+            the dataset works, with ``shuffle="block"`` (or no shuffle): a full
+            shuffle touches every shard in every batch. The bound leaves out the
+            small metadata tables and dictionaries, and is exceeded only while
+            shards that processes have mapped leave no room (``overflows``
+            counts it) or while several processes download at once.
         prefetch_shards: shards the loader downloads ahead of the batches in flight.
         download_threads: parallel downloads when prefetching.
     """

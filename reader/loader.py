@@ -283,7 +283,8 @@ class Loader:
         return {"epoch": self.epoch, "batch": self.position, "num_batches": len(self),
                 "seed": o.seed, "shuffle": o.shuffle, "window": o.window, "rank": o.rank,
                 "world_size": o.world_size, "drop_last": o.drop_last,
-                "batch_size": self.batch_size, "num_records": len(self.dataset)}
+                "batch_size": self.batch_size, "num_records": len(self.dataset),
+                "partition": self.sampler.partition}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly at the batch after the last one delivered when ``state`` was taken.
@@ -292,8 +293,13 @@ class Loader:
             ValueError: the state was taken with a different order or partitioning.
         """
         mine = self.state_dict()
+        # States saved before "block" ranks took contiguous runs had no "partition": they
+        # interleaved, so such a state still resumes exactly wherever the two agree.
+        state = {"partition": "interleaved", **state}
+        if mine["world_size"] == 1:
+            state["partition"] = mine["partition"]  # one rank: both take the whole order
         for key in ("seed", "shuffle", "window", "rank", "world_size", "drop_last",
-                    "batch_size", "num_records"):
+                    "batch_size", "num_records", "partition"):
             if state.get(key) != mine[key]:
                 raise ValueError(f"loader state was saved with {key}={state.get(key)!r}, "
                                  f"this loader has {key}={mine[key]!r}: cannot resume exactly")

@@ -52,6 +52,11 @@ class Sampler:
     def __len__(self) -> int:
         return self.num_batches
 
+    @property
+    def partition(self) -> str:
+        """How ranks split the order: ``contiguous`` runs (block order) or ``interleaved``."""
+        return "contiguous" if self.options.shuffle == "block" else "interleaved"
+
     def global_order(self, epoch: int) -> np.ndarray:
         """The whole epoch's order (all ranks), before padding or truncation."""
         n = self.num_records

@@ -142,6 +142,18 @@ def test_resume_mid_epoch_is_exact(ds_path):
         lo.load_state_dict(state)
 
 
+def test_a_state_from_before_contiguous_block_ranks_is_refused_where_it_would_differ(ds_path):
+    old = {"epoch": 0, "batch": 2, "seed": 0, "shuffle": "block", "window": 4096, "rank": 1,
+           "world_size": 2, "drop_last": False, "batch_size": 16, "num_records": 200}
+    with Loader(ds_path, 16, num_workers=0, shuffle="block", rank=1, world_size=2,
+                transform=CropPipeline()) as lo, pytest.raises(ValueError, match="partition"):
+        lo.load_state_dict(old)
+    with Loader(ds_path, 16, num_workers=0, shuffle="block", rank=0, world_size=1,
+                transform=CropPipeline()) as lo:
+        lo.load_state_dict({**old, "rank": 0, "world_size": 1})  # one rank: nothing changed
+        assert lo.state_dict()["batch"] == 2
+
+
 def test_epochs_advance_and_differ(ds_path):
     with Loader(ds_path, 50, num_workers=1, shuffle="block", seed=2,
                 transform=CropPipeline()) as lo:
