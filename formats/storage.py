@@ -35,6 +35,9 @@ __all__ = ["Location", "Retry", "display_uri", "is_uri", "open_location"]
 
 T = TypeVar("T")
 _CHUNK = 8 << 20
+# Errors that no retry mends (pyarrow names S3's error codes in its messages).
+_PERMANENT = ("NO_SUCH_BUCKET", "ACCESS_DENIED", "INVALID_ACCESS_KEY_ID",
+              "SIGNATURE_DOES_NOT_MATCH")
 
 
 def is_uri(path: object) -> bool:
@@ -78,6 +81,8 @@ class Retry:
             except FileNotFoundError:
                 raise MissingObjectError(f"{what}: no such object", path=uri) from None
             except OSError as exc:
+                if isinstance(exc, PermissionError) or any(c in str(exc) for c in _PERMANENT):
+                    raise StorageError(f"{what} failed ({exc})", path=uri) from exc
                 if attempt == self.attempts:
                     raise StorageError(f"{what} failed after {attempt} tries ({exc})",
                                        path=uri) from exc

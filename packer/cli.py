@@ -53,9 +53,17 @@ engines (--engine):
   ray    Ray tasks (pip install 'shardpack[ray]'): the driver lists SRC once, each
          task packs --task-records consecutive records into its own part-* shards,
          the driver writes the manifest. Same records in the same order as local;
-         shard boundaries differ. --workers caps the tasks at once. SRC (and a
-         folder DST) must be at the same path on every node; DST may be a URI
-         (s3://bucket/ds). Folder and file-list sources only; --to shards only.
+         shard boundaries differ. --workers caps the tasks at once. A local SRC
+         (and a folder DST) must be at the same path on every node. Folder and
+         file-list sources only; --to shards only.
+
+object storage:
+  SRC and DST may be URIs: s3://bucket/prefix (settings from AWS_* variables or
+  the query: ?endpoint_override=host:port&scheme=http), gs://, hdfs://, or any
+  fsspec protocol when fsspec is installed. A remote SRC is an image folder or a
+  folder of files (objects read 16 at a time). A remote DST is packed in a local
+  staging folder under $SHARDPACK_CACHE (kept for --resume), then uploaded,
+  manifest last.
 exit status: 0 ok, 1 data or IO error, 2 usage, 130 interrupted.
 """
 
@@ -111,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pack-dataset",
         description="Pack a small-file dataset into sharded, indexed record files.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("src", metavar="SRC", help="image folder, folder of files, or file list")
-    p.add_argument("dst", metavar="DST", help="output folder")
+    p.add_argument("src", metavar="SRC",
+                   help="image folder, folder of files, file list, or their URI (s3://...)")
+    p.add_argument("dst", metavar="DST", help="output folder, or its URI (s3://bucket/ds)")
     p.add_argument("--from", dest="source", metavar="KIND",
                    help="imagefolder | files | filelist | a formats.registry codec (default: detect)")
     p.add_argument("--to", dest="sink", default="shards", metavar="KIND",

@@ -16,6 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
+from formats.errors import StorageError
 from formats.manifest import MANIFEST_NAME, read_manifest
 from formats.storage import Location, display_uri, is_uri, open_location
 
@@ -63,6 +64,7 @@ def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress |
     if location.exists(MANIFEST_NAME) and not options.overwrite:
         raise UsageError("DST is already a dataset; pass --overwrite to replace it",
                          path=display_uri(dst))
+    _probe(location)
     if not options.resume and stage.exists():
         shutil.rmtree(stage)
     summary = pack_local(src, stage, options, progress)
@@ -70,6 +72,16 @@ def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress |
         _publish_stage(stage, location, options.overwrite)
     summary.dst = display_uri(dst)
     return summary
+
+
+def _probe(location: Location) -> None:
+    """Fail now, not after the whole pack, when DST cannot be written (no bucket, no rights)."""
+    probe = ".shardpack-write-probe"
+    try:
+        location.write_bytes(probe, b"")
+        location.delete(probe)
+    except StorageError as exc:
+        raise UsageError(f"cannot write to DST ({exc.message})", path=location.uri) from None
 
 
 def _publish_stage(stage: Path, location: Location, overwrite: bool) -> None:

@@ -340,6 +340,11 @@ def test_pack_to_s3_and_back(endpoint, tmp_path, monkeypatch):
     assert [plain(remote[i]) for i in range(12)] == [plain(local[i]) for i in range(12)]
     with pytest.raises(Exception, match="already a dataset"):
         pack(src, dst, options)
+    from packer.cli import main
+
+    assert main([str(src), dst, "--quiet"]) == 2  # usage: DST is a dataset
+    gone = s3_uri(endpoint, "no-such-bucket", "x")
+    assert main([str(src), gone, "--quiet", "--records-per-shard", "4"]) == 2  # cannot write
     pack(src, dst, PackOptions(records_per_shard=6, workers=0, durable=False, overwrite=True))
     names = {n for n, _ in open_location(dst).list_files()}
     assert "shard-00002.rec" not in names, "--overwrite left the old dataset's shards behind"
