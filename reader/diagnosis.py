@@ -147,11 +147,15 @@ def diagnose(stats: dict[str, Any], thresholds: Thresholds | None = None) -> Dia
     if io >= th.max_io_share_pct and decode < th.max_decode_share_pct:
         rate = f.get("read_mb_s")
         rate_text = "" if rate is None else f", reading at {rate:.0f} MB/s"
+        fix = ("faster storage, larger shards, block shuffle, or warm the page cache"
+               if f.get("storage") != "remote" else
+               "shards are being downloaded: give the cache folder room for the dataset "
+               "(later epochs then read locally), raise CacheOptions(prefetch_shards=, "
+               "download_threads=), and use block shuffle")
         return Diagnosis(
             "io-bound",
             f"IO-bound: workers spend {io:.0f}% of their time reading and {decode:.0f}% "
-            f"decoding, load latency {latency:.1f} ms{rate_text} -> faster storage, larger "
-            "shards, block shuffle, or warm the page cache",
+            f"decoding, load latency {latency:.1f} ms{rate_text} -> {fix}",
         )
     stage, share = max(
         (("decode", decode), ("transform", transform), ("assemble", assemble), ("read", io)),

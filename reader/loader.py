@@ -112,6 +112,8 @@ class Loader:
         self.num_workers = resolve_num_workers(self.worker_options.num_workers)
         self._plan_fields()
         self.monitor = _make_monitor(monitor, self.num_workers)
+        if self.monitor is not None and hasattr(self.dataset, "cache"):
+            self.monitor.storage = "remote"  # a diagnosis that names the shard cache
         self.epoch = 0
         self.position = 0  # next batch of self.epoch to deliver
         self.skipped = 0

@@ -208,6 +208,9 @@ class Monitor:
         self.config = MonitorConfig(interval, output, record, thresholds or Thresholds())
         self.num_workers = num_workers
         self.name = name
+        # "remote": the loader reads through the shard cache (set by the Loader), so
+        # reading time may be downloading and the diagnosis says what helps there.
+        self.storage = "local"
         self._clock = clock
         self._total = _Totals()
         self._base = _Totals()  # totals at the last report
@@ -269,13 +272,15 @@ class Monitor:
             w: (s - self._workers_base.get(w, (0.0, 0))[0], b - self._workers_base.get(w, (0.0, 0))[1])
             for w, (s, b) in self._workers.items()
         }
-        return _figures(
+        fig = _figures(
             self._total.minus(self._base),
             now - self._mark,
             self._interval_max_latency,
             self._worker_count(),
             delta,
         )
+        fig["storage"] = self.storage
+        return fig
 
     def _mean_figures(self, now: float) -> dict[str, Any]:
         return _figures(

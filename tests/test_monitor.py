@@ -167,6 +167,8 @@ def test_diagnose_is_a_pure_function_of_figures():
         "transform takes 70%"
     )
     assert diagnose({**base, "io_share_pct": 70, "decode_share_pct": 20}).kind == "io-bound"
+    remote = diagnose({**base, "io_share_pct": 70, "decode_share_pct": 20, "storage": "remote"})
+    assert remote.kind == "io-bound" and "CacheOptions(prefetch_shards" in remote.message
     # High IO share but decode also high: the decode side is the one to fix first.
     assert diagnose({**base, "io_share_pct": 55, "decode_share_pct": 40}).kind == "cpu-bound"
     starved = {**base, "worker_busy_pct": 30, "prefetch_depth": 1.0}

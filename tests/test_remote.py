@@ -85,7 +85,8 @@ def test_loader_over_s3_matches_local_and_second_epoch_is_warm(remote_uri, local
     cache = CacheOptions(tmp_path / "cache")
     kw = dict(batch_size=16, num_workers=2, shuffle="block", seed=3, copy=True,
               transform=CropPipeline())
-    with Loader(local_ds, **kw) as a, Loader(remote_uri, cache=cache, **kw) as b:
+    with Loader(local_ds, **kw) as a, Loader(remote_uri, cache=cache, monitor=3600,
+                                             **kw) as b:
         for epoch in range(2):
             a.set_epoch(epoch)
             b.set_epoch(epoch)
@@ -97,6 +98,7 @@ def test_loader_over_s3_matches_local_and_second_epoch_is_warm(remote_uri, local
             if epoch == 0:
                 cold = files
         assert len(cold) == len(b.dataset.manifest.shards)
+        assert b.stats()["current"]["storage"] == "remote"
         assert files == cold, "the warm epoch downloaded shards again"
 
 
