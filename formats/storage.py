@@ -129,6 +129,17 @@ class Location:
     def uri_of(self, name: str) -> str:
         return f"{self.uri}/{name}"
 
+    def is_file(self) -> bool:
+        """Whether the location itself is one object (``s3://b/list.csv``), not a folder."""
+        info = self.retry.run(self.uri, "stat", lambda: self.fs.get_file_info(self.root))
+        return info.type == pafs.FileType.File
+
+    def split(self) -> tuple[Location, str]:
+        """(the folder holding this location, its name)."""
+        root, _, name = self.root.rpartition("/")
+        uri = self.uri.rpartition("/")[0]
+        return Location(self.fs, root, uri, self.retry), name
+
     # -- reading ---------------------------------------------------------------------
 
     def exists(self, name: str) -> bool:

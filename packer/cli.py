@@ -60,8 +60,10 @@ engines (--engine):
 object storage:
   SRC and DST may be URIs: s3://bucket/prefix (settings from AWS_* variables or
   the query: ?endpoint_override=host:port&scheme=http), gs://, hdfs://, or any
-  fsspec protocol when fsspec is installed. A remote SRC is an image folder or a
-  folder of files (objects read 16 at a time). A remote DST is packed in a local
+  fsspec protocol when fsspec is installed. A remote image folder, folder of
+  files or file list (paths relative to the list, beside it) is read in place,
+  16 objects at a time; TFRecord, WebDataset, Parquet, MDS or shards are first
+  fetched whole into $SHARDPACK_CACHE/sources. A remote DST is packed in a local
   staging folder under $SHARDPACK_CACHE (kept for --resume), then uploaded,
   manifest last.
 exit status: 0 ok, 1 data or IO error, 2 usage, 130 interrupted.

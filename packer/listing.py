@@ -49,6 +49,7 @@ __all__ = [
     "detect_builtin",
     "detect_remote",
     "list_remote",
+    "list_remote_file",
     "list_source",
 ]
 
@@ -57,6 +58,7 @@ JPEG_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif"})
 OTHER_IMAGE_EXTENSIONS = frozenset({".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 LIST_EXTENSIONS = frozenset({".csv", ".tsv", ".jsonl", ".ndjson"})
 _RESERVED = ("image", "key")
+_LIST_LIMIT = 1 << 30  # a file list read from object storage
 
 
 @dataclass
@@ -255,12 +257,13 @@ def detect_remote(location) -> str:
 
 # -- file lists -------------------------------------------------------------------------
 
-def _read_rows(src: Path) -> list[dict[str, Any]]:
+def _read_rows(src: Path, text: str | None = None) -> list[dict[str, Any]]:
     suffix = src.suffix.lower()
-    try:
-        text = src.read_text("utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PackError(f"cannot read file list: {exc}", path=src) from None
+    if text is None:
+        try:
+            text = src.read_text("utf-8-sig")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PackError(f"cannot read file list: {exc}", path=src) from None
     if suffix in (".jsonl", ".ndjson"):
         rows = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -306,10 +309,28 @@ def _infer(name: str, values: list[Any], from_text: bool, src: Path) -> tuple[Fi
                     expected=type(values[0]).__name__)
 
 
-def _list_file(src: Path, to_jpeg: bool) -> Listing:
-    rows = _read_rows(src)
+def list_remote_file(location, name: str, *, to_jpeg: bool = False) -> Listing:
+    """A file list stored on object storage, next to the objects it names.
+
+    Paths are names relative to the list's folder there (no ``..``, nothing
+    absolute: the object store has no "elsewhere" to point to).
+
+    Raises:
+        PackError: the list does not parse (names line and column).
+        StorageError: it cannot be read.
+    """
+    raw = location.read_bytes(name, _LIST_LIMIT)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise PackError(f"cannot read file list: {exc}", path=location.uri_of(name)) from None
+    return _list_file(Path(name), to_jpeg, text=text, location=location)
+
+
+def _list_file(src: Path, to_jpeg: bool, *, text: str | None = None, location=None) -> Listing:
+    rows = _read_rows(src, text)
     if not rows:
-        return _finish("filelist", src, [], {}, [], to_jpeg)
+        return _finish("filelist", src, [], {}, [], to_jpeg, location=location)
     names = list(rows[0])
     if "path" not in names:
         raise PackError("file list has no 'path' column", path=src, found=names)
@@ -326,6 +347,9 @@ def _list_file(src: Path, to_jpeg: bool) -> Listing:
         p = row["path"]
         if not isinstance(p, str) or not p:
             raise PackError("empty or non-string 'path'", path=src, record=i, found=p)
+        if location is not None:  # a name beside the list, checked when it is read
+            found.append((p, p, None))
+            continue
         # Trusted input: the user's own list may point anywhere (see module docstring).
         found.append((os.path.join(base, p), p.replace(os.sep, "/"), None))
     columns: dict[str, list] = {}
@@ -342,4 +366,5 @@ def _list_file(src: Path, to_jpeg: bool) -> Listing:
             f, values = Field("label", "int"), [index[v] for v in values]
         columns[name] = values
         col_fields.append(f)
-    return _finish("filelist", src, found, columns, col_fields, to_jpeg, classes)
+    return _finish("filelist", src, found, columns, col_fields, to_jpeg, classes,
+                   location=location)

@@ -48,10 +48,10 @@ from pathlib import Path
 
 from formats.errors import ShardpackError
 from formats.manifest import MANIFEST_NAME, Manifest, manifest_bytes, read_manifest
-from formats.storage import display_uri, is_uri, open_location
+from formats.storage import display_uri, is_uri
 
 from .errors import PackError, PackInterrupted, UsageError
-from .listing import BUILTIN_SOURCES, Listing, detect_remote, list_remote, list_source
+from .listing import BUILTIN_SOURCES, Listing, list_source
 from .options import PackOptions
 from .ranges import Output, RangeResult, combine, marker_name, part_name, prepare, split
 from .report import PackProgress, PackSummary
@@ -269,6 +269,21 @@ def _check(src: Path | None, dst: str, options: PackOptions) -> None:
         raise UsageError("DST is already a dataset; pass --overwrite to replace it", path=dst)
 
 
+def _remote_listing(src: str, options: PackOptions) -> tuple[str, Listing]:
+    from .remote import CONTAINER_KINDS, open_remote_source
+
+    if options.source in CONTAINER_KINDS:  # refuse before fetching a copy of it
+        raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
+                         f"{options.source!r}; pack it with --engine local")
+    kind, listing, copy = open_remote_source(src, options)
+    if not isinstance(listing, Listing):
+        if copy is not None:
+            shutil.rmtree(copy, ignore_errors=True)
+        raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
+                         f"{kind!r}; pack it with --engine local")
+    return kind, listing
+
+
 def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
                 progress: PackProgress) -> PackSummary:
     """Pack SRC into DST with Ray tasks (``options.engine == "ray"``; see module docstring).
@@ -286,15 +301,16 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     src_path = None if remote else Path(os.path.abspath(src))
     dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
     _check(src_path, dst_text, options)
-    location = open_location(str(src)) if remote else None
-    kind = options.source or (detect_remote(location) if remote else detect_source(src_path))
-    if kind not in BUILTIN_SOURCES:
-        raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
-                         f"{kind!r}; pack it with --engine local")
+    if remote:
+        # Listed remotely, every task reads its objects through the listing's Location.
+        kind, listing = _remote_listing(str(src), options)
+    else:
+        kind = options.source or detect_source(src_path)
+        if kind not in BUILTIN_SOURCES:
+            raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
+                             f"{kind!r}; pack it with --engine local")
+        listing = list_source(kind, src_path, to_jpeg=options.to_jpeg)
     ray = _import_ray()
-    # Listed remotely, every task reads its objects through the listing's Location.
-    listing = list_remote(kind, location, to_jpeg=options.to_jpeg) if remote else \
-        list_source(kind, src_path, to_jpeg=options.to_jpeg)
     n = len(listing)
     if not n:
         raise PackError("SRC holds no input files (hidden files are ignored)", path=src)

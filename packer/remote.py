@@ -1,6 +1,12 @@
-"""Packing to object storage: pack into a local staging folder, then publish.
+"""Packing from and to object storage.
 
-The staging folder is a normal dataset folder (journal, ``--resume`` and all),
+From: an image folder, a folder of files or a file list on object storage is
+listed there and its objects are read by the pack loop itself (many at once).
+Container formats (TFRecord, WebDataset tars, Parquet, MDS, our shards) are
+fetched whole into a local folder first (kept, and reused, until the pack
+completes), since their readers need seekable local files.
+
+To: the staging folder is a normal dataset folder (journal, ``--resume`` and all),
 kept under the cache folder at a name derived from DST, so an interrupted pack
 resumes from it. Publishing uploads every file but the manifest, then the
 manifest last: until that one object exists, DST is not a dataset, exactly as a
@@ -15,20 +21,28 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from formats.errors import StorageError
 from formats.manifest import MANIFEST_NAME, read_manifest
 from formats.storage import Location, display_uri, is_uri, open_location
 
 from .errors import PackError, UsageError
+from .listing import LIST_EXTENSIONS, detect_remote, list_remote, list_remote_file
 from .options import PackOptions
 from .report import PackProgress, PackSummary
+from .resolve import detect_source, open_source
 
-__all__ = ["pack_to_remote", "staging_folder"]
+__all__ = ["open_remote_source", "pack_to_remote", "staging_folder"]
 
 # What a pack writes into DST (and so what --overwrite may delete there).
 _OWNED_SUFFIXES = (".rec", ".idx", ".meta.parquet", ".zstd")
 _OWNED_NAMES = ("skipped.jsonl", MANIFEST_NAME)
+_CONTAINERS = ((".tar", "webdataset"), (".tar.gz", "webdataset"), (".tgz", "webdataset"),
+               (".parquet", "parquet"), (".tfrecord", "tfrecord"), (".tfrecords", "tfrecord"),
+               (".tfrec", "tfrecord"))
+# Sources read from a local copy: their readers need seekable local files.
+CONTAINER_KINDS = frozenset({k for _, k in _CONTAINERS} | {"shards", "mds"})
 _REPLACING = ".replacing"  # in the staging folder: a publish that replaces a dataset began
 
 
@@ -38,6 +52,71 @@ def staging_folder(dst: str) -> Path:
 
     key = hashlib.sha256(dst.split("?", 1)[0].encode()).hexdigest()[:24]
     return default_cache_folder() / "staging" / key
+
+
+def open_remote_source(src: str, options: PackOptions) -> tuple[str, Any, Path | None]:
+    """(kind, source, local copy) for a SRC on object storage: a remote
+    :class:`~packer.listing.Listing` for folders and file lists (no copy), else a
+    registry source over a local copy (see module docstring), to delete once packed.
+
+    Raises:
+        UsageError: nothing recognizes SRC, or ``--from filelist`` names a folder.
+        StorageError: storage failed (names the object).
+    """
+    location = open_location(src)
+    to_jpeg = options.to_jpeg
+    if location.is_file():
+        folder, name = location.split()
+        kind = options.source or ("filelist" if Path(name).suffix.lower() in LIST_EXTENSIONS
+                                  else None)
+        if kind == "filelist":
+            return kind, list_remote_file(folder, name, to_jpeg=to_jpeg), None
+        copy = _fetch(folder, [(name, None)], _source_folder(src))
+        local = copy / name
+    else:
+        names = location.list_files()
+        kind = options.source or _container_kind(names) or detect_remote(location)
+        if kind in ("imagefolder", "files"):
+            return kind, list_remote(kind, location, to_jpeg=to_jpeg), None
+        if kind == "filelist":
+            raise UsageError("--from filelist: give the list file itself as SRC",
+                             path=location.uri)
+        local = copy = _fetch(location, names, _source_folder(src))
+    kind = kind or detect_source(local)
+    return kind, open_source(kind, local, options), copy
+
+
+def _container_kind(names: list[tuple[str, int]]) -> str | None:
+    """The container format of a folder's top-level objects, by name (None: images)."""
+    top = [n for n, _ in names if "/" not in n and not n.startswith(".")]
+    if "manifest.json" in top:
+        return "shards"
+    if "index.json" in top:
+        return "mds"
+    kinds = {k for n in top for suffix, k in _CONTAINERS if n.lower().endswith(suffix)}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _source_folder(src: str) -> Path:
+    from reader.cache import default_cache_folder
+
+    return default_cache_folder() / "sources" / hashlib.sha256(
+        display_uri(src).encode()).hexdigest()[:24]
+
+
+def _fetch(location: Location, names, dest: Path) -> Path:
+    """Download every (name, size) under ``dest`` (names checked; a file already there
+    with the right size is kept, so a rerun fetches only what is missing)."""
+    for name, size in names:
+        if any(part.startswith(".") for part in name.split("/")):
+            continue
+        location.path(name)  # checks the name: relative, no "..", so dest / name stays in dest
+        target = dest / name
+        if size is not None and target.is_file() and target.stat().st_size == size:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        location.download(name, target, size=size, limit=1 << 40)
+    return dest
 
 
 def _owned(name: str) -> bool:

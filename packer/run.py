@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -24,10 +25,10 @@ from pathlib import Path
 from formats import DatasetWriter, Record
 from formats.checksum import crc32c
 from formats.files import fsync_dir
-from formats.storage import display_uri, is_uri, open_location
+from formats.storage import display_uri, is_uri
 
 from .errors import PackError, PackInputError, PackInterrupted, UsageError
-from .listing import Listing, detect_remote, list_remote
+from .listing import Listing
 from .options import PackOptions
 from .report import PackProgress, PackSummary
 from .resolve import detect_source, open_sink, open_source
@@ -146,12 +147,12 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         return pack_to_remote(src, str(dst), options, progress, pack)
     dst = Path(dst)
     if is_uri(src):
-        location = open_location(src)
-        kind = options.source or detect_remote(location)
-        source = list_remote(kind, location, to_jpeg=options.to_jpeg)
+        from .remote import open_remote_source
+
         _check_paths(None, dst, options)
+        kind, source, copy = open_remote_source(str(src), options)
     else:
-        src = Path(src)
+        src, copy = Path(src), None
         _check_paths(src, dst, options)
         kind = options.source or detect_source(src)
         source = open_source(kind, src, options)
@@ -169,6 +170,8 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     finally:
         summary.seconds = time.perf_counter() - t0
         progress.close()
+    if copy is not None and summary.complete:
+        shutil.rmtree(copy, ignore_errors=True)  # the fetched copy of a remote container
     return summary
 
 

@@ -470,3 +470,44 @@ def test_resume_refuses_a_staged_pack_of_another_source(endpoint, tmp_path, monk
     summary = pack(tmp_path / "a", dst, PackOptions(workers=0, durable=False, resume=True))
     assert summary.complete and summary.records_written == 4
     assert len(open_dataset(dst, cache=CacheOptions(tmp_path / "cache"))) == 4
+
+
+def _upload_tree(folder: Path, uri: str) -> None:
+    loc = open_location(uri)
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            loc.upload(f, f.relative_to(folder).as_posix())
+
+
+@pytest.mark.parametrize("to", ["parquet", "webdataset"])
+def test_pack_a_container_format_from_s3(endpoint, tmp_path, monkeypatch, to):
+    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
+    image_folder(tmp_path / "img", np.random.default_rng(3), per_class=4)
+    fast = dict(workers=0, durable=False)
+    pack(tmp_path / "img", tmp_path / to, PackOptions(sink=to, records_per_shard=3, **fast))
+    uri = s3_uri(endpoint, new_bucket(endpoint), to)
+    _upload_tree(tmp_path / to, uri)
+    remote = pack(uri, tmp_path / "from-s3", PackOptions(**fast))
+    local = pack(tmp_path / to, tmp_path / "from-disk", PackOptions(**fast))
+    assert remote.source == local.source == to
+    a, b = open_shards(tmp_path / "from-s3"), open_shards(tmp_path / "from-disk")
+    assert len(a) == 8 and [plain(a[i]) for i in range(8)] == [plain(b[i]) for i in range(8)]
+    assert not (tmp_path / "cache" / "sources").exists() or \
+        not any((tmp_path / "cache" / "sources").iterdir()), "the fetched copy was kept"
+
+
+def test_pack_from_a_file_list_on_s3(endpoint, tmp_path):
+    image_folder(tmp_path / "img", np.random.default_rng(4), per_class=3)
+    rows = "path,label,weight\n" + "".join(
+        f"{c}/{i:03d}.jpg,{c},{i / 2}\n" for c in ("dog", "cat") for i in range(3))
+    (tmp_path / "img" / "list.csv").write_text(rows)
+    uri = s3_uri(endpoint, new_bucket(endpoint), "listed")
+    _upload_tree(tmp_path / "img", uri)
+    list_uri = uri.replace("/listed?", "/listed/list.csv?")
+    fast = PackOptions(workers=0, durable=False)
+    remote = pack(list_uri, tmp_path / "from-s3", fast)
+    local = pack(tmp_path / "img" / "list.csv", tmp_path / "from-disk", fast)
+    assert remote.source == local.source == "filelist"
+    a, b = open_shards(tmp_path / "from-s3"), open_shards(tmp_path / "from-disk")
+    assert (a.fields, a.classes) == (b.fields, b.classes)
+    assert [plain(a[i]) for i in range(6)] == [plain(b[i]) for i in range(6)]
