@@ -81,7 +81,13 @@ def _connect(ray, options: PackOptions) -> bool:
     # Task logs stay on the workers: the user's terminal holds the progress bar.
     quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
     if options.ray_address:
-        ray.init(address=options.ray_address, **quiet)
+        try:
+            ray.init(address=options.ray_address, **quiet)
+        except ConnectionError as exc:
+            raise UsageError(
+                f"cannot join the Ray cluster at {options.ray_address} ({exc}); a cluster "
+                "that requires token authentication (Ray >= 2.59) needs RAY_AUTH_MODE=token "
+                "and its token (`ray get-auth-token`) in this environment too") from None
     else:
         ray.init(num_cpus=options.workers or None, include_dashboard=False, **quiet)
     return True
