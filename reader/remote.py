@@ -114,6 +114,13 @@ class RemoteDataset(ShardDataset):
         self._lru[s] = None
         return reader
 
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if self.max_open < len(self._shards):  # a bounded working set: keep the LRU true
+            s = self.locate(int(index))[0]
+            if s in self._lru:
+                self._lru.move_to_end(s)
+        return super().__getitem__(index)
+
     def _will_use(self, shards) -> None:
         for k in shards:
             if self._shards[k] is None:

@@ -22,6 +22,7 @@ from formats.storage import Location, Retry, open_location
 from packer import PackOptions, pack
 from reader import Loader, SamplerOptions, open_dataset
 from reader.cache import CacheOptions, ShardCache
+from reader.remote import RemoteDataset
 
 
 @pytest.fixture(scope="module")
@@ -511,3 +512,12 @@ def test_pack_from_a_file_list_on_s3(endpoint, tmp_path):
     a, b = open_shards(tmp_path / "from-s3"), open_shards(tmp_path / "from-disk")
     assert (a.fields, a.classes) == (b.fields, b.classes)
     assert [plain(a[i]) for i in range(6)] == [plain(b[i]) for i in range(6)]
+
+
+def test_the_least_recently_read_shard_is_the_one_unmapped(remote_uri, tmp_path):
+    ds = RemoteDataset(remote_uri, cache=CacheOptions(tmp_path / "cache"), max_open=2)
+    per = int(ds.starts[1])
+    for i in (0, per, 1, 2 * per):  # shards 0, 1, 0 again, then 2
+        ds[i]
+    assert [s is not None for s in ds.shards[:3]] == [True, False, True]
+    ds.close()
