@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 with _loader(shards, None, raw=raw, workers=args.workers) as lo_local, \
                         _loader(uri, cache, raw=raw, workers=args.workers) as lo_s3:
                     cold, n, nbytes = _epoch(lo_s3, 0, raw)
+                    os.sync()  # the downloads' dirty pages reach the disk before warm timing
                     _epoch(lo_local, 0, raw)  # same start-up as the s3 loader had
                     # Alternate, so drift on a noisy machine hits both alike; best of N.
                     local = warm_s = float("inf")
