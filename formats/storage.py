@@ -31,7 +31,8 @@ from .checksum import crc32c
 from .errors import MissingObjectError, ObjectTooLargeError, StorageError, UnsafePathError
 from .files import temp_name
 
-__all__ = ["Location", "Retry", "display_uri", "is_uri", "open_location"]
+__all__ = ["Location", "Retry", "default_cache_folder", "display_uri", "is_uri",
+           "open_location"]
 
 T = TypeVar("T")
 _CHUNK = 8 << 20
@@ -45,6 +46,16 @@ def is_uri(path: object) -> bool:
     text = str(path)
     scheme, sep, _ = text.partition("://")
     return bool(sep) and scheme.isidentifier() and scheme.lower() != "file"
+
+
+def default_cache_folder() -> Path:
+    """Where shardpack keeps downloads and staged packs: ``$SHARDPACK_CACHE``, else
+    ``$XDG_CACHE_HOME/shardpack``, else ``~/.cache/shardpack``."""
+    env = os.environ.get("SHARDPACK_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "shardpack"
 
 
 def display_uri(path: object) -> str:

@@ -25,7 +25,13 @@ from typing import Any
 
 from formats.errors import StorageError
 from formats.manifest import MANIFEST_NAME, read_manifest
-from formats.storage import Location, display_uri, is_uri, open_location
+from formats.storage import (
+    Location,
+    default_cache_folder,
+    display_uri,
+    is_uri,
+    open_location,
+)
 
 from .errors import PackError, UsageError
 from .listing import LIST_EXTENSIONS, detect_remote, list_remote, list_remote_file
@@ -48,9 +54,7 @@ _REPLACING = ".replacing"  # in the staging folder: a publish that replaces a da
 
 def staging_folder(dst: str) -> Path:
     """Where a pack to ``dst`` is built before it is uploaded (stable across runs)."""
-    from reader.cache import default_cache_folder
-
-    key = hashlib.sha256(dst.split("?", 1)[0].encode()).hexdigest()[:24]
+    key = hashlib.sha256(display_uri(dst).encode()).hexdigest()[:24]
     return default_cache_folder() / "staging" / key
 
 
@@ -98,8 +102,6 @@ def _container_kind(names: list[tuple[str, int]]) -> str | None:
 
 
 def _source_folder(src: str) -> Path:
-    from reader.cache import default_cache_folder
-
     return default_cache_folder() / "sources" / hashlib.sha256(
         display_uri(src).encode()).hexdigest()[:24]
 

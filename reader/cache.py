@@ -41,21 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from formats.manifest import ShardEntry
-from formats.storage import Location
+from formats.storage import Location, default_cache_folder
 
 __all__ = ["ORPHAN_S", "CacheOptions", "Pin", "ShardCache", "default_cache_folder"]
 
 _PRESENT = (".rec", ".idx")
 ORPHAN_S = 600.0
-
-
-def default_cache_folder() -> Path:
-    """``$SHARDPACK_CACHE``, else ``$XDG_CACHE_HOME/shardpack``, else ``~/.cache/shardpack``."""
-    env = os.environ.get("SHARDPACK_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "shardpack"
 
 
 @dataclass(frozen=True)
