@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import pyarrow.fs as pafs
 
@@ -31,7 +31,7 @@ from .checksum import crc32c
 from .errors import MissingObjectError, ObjectTooLargeError, StorageError, UnsafePathError
 from .files import temp_name
 
-__all__ = ["Location", "Retry", "default_cache_folder", "display_uri", "is_uri",
+__all__ = ["Location", "Retry", "StoredFile", "default_cache_folder", "display_uri", "is_uri",
            "open_location"]
 
 T = TypeVar("T")
@@ -66,8 +66,16 @@ def display_uri(path: object) -> str:
         return text
     scheme, _, rest = text.partition("://")
     rest = rest.split("?", 1)[0]
-    host, slash, tail = rest.partition("/")
-    return f"{scheme}://{host.rpartition('@')[2]}{slash}{tail}"
+    userinfo, at, after = rest.partition("@")
+    if at:
+        # Secrets may hold "/" (AWS keys do), so the userinfo can look like a path: it is
+        # userinfo unless its first segment is a plain host or host:port and an "@"
+        # merely appears later, in an object's name (s3://b/me@home.jpg).
+        first = userinfo.split("/", 1)[0]
+        _, colon, port = first.partition(":")
+        if "/" not in userinfo or (colon and not port.isdigit()):
+            rest = after
+    return f"{scheme}://{rest}"
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,14 @@ def _check_name(uri: str, name: str) -> str:
     return name
 
 
+class StoredFile(NamedTuple):
+    """One object as a listing shows it."""
+
+    name: str  # relative to the listed folder
+    size: int
+    mtime_ns: int | None  # None where the filesystem does not say
+
+
 class Location:
     """A folder on a filesystem; every name is relative to it (see module docstring).
 
@@ -140,10 +156,12 @@ class Location:
     def uri_of(self, name: str) -> str:
         return f"{self.uri}/{name}"
 
-    def is_file(self) -> bool:
-        """Whether the location itself is one object (``s3://b/list.csv``), not a folder."""
+    def stat(self) -> StoredFile | None:
+        """The location itself when it is one object (``s3://b/list.csv``), else None."""
         info = self.retry.run(self.uri, "stat", lambda: self.fs.get_file_info(self.root))
-        return info.type == pafs.FileType.File
+        if info.type != pafs.FileType.File:
+            return None
+        return StoredFile(self.root.rpartition("/")[2], info.size, info.mtime_ns)
 
     def split(self) -> tuple[Location, str]:
         """(the folder holding this location, its name)."""
@@ -226,12 +244,13 @@ class Location:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def list_files(self) -> list[tuple[str, int]]:
-        """Every file under the folder, recursively: (relative name, size), sorted."""
+    def list_files(self) -> list[StoredFile]:
+        """Every file under the folder, recursively, sorted by name."""
         selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
         infos = self.retry.run(self.uri, "list", lambda: self.fs.get_file_info(selector))
         cut = len(self.root) + 1 if self.root else 0
-        out = [(i.path[cut:], i.size) for i in infos if i.type == pafs.FileType.File]
+        out = [StoredFile(i.path[cut:], i.size, i.mtime_ns) for i in infos
+               if i.type == pafs.FileType.File]
         out.sort()
         return out
 

@@ -16,7 +16,8 @@ Rules (also in ``pack-dataset --help``):
 * ``filelist``: a ``.csv``, ``.tsv`` or ``.jsonl``/``.ndjson`` file with a
   ``path`` column; relative paths are resolved against the list's folder. A
   file list is the user's own, trusted input: absolute paths and ``..`` are
-  allowed (never so for names read from archives or manifests). Other columns
+  allowed (never so for names read from archives or manifests). A list on
+  object storage names objects beside it: relative, no ``..``. Other columns
   become fields whose type (int, float, str) is inferred from all rows, which
   must agree; a ``str`` ``label`` column becomes class indices (classes sorted).
 * Every listed file counts as an input: one that turns out not to be an image
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from formats import Field
+from formats.errors import UnsafePathError
 
 from .errors import PackError, UsageError
 
@@ -216,10 +218,14 @@ def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
     raise UsageError(f"not a built-in source: {kind!r}")
 
 
-def list_remote(kind: str, location, *, to_jpeg: bool = False) -> Listing:
+def list_remote(kind: str, location, *, to_jpeg: bool = False,
+                names: list[str] | None = None) -> Listing:
     """List an image folder or a folder of files on object storage (same rules as local).
 
     Object stores have no empty folders, so no class is ever empty here.
+
+    Args:
+        names: the folder's file names, where the caller has listed it already.
 
     Raises:
         UsageError: ``kind`` is not one that can be listed remotely, or nothing is there.
@@ -228,8 +234,9 @@ def list_remote(kind: str, location, *, to_jpeg: bool = False) -> Listing:
         raise UsageError(f"--from {kind} cannot read from object storage; an image folder or "
                          "a folder of files can (or copy the source to a local disk first)",
                          path=location.uri)
-    names = [n for n, _ in location.list_files()
-             if not any(_hidden(part) for part in n.split("/"))]
+    if names is None:
+        names = [f.name for f in location.list_files()]
+    names = [n for n in names if not any(_hidden(part) for part in n.split("/"))]
     # Folder by folder, names sorted within each: the order of a local walk
     # ("a/x" before "a-c", which a plain string sort would put first).
     names.sort(key=lambda n: n.split("/"))
@@ -245,10 +252,10 @@ def list_remote(kind: str, location, *, to_jpeg: bool = False) -> Listing:
                    to_jpeg, classes, location=location)
 
 
-def detect_remote(location) -> str:
-    """The rule of :func:`detect_builtin` for a folder on object storage: an image
-    folder has a sub-folder and no image file at its top level."""
-    names = [n for n, _ in location.list_files() if not _hidden(n)]
+def detect_remote(names: list[str]) -> str:
+    """The rule of :func:`detect_builtin` for a folder on object storage, given its
+    file names: an image folder has a sub-folder and no image file at its top level."""
+    names = [n for n in names if not _hidden(n)]
     has_dir = any("/" in n for n in names)
     has_image = any("/" not in n and os.path.splitext(n)[1].lower() in
                     JPEG_EXTENSIONS | OTHER_IMAGE_EXTENSIONS for n in names)
@@ -257,13 +264,14 @@ def detect_remote(location) -> str:
 
 # -- file lists -------------------------------------------------------------------------
 
-def _read_rows(src: Path, text: str | None = None) -> list[dict[str, Any]]:
+def _read_rows(src: Path, text: str | None = None, where=None) -> list[dict[str, Any]]:
     suffix = src.suffix.lower()
+    where = where or src
     if text is None:
         try:
             text = src.read_text("utf-8-sig")
         except (OSError, UnicodeDecodeError) as exc:
-            raise PackError(f"cannot read file list: {exc}", path=src) from None
+            raise PackError(f"cannot read file list: {exc}", path=where) from None
     if suffix in (".jsonl", ".ndjson"):
         rows = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -272,9 +280,9 @@ def _read_rows(src: Path, text: str | None = None) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise PackError(f"line {n}: invalid JSON ({exc.msg})", path=src) from None
+                raise PackError(f"line {n}: invalid JSON ({exc.msg})", path=where) from None
             if not isinstance(row, dict):
-                raise PackError(f"line {n}: expected a JSON object", path=src,
+                raise PackError(f"line {n}: expected a JSON object", path=where,
                                 found=type(row).__name__)
             rows.append(row)
         return rows
@@ -282,12 +290,12 @@ def _read_rows(src: Path, text: str | None = None) -> list[dict[str, Any]]:
     rows = list(reader)
     for n, row in enumerate(rows, 2):
         if None in row or None in row.values():
-            raise PackError(f"line {n}: wrong number of columns", path=src,
+            raise PackError(f"line {n}: wrong number of columns", path=where,
                             expected=len(reader.fieldnames or ()))
     return rows
 
 
-def _infer(name: str, values: list[Any], from_text: bool, src: Path) -> tuple[Field, list[Any]]:
+def _infer(name: str, values: list[Any], from_text: bool, src) -> tuple[Field, list[Any]]:
     if from_text:
         for cast, type_ in ((int, "int"), (float, "float")):
             try:
@@ -319,35 +327,45 @@ def list_remote_file(location, name: str, *, to_jpeg: bool = False) -> Listing:
         PackError: the list does not parse (names line and column).
         StorageError: it cannot be read.
     """
+    where = location.uri_of(name)
     raw = location.read_bytes(name, _LIST_LIMIT)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise PackError(f"cannot read file list: {exc}", path=location.uri_of(name)) from None
-    return _list_file(Path(name), to_jpeg, text=text, location=location)
+        raise PackError(f"cannot read file list: {exc}", path=where) from None
+    return _list_file(Path(name), to_jpeg, text=text, location=location, where=where)
 
 
-def _list_file(src: Path, to_jpeg: bool, *, text: str | None = None, location=None) -> Listing:
-    rows = _read_rows(src, text)
+def _list_file(src: Path, to_jpeg: bool, *, text: str | None = None, location=None,
+               where: str | None = None) -> Listing:
+    """``where``: how errors name the list (its URI, for a list on object storage)."""
+    where = where or src
+    rows = _read_rows(src, text, where)
     if not rows:
         return _finish("filelist", src, [], {}, [], to_jpeg, location=location)
     names = list(rows[0])
     if "path" not in names:
-        raise PackError("file list has no 'path' column", path=src, found=names)
+        raise PackError("file list has no 'path' column", path=where, found=names)
     for r in _RESERVED:
         if r in names:
-            raise PackError(f"file list column {r!r} clashes with the packer's own field", path=src)
+            raise PackError(f"file list column {r!r} clashes with the packer's own field",
+                            path=where)
     for i, row in enumerate(rows):
         if list(row) != names and set(row) != set(names):
-            raise PackError("row has other columns than the first row", path=src, record=i,
+            raise PackError("row has other columns than the first row", path=where, record=i,
                             found=sorted(row), expected=sorted(names))
     base = src.parent
     found = []
     for i, row in enumerate(rows):
         p = row["path"]
         if not isinstance(p, str) or not p:
-            raise PackError("empty or non-string 'path'", path=src, record=i, found=p)
-        if location is not None:  # a name beside the list, checked when it is read
+            raise PackError("empty or non-string 'path'", path=where, record=i, found=p)
+        if location is not None:
+            try:
+                location.path(p)
+            except UnsafePathError:
+                raise PackError("'path' must name an object beside the list: relative, no "
+                                "'..'", path=where, record=i, found=p) from None
             found.append((p, p, None))
             continue
         # Trusted input: the user's own list may point anywhere (see module docstring).
@@ -359,7 +377,7 @@ def _list_file(src: Path, to_jpeg: bool, *, text: str | None = None, location=No
     for name in names:
         if name == "path":
             continue
-        f, values = _infer(name, [row[name] for row in rows], text, src)
+        f, values = _infer(name, [row[name] for row in rows], text, where)
         if name == "label" and f.type == "str":
             classes = sorted(set(values))
             index = {c: i for i, c in enumerate(classes)}

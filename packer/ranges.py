@@ -204,7 +204,7 @@ class Output:
     def files(self) -> dict[str, int]:
         if self.local is not None and not self.local.exists():
             return {}
-        return dict(self.location.list_files())
+        return {f.name: f.size for f in self.location.list_files()}
 
     def read_json(self, name: str) -> Any:
         """The JSON in ``name``, or None when it is missing or torn."""

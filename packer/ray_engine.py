@@ -87,7 +87,8 @@ def _connect(ray, options: PackOptions) -> bool:
             raise UsageError(
                 f"cannot join the Ray cluster at {options.ray_address} ({exc}); a cluster "
                 "that requires token authentication (Ray >= 2.59) needs RAY_AUTH_MODE=token "
-                "and its token (`ray get-auth-token`) in this environment too") from None
+                "and its token (RAY_AUTH_TOKEN, or ~/.ray/auth_token) in this environment "
+                "too") from None
     else:
         ray.init(num_cpus=options.workers or None, include_dashboard=False, **quiet)
     return True
@@ -276,17 +277,12 @@ def _check(src: Path | None, dst: str, options: PackOptions) -> None:
 
 
 def _remote_listing(src: str, options: PackOptions) -> tuple[str, Listing]:
-    from .remote import CONTAINER_KINDS, open_remote_source
+    from .remote import open_remote_source
 
-    if options.source in CONTAINER_KINDS:  # refuse before fetching a copy of it
+    kind, listing, _ = open_remote_source(src, options, copy=False)
+    if listing is None:  # decided from the listing alone: nothing was fetched
         raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
-                         f"{options.source!r}; pack it with --engine local")
-    kind, listing, copy = open_remote_source(src, options)
-    if not isinstance(listing, Listing):
-        if copy is not None:
-            shutil.rmtree(copy, ignore_errors=True)
-        raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
-                         f"{kind!r}; pack it with --engine local")
+                         f"{kind or 'a container file'!r}; pack it with --engine local")
     return kind, listing
 
 
@@ -307,6 +303,7 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     src_path = None if remote else Path(os.path.abspath(src))
     dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
     _check(src_path, dst_text, options)
+    ray = _import_ray()  # before the listing, which may take long on a big source
     if remote:
         # Listed remotely, every task reads its objects through the listing's Location.
         kind, listing = _remote_listing(str(src), options)
@@ -316,7 +313,6 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
             raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
                              f"{kind!r}; pack it with --engine local")
         listing = list_source(kind, src_path, to_jpeg=options.to_jpeg)
-    ray = _import_ray()
     n = len(listing)
     if not n:
         raise PackError("SRC holds no input files (hidden files are ignored)", path=src)

@@ -3,8 +3,8 @@
 From: an image folder, a folder of files or a file list on object storage is
 listed there and its objects are read by the pack loop itself (many at once).
 Container formats (TFRecord, WebDataset tars, Parquet, MDS, our shards) are
-fetched whole into a local folder first (kept, and reused, until the pack
-completes), since their readers need seekable local files.
+fetched whole into a local copy first (:mod:`packer.source_copy`), since their
+readers need seekable local files.
 
 To: the staging folder is a normal dataset folder (journal, ``--resume`` and all),
 kept under the cache folder at a name derived from DST, so an interrupted pack
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,11 @@ from .listing import LIST_EXTENSIONS, detect_remote, list_remote, list_remote_fi
 from .options import PackOptions
 from .report import PackProgress, PackSummary
 from .resolve import detect_source, open_source
+from .source_copy import SourceCopy
 
 __all__ = ["open_remote_source", "pack_to_remote", "staging_folder"]
+
+log = logging.getLogger("shardpack.packer")
 
 # What a pack writes into DST (and so what --overwrite may delete there).
 _OWNED_SUFFIXES = (".rec", ".idx", ".meta.parquet", ".zstd")
@@ -47,8 +51,6 @@ _OWNED_NAMES = ("skipped.jsonl", MANIFEST_NAME)
 _CONTAINERS = ((".tar", "webdataset"), (".tar.gz", "webdataset"), (".tgz", "webdataset"),
                (".parquet", "parquet"), (".tfrecord", "tfrecord"), (".tfrecords", "tfrecord"),
                (".tfrec", "tfrecord"))
-# Sources read from a local copy: their readers need seekable local files.
-CONTAINER_KINDS = frozenset({k for _, k in _CONTAINERS} | {"shards", "mds"})
 _REPLACING = ".replacing"  # in the staging folder: a publish that replaces a dataset began
 
 
@@ -58,67 +60,65 @@ def staging_folder(dst: str) -> Path:
     return default_cache_folder() / "staging" / key
 
 
-def open_remote_source(src: str, options: PackOptions) -> tuple[str, Any, Path | None]:
+def open_remote_source(src: str, options: PackOptions, *, copy: bool = True
+                       ) -> tuple[str | None, Any, SourceCopy | None]:
     """(kind, source, local copy) for a SRC on object storage: a remote
     :class:`~packer.listing.Listing` for folders and file lists (no copy), else a
-    registry source over a local copy (see module docstring), to delete once packed.
+    registry source over a :class:`~packer.source_copy.SourceCopy` (see module
+    docstring), to release once packed.
+
+    Args:
+        copy: False: fetch nothing; a source that needs a local copy comes back as
+            ``(kind or None, None, None)``.
 
     Raises:
         UsageError: nothing recognizes SRC, or ``--from filelist`` names a folder.
+        PackError: another pack holds the local copy of SRC.
         StorageError: storage failed (names the object).
     """
     location = open_location(src)
     to_jpeg = options.to_jpeg
-    if location.is_file():
+    single = location.stat()
+    if single is not None:
         folder, name = location.split()
         kind = options.source or ("filelist" if Path(name).suffix.lower() in LIST_EXTENSIONS
-                                  else None)
+                                  else _container_kind([name]))
         if kind == "filelist":
             return kind, list_remote_file(folder, name, to_jpeg=to_jpeg), None
-        copy = _fetch(folder, [(name, None)], _source_folder(src))
-        local = copy / name
+        location, files = folder, [single]
     else:
-        names = location.list_files()
-        kind = options.source or _container_kind(names) or detect_remote(location)
+        files = [f for f in location.list_files()
+                 if not any(part.startswith(".") for part in f.name.split("/"))]
+        names = [f.name for f in files]
+        kind = options.source or _container_kind(names) or detect_remote(names)
         if kind in ("imagefolder", "files"):
-            return kind, list_remote(kind, location, to_jpeg=to_jpeg), None
+            return kind, list_remote(kind, location, to_jpeg=to_jpeg, names=names), None
         if kind == "filelist":
             raise UsageError("--from filelist: give the list file itself as SRC",
                              path=location.uri)
-        local = copy = _fetch(location, names, _source_folder(src))
-    kind = kind or detect_source(local)
-    return kind, open_source(kind, local, options), copy
+    if not copy:
+        return kind, None, None
+    held = SourceCopy(src)
+    try:
+        local = held.fetch(location, files)
+        if single is not None:
+            local = local / single.name
+        kind = kind or detect_source(local)
+        return kind, open_source(kind, local, options), held
+    except BaseException:
+        held.release(delete=False)
+        raise
 
 
-def _container_kind(names: list[tuple[str, int]]) -> str | None:
+def _container_kind(names: list[str]) -> str | None:
     """The container format of a folder's top-level objects, by name (None: images)."""
-    top = [n for n, _ in names if "/" not in n and not n.startswith(".")]
+    top = [n for n in names if "/" not in n and not n.startswith(".")]
     if "manifest.json" in top:
         return "shards"
     if "index.json" in top:
         return "mds"
     kinds = {k for n in top for suffix, k in _CONTAINERS if n.lower().endswith(suffix)}
     return kinds.pop() if len(kinds) == 1 else None
-
-
-def _source_folder(src: str) -> Path:
-    return default_cache_folder() / "sources" / hashlib.sha256(
-        display_uri(src).encode()).hexdigest()[:24]
-
-
-def _fetch(location: Location, names, dest: Path) -> Path:
-    """Download every (name, size) under ``dest`` (names checked; a file already there
-    with the right size is kept, so a rerun fetches only what is missing)."""
-    for name, size in names:
-        if any(part.startswith(".") for part in name.split("/")):
-            continue
-        location.path(name)  # checks the name: relative, no "..", so dest / name stays in dest
-        target = dest / name
-        if size is not None and target.is_file() and target.stat().st_size == size:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        location.download(name, target, size=size, limit=1 << 40)
-    return dest
 
 
 def _owned(name: str) -> bool:
@@ -160,9 +160,13 @@ def _probe(location: Location) -> None:
     probe = ".shardpack-write-probe"
     try:
         location.write_bytes(probe, b"")
-        location.delete(probe)
     except StorageError as exc:
         raise UsageError(f"cannot write to DST ({exc.message})", path=location.uri) from None
+    try:
+        location.delete(probe)
+    except StorageError as exc:  # a write-only role: packing needs no delete (replacing does)
+        log.warning("cannot delete the empty object %s (%s); it is harmless",
+                    location.uri_of(probe), exc.message)
 
 
 def _publish_stage(stage: Path, location: Location, overwrite: bool) -> None:
@@ -201,7 +205,7 @@ def _staged_summary(src, dst: str, stage: Path, options: PackOptions) -> PackSum
 
 def publish(folder: Path, location: Location, *, replace: bool = False) -> None:
     """Upload the dataset in ``folder`` to ``location``, manifest last."""
-    before = {n for n, _ in location.list_files()} if replace else set()
+    before = {f.name for f in location.list_files()} if replace else set()
     if replace and MANIFEST_NAME in before:
         location.delete(MANIFEST_NAME)
     files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -146,6 +145,8 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
 
         return pack_to_remote(src, str(dst), options, progress, pack)
     dst = Path(dst)
+    if options.resume and options.sink != "shards":
+        raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
     if is_uri(src):
         from .remote import open_remote_source
 
@@ -156,8 +157,6 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         _check_paths(src, dst, options)
         kind = options.source or detect_source(src)
         source = open_source(kind, src, options)
-    if options.resume and options.sink != "shards":
-        raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
     summary = PackSummary(display_uri(src), display_uri(dst), kind, options.sink)
     t0 = time.perf_counter()
     try:
@@ -170,8 +169,8 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     finally:
         summary.seconds = time.perf_counter() - t0
         progress.close()
-    if copy is not None and summary.complete:
-        shutil.rmtree(copy, ignore_errors=True)  # the fetched copy of a remote container
+        if copy is not None:  # the local copy of a remote container: kept for a rerun
+            copy.release(delete=summary.complete)
     return summary
 
 

@@ -240,7 +240,7 @@ def test_destination_on_object_storage(tmp_path, rng):
         s = pack(src, uri, on_ray(task_records=12, records_per_shard=5, on_error="skip"))
         assert s.complete and s.records_written == 30 and s.records_skipped == 1
         location = open_location(uri)
-        names = [n for n, _ in location.list_files()]
+        names = [f.name for f in location.list_files()]
         assert not [n for n in names if n.startswith(STATE_DIR)]
         for n in names:  # the tasks uploaded their shards; the driver the rest
             location.download(n, tmp_path / n)

@@ -20,6 +20,7 @@ from helpers_s3 import CREDENTIALS, DroppingProxy, moto_server, new_bucket, s3_u
 from formats import StorageError, open_shards
 from formats.storage import Location, Retry, open_location
 from packer import PackOptions, pack
+from packer.remote import open_remote_source
 from reader import Loader, SamplerOptions, open_dataset
 from reader.cache import CacheOptions, ShardCache
 from reader.remote import RemoteDataset
@@ -349,7 +350,7 @@ def test_pack_to_s3_and_back(endpoint, tmp_path, monkeypatch):
     gone = s3_uri(endpoint, "no-such-bucket", "x")
     assert main([str(src), gone, "--quiet", "--records-per-shard", "4"]) == 2  # cannot write
     pack(src, dst, PackOptions(records_per_shard=6, workers=0, durable=False, overwrite=True))
-    names = {n for n, _ in open_location(dst).list_files()}
+    names = {f.name for f in open_location(dst).list_files()}
     assert "shard-00002.rec" not in names, "--overwrite left the old dataset's shards behind"
     assert len(open_dataset(dst, cache=CacheOptions(tmp_path / "cache"))) == 12
 
@@ -412,6 +413,12 @@ def test_uris_shown_without_secrets_and_file_uris_are_paths(tmp_path):
 
     assert display_uri("s3://AK:SECRET@bkt/ds/x?endpoint_override=h:9&scheme=http") == \
         "s3://bkt/ds/x"
+    # AWS secrets may hold "/": the userinfo must still go, whole.
+    assert display_uri("s3://AK:SE/CR/ET@bkt/ds") == "s3://bkt/ds"
+    assert display_uri("s3://token@bkt/ds") == "s3://bkt/ds"
+    # An "@" in an object's name, or a port, is not userinfo.
+    assert display_uri("s3://bkt/me@home.jpg") == "s3://bkt/me@home.jpg"
+    assert display_uri("hdfs://nn:8020/a/b@c") == "hdfs://nn:8020/a/b@c"
     assert display_uri(tmp_path) == str(tmp_path)
     (tmp_path / "a.txt").write_bytes(b"hi")
     assert open_location(f"file://{tmp_path}").read_bytes("a.txt", 10) == b"hi"
@@ -430,11 +437,15 @@ def test_a_remote_folder_lists_and_detects_like_a_local_one(endpoint, tmp_path):
     for f in sorted(src.rglob("*")):
         if f.is_file():
             loc.upload(f, f.relative_to(src).as_posix())
-    assert detect_remote(loc) == detect_builtin(src) == "files"
+
+    def names():
+        return [f.name for f in loc.list_files()]
+
+    assert detect_remote(names()) == detect_builtin(src) == "files"
     assert list_remote("files", loc).keys == list_source("files", src).keys
     (src / "a-c.jpg").unlink()
     loc.delete("a-c.jpg")
-    assert detect_remote(loc) == detect_builtin(src) == "imagefolder"  # README.md is no image
+    assert detect_remote(names()) == detect_builtin(src) == "imagefolder"  # README: no image
     remote, local = list_remote("imagefolder", loc), list_source("imagefolder", src)
     assert (remote.keys, remote.classes, remote.columns) == (local.keys, local.classes,
                                                              local.columns)
@@ -488,13 +499,16 @@ def test_pack_a_container_format_from_s3(endpoint, tmp_path, monkeypatch, to):
     pack(tmp_path / "img", tmp_path / to, PackOptions(sink=to, records_per_shard=3, **fast))
     uri = s3_uri(endpoint, new_bucket(endpoint), to)
     _upload_tree(tmp_path / to, uri)
+    # Told by the names alone (as the Ray engine asks, to refuse it): nothing fetched.
+    assert open_remote_source(uri, PackOptions(), copy=False) == (to, None, None)
+    assert not (tmp_path / "cache" / "sources").exists()
     remote = pack(uri, tmp_path / "from-s3", PackOptions(**fast))
     local = pack(tmp_path / to, tmp_path / "from-disk", PackOptions(**fast))
     assert remote.source == local.source == to
     a, b = open_shards(tmp_path / "from-s3"), open_shards(tmp_path / "from-disk")
     assert len(a) == 8 and [plain(a[i]) for i in range(8)] == [plain(b[i]) for i in range(8)]
-    assert not (tmp_path / "cache" / "sources").exists() or \
-        not any((tmp_path / "cache" / "sources").iterdir()), "the fetched copy was kept"
+    copies = tmp_path / "cache" / "sources"
+    assert not any(p.is_dir() for p in copies.iterdir()), "the fetched copy was kept"
 
 
 def test_pack_from_a_file_list_on_s3(endpoint, tmp_path):
@@ -514,10 +528,52 @@ def test_pack_from_a_file_list_on_s3(endpoint, tmp_path):
     assert [plain(a[i]) for i in range(6)] == [plain(b[i]) for i in range(6)]
 
 
-def test_the_least_recently_read_shard_is_the_one_unmapped(remote_uri, tmp_path):
+def test_a_remote_file_list_naming_an_object_outside_its_folder_is_refused(endpoint,
+                                                                           tmp_path):
+    from packer import PackError
+
+    uri = s3_uri(endpoint, new_bucket(endpoint), "listed")
+    open_location(uri).write_bytes("list.csv", b"path,label\nok.jpg,1\n../secret.jpg,2\n")
+    list_uri = uri.replace("/listed?", "/listed/list.csv?")
+    with pytest.raises(PackError, match="beside the list") as e:
+        pack(list_uri, tmp_path / "out", PackOptions(workers=0, durable=False))
+    assert e.value.record == 1 and "/listed/list.csv" in str(e.value)
+    assert "?" not in str(e.value)  # the URI is shown without its query
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_remote_folder_is_listed_once_per_pack(endpoint, tmp_path, monkeypatch):
+    image_folder(tmp_path / "img", np.random.default_rng(5), per_class=2)
+    uri = s3_uri(endpoint, new_bucket(endpoint), "img")
+    _upload_tree(tmp_path / "img", uri)
+    calls = []
+    real = Location.list_files
+    monkeypatch.setattr(Location, "list_files", lambda self: calls.append(1) or real(self))
+    summary = pack(uri, tmp_path / "out", PackOptions(workers=0, durable=False))
+    assert summary.records_written == 4 and len(calls) == 1
+
+
+def test_a_destination_that_refuses_deletes_still_takes_a_pack(endpoint, tmp_path, caplog):
+    from packer.remote import _probe
+
+    class NoDelete(Location):
+        def delete(self, name):
+            raise StorageError("delete failed (ACCESS_DENIED)", path=self.uri_of(name))
+
+    loc = open_location(s3_uri(endpoint, new_bucket(endpoint), "wo"))
+    with caplog.at_level("WARNING", logger="shardpack.packer"):
+        _probe(NoDelete(loc.fs, loc.root, loc.uri, loc.retry))
+    assert "cannot delete the empty object" in caplog.text
+
+
+@pytest.mark.parametrize("read", ["record", "payload", "get"])
+def test_the_least_recently_read_shard_is_the_one_unmapped(remote_uri, tmp_path, read):
     ds = RemoteDataset(remote_uri, cache=CacheOptions(tmp_path / "cache"), max_open=2)
+    field = ds.fields[0].name
+    fetch = {"record": ds.__getitem__, "payload": lambda i: ds.payload(i, field),
+             "get": lambda i: ds.get(i, field)}[read]
     per = int(ds.starts[1])
     for i in (0, per, 1, 2 * per):  # shards 0, 1, 0 again, then 2
-        ds[i]
+        fetch(i)
     assert [s is not None for s in ds.shards[:3]] == [True, False, True]
     ds.close()
