@@ -121,6 +121,11 @@ class RemoteDataset(ShardDataset):
                 self._lru.move_to_end(s)
         return super().__getitem__(index)
 
+    def shard(self, s: int) -> ShardReader:  # payload() and get() come through here
+        if s in self._lru:
+            self._lru.move_to_end(s)
+        return super().shard(s)
+
     def _will_use(self, shards) -> None:
         for k in shards:
             if self._shards[k] is None:
