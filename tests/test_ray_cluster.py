@@ -4,11 +4,14 @@ on this machine: the multi-node path, end to end, in a separate process."""
 from __future__ import annotations
 
 import os
+import queue
 import re
+import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -27,26 +30,37 @@ RAY = Path(sys.executable).with_name("ray")
 @pytest.fixture(scope="module")
 def head():
     """A head node started by ``ray start --block`` (stopping that process stops exactly
-    the processes it started), with token authentication as Ray >= 2.59 has it."""
+    the processes it started), with token authentication as Ray >= 2.59 has it. The
+    token rides in the environment, and HOME is a temporary folder: a token file in
+    the real ~/.ray would turn authentication on for every later Ray user there."""
     if not RAY.exists():
         pytest.skip(f"no ray command beside {sys.executable}")
     temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths have a length limit
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "HOME": temp}
     proc = subprocess.Popen(
         [str(RAY), "start", "--head", "--block", "--num-cpus", "2", "--port", "0",
          "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    address, deadline = None, time.monotonic() + 120
+    # Read on a thread, to the end: the deadline holds even if ray start goes quiet, and
+    # a full pipe never blocks the head.
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)],
+                     daemon=True).start()
+    address, seen, deadline = None, [], time.monotonic() + 120
     try:
-        for line in proc.stdout:
+        while address is None:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            seen.append(line)
             m = re.search(r"--address='([^']+)'", line)
-            if m:
-                address = m.group(1)
-                break
-            if time.monotonic() > deadline:
-                break
+            address = m.group(1) if m else None
         if address is None:
-            pytest.fail("ray start printed no address")
+            pytest.fail("ray start printed no address within 120 s:\n" + "".join(seen[-30:]))
         yield address, env
     finally:
         proc.terminate()
@@ -79,7 +93,7 @@ def test_pack_dataset_joins_a_running_cluster(head, tmp_path):
 def test_a_cluster_that_refuses_the_driver_is_a_clear_error(head, tmp_path):
     address, env = head
     image_folder(tmp_path / "src", np.random.default_rng(8), per_class=2)
-    env = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+    env = {k: v for k, v in env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     out = subprocess.run(
         [sys.executable, "-m", "packer.cli", str(tmp_path / "src"), str(tmp_path / "out"),
          "--engine", "ray", "--ray-address", address],
