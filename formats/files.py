@@ -7,7 +7,22 @@ from pathlib import Path
 
 from .errors import UnsafePathError
 
-__all__ = ["atomic_write_bytes", "fsync_dir", "safe_child", "temp_name"]
+__all__ = ["atomic_write_bytes", "fsync_dir", "safe_child", "temp_name", "try_lock"]
+
+
+def try_lock(path: Path) -> int | None:
+    """Take an exclusive lock on the file ``path`` (created if missing): the open file
+    descriptor, to ``os.close`` to unlock, or None when another process holds it. The
+    file is never deleted: deleting a lock file races with its next user."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def temp_name(path: Path) -> Path:

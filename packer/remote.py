@@ -20,11 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from formats.errors import StorageError
+from formats.files import try_lock
 from formats.manifest import MANIFEST_NAME, read_manifest
 from formats.storage import (
     Location,
@@ -137,22 +139,30 @@ def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress |
                          "--to shards", path=display_uri(dst))
     location = open_location(dst)
     stage = staging_folder(dst)
-    if options.resume and (stage / MANIFEST_NAME).exists():
-        # Packed in full, then interrupted while publishing: publish it (again).
-        summary = _staged_summary(src, dst, stage, options)
-        _publish_stage(stage, location, options.overwrite)
+    stage.parent.mkdir(parents=True, exist_ok=True)
+    lock = try_lock(stage.with_name(stage.name + ".lock"))
+    if lock is None:
+        raise PackError("another pack to this DST is running (it holds the staging folder); "
+                        "wait for it to finish", path=display_uri(dst))
+    try:
+        if options.resume and (stage / MANIFEST_NAME).exists():
+            # Packed in full, then interrupted while publishing: publish it (again).
+            summary = _staged_summary(src, dst, stage, options)
+            _publish_stage(stage, location, options.overwrite)
+            return summary
+        if location.exists(MANIFEST_NAME) and not options.overwrite:
+            raise UsageError("DST is already a dataset; pass --overwrite to replace it",
+                             path=display_uri(dst))
+        _probe(location)
+        if not options.resume and stage.exists():
+            shutil.rmtree(stage)
+        summary = pack_local(src, stage, options, progress)
+        if summary.complete:
+            _publish_stage(stage, location, options.overwrite)
+        summary.dst = display_uri(dst)
         return summary
-    if location.exists(MANIFEST_NAME) and not options.overwrite:
-        raise UsageError("DST is already a dataset; pass --overwrite to replace it",
-                         path=display_uri(dst))
-    _probe(location)
-    if not options.resume and stage.exists():
-        shutil.rmtree(stage)
-    summary = pack_local(src, stage, options, progress)
-    if summary.complete:
-        _publish_stage(stage, location, options.overwrite)
-    summary.dst = display_uri(dst)
-    return summary
+    finally:
+        os.close(lock)
 
 
 def _probe(location: Location) -> None:

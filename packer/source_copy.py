@@ -13,7 +13,6 @@ files under the first.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -21,7 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
-from formats.files import temp_name
+from formats.files import temp_name, try_lock
 from formats.storage import Location, StoredFile, default_cache_folder, display_uri
 
 from .errors import PackError
@@ -47,14 +46,11 @@ class SourceCopy:
         key = hashlib.sha256(self.src.encode()).hexdigest()[:24]
         self.path = default_cache_folder() / "sources" / key
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Beside the copy, never deleted: deleting a lock file races with its next user.
-        self._lock = os.open(self.path.parent / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock)
+        lock = try_lock(self.path.parent / f"{key}.lock")
+        if lock is None:
             raise PackError("another pack of this SRC is running and uses its local copy; "
-                            "wait for it to finish", path=self.path) from None
+                            "wait for it to finish", path=self.path)
+        self._lock = lock
 
     def fetch(self, location: Location, files: list[StoredFile]) -> Path:
         """Make the copy hold exactly ``files`` of ``location`` and return its folder.

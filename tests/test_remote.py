@@ -484,6 +484,27 @@ def test_resume_refuses_a_staged_pack_of_another_source(endpoint, tmp_path, monk
     assert len(open_dataset(dst, cache=CacheOptions(tmp_path / "cache"))) == 4
 
 
+def test_two_packs_to_one_destination_do_not_share_its_staging_folder(endpoint, tmp_path,
+                                                                      monkeypatch):
+    from formats.files import try_lock
+    from packer import PackError
+    from packer.remote import staging_folder
+
+    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
+    image_folder(tmp_path / "a", np.random.default_rng(9), per_class=2)
+    dst = s3_uri(endpoint, new_bucket(endpoint), "busy")
+    stage = staging_folder(dst)
+    stage.parent.mkdir(parents=True)
+    other = try_lock(stage.with_name(stage.name + ".lock"))  # the other pack, running
+    options = PackOptions(workers=0, durable=False)
+    try:
+        with pytest.raises(PackError, match="another pack to this DST"):
+            pack(tmp_path / "a", dst, options)
+    finally:
+        os.close(other)
+    assert pack(tmp_path / "a", dst, options).records_written == 4
+
+
 def _upload_tree(folder: Path, uri: str) -> None:
     loc = open_location(uri)
     for f in sorted(folder.rglob("*")):
