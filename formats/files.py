@@ -14,7 +14,7 @@ def try_lock(path: Path) -> int | None:
     """Take an exclusive lock on the file ``path`` (created if missing): the open file
     descriptor, to ``os.close`` to unlock, or None when another process holds it. The
     file is never deleted: deleting a lock file races with its next user."""
-    import fcntl
+    import fcntl  # POSIX only: imported here so that formats still imports anywhere
 
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

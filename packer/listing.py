@@ -264,9 +264,8 @@ def detect_remote(names: list[str]) -> str:
 
 # -- file lists -------------------------------------------------------------------------
 
-def _read_rows(src: Path, text: str | None = None, where=None) -> list[dict[str, Any]]:
+def _read_rows(src: Path, text: str | None, where) -> list[dict[str, Any]]:
     suffix = src.suffix.lower()
-    where = where or src
     if text is None:
         try:
             text = src.read_text("utf-8-sig")

@@ -276,16 +276,6 @@ def _check(src: Path | None, dst: str, options: PackOptions) -> None:
         raise UsageError("DST is already a dataset; pass --overwrite to replace it", path=dst)
 
 
-def _remote_listing(src: str, options: PackOptions) -> tuple[str, Listing]:
-    from .remote import open_remote_source
-
-    kind, listing, _ = open_remote_source(src, options, copy=False)
-    if listing is None:  # decided from the listing alone: nothing was fetched
-        raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
-                         f"{kind or 'a container file'!r}; pack it with --engine local")
-    return kind, listing
-
-
 def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
                 progress: PackProgress) -> PackSummary:
     """Pack SRC into DST with Ray tasks (``options.engine == "ray"``; see module docstring).
@@ -305,14 +295,18 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     _check(src_path, dst_text, options)
     ray = _import_ray()  # before the listing, which may take long on a big source
     if remote:
-        # Listed remotely, every task reads its objects through the listing's Location.
-        kind, listing = _remote_listing(str(src), options)
+        from .remote import open_remote_source
+
+        # Listed remotely, every task reads its objects through the listing's Location;
+        # a container is told by its names and refused below, before a byte is fetched.
+        kind, listing, _ = open_remote_source(str(src), options, copy=False)
     else:
         kind = options.source or detect_source(src_path)
-        if kind not in BUILTIN_SOURCES:
-            raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
-                             f"{kind!r}; pack it with --engine local")
-        listing = list_source(kind, src_path, to_jpeg=options.to_jpeg)
+        listing = (list_source(kind, src_path, to_jpeg=options.to_jpeg)
+                   if kind in BUILTIN_SOURCES else None)
+    if listing is None:
+        raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
+                         f"{kind or 'a container file'!r}; pack it with --engine local")
     n = len(listing)
     if not n:
         raise PackError("SRC holds no input files (hidden files are ignored)", path=src)
