@@ -22,3 +22,39 @@ def rng(request):
     request.node.user_properties.append(("seed", seed))
     print(f"rng seed: {seed} (set SHARDPACK_TEST_SEED to change)")
     return np.random.default_rng(seed)
+
+
+# -- hostile-input cases (tests/hostile.py): their totals close the run ----------------
+
+def pytest_configure(config):
+    if not os.environ.get("SHARDPACK_HOSTILE_LOG"):
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="shardpack-hostile-", suffix=".jsonl")
+        os.close(fd)
+        os.environ["SHARDPACK_HOSTILE_LOG"] = path
+        config._hostile_log_owned = path
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    import json
+
+    path = os.environ.get("SHARDPACK_HOSTILE_LOG")
+    if not path or not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if getattr(config, "_hostile_log_owned", None):
+        os.unlink(path)
+    if not rows:
+        return
+    kinds: dict[str, int] = {}
+    for r in rows:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    worst = max(rows, key=lambda r: r["peak_mb"])
+    slowest = max(rows, key=lambda r: r["seconds"])
+    terminalreporter.write_sep("-", "hostile inputs")
+    terminalreporter.write_line(
+        f"{len(rows)} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+        + f"; worst peak memory {worst['peak_mb']:.0f} MB ({worst['case']}); "
+        f"slowest {slowest['seconds']:.2f} s ({slowest['case']})")
