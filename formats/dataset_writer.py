@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,24 +22,15 @@ from .fields import Field, encode_value
 from .files import atomic_write_bytes, fsync_dir
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
 from .manifest import MANIFEST_NAME, Manifest, ShardEntry, write_manifest
+from .ownership import JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME, remove_ours, survey
 from .shard_writer import ShardWriter, entry_matches_files
 
 __all__ = ["JOURNAL_NAME", "DatasetWriter", "shard_name"]
 
-JOURNAL_NAME = "_journal.jsonl"
 
 
 def shard_name(number: int) -> str:
     return f"shard-{number:05d}"
-
-
-def _dataset_files(root: Path):
-    for p in root.iterdir():
-        n = p.name
-        # part-* and .ray/ are what an interrupted `pack-dataset --engine ray` leaves.
-        if (n.startswith(("shard-", ".shard-", "dict-", ".dict-", ".manifest.json", "part-"))
-                or n in (MANIFEST_NAME, JOURNAL_NAME, ".ray")):
-            yield p
 
 
 class DatasetWriter:
@@ -58,13 +48,17 @@ class DatasetWriter:
         classes: class names, index = label.
         created_by: how the dataset was made (tool, source, options), for the manifest.
         dictionaries: trained zstd dictionaries by field name (zstd fields only).
-        overwrite: replace an existing dataset in ``root``.
+        overwrite: replace an existing dataset in ``root`` (its files are deleted
+            first: not atomic; ``packer.pack`` builds the new one beside the old
+            one instead). Only files :mod:`formats.ownership` proves ours are
+            ever deleted; anything else in ``root`` stays.
         resume: keep the shards a previous, interrupted writer sealed with the same
             schema and options; :attr:`resumed` holds their ``progress`` values.
         durable: fsync every file before it is renamed.
 
     Raises:
-        ManifestError: ``root`` already holds a dataset and ``overwrite`` is false.
+        ManifestError: ``root`` already holds a dataset and ``overwrite`` is false,
+            or a ``manifest.json`` that is not a valid one (never replaced).
         SchemaError: a bad schema.
     """
 
@@ -106,6 +100,12 @@ class DatasetWriter:
                 "already a dataset (manifest.json exists); pass overwrite to replace it",
                 path=self.root,
             )
+        found = survey(self.root)
+        if found.bad_manifest is not None:
+            raise ManifestError(
+                f"holds a manifest.json that is not a valid shardpack manifest "
+                f"({found.bad_manifest}); not replacing what may not be ours: remove it yourself",
+                path=self.root / MANIFEST_NAME)
         self._journal_header = {
             "fields": [f.to_json() for f in self.fields],
             "alignment": alignment,
@@ -116,7 +116,7 @@ class DatasetWriter:
         self.resumed: list[Any] = []
         if resume:
             self._load_journal()
-        self._clear(keep={e.name for e in self.sealed})
+        self._clear(found, keep={e.name for e in self.sealed})
         self._dictionaries = self._write_dictionaries(dictionaries or {})
         self._compressors = self._make_compressors(dictionaries or {})
         if not self.sealed:
@@ -159,16 +159,13 @@ class DatasetWriter:
         ])
         atomic_write_bytes(path, text.encode("utf-8"), durable=self.durable)
 
-    def _clear(self, keep: set[str]) -> None:
-        for p in _dataset_files(self.root):
-            if p.name == JOURNAL_NAME and keep:
-                continue
-            if p.name.startswith("shard-") and p.name.split(".", 1)[0] in keep:
-                continue
-            if p.is_dir():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
+    def _clear(self, found, keep: set[str]) -> None:
+        """Delete what earlier writers of ours left, except the sealed shards kept
+        (and, when resuming, the journal and the skip list that go with them)."""
+        kept = {n for e in self.sealed for n in (e.data_file, e.index_file, e.meta_file)}
+        if keep:
+            kept |= {JOURNAL_NAME, SKIPPED_PARTIAL_NAME, SKIPPED_NAME}
+        remove_ours(self.root, found.leftovers, keep=kept)
 
     def _write_dictionaries(self, dictionaries: Mapping[str, bytes]) -> dict[str, tuple[str, int]]:
         out = {}

@@ -37,6 +37,13 @@ from formats import ShardEntry
 from formats.checksum import parse_crc
 from formats.files import atomic_write_bytes, fsync_dir
 from formats.manifest import MANIFEST_NAME
+from formats.ownership import (
+    JOURNAL_NAME,
+    RAY_STATE_DIR,
+    SKIPPED_NAME,
+    SKIPPED_PARTIAL_NAME,
+    is_our_shard_name,
+)
 from formats.storage import Location, is_uri, open_location
 
 from .errors import PackError
@@ -44,14 +51,14 @@ from .errors import PackError
 __all__ = ["PLAN_NAME", "STATE_DIR", "Output", "RangeResult", "combine", "marker_name",
            "part_name", "prepare", "split"]
 
-STATE_DIR = ".ray"
+STATE_DIR = RAY_STATE_DIR
 PLAN_NAME = f"{STATE_DIR}/plan.json"
 _MARKER = re.compile(r"^\.ray/range-(\d{12})-(\d{12})\.json$")
 _MARKER_LIMIT = 64 << 20  # a marker holds a range's skip lines: generous, yet bounded
-# Everything a pack of either engine writes into DST; cleared before a fresh pack.
-_OURS_PREFIXES = ("shard-", ".shard-", "part-", "dict-", ".dict-", ".manifest.json",
-                  f"{STATE_DIR}/")
-_OURS_NAMES = ("_journal.jsonl", "skipped.jsonl", ".skipped.partial.jsonl")
+# What a pack of either engine writes into DST, by exact name (formats.ownership);
+# cleared before a fresh pack. A local DST was claimed (packer.destination) before this,
+# so only our files are there; on object storage the names are all we have.
+_OURS_NAMES = (JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME)
 _SHARD_SUFFIXES = (".rec", ".idx", ".meta.parquet")
 
 
@@ -231,7 +238,7 @@ class Output:
         if MANIFEST_NAME in files:
             self.delete([MANIFEST_NAME])
         self.delete(n for n in files if n not in keep and n != MANIFEST_NAME and (
-            n in _OURS_NAMES or n.startswith(_OURS_PREFIXES)))
+            n in _OURS_NAMES or is_our_shard_name(n) or n.startswith(f"{STATE_DIR}/")))
 
     def remove_state(self) -> None:
         """Delete ``.ray/`` (after the manifest: the run is complete)."""

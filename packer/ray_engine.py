@@ -56,7 +56,7 @@ from .options import PackOptions
 from .ranges import Output, RangeResult, combine, marker_name, part_name, prepare, split
 from .report import PackProgress, PackSummary
 from .resolve import detect_source
-from .run import SKIPPED_NAME, _check_paths, _created_by, _pack_listing, _plan
+from .run import SKIPPED_NAME, _created_by, _pack_listing, _plan, check_paths
 
 __all__ = ["MAX_RETRIES", "pack_on_ray"]
 
@@ -267,8 +267,8 @@ def _check(src: Path | None, dst: str, options: PackOptions) -> None:
     if options.sink != "shards":
         raise UsageError(f"--engine ray writes --to shards only, not {options.sink!r}; "
                          "use --engine local")
-    if not is_uri(dst):
-        _check_paths(src, Path(dst), options)
+    if not is_uri(dst):  # what a local DST holds: claimed by packer.run before this
+        check_paths(src, Path(dst))
         return
     if src is not None and not src.exists():
         raise UsageError("SRC does not exist", path=src)

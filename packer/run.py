@@ -21,11 +21,12 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from formats import DatasetWriter, Record
+from formats import DatasetWriter, Record, ownership
 from formats.checksum import crc32c
 from formats.files import fsync_dir
 from formats.storage import display_uri, is_uri
 
+from .destination import claim
 from .errors import PackError, PackInputError, PackInterrupted, UsageError
 from .listing import Listing
 from .options import PackOptions
@@ -33,10 +34,10 @@ from .report import PackProgress, PackSummary
 from .resolve import detect_source, open_sink, open_source
 from .work import WorkOptions, iter_loaded
 
-__all__ = ["SKIPPED_NAME", "pack"]
+__all__ = ["SKIPPED_NAME", "check_paths", "pack"]
 
-SKIPPED_NAME = "skipped.jsonl"
-_PARTIAL = ".skipped.partial.jsonl"
+SKIPPED_NAME = ownership.SKIPPED_NAME
+_PARTIAL = ownership.SKIPPED_PARTIAL_NAME
 _ADVANCE_EVERY = 64
 
 
@@ -49,7 +50,9 @@ def _version() -> str:
         return "0+unknown"
 
 
-def _check_paths(src: Path | None, dst: Path, options: PackOptions) -> None:
+def check_paths(src: Path | None, dst: Path) -> None:
+    """SRC exists and DST is a folder outside it (what DST holds is the claim's business:
+    :mod:`packer.destination`)."""
     if src is not None and not src.exists():
         raise UsageError("SRC does not exist", path=src)
     if dst.exists() and not dst.is_dir():
@@ -57,8 +60,6 @@ def _check_paths(src: Path | None, dst: Path, options: PackOptions) -> None:
     rs, rd = (src or dst).resolve(), dst.resolve()
     if src is not None and src.is_dir() and (rd == rs or rs in rd.parents):
         raise UsageError("DST is inside SRC; it would pack itself", path=dst)
-    if (dst / "manifest.json").exists() and not options.overwrite:
-        raise UsageError("DST is already a dataset; pass --overwrite to replace it", path=dst)
 
 
 class _SkipLog:
@@ -136,42 +137,72 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     """
     options = options or PackOptions()
     progress = progress or PackProgress()
-    if options.engine == "ray":  # its own driver (packer/ray_engine.py); DST may be a URI
-        from .ray_engine import pack_on_ray
-
-        return pack_on_ray(src, dst, options, progress)
+    if options.resume and options.sink != "shards":
+        raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
     if is_uri(dst):
+        if options.engine == "ray":  # its own driver (packer/ray_engine.py)
+            from .ray_engine import pack_on_ray
+
+            return pack_on_ray(src, dst, options, progress)
         from .remote import pack_to_remote
 
         return pack_to_remote(src, str(dst), options, progress, pack)
     dst = Path(dst)
-    if options.resume and options.sink != "shards":
-        raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
+    if options.engine == "ray":
+        from .ray_engine import pack_on_ray
+
+        check_paths(None if is_uri(src) else Path(src), dst)
+        return _claimed(dst, options, lambda folder: pack_on_ray(src, folder, options, progress))
     if is_uri(src):
         from .remote import open_remote_source
 
-        _check_paths(None, dst, options)
+        check_paths(None, dst)
         kind, source, copy = open_remote_source(str(src), options)
+        root = None if copy is None else copy.path
     else:
         src, copy = Path(src), None
-        _check_paths(src, dst, options)
+        check_paths(src, dst)
         kind = options.source or detect_source(src)
         source = open_source(kind, src, options)
+        root = src
     summary = PackSummary(display_uri(src), display_uri(dst), kind, options.sink)
-    t0 = time.perf_counter()
+
+    def run(folder: Path) -> PackSummary:
+        t0 = time.perf_counter()
+        try:
+            if isinstance(source, Listing):
+                _pack_listing(source, folder, options, progress, summary)
+            else:
+                _pack_records(source, root, folder, options, progress, summary)
+        except KeyboardInterrupt:
+            raise PackInterrupted(summary) from None
+        finally:
+            summary.seconds = time.perf_counter() - t0
+            progress.close()
+        return summary
+
     try:
-        if isinstance(source, Listing):
-            _pack_listing(source, dst, options, progress, summary)
-        else:
-            _pack_records(source, dst, options, progress, summary)
-    except KeyboardInterrupt:
-        raise PackInterrupted(summary) from None
+        return _claimed(dst, options, run)
     finally:
-        summary.seconds = time.perf_counter() - t0
-        progress.close()
         if copy is not None:  # the local copy of a remote container: kept for a rerun
             copy.release(delete=summary.complete)
-    return summary
+
+
+def _claimed(dst: Path, options: PackOptions, run) -> PackSummary:
+    """``run(folder)`` on DST claimed as :mod:`packer.destination` describes ("claiming
+    DST"): locked, refused if it holds what is not ours, staged when it replaces."""
+    dest = claim(dst, options)
+    try:
+        summary = run(dest.folder)
+        if summary.complete:
+            dest.commit()
+        summary.dst = display_uri(dst)
+        return summary
+    except BaseException:
+        dest.abandon()
+        raise
+    finally:
+        dest.release()
 
 
 def _created_by(summary: PackSummary, options: PackOptions) -> dict:
@@ -191,10 +222,14 @@ def _open_writer(dst, fields, classes, options, summary):
 
 
 def _plan(listing: Listing, options: PackOptions) -> str:
-    """A fingerprint of what decides the record order and bytes (on_error aside:
-    resuming a failed pack with ``skip`` is the way past a bad file)."""
+    """A fingerprint of the source (where it is, every key and column value) and of
+    what decides the record order and bytes (on_error aside: resuming a failed pack
+    with ``skip`` is the way past a bad file)."""
     opts = {k: v for k, v in options.recorded().items() if k != "on_error"}
-    text = json.dumps([opts, len(listing), listing.keys[:1], listing.keys[-1:]], sort_keys=True)
+    keys = crc32c("\n".join(listing.keys).encode("utf-8", "surrogateescape"))
+    columns = crc32c(json.dumps(listing.columns, sort_keys=True, default=str).encode())
+    where = str(listing.root) if listing.location is not None else os.path.abspath(listing.root)
+    text = json.dumps([opts, listing.kind, where, len(listing), keys, columns], sort_keys=True)
     return f"{crc32c(text.encode()):08x}"
 
 
@@ -313,13 +348,30 @@ def _count_output(summary: PackSummary, dst: Path, manifest) -> None:
         summary.shards = len(manifest.shards)
         summary.bytes_out = sum(s.data_bytes + s.index_bytes + s.meta_bytes for s in manifest.shards)
         return
-    files = [p for p in Path(dst).rglob("*") if p.is_file()]
+    files = [p for p in Path(dst).rglob("*") if p.is_file()
+             and not any(part.startswith(".") for part in p.relative_to(dst).parts)]
     summary.shards = len(files)
     summary.bytes_out = sum(p.stat().st_size for p in files)
 
 
-def _pack_records(source, dst: Path, options: PackOptions, progress: PackProgress,
-                  summary: PackSummary) -> None:
+def _source_plan(root: Path | None, kind: str, options: PackOptions) -> str:
+    """A fingerprint of a container source (every file's name, size and mtime) and of
+    the options that shape the output: a resume of another source is refused."""
+    files = []
+    if root is not None:
+        paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for p in paths:
+            st = p.stat()
+            files.append([p.relative_to(root).as_posix() if p != root else p.name,
+                          st.st_size, st.st_mtime_ns])
+    opts = {k: v for k, v in options.recorded().items() if k != "on_error"}
+    where = None if root is None else os.path.abspath(root)
+    text = json.dumps([kind, opts, where, files], sort_keys=True)
+    return f"{crc32c(text.encode()):08x}"
+
+
+def _pack_records(source, root: Path | None, dst: Path, options: PackOptions,
+                  progress: PackProgress, summary: PackSummary) -> None:
     """A registry Source: its records are already made; bad ones raise (no skip)."""
     import itertools
 
@@ -328,7 +380,16 @@ def _pack_records(source, dst: Path, options: PackOptions, progress: PackProgres
     total = len(source) if hasattr(source, "__len__") else None
     writer = _open_writer(dst, fields, classes, options, summary)
     shards = options.sink == "shards"
-    start = writer.resumed[-1]["next"] if shards and writer.resumed else 0
+    plan = _source_plan(root, summary.source, options) if shards else None
+    start = 0
+    if shards and writer.resumed:
+        last = writer.resumed[-1]
+        if not isinstance(last, dict) or last.get("plan") != plan:
+            writer.abort()
+            raise PackError("cannot resume: the interrupted run packed another source (or "
+                            "its files changed since) or used other options; pack again "
+                            "without --resume", path=dst)
+        start = last["next"]
     summary.resumed_records = start
     progress.start(total, start)
     count = start
@@ -338,12 +399,12 @@ def _pack_records(source, dst: Path, options: PackOptions, progress: PackProgres
             size = sum(len(v) for v in rec.fields.values() if isinstance(v, (bytes, memoryview)))
             summary.bytes_in += size
             if shards:
-                writer.write(rec.fields, rec.meta, {"next": count})
+                writer.write(rec.fields, rec.meta, {"next": count, "plan": plan})
             else:
                 writer.write(rec)
             progress.advance(1, size)
         if shards:
-            manifest = writer.close({"next": count})
+            manifest = writer.close({"next": count, "plan": plan})
     _count_output(summary, dst, manifest if shards else None)
     summary.records_in = summary.records_written = count
     summary.complete = True

@@ -381,6 +381,7 @@ def test_a_local_pack_clears_what_an_interrupted_ray_pack_left(tmp_path, rng):
     image_folder(tmp_path / "src", rng, per_class=3)
     dst = tmp_path / "out"
     (dst / ".ray").mkdir(parents=True)
+    (dst / ".ray" / "plan.json").write_text("{}")  # what proves the leftovers are ours
     (dst / ".ray" / "range-0-6.json").write_text("{}")
     (dst / "part-000000000000-00000.rec").write_bytes(b"old")
     assert pack(tmp_path / "src", dst, PackOptions(workers=0, durable=False)).complete

@@ -1,0 +1,237 @@
+"""Which entries of an output folder a shardpack writer provably made.
+
+Nothing is ever deleted from a folder because of its name alone (a user's
+``part-1.pdf`` or ``shard-notes.txt`` is not ours). An entry is ours when one of
+our own records says so:
+
+* a valid ``manifest.json`` lists it (shard files, dictionaries), or it is that
+  manifest or the dataset's ``skipped.jsonl``;
+* a resume journal (``_journal.jsonl``) is present and the name is exactly one
+  the writer gives its shards (``shard-NNNNN.rec``...), or the journal's own
+  companions (``.skipped.partial.jsonl``);
+* the Ray engine's plan (``.ray/plan.json``) is present and the name is exactly a
+  range shard's (``part-AAAAAAAAAAAA-KKKKK.rec``...), or ``.ray/`` itself;
+* the output ledger (``.shardpack-output.json``, written after a foreign-format
+  output is complete) lists it;
+* it is our temporary name (``.<one of the names above>.tmp-<pid>``) and that
+  process is gone; or it is our lock file or staging marker.
+
+Everything else is foreign: a pack refuses a folder holding foreign entries
+unless told to write beside them, and then never touches them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from .errors import ShardpackError
+from .manifest import MANIFEST_NAME, Manifest, read_manifest
+
+__all__ = ["JOURNAL_NAME", "LEDGER_NAME", "LOCK_NAME", "RAY_STATE_DIR", "SKIPPED_NAME",
+           "SKIPPED_PARTIAL_NAME", "STAGING_MARKER", "Survey", "is_our_shard_name",
+           "remove_ours", "survey", "write_ledger"]
+
+JOURNAL_NAME = "_journal.jsonl"
+SKIPPED_NAME = "skipped.jsonl"
+SKIPPED_PARTIAL_NAME = ".skipped.partial.jsonl"
+LOCK_NAME = ".shardpack.lock"
+LEDGER_NAME = ".shardpack-output.json"
+STAGING_MARKER = ".shardpack-staging.json"
+RAY_STATE_DIR = ".ray"
+_RAY_PLAN = f"{RAY_STATE_DIR}/plan.json"
+
+_SHARD_FILE = re.compile(r"^shard-\d{5}\.(?:rec|idx|meta\.parquet)$")
+_DICT_FILE = re.compile(r"^dict-\d{3}\.zstd$")
+_PART_FILE = re.compile(r"^part-\d{12}-\d{5}\.(?:rec|idx|meta\.parquet)$")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d{1,10})$")
+_LEDGER_LIMIT = 64 << 20
+
+
+def is_our_shard_name(name: str) -> bool:
+    """Whether ``name`` is exactly a name our writers give shard or dictionary files."""
+    return bool(_SHARD_FILE.match(name) or _PART_FILE.match(name) or _DICT_FILE.match(name))
+
+
+def _pid_gone(pid: int) -> bool:
+    if pid == os.getpid():
+        return True  # our own leftover (an aborted writer in this process)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
+
+
+@dataclass
+class Survey:
+    """What an output folder holds.
+
+    Attributes:
+        root: the folder.
+        ours: relative paths (POSIX) that a shardpack writer made; a directory
+            listed here is ours as a whole.
+        foreign: relative paths nobody can prove are ours (top-level entries, or
+            files inside a directory that also holds ledger-listed files).
+        dataset: the complete dataset in ``root`` (its manifest), if any.
+        ledger: the files of a complete foreign-format output, if any.
+        journal: an interrupted pack of ours left a resume journal.
+        ray_plan: an interrupted Ray-engine pack left its plan.
+        bad_manifest: ``manifest.json`` exists but is not a valid manifest (why).
+    """
+
+    root: Path
+    ours: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+    dataset: Manifest | None = None
+    ledger: list[str] | None = None
+    journal: bool = False
+    ray_plan: bool = False
+    bad_manifest: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """A finished output (a dataset, or a foreign-format output with its ledger)."""
+        return self.dataset is not None or self.ledger is not None
+
+    @property
+    def leftovers(self) -> list[str]:
+        """Our entries a writer may clear: all but the lock file and the staging marker,
+        which belong to the pack that holds the folder (``packer.destination``)."""
+        return [p for p in self.ours if p not in (LOCK_NAME, STAGING_MARKER)]
+
+
+def _read_ledger(path: Path) -> list[str] | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _LEDGER_LIMIT:
+            return None
+        obj = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    files = obj.get("files") if isinstance(obj, dict) else None
+    if not isinstance(files, list):
+        return None
+    out = []
+    for name in files:
+        if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
+            return None
+        parts = PurePosixPath(name).parts
+        if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            return None  # a ledger never names anything outside its folder
+        out.append(name)
+    return out
+
+
+def survey(root: str | Path) -> Survey:
+    """Classify the entries of ``root`` (a missing folder is empty)."""
+    root = Path(root)
+    s = Survey(root)
+    try:
+        entries = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return s
+    names = set(entries)
+    ours: set[str] = set()
+    if MANIFEST_NAME in names:
+        try:
+            s.dataset = read_manifest(root)
+        except ShardpackError as exc:
+            s.bad_manifest = exc.message
+        else:
+            ours |= {MANIFEST_NAME, SKIPPED_NAME}
+            for e in s.dataset.shards:
+                ours |= {e.data_file, e.index_file, e.meta_file}
+            ours |= {name for name, _ in s.dataset.dictionaries.values()}
+    s.journal = _is_file(root / JOURNAL_NAME)
+    if s.journal:
+        ours |= {JOURNAL_NAME, SKIPPED_PARTIAL_NAME, SKIPPED_NAME}
+        ours |= {n for n in names if _SHARD_FILE.match(n) or _DICT_FILE.match(n)}
+    s.ray_plan = _is_file(root / _RAY_PLAN)
+    if s.ray_plan:
+        ours |= {RAY_STATE_DIR, SKIPPED_NAME}
+        ours |= {n for n in names if _PART_FILE.match(n) or _DICT_FILE.match(n)}
+    nested: list[str] = []
+    if LEDGER_NAME in names:
+        s.ledger = _read_ledger(root / LEDGER_NAME)
+        if s.ledger is not None:
+            ours.add(LEDGER_NAME)
+            ours |= {n for n in s.ledger if "/" not in n}
+            nested = [n for n in s.ledger if "/" in n]
+    ours |= {LOCK_NAME, STAGING_MARKER}
+    for n in names:
+        m = _TEMP.match(n)
+        if m and (is_our_shard_name(m["name"]) or m["name"] in (
+                MANIFEST_NAME, JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME, LEDGER_NAME)) \
+                and _pid_gone(int(m["pid"])):
+            ours.add(n)
+    s.ours = sorted(n for n in ours if n in names)
+    listed_dirs = {n.split("/", 1)[0] for n in nested}
+    for n in entries:
+        if n in ours:
+            continue
+        if n in listed_dirs and (root / n).is_dir() and not (root / n).is_symlink():
+            inside = {f for f in nested if f.startswith(n + "/")}
+            found = _files_under(root, n)
+            s.foreign += [f for f in found if f not in inside]
+            s.ours += sorted(f for f in found if f in inside)
+        else:
+            s.foreign.append(n)
+    return s
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _files_under(root: Path, top: str) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root / top):
+        rel = Path(dirpath).relative_to(root).as_posix()
+        out += [f"{rel}/{f}" for f in filenames]
+        out += [f"{rel}/{d}" for d in dirnames if (Path(dirpath) / d).is_symlink()]
+    return out
+
+
+def remove_ours(root: str | Path, paths, *, keep=()) -> None:
+    """Delete ``paths`` (from :attr:`Survey.ours`) under ``root``, except ``keep``;
+    directories emptied by it are removed too. Never follows a symlink."""
+    root = Path(root)
+    keep = set(keep)
+    parents = set()
+    for rel in paths:
+        if rel in keep:
+            continue
+        p = root / rel
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+        parent = PurePosixPath(rel).parent
+        while str(parent) != ".":
+            parents.add(str(parent))
+            parent = parent.parent
+    for rel in sorted(parents, key=lambda d: -d.count("/")):
+        try:
+            (root / rel).rmdir()
+        except OSError:
+            pass  # not empty: it holds something that is not ours
+
+
+def write_ledger(root: str | Path, files: list[str], *, durable: bool = True) -> None:
+    """Record the files of a complete foreign-format output (what a later
+    ``--overwrite`` may delete)."""
+    from .files import atomic_write_bytes
+
+    data = json.dumps({"files": sorted(files), "tool": "shardpack"}, indent=0).encode()
+    atomic_write_bytes(Path(root) / LEDGER_NAME, data, durable=durable)

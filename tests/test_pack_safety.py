@@ -1,0 +1,319 @@
+"""A pack never deletes, overwrites or mixes what is not provably its own.
+
+Matrices over every source kind and every sink: a DST holding a user's files is
+refused (and, with --overwrite, packed beside them untouched); --overwrite swaps the
+new output in whole; one writer per DST; a resume of another source is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import formats
+from formats.ownership import LEDGER_NAME, survey
+from formats.registry import convert, open_source
+from packer import PackError, PackOptions, UsageError, pack
+from packer.cli import main
+from packer.destination import _lock, claim
+from tests.helpers_codecs import make_dataset, make_records
+from tests.helpers_packer import dataset_files as _all_files
+from tests.helpers_packer import image_folder
+from tests.test_codec_mds import write_mds
+
+SOURCES = ("imagefolder", "files", "filelist", "tfrecord", "webdataset", "parquet", "mds",
+           "shards")
+SINKS = ("shards", "tfrecord", "webdataset", "parquet", "imagefolder")
+# What a user keeps in a folder, named so that a writer clearing by prefix would take it.
+USER_FILES = {"part-2-photos/img.txt": b"photo", "part-1.pdf": b"%PDF", "dict-en.txt": b"en",
+              "shard-notes.txt": b"notes", ".ray/mine": b"ray", "manifest.json.bak": b"{}",
+              "shard-00000.rec.orig": b"orig"}
+
+
+def dataset_files(root: Path) -> dict[str, bytes]:
+    """The files of a dataset folder, without the lock file a pack holds while it runs."""
+    return {k: v for k, v in _all_files(root).items() if k != ".shardpack.lock"}
+
+
+def make_source(kind: str, root: Path, rng, n: int = 9, seed_shift: int = 0) -> Path:
+    """A source of ``kind`` under ``root`` holding ``n`` records; returns SRC."""
+    recs = make_records(rng, n + seed_shift)[seed_shift:]
+    if kind == "imagefolder":
+        image_folder(root / "if", rng, per_class=(n + 1) // 2)
+        return root / "if"
+    if kind == "files":
+        (root / "files").mkdir(parents=True)
+        for i, r in enumerate(recs):
+            (root / "files" / f"{i:03d}.jpg").write_bytes(r["image"])
+        return root / "files"
+    if kind == "filelist":
+        (root / "fl").mkdir(parents=True)
+        lines = ["path,label"]
+        for i, r in enumerate(recs):
+            (root / "fl" / f"{i:03d}.jpg").write_bytes(r["image"])
+            lines.append(f"{i:03d}.jpg,{r['label']}")
+        (root / "fl" / "list.csv").write_text("\n".join(lines) + "\n")
+        return root / "fl" / "list.csv"
+    if kind == "mds":
+        samples = [{"image": r["image"], "label": r["label"]} for r in recs]
+        write_mds(root / "mds", {"image": "jpeg", "label": "int"}, samples)
+        return root / "mds"
+    shards = make_dataset(root / "shards", recs, records_per_shard=3)
+    if kind == "shards":
+        return shards
+    convert("shards", shards, kind, root / kind, records_per_shard=3)
+    return root / kind
+
+
+def plant(dst: Path) -> None:
+    for name, data in USER_FILES.items():
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
+        (dst / name).write_bytes(data)
+
+
+def user_files_intact(dst: Path) -> bool:
+    return all((dst / n).is_file() and (dst / n).read_bytes() == d for n, d in USER_FILES.items())
+
+
+def opts(**kw) -> PackOptions:
+    return PackOptions(workers=0, durable=False, records_per_shard=4, **kw)
+
+
+def records_of(dst: Path, sink: str) -> int:
+    if sink == "shards":
+        return len(formats.open_shards(dst))
+    if sink == "imagefolder":
+        return sum(1 for p in dst.rglob("*.jpg") if "part-2-photos" not in p.parts)
+    return sum(1 for _ in open_source(sink, dst))
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+def test_every_source_refuses_a_folder_of_user_files_and_packs_beside_them(tmp_path, rng, kind):
+    src = make_source(kind, tmp_path / "in", rng)
+    dst = tmp_path / "out"
+    dst.mkdir()
+    plant(dst)
+    with pytest.raises(UsageError, match=r"did not write.*part-1\.pdf"):
+        pack(src, dst, opts(source=kind))
+    assert user_files_intact(dst) and sorted(survey(dst).foreign) == sorted(
+        {n.split("/")[0] for n in USER_FILES})
+    s = pack(src, dst, opts(source=kind, overwrite=True))
+    assert s.complete and user_files_intact(dst)
+    before = len(formats.open_shards(dst))
+    s = pack(src, dst, opts(source=kind, overwrite=True, shuffle=True, seed=1))
+    assert s.complete and user_files_intact(dst) and len(formats.open_shards(dst)) == before
+    assert not [p for p in dst.parent.iterdir() if p.name.startswith(".out.")]
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_every_sink_keeps_user_files_and_replaces_only_its_own_output(tmp_path, rng, sink):
+    src = make_source("shards", tmp_path / "in", rng)
+    other = make_source("shards", tmp_path / "in2", rng, n=5, seed_shift=3)
+    dst = tmp_path / "out"
+    dst.mkdir()
+    plant(dst)
+    with pytest.raises(UsageError, match="did not write"):
+        pack(src, dst, opts(sink=sink))
+    assert pack(src, dst, opts(sink=sink, overwrite=True)).complete
+    assert user_files_intact(dst) and records_of(dst, sink) == 9
+    with pytest.raises(UsageError, match="already a dataset"):
+        pack(other, dst, opts(sink=sink))
+    assert pack(other, dst, opts(sink=sink, overwrite=True)).complete
+    assert user_files_intact(dst) and records_of(dst, sink) == 5  # nothing of the first left
+    assert not survey(dst).leftovers or sink != "shards" or set(survey(dst).ours) >= {
+        "manifest.json"}
+
+
+@pytest.mark.parametrize("sink", [s for s in SINKS if s != "shards"])
+def test_a_foreign_sink_output_is_listed_in_its_ledger(tmp_path, rng, sink):
+    src = make_source("shards", tmp_path / "in", rng)
+    dst = tmp_path / "out"
+    assert pack(src, dst, opts(sink=sink)).complete
+    ledger = json.loads((dst / LEDGER_NAME).read_text())["files"]
+    on_disk = sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*")
+                     if p.is_file() and p.name != LEDGER_NAME)
+    assert ledger == on_disk and on_disk
+
+
+def test_a_damaged_manifest_is_never_replaced(tmp_path, rng):
+    src = make_source("imagefolder", tmp_path / "in", rng)
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "manifest.json").write_text('{"not": "ours"}')
+    for overwrite in (False, True):
+        with pytest.raises(UsageError, match="not a valid shardpack manifest"):
+            pack(src, dst, opts(overwrite=overwrite))
+    assert (dst / "manifest.json").read_text() == '{"not": "ours"}'
+
+
+def test_a_second_pack_fails_at_once_naming_the_first(tmp_path, rng):
+    src = make_source("imagefolder", tmp_path / "in", rng)
+    dst = tmp_path / "out"
+    held = claim(dst, opts())
+    try:
+        with pytest.raises(PackError, match=f"another pack \\(PID {os.getpid()}\\)"):
+            pack(src, dst, opts())
+        # from another process too (flock is per open file, not per process)
+        code = ("import sys; from packer import pack, PackOptions, PackError\n"
+                f"try: pack({str(src)!r}, {str(dst)!r}, PackOptions(workers=0))\n"
+                "except PackError as e: print(e); sys.exit(3)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             cwd=Path(__file__).parent.parent, timeout=60)
+        assert out.returncode == 3 and f"PID {os.getpid()}" in out.stdout
+    finally:
+        held.release()
+    assert pack(src, dst, opts()).complete
+    assert not (dst / ".shardpack.lock").exists()  # a finished pack leaves no lock file
+
+
+def test_a_lock_on_a_file_that_was_swapped_away_is_not_taken(tmp_path):
+    """The holder deletes its lock file before unlocking; whoever opened the old file
+    and locks it afterwards must notice it is no longer DST's lock."""
+    dst = tmp_path / "out"
+    dst.mkdir()
+    fd = _lock(dst)
+    stale = os.open(dst / ".shardpack.lock", os.O_RDWR)
+    (dst / ".shardpack.lock").unlink()
+    os.close(fd)
+    import fcntl
+
+    fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the old file: anyone can lock it now
+    fd2 = _lock(dst)  # ...but _lock takes the file at the path, a new one
+    assert os.fstat(fd2).st_ino != os.fstat(stale).st_ino
+    os.close(fd2)
+    os.close(stale)
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+def test_resume_with_another_source_is_refused(tmp_path, rng, kind):
+    first = make_source(kind, tmp_path / "a", rng, n=9)
+    second = make_source(kind, tmp_path / "b", rng, n=9, seed_shift=9)
+    dst = tmp_path / "out"
+
+    class Stop(Exception):
+        pass
+
+    class StopAfter:
+        def __init__(self, n):
+            self.n = n
+
+        def start(self, total, done=0):
+            pass
+
+        def advance(self, records, nbytes):
+            self.n -= records
+            if self.n <= 0:
+                raise Stop
+
+        def close(self):
+            pass
+
+    with pytest.raises(Stop):  # interrupted with sealed shards (one record each)
+        pack(first, dst, PackOptions(workers=0, durable=False, records_per_shard=1,
+                                     source=kind), StopAfter(5))
+    assert (dst / "_journal.jsonl").exists()
+    with pytest.raises(PackError, match="cannot resume"):
+        pack(second, dst, PackOptions(workers=0, durable=False, records_per_shard=1,
+                                      source=kind, resume=True))
+    s = pack(first, dst, PackOptions(workers=0, durable=False, records_per_shard=1,
+                                     source=kind, resume=True))
+    assert s.complete and s.resumed_records > 0
+    fresh = pack(first, tmp_path / "fresh", PackOptions(workers=0, durable=False,
+                                                        records_per_shard=1, source=kind))
+    assert fresh.complete and dataset_files(dst) == dataset_files(tmp_path / "fresh")
+
+
+def test_overwrite_keeps_the_old_dataset_readable_until_the_new_one_is_complete(tmp_path, rng):
+    a = make_source("imagefolder", tmp_path / "a", rng, n=9)
+    b = make_source("shards", tmp_path / "b", rng, n=5)
+    dst = tmp_path / "out"
+    pack(a, dst, opts())
+    old = dataset_files(dst)
+    reader = formats.open_shards(dst)
+    seen = []
+
+    class Watch:
+        def start(self, total, done=0):
+            pass
+
+        def advance(self, records, nbytes):  # during the replace: DST is still the old one
+            seen.append(dataset_files(dst) == old and len(formats.open_shards(dst)) == 10)
+
+        def close(self):
+            pass
+
+    pack(b, dst, opts(overwrite=True), Watch())
+    assert seen and all(seen)
+    assert len(formats.open_shards(dst)) == 5
+    assert len(reader) == 10 and bytes(reader[9]["image"])  # an open reader keeps its maps
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_an_interrupted_overwrite_resumes_and_a_fresh_one_starts_over(tmp_path, rng):
+    a = make_source("imagefolder", tmp_path / "a", rng, n=9)
+    b = make_source("tfrecord", tmp_path / "b", rng, n=9)
+    dst = tmp_path / "out"
+    pack(a, dst, opts())
+    old = dataset_files(dst)
+
+    class Stop(Exception):
+        pass
+
+    class StopAfter:
+        def start(self, total, done=0):
+            pass
+
+        def advance(self, records, nbytes):
+            raise Stop
+
+        def close(self):
+            pass
+
+    with pytest.raises(Stop):
+        pack(b, dst, PackOptions(workers=0, durable=False, records_per_shard=1, overwrite=True),
+             StopAfter())
+    assert dataset_files(dst) == old  # the old dataset, whole
+    staging = tmp_path / ".out.shardpack-new"
+    assert (staging / "_journal.jsonl").exists()
+    s = pack(b, dst, PackOptions(workers=0, durable=False, records_per_shard=1, resume=True))
+    assert s.complete and s.resumed_records > 0 and len(formats.open_shards(dst)) == 9
+    assert formats.open_shards(dst).manifest.created_by["source"]["kind"] == "tfrecord"
+    assert not staging.exists()
+
+
+def test_a_replace_killed_after_moving_user_files_gives_them_back(tmp_path, rng):
+    a = make_source("imagefolder", tmp_path / "a", rng, n=9)
+    dst = tmp_path / "out"
+    dst.mkdir()
+    plant(dst)
+    pack(a, dst, opts(overwrite=True))
+    dest = claim(dst, opts(overwrite=True))
+    assert dest.staged
+    # what commit() does before the exchange, then a kill
+    moved = sorted(survey(dst).foreign)
+    dest._write_marker(moved)
+    for rel in moved:
+        os.rename(dst / rel, dest.staging / rel)
+    dest._locks, locks = [], dest._locks
+    for fd in locks:
+        os.close(fd)
+    assert not user_files_intact(dst)
+    s = pack(a, dst, opts(overwrite=True))
+    assert s.complete and user_files_intact(dst) and not dest.staging.exists()
+
+
+def test_cli_refusals_are_usage_errors_that_name_dst(tmp_path, rng, capsys):
+    src = make_source("imagefolder", tmp_path / "in", rng)
+    dst = tmp_path / "out"
+    dst.mkdir()
+    plant(dst)
+    assert main([str(src), str(dst), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(dst) in err and "--overwrite" in err
+    assert main([str(src), str(dst), "--quiet", "--overwrite"]) == 0
+    assert user_files_intact(dst)
