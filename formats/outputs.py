@@ -7,29 +7,39 @@ from pathlib import Path
 
 from .errors import FormatError
 from .files import temp_name
+from .ownership import remove_ours, survey
 
 __all__ = ["AtomicFile", "prepare_output_dir"]
 
 
 def prepare_output_dir(root: str | Path, *, overwrite: bool, owned: tuple[str, ...]) -> Path:
-    """Create ``root``; with ``overwrite``, delete the files a previous run left.
+    """Create ``root``; with ``overwrite``, delete the output an earlier run completed.
+
+    Only files :mod:`formats.ownership` proves ours (listed in the output ledger that
+    ``pack-dataset`` writes) are ever deleted; a file of a name this sink writes that
+    is not provably ours is never replaced.
 
     Args:
         root: the output folder.
-        overwrite: delete files whose names start with one of ``owned``.
-        owned: name prefixes this sink writes (only those are ever deleted).
+        overwrite: delete the earlier output's files.
+        owned: name prefixes this sink writes (what could collide).
 
     Raises:
-        FormatError: ``root`` already holds such files and ``overwrite`` is false.
+        FormatError: ``root`` already holds such files, and ``overwrite`` is false
+            or they are not provably ours.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    old = [p for p in root.iterdir() if p.is_file() and p.name.startswith(owned)]
-    if old and not overwrite:
-        raise FormatError(f"output folder already holds {len(old)} such files; pass overwrite "
-                          "to replace them", path=root, found=old[0].name)
-    for p in old:
-        p.unlink()
+    found = survey(root)
+    old = [p.name for p in root.iterdir() if p.is_file() and p.name.startswith(owned)]
+    theirs = [n for n in old if n not in found.ours]
+    if theirs or (old and not overwrite):
+        raise FormatError(f"output folder already holds {len(old)} such files"
+                          + ("; pass overwrite to replace them" if not theirs else
+                             ", not written by shardpack: move them away"),
+                          path=root, found=(theirs or old)[0])
+    if old:
+        remove_ours(root, found.leftovers)
     return root
 
 

@@ -7,6 +7,7 @@ the reason), 2 bad usage, 130 interrupted (finished shards kept; ``--resume``).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import shlex
 import sys
@@ -48,6 +49,18 @@ image field:
 output:
   bytes depend only on the input and the options, never on --workers; an
   interrupted pack (Ctrl-C, kill -9) leaves no manifest and resumes with --resume.
+
+DST:
+  a new or empty folder, or one holding an earlier pack's output. A folder holding
+  files shardpack did not write is refused unless --overwrite, which packs beside
+  them and never touches them: a pack deletes only what it can prove it wrote
+  (listed in a manifest, a resume journal or an output ledger). One pack at a
+  time per DST (a lock in DST/.shardpack.lock names the running pack's PID).
+  --overwrite builds the new output in .<DST>.shardpack-new beside DST and swaps
+  the two folders in one atomic step at the end: a kill leaves the old dataset
+  or the new one, never neither; --resume finishes an interrupted replace.
+  A --resume refuses a source that is not the interrupted run's (other place,
+  other files, sizes or times, other options).
 engines (--engine):
   local  this machine (default)
   ray    Ray tasks (pip install 'shardpack[ray]'): the driver lists SRC once, each
@@ -144,7 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fail: stop at the first bad input (default); skip: list it in skipped.jsonl")
     p.add_argument("--resume", action="store_true",
                    help="keep the shards an interrupted run of this pack finished")
-    p.add_argument("--overwrite", action="store_true", help="replace a dataset already in DST")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the dataset (or output) already in DST, and pack into a DST "
+                        "that holds other files; only files shardpack wrote are ever "
+                        "deleted, the rest stay; the old dataset stays readable until the "
+                        "new one is complete")
     p.add_argument("--shuffle", action="store_true", help="write records in a seeded random order")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     p.add_argument("--engine", choices=ENGINES, default="local",
@@ -161,6 +178,19 @@ def build_parser() -> argparse.ArgumentParser:
 def _resume_hint(argv: list[str]) -> str:
     args = [a for a in argv if a not in ("--resume", "--overwrite")]
     return shlex.join(["pack-dataset", *args, "--resume"])
+
+
+def _os_error(exc: OSError, args, argv: list[str]) -> str:
+    """An OS error with the file it concerns (DST when the system named none) and, where
+    a rerun can finish the pack, how."""
+    where = exc.filename or args.dst
+    text = f"{where}: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if args.sink == "shards":
+            return (f"{text}\nthe finished shards are kept: free some space, then finish "
+                    f"with: {_resume_hint(argv)}")
+        return f"{text}\nnothing was kept: free some space, then pack again"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,8 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\npack-dataset: interrupted; {s.shards} finished shard(s) kept in {s.dst}\n"
               f"resume with: {_resume_hint(argv)}", file=sys.stderr)
         return 130
-    except (ShardpackError, OSError) as exc:
+    except ShardpackError as exc:
         print(f"pack-dataset: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"pack-dataset: error: {_os_error(exc, args, argv)}", file=sys.stderr)
         return 1
     except ImportError as exc:  # an optional dependency, with its install hint
         print(f"pack-dataset: error: {exc}", file=sys.stderr)

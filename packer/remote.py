@@ -25,9 +25,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from formats.errors import StorageError
+from formats.errors import ManifestError, StorageError
 from formats.files import try_lock
-from formats.manifest import MANIFEST_NAME, read_manifest
+from formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest, read_manifest
+from formats.ownership import SKIPPED_NAME
 from formats.storage import (
     Location,
     default_cache_folder,
@@ -47,9 +48,6 @@ __all__ = ["open_remote_source", "pack_to_remote", "staging_folder"]
 
 log = logging.getLogger("shardpack.packer")
 
-# What a pack writes into DST (and so what --overwrite may delete there).
-_OWNED_SUFFIXES = (".rec", ".idx", ".meta.parquet", ".zstd")
-_OWNED_NAMES = ("skipped.jsonl", MANIFEST_NAME)
 _CONTAINERS = ((".tar", "webdataset"), (".tar.gz", "webdataset"), (".tgz", "webdataset"),
                (".parquet", "parquet"), (".tfrecord", "tfrecord"), (".tfrecords", "tfrecord"),
                (".tfrec", "tfrecord"))
@@ -123,10 +121,6 @@ def _container_kind(names: list[str]) -> str | None:
     return kinds.pop() if len(kinds) == 1 else None
 
 
-def _owned(name: str) -> bool:
-    return "/" not in name and (name in _OWNED_NAMES or name.endswith(_OWNED_SUFFIXES))
-
-
 def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress | None,
                    pack_local) -> PackSummary:
     """Pack ``src`` into the remote folder ``dst`` through the staging folder.
@@ -183,10 +177,34 @@ def _publish_stage(stage: Path, location: Location, overwrite: bool) -> None:
     # Deleting the old manifest is the point of no return of a replace: a resumed
     # publish must finish the replace (delete the old shards) even without --overwrite.
     replacing = stage / _REPLACING
-    if overwrite:
-        replacing.touch()
-    publish(stage, location, replace=replacing.exists())
+    if overwrite and not replacing.exists():
+        # What the old dataset holds, read before its manifest goes: only those objects
+        # are ever deleted (formats.ownership: a user's objects beside it stay).
+        replacing.write_text(json.dumps(sorted(_dataset_objects(location))))
+    replaced = json.loads(replacing.read_text()) if replacing.exists() else None
+    publish(stage, location, replace=replaced)
     shutil.rmtree(stage, ignore_errors=True)
+
+
+def _dataset_objects(location: Location) -> set[str]:
+    """The objects the dataset at ``location`` consists of (none when it has no manifest).
+
+    Raises:
+        UsageError: a ``manifest.json`` that is not a valid one (never replaced).
+    """
+    if not location.exists(MANIFEST_NAME):
+        return set()
+    raw = location.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    try:
+        manifest = decode_manifest(raw, display_uri(location.uri_of(MANIFEST_NAME)))
+    except ManifestError as exc:
+        raise UsageError(f"DST holds a manifest.json that is not a valid shardpack manifest "
+                         f"({exc.message}); it is never replaced: remove it yourself",
+                         path=display_uri(location.uri)) from None
+    names = {MANIFEST_NAME, SKIPPED_NAME}
+    for e in manifest.shards:
+        names |= {e.data_file, e.index_file, e.meta_file}
+    return names | {name for name, _ in manifest.dictionaries.values()}
 
 
 def _staged_summary(src, dst: str, stage: Path, options: PackOptions) -> PackSummary:
@@ -213,8 +231,13 @@ def _staged_summary(src, dst: str, stage: Path, options: PackOptions) -> PackSum
                        resumed_records=written, complete=True)
 
 
-def publish(folder: Path, location: Location, *, replace: bool = False) -> None:
-    """Upload the dataset in ``folder`` to ``location``, manifest last."""
+def publish(folder: Path, location: Location, *, replace: list[str] | None = None) -> None:
+    """Upload the dataset in ``folder`` to ``location``, manifest last.
+
+    Args:
+        replace: the objects of the dataset being replaced: its manifest is deleted
+            first, and those the new dataset does not reuse after the new manifest.
+    """
     before = {f.name for f in location.list_files()} if replace else set()
     if replace and MANIFEST_NAME in before:
         location.delete(MANIFEST_NAME)
@@ -223,6 +246,5 @@ def publish(folder: Path, location: Location, *, replace: bool = False) -> None:
         if name != MANIFEST_NAME:
             location.upload(folder / name, name)
     location.upload(folder / MANIFEST_NAME, MANIFEST_NAME)
-    for name in sorted(before - set(files)):
-        if _owned(name):
-            location.delete(name)
+    for name in sorted((before & set(replace or ())) - set(files)):
+        location.delete(name)

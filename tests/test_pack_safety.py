@@ -317,3 +317,30 @@ def test_cli_refusals_are_usage_errors_that_name_dst(tmp_path, rng, capsys):
     assert str(dst) in err and "--overwrite" in err
     assert main([str(src), str(dst), "--quiet", "--overwrite"]) == 0
     assert user_files_intact(dst)
+
+
+def test_a_full_disk_names_dst_and_how_to_finish(tmp_path, rng, capsys, monkeypatch):
+    import errno
+
+    from formats import shard_writer
+
+    src = make_source("imagefolder", tmp_path / "in", rng)
+    args = [str(src), str(tmp_path / "out"), "--quiet", "--records-per-shard", "2",
+            "--workers", "0"]
+    real, calls = shard_writer.ShardWriter.append, []
+
+    def append(self, *a):
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *a)
+
+    monkeypatch.setattr(shard_writer.ShardWriter, "append", append)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'out'}: No space left on device" in err
+    assert "finish with: pack-dataset" in err and "--resume" in err
+    monkeypatch.setattr(shard_writer.ShardWriter, "append", real)
+    assert main([*args, "--resume"]) == 0
+    assert main([str(src), str(tmp_path / "full"), *args[2:]]) == 0
+    assert dataset_files(tmp_path / "out") == dataset_files(tmp_path / "full")

@@ -349,9 +349,14 @@ def test_pack_to_s3_and_back(endpoint, tmp_path, monkeypatch):
     assert main([str(src), dst, "--quiet"]) == 2  # usage: DST is a dataset
     gone = s3_uri(endpoint, "no-such-bucket", "x")
     assert main([str(src), gone, "--quiet", "--records-per-shard", "4"]) == 2  # cannot write
+    mine = {"notes.rec": b"mine", "part-1.pdf": b"%PDF", "shard-notes.idx": b"idx"}
+    for name, data in mine.items():  # a user's objects beside the dataset
+        open_location(dst).write_bytes(name, data)
     pack(src, dst, PackOptions(records_per_shard=6, workers=0, durable=False, overwrite=True))
     names = {f.name for f in open_location(dst).list_files()}
     assert "shard-00002.rec" not in names, "--overwrite left the old dataset's shards behind"
+    for name, data in mine.items():  # never deleted: no manifest listed them
+        assert open_location(dst).read_bytes(name, 100) == data
     assert len(open_dataset(dst, cache=CacheOptions(tmp_path / "cache"))) == 12
 
 
