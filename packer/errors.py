@@ -26,7 +26,7 @@ class PackInputError(PackError):
     Args:
         path: the file.
         kind: the skip kind (``missing``, ``unreadable``, ``empty``,
-            ``not-an-image``, ``not-a-jpeg``, ``corrupt``, ``truncated``).
+            ``not-an-image``, ``not-a-jpeg``, ``corrupt``, ``truncated``, ``bad-name``).
         reason: what is wrong, in words.
     """
 

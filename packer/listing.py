@@ -154,9 +154,19 @@ def _walk(top: Path, rel: str, out: list[tuple[str, str, tuple[str, str] | None]
             else:
                 _walk(Path(e.path), key, out, ancestors | {ident})
         elif stat.S_ISREG(st.st_mode):
-            out.append((e.path, key, None))
+            out.append((e.path, key, None if _utf8(key) else (
+                "bad-name", "file name is not valid UTF-8: its key cannot be stored as text")))
         else:
             out.append((e.path, key, ("unreadable", "not a regular file (FIFO, socket or device)")))
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` (a name decoded with surrogateescape) is valid UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _ident(p: Path) -> tuple[int, int]:
@@ -201,6 +211,10 @@ def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
             _walk(src, "", found, frozenset({_ident(src)}))
             return _finish(kind, src, found, {}, [], to_jpeg)
         classes = sorted(e.name for e in os.scandir(src) if not _hidden(e.name) and e.is_dir())
+        for name in classes:
+            if not _utf8(name):
+                raise PackError("class folder name is not valid UTF-8 (class names are stored "
+                                "as text); rename it", path=src / name)
         labels: list[int] = []
         empty = []
         for label, name in enumerate(classes):

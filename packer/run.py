@@ -93,8 +93,11 @@ class _SkipLog:
 
     def add(self, key: str, kind: str, reason: str) -> None:
         f = self._open()
-        f.write(json.dumps({"kind": kind, "path": key, "reason": reason}, ensure_ascii=False,
-                           sort_keys=True) + "\n")
+        line = {"kind": kind, "path": key, "reason": reason}
+        text = json.dumps(line, ensure_ascii=False, sort_keys=True)
+        if kind == "bad-name":  # a name that is not UTF-8: escaped, so the file stays UTF-8
+            text = json.dumps(line, sort_keys=True)
+        f.write(text + "\n")
         f.flush()  # a SIGKILL must not lose a line the next seal counts
         self.count += 1
 

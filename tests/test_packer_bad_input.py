@@ -174,3 +174,21 @@ def test_skip_list_removed_when_overwritten_clean(tmp_path, rng):
 def test_missing_src(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         pack(tmp_path / "nope", tmp_path / "dst", opts())
+
+
+def test_a_file_name_that_is_not_utf8_is_a_bad_input_named_and_skippable(tmp_path, rng):
+    src = tmp_path / "src"
+    image_folder(src, rng, per_class=2)
+    bad = os.fsencode(src / "cat") + b"/\xff.jpg"
+    with open(bad, "wb") as f:
+        f.write((src / "cat" / "000.jpg").read_bytes())
+    with pytest.raises(PackInputError, match="not valid UTF-8") as info:
+        pack(src, tmp_path / "a", opts())
+    assert info.value.kind == "bad-name" and info.value.path.endswith("cat/\udcff.jpg")
+    s = pack(src, tmp_path / "b", opts(on_error="skip"))
+    assert s.complete and s.records_written == 4 and s.skipped == {"bad-name": 1}
+    line = json.loads((tmp_path / "b" / "skipped.jsonl").read_text("utf-8"))
+    assert line["path"] == "cat/\udcff.jpg"
+    os.mkdir(os.fsencode(src) + b"/\xfa")
+    with pytest.raises(PackError, match="class folder name is not valid UTF-8"):
+        pack(src, tmp_path / "c", opts(on_error="skip"))
