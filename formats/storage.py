@@ -13,26 +13,53 @@ the object. Downloads go to a temporary name, are checked against the expected
 size and CRC32C, and only then renamed, so a partial or corrupt object is never
 taken for a good one. Names are always relative and checked: a name read from a
 manifest cannot reach outside its dataset's prefix.
+
+URIs, and the secrets in them
+-----------------------------
+One parser, :func:`parse_uri`, reads every URI: what is shown (:func:`display_uri`,
+``Location.uri``, every message, log and manifest) and what is opened (bucket, key
+prefix, credentials) come from the same parse, so a secret can never be shown, nor
+be taken for part of a bucket or an object key. It follows RFC 3986 (the query
+starts at the first ``?``, a fragment at the first ``#``, the userinfo ends at the
+last ``@`` of the authority and is percent-decoded: ``%2F`` is ``/``, ``%40`` is
+``@``) with one rule for what users actually type: AWS secret keys hold ``/`` and
+``+``, and are pasted unescaped (``s3://AKID:se/cr+et@bucket/ds``), which RFC 3986
+would read as host ``AKID``, port ``se`` and a path. So where the text before the
+first ``/`` holds a ``:`` and no ``@``, and that cannot be a host and port (any
+``:`` for bucket schemes, ``s3``/``gs``, whose bucket names never hold one; a
+non-numeric port for others), and an ``@`` comes later, the userinfo runs to the
+**last** ``@`` before the query: a secret may hold ``/``, ``+``, ``:`` and ``@``
+unescaped; ``?`` and ``#`` in a secret, and ``@`` in an object name after such
+credentials, must be percent-encoded. A URI whose bucket holds a ``:`` (forgotten
+``@``) is refused, with nothing of its authority in the message.
+
+Shown, a URI is ``scheme://bucket/key`` (or ``host:port/path``): no userinfo, no
+query (``access_key``, ``secret_key``, tokens, endpoints), no fragment. An S3 URI's
+query may hold only the keys in :data:`S3_QUERY_KEYS`; any other is a
+:class:`URIError` naming it.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, TypeVar
+from urllib.parse import quote, unquote
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .checksum import crc32c
 from .errors import MissingObjectError, ObjectTooLargeError, StorageError, UnsafePathError
 from .files import temp_name
 
-__all__ = ["Location", "Retry", "StoredFile", "default_cache_folder", "display_uri", "is_uri",
-           "open_location"]
+__all__ = ["S3_QUERY_KEYS", "Location", "ParsedURI", "Retry", "StoredFile", "URIError",
+           "default_cache_folder", "display_uri", "is_uri", "open_location", "parse_uri"]
 
 T = TypeVar("T")
 _CHUNK = 8 << 20
@@ -58,24 +85,133 @@ def default_cache_folder() -> Path:
     return Path(base) / "shardpack"
 
 
+class URIError(StorageError):
+    """A URI that cannot name a location as written (an unknown query key, a
+    malformed authority): a usage error. Its message never holds the URI's secrets."""
+
+
+#: Schemes whose authority is a bucket name, which never holds ":" or "@".
+_BUCKET_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs"})
+#: Schemes pyarrow opens itself; any other goes to fsspec.
+_PYARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss"})
+#: The query keys an ``s3://`` URI may hold: pyarrow's own, and credentials (which
+#: are moved into the filesystem's options, never shown).
+S3_QUERY_KEYS = ("region", "scheme", "endpoint_override", "allow_bucket_creation",
+                 "allow_bucket_deletion", "tls_ca_file_path", "tls_verify_certificates",
+                 "access_key", "secret_key")
+_QUERY_CREDENTIALS = ("access_key", "secret_key")
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")
+
+
+@dataclass(frozen=True)
+class ParsedURI:
+    """A URI split by :func:`parse_uri` (see the module docstring for the rules).
+
+    Attributes:
+        scheme: as written (``s3``).
+        authority: the bucket, or ``host[:port]``, as written; userinfo excluded.
+        path: what follows the authority's ``/``, as written (percent escapes kept).
+        user, password: the decoded userinfo (None when absent).
+        query: the ``(key, raw value)`` pairs, in order; the value is None for an
+            item without ``=`` (which may itself be a secret).
+        fragment: what follows ``#`` (None when absent).
+    """
+
+    scheme: str
+    authority: str
+    path: str
+    user: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+    query: tuple[tuple[str, str | None], ...] = field(default=(), repr=False)
+    fragment: str | None = None
+
+    @property
+    def is_bucket(self) -> bool:
+        return self.scheme.lower() in _BUCKET_SCHEMES
+
+    def display(self) -> str:
+        """``scheme://authority/path``: nothing secret, nothing from the query."""
+        return f"{self.scheme}://{self.authority}" + (f"/{self.path}" if self.path else "")
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every credential the URI holds (userinfo, and credential query values)."""
+        found = [s for s in (self.user, self.password) if s]
+        found += [unquote(v) for k, v in self.query if v and _is_secret_key(k)]
+        found += [k for k, v in self.query if v is None and k]
+        return tuple(found)
+
+    def scrub(self, text: str) -> str:
+        """``text`` with each of :meth:`secrets`, raw or percent-encoded, replaced by ``***``."""
+        for secret in sorted(self.secrets(), key=len, reverse=True):
+            for form in {secret, quote(secret, safe=""), quote(secret)}:
+                text = text.replace(form, "***")
+        return text
+
+
+def _is_secret_key(key: str) -> bool:
+    k = key.lower()
+    return any(w in k for w in ("secret", "token", "password", "key", "credential", "signature"))
+
+
+def _redacted(scheme: str) -> str:
+    return f"{scheme}://***"
+
+
+def parse_uri(text: str) -> ParsedURI:
+    """Split a ``scheme://...`` URI (see the module docstring for the rules).
+
+    Raises:
+        URIError: not a URI, or its authority cannot be a bucket (a bucket scheme
+            with an empty name or a ``:`` in it); the message holds no credentials.
+    """
+    scheme, sep, rest = str(text).partition("://")
+    if not sep or not scheme:
+        raise URIError("not a URI (scheme://...)")
+    # RFC 3986: the fragment starts at the first "#", then the query at the first "?".
+    rest, hashed, fragment = rest.partition("#")
+    rest, _, query = rest.partition("?")
+    head = rest.split("/", 1)[0]
+    userinfo = None
+    if "@" in head:
+        userinfo, _, host = head.rpartition("@")
+        rest = host + rest[len(head):]
+    elif ":" in head and "@" in rest:
+        port = head.partition(":")[2]
+        if scheme.lower() in _BUCKET_SCHEMES or not port.isdigit():
+            # An unescaped "/" in the secret: the userinfo runs to the last "@".
+            userinfo, _, rest = rest.rpartition("@")
+    authority, _, path = rest.partition("/")
+    user = password = None
+    if userinfo is not None:
+        raw_user, colon, raw_password = userinfo.partition(":")
+        user, password = unquote(raw_user), unquote(raw_password) if colon else None
+    pairs = tuple((unquote(k), v if eq else None)
+                  for k, eq, v in (p.partition("=") for p in query.split("&") if p))
+    parsed = ParsedURI(scheme, authority, path, user, password, pairs,
+                       fragment if hashed else None)
+    if scheme.lower() in _BUCKET_SCHEMES and (not authority or any(c in authority for c in ":@%")):
+        # Said without the authority itself: it may be "key:secret" without its "@".
+        raise URIError(f"this {scheme}:// URI needs a bucket name (no ':', '@' or '%' in it) "
+                       "after 'key:secret@', if any", path=_redacted(scheme))
+    return parsed
+
+
 def display_uri(path: object) -> str:
-    """A URI fit for messages, logs and manifests: no ``user:secret@``, no query
-    (which may hold keys or endpoints)."""
+    """A URI fit for messages, logs and manifests: ``scheme://bucket/key``, no
+    userinfo, no query, no fragment (see the module docstring). Local paths come
+    back unchanged; a URI that does not parse comes back as ``scheme://***``."""
     text = str(path)
     if not is_uri(text):
         return text
-    scheme, _, rest = text.partition("://")
-    rest = rest.split("?", 1)[0]
-    userinfo, at, after = rest.partition("@")
-    if at:
-        # Secrets may hold "/" (AWS keys do), so the userinfo can look like a path: it is
-        # userinfo unless its first segment is a plain host or host:port and an "@"
-        # merely appears later, in an object's name (s3://b/me@home.jpg).
-        first = userinfo.split("/", 1)[0]
-        _, colon, port = first.partition(":")
-        if "/" not in userinfo or (colon and not port.isdigit()):
-            rest = after
-    return f"{scheme}://{rest}"
+    try:
+        parsed = parse_uri(text)
+    except URIError:
+        return _redacted(text.partition("://")[0])
+    if not parsed.is_bucket and not parsed.authority.partition(":")[2].isdigit() and (
+            ":" in parsed.authority):
+        # Not host:port: perhaps "user:secret" that lost its "@"; never shown.
+        return _redacted(parsed.scheme)
+    return parsed.display()
 
 
 @dataclass(frozen=True)
@@ -288,36 +424,99 @@ class Location:
         self.retry.run(self.uri_of(name), "delete", rm)
 
 
-def _fsspec(uri: str) -> tuple[pafs.FileSystem, str]:
+def _fsspec(uri: str, parsed: ParsedURI) -> tuple[pafs.FileSystem, str]:
+    shown = parsed.display()
     try:
         import fsspec
     except ImportError:
         raise StorageError("pyarrow does not know this URI scheme, and fsspec (which may) "
-                           "is not installed: pip install fsspec", path=uri) from None
-    fs, path = fsspec.core.url_to_fs(uri)
+                           "is not installed: pip install fsspec", path=shown) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(uri)
+    except ImportError as exc:  # the protocol's own package (s3fs, gcsfs...), with its hint
+        raise StorageError(f"cannot open this location: {parsed.scrub(str(exc))}",
+                           path=shown) from None
+    except (ValueError, TypeError, OSError) as exc:  # an unknown protocol or bad options
+        raise URIError(f"cannot open this location ({parsed.scrub(str(exc))})",
+                       path=shown) from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+def _s3_uri(parsed: ParsedURI) -> str:
+    """The URI pyarrow opens for an ``s3://`` location: the same bucket, key and
+    options, the credentials percent-encoded so no parser can split them otherwise."""
+    query = {k: unquote(v or "") for k, v in parsed.query}
+    user = query.get("access_key", parsed.user)
+    password = query.get("secret_key", parsed.password)
+    userinfo = ""
+    if user is not None or password is not None:
+        userinfo = quote(user or "", safe="") + (
+            "" if password is None else ":" + quote(password, safe="")) + "@"
+    rest = "&".join(quote(k, safe="") + ("" if v is None else f"={v}") for k, v in parsed.query
+                    if k not in _QUERY_CREDENTIALS)
+    return f"{parsed.scheme}://{userinfo}{parsed.authority}/{parsed.path}" + (
+        f"?{rest}" if rest else "")
+
+
+def _check_s3_query(parsed: ParsedURI) -> None:
+    keys = [k for k, _ in parsed.query]
+    for key, value in parsed.query:
+        if key not in S3_QUERY_KEYS:
+            # A key is named only when it looks like one: "?secret" alone may be a secret.
+            named = repr(key) if value is not None and _PLAIN_KEY.match(key) \
+                else "(not shown: not a plain key=value item)"
+            hint = (" (a session token goes in AWS_SESSION_TOKEN)"
+                    if "token" in key.lower() else "")
+            raise URIError(f"unknown query key {named} in an s3:// URI{hint}; the keys "
+                           f"understood are {', '.join(S3_QUERY_KEYS)}", path=parsed.display())
+        if keys.count(key) > 1:
+            raise URIError(f"query key {key!r} given twice", path=parsed.display())
+    if parsed.fragment is not None:
+        raise URIError("an s3:// URI has no fragment: write '#' in a name as %23",
+                       path=parsed.display())
 
 
 def open_location(path: str | Path, filesystem: pafs.FileSystem | None = None,
                   retry: Retry = Retry()) -> Location:
     """The :class:`Location` for a URI (or, with ``filesystem``, a path on it).
 
+    Bucket, key prefix and credentials come from :func:`parse_uri`, the parse that
+    :func:`display_uri` shows, so no secret reaches a key or a message.
+
     Raises:
+        URIError: a URI that cannot name a location as written (an unknown S3 query
+            key, a malformed bucket).
         StorageError: a URI that neither pyarrow nor fsspec can open.
     """
     text = str(path)
+    if not is_uri(text):
+        if filesystem is None and text.lower().startswith("file://"):
+            text = text[len("file://"):]
+        if filesystem is not None:
+            return Location(filesystem, text, text, retry)
+        return Location(pafs.LocalFileSystem(), str(Path(text).resolve()), text, retry)
+    parsed = parse_uri(text)
     shown = display_uri(text)
     if filesystem is not None:
-        root = shown.partition("://")[2] if is_uri(text) else text
-        return Location(filesystem, root, shown, retry)
-    if not is_uri(text):
-        if text.lower().startswith("file://"):
-            text = text[len("file://"):]
-        return Location(pafs.LocalFileSystem(), str(Path(text).resolve()), text, retry)
+        return Location(filesystem, shown.partition("://")[2], shown, retry)
+    scheme = parsed.scheme.lower()
+    if scheme in ("s3", "s3a"):
+        _check_s3_query(parsed)
+        uri = _s3_uri(parsed)
+        root = f"{parsed.authority}/{unquote(parsed.path)}".rstrip("/")
+    elif scheme in _PYARROW_SCHEMES:
+        uri, root = text, None
+    else:
+        fs, root = _fsspec(text, parsed)
+        return Location(fs, root, shown, retry)
     try:
-        fs, root = pafs.FileSystem.from_uri(text)
-    except ValueError:  # pyarrow.ArrowInvalid: a scheme pyarrow does not know
-        fs, root = _fsspec(text)
+        fs, arrow_root = pafs.FileSystem.from_uri(uri)
+    except NotImplementedError:  # this pyarrow was built without the scheme's filesystem
+        fs, arrow_root = _fsspec(text, parsed)
+    except pa.ArrowInvalid as exc:  # a ValueError: options pyarrow does not take
+        raise URIError(f"cannot open this location ({parsed.scrub(str(exc))})",
+                       path=shown) from None
     except OSError as exc:
-        raise StorageError(f"cannot open this location ({exc})", path=shown) from None
-    return Location(fs, root, shown, retry)
+        raise StorageError(f"cannot open this location ({parsed.scrub(str(exc))})",
+                           path=shown) from None
+    return Location(fs, arrow_root if root is None else root, shown, retry)
