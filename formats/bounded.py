@@ -1,34 +1,63 @@
-"""Decompression with a ceiling: foreign inputs never expand past a stated bound.
+"""Reading foreign inputs with a ceiling: no input expands, allocates or blocks past a stated bound.
 
 Every compressed foreign input (gzip TFRecords, zstd/gzip MDS shards, gzip tars)
 is read through these helpers, so a small file that claims or expands to a huge
 size fails with a :class:`DecompressionError` naming the file instead of filling
 memory. Bounds are checked before the bytes are produced, not after.
+
+The caps, one per kind of thing read (each source takes its own as an argument):
+
+* :data:`DEFAULT_MAX_VALUE` (256 MiB): one record or value: a TFRecord record, a
+  tar member, a Parquet cell, an MDS sample, a JSON text. Reading a value costs a
+  small multiple of its size in memory, so this is what bounds a source's memory.
+* :data:`DEFAULT_MAX_MEMBER` (1 GiB): a unit read whole that holds many values: a
+  (decompressed) MDS shard.
+* :data:`DEFAULT_MAX_STREAM` (64 GiB): what one compressed file may expand to.
+* :data:`MAX_JSON_DEPTH` (128): nesting of any JSON read from a foreign input,
+  so no parser or writer downstream ever meets a ``RecursionError``.
+
+Foreign files are opened with :func:`open_regular`: a FIFO, device or socket
+given as a source would block a reader forever, so only regular files are read.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import json
+import os
+import stat
 import zlib
 from pathlib import Path
 
 import zstandard
 
-from .errors import DecompressionError
+from .errors import DecompressionError, FormatError, SchemaError, ShardpackError
 
 __all__ = [
     "DEFAULT_MAX_MEMBER",
     "DEFAULT_MAX_STREAM",
+    "DEFAULT_MAX_VALUE",
+    "MAX_JSON_DEPTH",
     "BoundedReader",
     "gunzip_bounded",
     "open_input",
+    "open_regular",
+    "parse_json",
     "read_exact",
+    "read_small_file",
+    "refuse_special_file",
     "unzstd_bounded",
 ]
 
-#: The largest single record, tar member or MDS shard a foreign source accepts (1 GiB).
+#: The largest single record or value a foreign source accepts (256 MiB): a TFRecord
+#: record, a tar member, a Parquet cell, an MDS sample, a JSON text.
+DEFAULT_MAX_VALUE = 256 << 20
+#: The largest unit holding many values that a foreign source reads whole (1 GiB):
+#: a decompressed MDS shard.
 DEFAULT_MAX_MEMBER = 1 << 30
+#: How deeply JSON read from a foreign input may nest (as serde_json's default).
+MAX_JSON_DEPTH = 128
 #: The most bytes one compressed file may expand to (64 GiB).
 DEFAULT_MAX_STREAM = 64 << 30
 
@@ -64,7 +93,11 @@ class BoundedReader(io.RawIOBase):
         view = view[: min(len(view), room)]
         try:
             n = self._raw.readinto(view)
-        except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
+        except EOFError:
+            raise DecompressionError("compressed stream ends early: the file is truncated (an "
+                                     "interrupted download?)", path=self.path,
+                                     offset=self.count) from None
+        except (OSError, zlib.error, zstandard.ZstdError) as exc:
             raise DecompressionError(f"damaged compressed stream ({exc})", path=self.path,
                                      offset=self.count) from None
         n = n or 0
@@ -86,6 +119,122 @@ class BoundedReader(io.RawIOBase):
             super().close()
 
 
+def open_regular(path: str | Path):
+    """Open a foreign input for binary reading, refusing anything but a regular file.
+
+    The open itself is non-blocking, so a FIFO (which would wait for a writer
+    forever) is refused, not waited on; the check is on the descriptor opened,
+    so nothing can swap the file between the check and the read.
+
+    Raises:
+        OSError: the file cannot be opened (missing, no permission).
+        FormatError: a FIFO, device, socket or folder.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _not_regular(path: str | Path, mode: int) -> FormatError:
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device")
+    return FormatError(f"not a regular file ({kind}); only regular files are read", path=path)
+
+
+def refuse_special_file(path: str | Path) -> None:
+    """Refuse a FIFO, device or socket named as an input, before anything opens it
+    (folders, regular files and paths that do not exist, patterns, pass).
+
+    Raises:
+        FormatError: naming the path and what it is.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, or a pattern: the caller says so
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise _not_regular(path, mode)
+
+
+def read_small_file(path: str | Path, limit: int, what: str) -> bytes:
+    """The whole content of a small foreign file (an index, a metadata file).
+
+    Raises:
+        OSError: the file cannot be opened.
+        FormatError: not a regular file, or larger than ``limit`` bytes (checked
+            before anything is read).
+    """
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise FormatError(f"{what} is larger than the limit for it", path=path,
+                              found=f"{size} bytes", expected=f"<= {limit} bytes")
+        data = f.read(limit + 1)
+    if len(data) > limit:  # grew while being read
+        raise FormatError(f"{what} is larger than the limit for it", path=path,
+                          found=f"> {limit} bytes", expected=f"<= {limit} bytes")
+    return data
+
+
+def _nested_deeper(obj, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def parse_json(data, *, path: str | Path | None = None, record: int | None = None,
+               offset: int | None = None, what: str = "JSON",
+               error: type[ShardpackError] = SchemaError, max_bytes: int = DEFAULT_MAX_VALUE,
+               max_depth: int = MAX_JSON_DEPTH):
+    """Parse JSON from a foreign input, within a size and a nesting bound.
+
+    Args:
+        data: the text (str, bytes or a buffer).
+        path, record, offset: where it came from, for the error.
+        what: what it is, for the error ("column 'meta'", "index.json").
+        error: the error type raised (a ShardpackError subclass).
+
+    Raises:
+        ``error``: not valid JSON (or not UTF-8), longer than ``max_bytes``,
+            nested deeper than ``max_depth``, or an integer beyond Python's digit
+            limit.
+    """
+    if isinstance(data, memoryview):
+        data = bytes(data)
+    if len(data) > max_bytes:
+        raise error(f"{what} is longer than the limit", path=path, record=record, offset=offset,
+                    found=f"{len(data)} bytes", expected=f"<= {max_bytes} bytes")
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        obj = None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise error(f"{what} is not valid JSON ({exc})", path=path, record=record,
+                    offset=offset) from None
+    else:
+        if not isinstance(obj, (dict, list)):
+            return obj
+        # Counting brackets is cheap and bounds the depth: most texts skip the walk.
+        opened = (data.count("[") + data.count("{") if isinstance(data, str)
+                  else data.count(b"[") + data.count(b"{"))
+        if opened <= max_depth or not _nested_deeper(obj, max_depth):
+            return obj
+    raise error(f"{what} is nested deeper than the limit", path=path, record=record,
+                offset=offset, expected=f"<= {max_depth} levels")
+
+
 def open_input(path: str | Path, *, compression: str | None = "auto",
                max_bytes: int = DEFAULT_MAX_STREAM) -> io.BufferedReader:
     """Open a foreign input file for reading, transparently gunzipping it.
@@ -98,8 +247,12 @@ def open_input(path: str | Path, *, compression: str | None = "auto",
 
     Returns:
         A buffered binary stream; for gzip files every read is bounded.
+
+    Raises:
+        OSError: the file cannot be opened.
+        FormatError: not a regular file (see :func:`open_regular`).
     """
-    f = open(path, "rb")  # noqa: SIM115 (returned to the caller, who closes it)
+    f = open_regular(path)
     if compression == "auto":
         compression = "gzip" if f.peek(2)[:2] == _GZIP_MAGIC else None
     if compression is None:

@@ -23,9 +23,13 @@ _MAX_NAME = 200
 
 
 def safe_name(text: str, fallback: str) -> str:
-    """A single, harmless file name made from untrusted ``text``."""
+    """A single, harmless file name made from untrusted ``text``: no separators or
+    control characters, valid UTF-8 (a lone surrogate, which no file system call
+    can encode, is spelled out), at most ``_MAX_NAME`` bytes (file systems count
+    bytes, not characters)."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     name = _BAD.sub("_", text).strip().lstrip(".")
-    name = name[:_MAX_NAME]
+    name = name.encode("utf-8")[:_MAX_NAME].decode("utf-8", "ignore")
     return name if name and name not in (".", "..") else fallback
 
 

@@ -6,6 +6,7 @@ Each codec module is imported only when its name is used.
 
 from __future__ import annotations
 
+import heapq
 import importlib
 import inspect
 import tarfile
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import Record, Sink, Source
+from .bounded import open_input
 from .fields import Field
 from .paths import expand_braces
 
@@ -113,21 +115,28 @@ def _kind_of_file(p: Path) -> str | None:
     if ".tfrecord" in n or ".tfrec" in n:
         return "tfrecord"
     try:
-        with open(p, "rb") as f:
+        with open_input(p, compression=None) as f:
             head = f.read(4)
-    except OSError:
+    except (OSError, ValueError):  # a FormatError (not a regular file) is a ValueError
         return None
     if head == b"PAR1":
         return "parquet"
     from .tfrecord import looks_like_tfrecord
     if looks_like_tfrecord(p):
         return "tfrecord"
+    return "webdataset" if _starts_with_tar_header(p) else None
+
+
+def _starts_with_tar_header(p: Path) -> bool:
+    """One header block, gunzipped if need be, read and checksummed: never more
+    (``tarfile.is_tarfile`` reads a whole pax header, however large it claims to be)."""
     try:
-        if tarfile.is_tarfile(p):
-            return "webdataset"
-    except OSError:
-        pass
-    return None
+        with open_input(p) as f:
+            block = f.read(tarfile.BLOCKSIZE)
+        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except (OSError, ValueError, EOFError, tarfile.HeaderError):
+        return False
+    return True
 
 
 def detect(path: str | Path) -> str | None:
@@ -142,7 +151,8 @@ def detect(path: str | Path) -> str | None:
             return "shards"
         if (p / "index.json").is_file():
             return "mds"
-        kinds = {_kind_of_file(q) for q in sorted(p.iterdir())[:64] if q.is_file()
+        # The first 64 names, without sorting (or holding) a listing of millions.
+        kinds = {_kind_of_file(q) for q in heapq.nsmallest(64, p.iterdir()) if q.is_file()
                  and q.suffix.lower() not in (".idx", ".json", ".txt", ".md")}
         kinds.discard(None)
         return kinds.pop() if len(kinds) == 1 else None

@@ -14,11 +14,16 @@ The decoder accepts packed and unpacked repeated scalars (proto2 writers emit
 either), skips unknown fields, and checks every length against the buffer; the
 encoder writes packed lists and sorts feature names so its bytes are deterministic.
 A decoded feature is ``bytes``-list (list of bytes), ``np.int64`` or ``np.float32`` array.
+
+Decoding is bounded by more than the record's length: packed lists are decoded
+with numpy (a record of millions of numbers takes milliseconds, not minutes, and
+no Python object per number), and an Example holds at most ``_MAX_FEATURES``
+features, a feature at most ``_MAX_NUMBERS`` numbers (``_MAX_STRINGS`` of them
+unpacked, each a Python step) or ``_MAX_STRINGS`` byte strings.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping
 
 import numpy as np
@@ -26,6 +31,10 @@ import numpy as np
 __all__ = ["ExampleError", "decode_example", "encode_example"]
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_MAX_FEATURES = 1 << 16
+_MAX_NUMBERS = 1 << 25  # 256 MiB as int64
+_MAX_STRINGS = 1 << 20
+_VARINT_CHUNK = 1 << 20  # numbers decoded per numpy step: bounds the temporaries
 
 
 class ExampleError(ValueError):
@@ -77,16 +86,52 @@ def _signed64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
+def _packed_varints(buf: memoryview, start: int, end: int) -> np.ndarray:
+    """The int64 values of a packed varint run, decoded with numpy, a chunk at a time
+    (temporaries stay a few times ``_VARINT_CHUNK`` bytes, whatever the run's length)."""
+    data = np.frombuffer(buf[start:end], np.uint8)
+    if not len(data):
+        return np.empty(0, np.int64)
+    if data[-1] >= 0x80:
+        raise ExampleError(f"packed varint runs past the end of its list at byte {end}")
+    count = int(np.count_nonzero(data < 0x80))
+    if count > _MAX_NUMBERS:
+        raise ExampleError(f"a feature holds {count} numbers, more than {_MAX_NUMBERS}")
+    if count == len(data):  # every value in one byte: the common small labels
+        return data.astype(np.int64)
+    out = np.empty(count, np.uint64)
+    pos = k = 0
+    while pos < len(data):
+        chunk = data[pos:pos + _VARINT_CHUNK]
+        ends = np.flatnonzero(chunk < 0x80)
+        if not len(ends):
+            raise ExampleError(f"varint longer than 10 bytes at byte {start + pos}")
+        chunk = chunk[:ends[-1] + 1]  # whole varints only; the rest starts the next chunk
+        starts = np.empty_like(ends)
+        starts[0], starts[1:] = 0, ends[:-1] + 1
+        lengths = ends - starts + 1
+        if lengths.max() > 10:
+            raise ExampleError(f"varint longer than 10 bytes in the list at byte {start}")
+        shifts = (np.arange(len(chunk)) - np.repeat(starts, lengths)).astype(np.uint64) * 7
+        # Bits past 64 fall off, as protobuf's uint64 keeps them.
+        payload = (chunk & 0x7F).astype(np.uint64) << shifts
+        out[k:k + len(ends)] = np.bitwise_or.reduceat(payload, starts)
+        k += len(ends)
+        pos += len(chunk)
+    return out.view(np.int64)
+
+
 def _decode_feature(buf: memoryview, start: int, end: int):
     kind = None
-    values: list = []
+    parts: list = []  # bytes, or arrays (lists, unpacked) of numbers
+    count = unpacked = 0
     for num, wt, val in _fields(buf, start, end):
         if num not in (1, 2, 3):
             continue
         if wt != _LEN:
             raise ExampleError(f"Feature field {num} has wire type {wt}, expected a message")
         if kind is not None and kind != num:
-            values = []  # protobuf: the last member of a oneof wins
+            parts, count, unpacked = [], 0, 0  # protobuf: the last member of a oneof wins
         kind = num
         s, e = val
         for vn, vwt, v in _fields(buf, s, e):
@@ -95,31 +140,38 @@ def _decode_feature(buf: memoryview, start: int, end: int):
             if num == 1:
                 if vwt != _LEN:
                     raise ExampleError("BytesList value is not length-delimited")
-                values.append(bytes(buf[v[0]:v[1]]))
+                parts.append(bytes(buf[v[0]:v[1]]))
+                count += 1
             elif num == 2:
                 if vwt == _LEN:  # packed
                     if (v[1] - v[0]) % 4:
                         raise ExampleError("packed FloatList length is not a multiple of 4")
-                    values.extend(np.frombuffer(buf[v[0]:v[1]], "<f4").tolist())
+                    part = np.frombuffer(buf[v[0]:v[1]], "<f4")
                 elif vwt == _I32:
-                    values.append(struct.unpack_from("<f", buf, v[0])[0])
+                    part = np.frombuffer(buf[v[0]:v[1]], "<f4")
+                    unpacked += 1
                 else:
                     raise ExampleError(f"FloatList value has wire type {vwt}")
+                parts.append(part)
+                count += len(part)
             else:
                 if vwt == _LEN:  # packed
-                    p, pe = v
-                    while p < pe:
-                        x, p = _varint(buf, p, pe)
-                        values.append(_signed64(x))
+                    part = _packed_varints(buf, *v)
                 elif vwt == _VARINT:
-                    values.append(_signed64(v))
+                    part = [_signed64(v & 0xFFFFFFFFFFFFFFFF)]
+                    unpacked += 1
                 else:
                     raise ExampleError(f"Int64List value has wire type {vwt}")
-    if kind == 2:
-        return np.asarray(values, np.float32)
-    if kind == 3:
-        return np.asarray(values, np.int64)
-    return values  # bytes list (also a Feature with no kind set)
+                parts.append(part)
+                count += len(part)
+            limit = _MAX_STRINGS if num == 1 else _MAX_NUMBERS
+            if count > limit or unpacked > _MAX_STRINGS:
+                raise ExampleError(f"a feature holds more than {limit} values")
+    if kind in (2, 3):
+        dtype = np.float32 if kind == 2 else np.int64
+        return np.concatenate([np.asarray(p, dtype) for p in parts]) if parts else np.empty(
+            0, dtype)
+    return parts  # bytes list (also a Feature with no kind set)
 
 
 def decode_example(data) -> dict[str, list[bytes] | np.ndarray]:
@@ -131,6 +183,7 @@ def decode_example(data) -> dict[str, list[bytes] | np.ndarray]:
     """
     buf = memoryview(data).cast("B")
     out: dict = {}
+    entries = 0
     for num, wt, val in _fields(buf, 0, len(buf)):
         if num != 1:
             continue
@@ -141,6 +194,9 @@ def decode_example(data) -> dict[str, list[bytes] | np.ndarray]:
                 continue
             if fwt != _LEN:
                 raise ExampleError("Features.feature entry is not a message")
+            entries += 1
+            if entries > _MAX_FEATURES:
+                raise ExampleError(f"more than {_MAX_FEATURES} features in one Example")
             name, feature = "", []
             for enum, ewt, ev in _fields(buf, *fval):
                 if ewt != _LEN:

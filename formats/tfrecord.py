@@ -22,7 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from .base import Record
-from .bounded import DEFAULT_MAX_MEMBER, DEFAULT_MAX_STREAM, open_input, read_exact
+from .bounded import (
+    DEFAULT_MAX_STREAM,
+    DEFAULT_MAX_VALUE,
+    open_input,
+    parse_json,
+    read_exact,
+    refuse_special_file,
+)
 from .checksum import crc32c
 from .errors import CorruptRecordError, FormatError, SchemaError
 from .fields import Field
@@ -72,15 +79,20 @@ def looks_like_tfrecord(path: str | Path) -> bool:
 
 
 def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | None = "auto",
-                max_record_bytes: int = DEFAULT_MAX_MEMBER,
+                max_record_bytes: int = DEFAULT_MAX_VALUE,
                 max_bytes: int = DEFAULT_MAX_STREAM) -> Iterator[tuple[int, int, bytes]]:
     """Yield (record index, byte offset, data) of every record in one file.
 
     Offsets are in the uncompressed stream. Raises CorruptRecordError (a CRC does
     not match), DecompressionError (truncated or over a bound) or FormatError (a
-    record length over ``max_record_bytes``), naming the file, record and offset.
+    record length over ``max_record_bytes``, or not a regular file), naming the
+    file, record and offset.
     """
-    with open_input(path, compression=compression, max_bytes=max_bytes) as f:
+    try:
+        f = open_input(path, compression=compression, max_bytes=max_bytes)
+    except OSError as exc:
+        raise FormatError(f"cannot read TFRecord file ({exc.strerror})", path=path) from None
+    with f:
         index = offset = 0
         while True:
             head = f.read(12)
@@ -163,8 +175,9 @@ class TFRecordSource:
     """
 
     def __init__(self, path: str | Path, *, features: str | Mapping[str, str] | None = None,
-                 check_crc: bool = True, max_record_bytes: int = DEFAULT_MAX_MEMBER,
+                 check_crc: bool = True, max_record_bytes: int = DEFAULT_MAX_VALUE,
                  max_bytes: int = DEFAULT_MAX_STREAM) -> None:
+        refuse_special_file(path)
         try:
             self.files = expand_inputs(path, SUFFIXES)
         except FormatError:
@@ -251,12 +264,12 @@ class TFRecordSource:
             raise SchemaError(f"field {f.name!r} expects one byte string", path=path, record=index,
                               offset=offset)
         raw = value[0] if value else b""
-        if kind in ("str", "json"):
+        if kind == "json":
+            return parse_json(raw, path=path, record=index, offset=offset,
+                              what=f"field {f.name!r}")
+        if kind == "str":
             try:
-                text = raw.decode("utf-8")
-                if kind == "json":
-                    return json.loads(text)
-                return text
+                return raw.decode("utf-8")
             except (UnicodeDecodeError, ValueError):
                 raise SchemaError(f"field {f.name!r} is not valid {kind}", path=path, record=index,
                                   offset=offset) from None
