@@ -9,7 +9,12 @@ to the first dot of its last component (``a/b.seg.png`` -> key ``a/b``, extensio
 
 Reading never extracts: member names are only parsed, and absolute names, ``..``
 components, links and members over ``max_member_bytes`` are refused from the header
-alone. Written tars are deterministic: GNU format (no pax timestamps), mtime 0,
+alone. Extended headers (pax, GNU long names) are bounded too (``_MAX_TAR_HEADERS``
+bytes before any member), so no header makes the reader buffer gigabytes. A tar
+must end with its end-of-archive marker: one that stops before it, or inside a
+member, is reported as truncated (an interrupted download, the commonest bad
+input there is) with the byte offset and the last whole member.
+Written tars are deterministic: GNU format (no pax timestamps), mtime 0,
 uid/gid 0, members of a sample sorted by name, samples in record order.
 """
 
@@ -19,13 +24,21 @@ import io
 import json
 import re
 import tarfile
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 
 from .base import Record
-from .bounded import DEFAULT_MAX_MEMBER, DEFAULT_MAX_STREAM, BoundedReader
+from .bounded import (
+    DEFAULT_MAX_STREAM,
+    DEFAULT_MAX_VALUE,
+    BoundedReader,
+    open_regular,
+    parse_json,
+    refuse_special_file,
+)
 from .errors import FormatError, SchemaError, UnsafePathError
 from .fields import Field
 from .outputs import AtomicFile, prepare_output_dir
@@ -39,6 +52,10 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTS = ("cls", "cls2", "class", "label", "index")
 _IMAGE_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "gif": "gif", "bmp": "bmp"}
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+#: The most bytes of extended headers (pax records, GNU long names) before one member.
+_MAX_TAR_HEADERS = 1 << 20
+_TAIL = 4 * tarfile.RECORDSIZE  # what _TarInput keeps: tarfile reads ahead one record
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 def split_key(name: str) -> tuple[str, str] | None:
@@ -61,11 +78,74 @@ def _field_for(ext: str, data: bytes) -> Field:
 
 
 def _check_name(tar_path: Path, info: tarfile.TarInfo) -> None:
+    try:
+        info.name.encode("utf-8")
+    except UnicodeEncodeError:
+        # tarfile hands undecodable bytes over as lone surrogates: no key or field
+        # name may hold one (no manifest could), so such a name is refused here.
+        raise FormatError("tar member name is not UTF-8", path=tar_path, offset=info.offset,
+                          found=ascii(info.name)) from None
     parts = PurePosixPath(info.name).parts
     if info.name.startswith(("/", "\\")) or ".." in parts or "\x00" in info.name or (
             len(info.name) > 1 and info.name[1] == ":"):
         raise UnsafePathError("tar member name is absolute or leaves the archive folder",
                               path=tar_path, offset=info.offset, found=info.name)
+
+
+class _TarInput:
+    """The stream tarfile reads: counts what it delivered, keeps the last few blocks
+    (to tell an end-of-archive marker from a truncation) and stops at ``limit``
+    (so a header claiming gigabytes is refused before tarfile buffers it)."""
+
+    def __init__(self, stream, path: Path) -> None:
+        self.stream, self.path = stream, path
+        self.count = 0
+        self.limit: int | None = _MAX_TAR_HEADERS + 2 * tarfile.RECORDSIZE
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.stream.read(n)
+        self.count += len(data)
+        if self.limit is not None and self.count > self.limit:
+            raise FormatError("tar extended headers (pax records or GNU long names) are larger "
+                              "than the limit", path=self.path, offset=self.count,
+                              expected=f"<= {_MAX_TAR_HEADERS} bytes before a member")
+        if data:
+            self._tail.append(data)
+            self._tail_bytes += len(data)
+            while self._tail_bytes - len(self._tail[0]) >= _TAIL:
+                self._tail_bytes -= len(self._tail.popleft())
+        return data
+
+    def block_at(self, pos: int) -> bytes | None:
+        """The (up to) 512 bytes delivered at ``pos``, or None if no longer kept."""
+        start = self.count - self._tail_bytes
+        if pos < start:
+            return None
+        return b"".join(self._tail)[pos - start:pos - start + tarfile.BLOCKSIZE]
+
+
+def _truncated(path: Path, offset: int, last: str | None, where: str) -> FormatError:
+    after = f"after member {last!r}" if last else "before its first member"
+    return FormatError(f"tar is truncated ({where}, {after}): an interrupted download? "
+                       "fetch it again", path=path, offset=offset)
+
+
+def _check_end(path: Path, src: _TarInput, pos: int, last: str | None) -> None:
+    """tarfile reads a missing, short or invalid header after the first as the end
+    of the archive; only an end-of-archive marker (a zero block) is one."""
+    block = src.block_at(pos)
+    if block is None:
+        return  # not kept: tarfile read far past it, so it was a header that parsed
+    if not block:
+        raise _truncated(path, pos, last, "it ends without its end-of-archive marker")
+    if len(block) < tarfile.BLOCKSIZE:
+        raise _truncated(path, pos, last, "it ends inside a member header")
+    if block.count(0) != tarfile.BLOCKSIZE:
+        after = f" after member {last!r}" if last else ""
+        raise FormatError(f"damaged tar: not a valid member header{after}", path=path,
+                          offset=pos)
 
 
 class WebDatasetSource:
@@ -80,8 +160,9 @@ class WebDatasetSource:
     fields or types differ from the first sample's.
     """
 
-    def __init__(self, path: str | Path, *, max_member_bytes: int = DEFAULT_MAX_MEMBER,
+    def __init__(self, path: str | Path, *, max_member_bytes: int = DEFAULT_MAX_VALUE,
                  max_bytes: int = DEFAULT_MAX_STREAM) -> None:
+        refuse_special_file(path)
         self.files = expand_inputs(path, SUFFIXES)
         self.max_member_bytes = max_member_bytes
         self.max_bytes = max_bytes
@@ -103,28 +184,43 @@ class WebDatasetSource:
                               found=[e for e, _ in members])
         self.fields = canonical_order(fields)
 
-    def _open_tar(self, path: Path):
-        raw = open(path, "rb")  # noqa: SIM115 (closed with the tar)
-        stream = raw
-        if raw.peek(2)[:2] == b"\x1f\x8b":
-            import gzip
-            stream = io.BufferedReader(
-                BoundedReader(gzip.GzipFile(fileobj=raw, mode="rb"), self.max_bytes, path))
+    def _open_tar(self, path: Path) -> tuple[tarfile.TarFile, _TarInput, object]:
         try:
-            return tarfile.open(fileobj=stream, mode="r|"), raw
-        except tarfile.TarError as exc:
+            raw = open_regular(path)
+        except OSError as exc:
+            raise FormatError(f"cannot read tar ({exc.strerror})", path=path) from None
+        try:
+            stream = raw
+            if raw.peek(2)[:2] == b"\x1f\x8b":
+                import gzip
+                stream = io.BufferedReader(
+                    BoundedReader(gzip.GzipFile(fileobj=raw, mode="rb"), self.max_bytes, path))
+            src = _TarInput(stream, path)
+            try:
+                return tarfile.open(fileobj=src, mode="r|"), src, raw
+            except tarfile.TarError as exc:
+                raise FormatError(f"not a tar file ({exc})", path=path) from None
+        except BaseException:
             raw.close()
-            raise FormatError(f"not a tar file ({exc})", path=path) from None
+            raise
 
     def _members(self, path: Path) -> Iterator[tuple[str, str, bytes]]:
-        tar, raw = self._open_tar(path)
+        tar, src, raw = self._open_tar(path)
+        last = None  # the last whole member, for messages about truncation
         try:
             while True:
+                src.limit = tar.offset + _MAX_TAR_HEADERS + 2 * tarfile.RECORDSIZE
                 try:
                     info = tar.next()
                 except tarfile.TarError as exc:
-                    raise FormatError(f"damaged tar ({exc})", path=path) from None
+                    if "unexpected end of data" in str(exc):
+                        raise _truncated(path, src.count, last, "it ends inside a member") from None
+                    raise FormatError(f"damaged tar ({exc})", path=path, offset=tar.offset) from None
+                src.limit = None
+                # tarfile keeps every member it read; a stream of millions would fill memory.
+                tar.members.clear()
                 if info is None:
+                    _check_end(path, src, tar.offset, last)
                     return
                 _check_name(path, info)
                 if info.isdir():
@@ -140,10 +236,15 @@ class WebDatasetSource:
                 if parts is None or PurePosixPath(info.name).name.startswith("."):
                     continue  # no extension, or a hidden file (e.g. macOS ._ files)
                 f = tar.extractfile(info)
-                data = f.read() if f is not None else b""
+                try:
+                    data = f.read() if f is not None else b""
+                except tarfile.TarError:
+                    raise _truncated(path, src.count, last,
+                                     f"it ends inside member {info.name!r}") from None
                 if len(data) != info.size:
-                    raise FormatError("tar member is truncated", path=path, offset=info.offset,
-                                      found=len(data), expected=info.size)
+                    raise _truncated(path, info.offset_data + len(data), last,
+                                     f"it ends inside member {info.name!r}")
+                last = info.name
                 yield parts[0], parts[1], data
         finally:
             tar.close()
@@ -186,13 +287,16 @@ class WebDatasetSource:
                                   f"{f.name!r} is {f.type} (mixed types in one dataset)",
                                   path=path, found=found, expected=f.type)
             return data
+        if f.type == "json":
+            return parse_json(data, path=path, what=f"sample {key!r}: .{ext}")
         try:
             if f.type == "int":
-                return int(data.decode("ascii").strip())
+                value = int(data.decode("ascii").strip())
+                if not _INT64[0] <= value <= _INT64[1]:
+                    raise ValueError("beyond int64")
+                return value
             if f.type == "str":
                 return data.decode("utf-8")
-            if f.type == "json":
-                return json.loads(data)
         except (UnicodeDecodeError, ValueError):
             raise SchemaError(f"sample {key!r}: .{ext} is not a valid {f.type}", path=path,
                               found=bytes(data[:20])) from None
