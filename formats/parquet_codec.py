@@ -6,20 +6,32 @@ come from the ``huggingface`` schema metadata (``info.features.<label>.names`` o
 ``ClassLabel``). Files are read in row batches (``iter_batches``), never whole.
 The sink writes that same layout, class names included, so ``datasets`` reads it
 back with ``Image`` and ``ClassLabel`` features.
+
+A file is read within bounds, checked from its footer before any data: the
+footer itself is at most ``_MAX_FOOTER`` bytes; a column chunk whose uncompressed
+size means some value in it exceeds ``max_value_bytes`` is refused unread; row
+groups are read in batches sized to about ``_BATCH_BYTES`` (from the footer's
+sizes), and every binary or text value's length is checked before it becomes a
+Python object. Schema metadata (``huggingface``, ``shardpack``) must be JSON of
+the expected shape, or the error names the file and the key.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .base import Record
+from .bounded import DEFAULT_MAX_VALUE, open_regular, parse_json, refuse_special_file
 from .errors import FormatError, SchemaError
 from .fields import Field
 from .files import temp_name
@@ -32,6 +44,9 @@ __all__ = ["ParquetSink", "ParquetSource"]
 IMAGE_NAMES = ("image", "img", "jpg", "jpeg", "png", "picture")
 LABEL_NAMES = ("label", "labels", "class", "cls", "target")
 _BATCH = 256
+_BATCH_BYTES = 64 << 20  # rows per batch are cut so a batch holds about this much
+_MAX_FOOTER = 64 << 20  # the footer of a file with 100k row groups is a few MB
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 def _is_binary(t: pa.DataType) -> bool:
@@ -43,21 +58,61 @@ def _is_image_struct(t: pa.DataType) -> bool:
             and _is_binary(t.field("bytes").type))
 
 
-def _hf_features(schema: pa.Schema) -> dict:
-    meta = schema.metadata or {}
-    try:
-        info = json.loads(meta.get(b"huggingface", b"{}"))
-        return info.get("info", {}).get("features", {}) or {}
-    except (ValueError, AttributeError):
+def _metadata_json(schema: pa.Schema, key: bytes, path: Path) -> dict:
+    raw = (schema.metadata or {}).get(key)
+    if raw is None:
         return {}
+    obj = parse_json(raw, path=path, what=f"the {key.decode()!r} schema metadata",
+                     error=FormatError, max_bytes=_MAX_FOOTER)
+    if not isinstance(obj, dict):
+        raise FormatError(f"the {key.decode()!r} schema metadata is not a JSON object",
+                          path=path, found=type(obj).__name__)
+    return obj
 
 
-def _json_columns(schema: pa.Schema) -> set[str]:
+def _hf_features(schema: pa.Schema, path: Path) -> dict:
+    info = _metadata_json(schema, b"huggingface", path).get("info", {})
+    features = info.get("features", {}) if isinstance(info, dict) else None
+    if features is None:
+        features = {}
+    if not isinstance(features, dict):
+        raise FormatError("the 'huggingface' schema metadata: info.features is not an object",
+                          path=path, found=type(features).__name__)
+    return features
+
+
+def _json_columns(schema: pa.Schema, path: Path) -> set[str]:
+    cols = _metadata_json(schema, b"shardpack", path).get("json_columns", [])
+    if not isinstance(cols, list) or not all(isinstance(c, str) for c in cols):
+        raise FormatError("the 'shardpack' schema metadata: json_columns is not a list of "
+                          "names", path=path)
+    return set(cols)
+
+
+@contextmanager
+def _parquet_file(path: Path):
+    """A ParquetFile over a regular file whose footer is within ``_MAX_FOOTER``
+    (checked from the file's last 8 bytes before pyarrow reads the footer)."""
     try:
-        cols = json.loads((schema.metadata or {}).get(b"shardpack", b"{}")).get("json_columns", [])
-        return {c for c in cols if isinstance(c, str)}
-    except (ValueError, AttributeError):
-        return set()
+        f = open_regular(path)
+    except OSError as exc:
+        raise FormatError(f"cannot read Parquet file ({exc.strerror})", path=path) from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        tail = os.pread(f.fileno(), 8, size - 8) if size >= 12 else b""
+        if len(tail) != 8 or tail[4:] != b"PAR1":
+            raise FormatError("not a Parquet file (no PAR1 footer)", path=path)
+        footer = struct.unpack("<I", tail[:4])[0]
+        if footer > min(_MAX_FOOTER, size - 12):
+            raise FormatError("Parquet footer larger than the file or the limit", path=path,
+                              found=f"{footer} bytes",
+                              expected=f"<= {min(_MAX_FOOTER, size - 12)} bytes")
+        try:
+            # No pre-buffering: a whole row group's column chunks would be read at once.
+            pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=8 << 20)
+        except (OSError, pa.ArrowException) as exc:
+            raise FormatError(f"not a Parquet file ({exc})", path=path) from None
+        yield pf
 
 
 def _scalar_field(name: str, t: pa.DataType) -> Field:
@@ -79,6 +134,8 @@ class ParquetSource:
         path: where the files are.
         image_column: the column holding encoded images (auto-detected by default).
         label_column: the int column holding labels (``label`` and similar by default).
+        batch_size: the most rows read at once (fewer where rows are large).
+        max_value_bytes: the largest cell (an image, a text, a JSON text) accepted.
 
     Fields: ``image`` (type sniffed from the first row), ``label`` when present,
     ``key`` (a ``key`` column, else the image's ``path``, else ``file:row``), and
@@ -86,16 +143,19 @@ class ParquetSource:
 
     Raises:
         SchemaError: no image column (the message lists the columns there are).
+        FormatError: not a Parquet file, a footer or a value over its bound,
+            malformed schema metadata (names the file, and the row where there is one).
     """
 
     def __init__(self, path: str | Path, *, image_column: str | None = None,
-                 label_column: str | None = None, batch_size: int = _BATCH) -> None:
+                 label_column: str | None = None, batch_size: int = _BATCH,
+                 max_value_bytes: int = DEFAULT_MAX_VALUE) -> None:
+        refuse_special_file(path)
         self.files = expand_inputs(path, (".parquet",))
         self.batch_size = batch_size
-        try:
-            self._schema = pq.read_schema(self.files[0])
-        except (OSError, pa.ArrowException) as exc:
-            raise FormatError(f"not a Parquet file ({exc})", path=self.files[0]) from None
+        self.max_value_bytes = max_value_bytes
+        with _parquet_file(self.files[0]) as pf:
+            self._schema = pf.schema_arrow
         names = self._schema.names
         if image_column is None:
             image_column = next((n for n in names if _is_image_struct(self._schema.field(n).type)),
@@ -109,7 +169,7 @@ class ParquetSource:
                               path=self.files[0], found=image_column)
         self.image_column = image_column
         self._struct = _is_image_struct(self._schema.field(image_column).type)
-        hf = _hf_features(self._schema)
+        hf = _hf_features(self._schema, self.files[0])
         if label_column is None:
             label_column = next((n for n in names if n.lower() in LABEL_NAMES and (
                 pa.types.is_integer(self._schema.field(n).type))), None)
@@ -119,8 +179,11 @@ class ParquetSource:
         self.label_column = label_column
         label_feature = hf.get(label_column, {}) if label_column else {}
         names_list = label_feature.get("names") if isinstance(label_feature, dict) else None
-        self.classes = tuple(names_list) if isinstance(names_list, list) and all(
-            isinstance(c, str) for c in names_list) else None
+        if names_list is not None and not (isinstance(names_list, list) and all(
+                isinstance(c, str) for c in names_list)):
+            raise FormatError(f"the 'huggingface' schema metadata: the class names of "
+                              f"{label_column!r} are not a list of strings", path=self.files[0])
+        self.classes = None if names_list is None else tuple(names_list)
         self._others = [n for n in names if n not in (image_column, label_column)]
         self._key_column = "key" if "key" in self._others else None
         first = self._first_image()
@@ -128,7 +191,7 @@ class ParquetSource:
         if label_column:
             fields.append(Field("label", "int"))
         fields.append(Field("key", "str"))
-        json_cols = _json_columns(self._schema)
+        json_cols = _json_columns(self._schema, self.files[0])
         for n in self._others:
             if n != "key":
                 f = _scalar_field(n, self._schema.field(n).type)
@@ -137,49 +200,98 @@ class ParquetSource:
 
     def _first_image(self) -> bytes:
         for path in self.files:
-            for batch in self._batches(path, [self.image_column]):
+            for _row, batch in self._batches(path, [self.image_column]):
                 col = batch.column(0)
                 if len(col):
                     value = col[0].as_py()
                     return (value or {}).get("bytes") or b"" if self._struct else value or b""
         raise FormatError("no rows in any Parquet file", path=self.files[0])
 
+    def _check_footer(self, path: Path, md: pq.FileMetaData, leaves: list[int]) -> list[int]:
+        """Rows per batch for each row group; refuses a column chunk that must hold a
+        value over the bound (more bytes than its rows could hold), before reading it."""
+        rows_per_batch = []
+        for g in range(md.num_row_groups):
+            group = md.row_group(g)
+            rows, total = group.num_rows, 0
+            for j in leaves:
+                chunk = group.column(j)
+                size = chunk.total_uncompressed_size
+                total += size
+                # Page headers and levels take a few bytes a row on top of the values.
+                if size > rows * (self.max_value_bytes + 64) + (1 << 20):
+                    raise FormatError(
+                        f"column {chunk.path_in_schema!r} of row group {g} holds values larger "
+                        "than the limit", path=path,
+                        found=f"{size} bytes in {rows} row(s)",
+                        expected=f"<= {self.max_value_bytes} bytes a value")
+            per_row = max(1, total // max(rows, 1))
+            rows_per_batch.append(max(1, min(self.batch_size, _BATCH_BYTES // per_row)))
+        return rows_per_batch
+
     def _batches(self, path: Path, columns=None):
-        try:
-            pf = pq.ParquetFile(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise FormatError(f"not a Parquet file ({exc})", path=path) from None
-        if pf.schema_arrow.names != self._schema.names:
-            raise SchemaError("Parquet file has other columns than the first file", path=path,
-                              found=pf.schema_arrow.names, expected=self._schema.names)
-        try:
-            yield from pf.iter_batches(batch_size=self.batch_size, columns=columns)
-        except pa.ArrowException as exc:
-            raise FormatError(f"damaged Parquet data ({exc})", path=path) from None
+        """(first row, batch) of ``columns`` (all by default), every value bounded."""
+        with _parquet_file(path) as pf:
+            if pf.schema_arrow.names != self._schema.names:
+                raise SchemaError("Parquet file has other columns than the first file", path=path,
+                                  found=pf.schema_arrow.names[:20], expected=self._schema.names[:20])
+            md = pf.metadata
+            wanted = set(columns or self._schema.names)
+            paths = [md.schema.column(j).path for j in range(md.num_columns)]
+            leaves = [j for j, p in enumerate(paths)
+                      if any(p == n or p.startswith(n + ".") for n in wanted)]
+            row = 0
+            for g, rows in enumerate(self._check_footer(path, md, leaves)):
+                try:
+                    for batch in pf.iter_batches(batch_size=rows, row_groups=[g], columns=columns):
+                        self._check_values(path, row, batch)
+                        yield row, batch
+                        row += len(batch)
+                except pa.ArrowException as exc:
+                    raise FormatError(f"damaged Parquet data ({exc})", path=path,
+                                      record=row) from None
+
+    def _check_values(self, path: Path, row: int, batch: pa.RecordBatch) -> None:
+        for name, col in zip(batch.schema.names, batch.columns, strict=True):
+            if pa.types.is_struct(col.type) and col.type.get_field_index("bytes") >= 0:
+                name, col = f"{name}.bytes", col.field("bytes")
+            if not (_is_binary(col.type) or pa.types.is_string(col.type)
+                    or pa.types.is_large_string(col.type)):
+                continue
+            lengths = pc.binary_length(col)
+            longest = pc.max(lengths).as_py()
+            if longest is not None and longest > self.max_value_bytes:
+                at = pc.index(lengths, longest).as_py()
+                raise FormatError(f"column {name!r} holds a value larger than the limit",
+                                  path=path, record=row + at, found=f"{longest} bytes",
+                                  expected=f"<= {self.max_value_bytes} bytes")
 
     @staticmethod
     def _cell(kind: str, v, path: Path, row: int, name: str):
         if v is None:
             raise SchemaError(f"column {name!r} is null", path=path, record=row)
         if kind == "int":
-            return int(v)
+            v = int(v)
+            if not _INT64[0] <= v <= _INT64[1]:
+                raise SchemaError(f"column {name!r} holds an integer beyond int64", path=path,
+                                  record=row, found=v)
+            return v
         if kind == "json" and isinstance(v, str):
-            try:
-                return json.loads(v)
-            except ValueError:
-                raise SchemaError(f"column {name!r} is not valid JSON", path=path,
-                                  record=row) from None
+            return parse_json(v, path=path, record=row, what=f"column {name!r}")
         return v
 
     def __len__(self) -> int:
-        return sum(pq.ParquetFile(p).metadata.num_rows for p in self.files)
+        total = 0
+        for p in self.files:
+            with _parquet_file(p) as pf:
+                total += pf.metadata.num_rows
+        return total
 
     def __iter__(self) -> Iterator[Record]:
         image_f = self.fields[0]
         types = {f.name: f.type for f in self.fields}
         for path in self.files:
-            row = 0
-            for batch in self._batches(path):
+            for row, batch in self._batches(path):
                 cols = {n: batch.column(n) for n in batch.schema.names}
                 images = cols[self.image_column]
                 if self._struct:
@@ -203,7 +315,8 @@ class ParquetSource:
                     if labels is not None:
                         if labels[i] is None:
                             raise SchemaError("row has no label", path=path, record=row)
-                        values["label"] = int(labels[i])
+                        values["label"] = self._cell("int", labels[i], path, row,
+                                                     self.label_column)
                     key = others.get("key", [None] * len(batch))[i] if self._key_column else None
                     values["key"] = str(key if key is not None else path_col[i] or origin)
                     for n in self._others:
