@@ -2,7 +2,10 @@
 
 Subcommands are rows of :data:`COMMANDS` (name, handler, configure_parser); add
 one by appending a row. Every handler takes the parsed args and returns an exit
-status: 0 ok, 1 damaged or bad data, 2 usage.
+status: 0 ok, 1 damaged or bad data, 2 usage. No traceback reaches the user for
+bad data or a failing disk: those print ``inspect-shards: error: <message>``.
+Names come from files that may hold anything: what cannot be printed as is (a
+lone surrogate) is printed escaped (``\udc80``), never crashes the command.
 
 DST may be a URI (``s3://bucket/dataset``): the dataset is read through the local
 shard cache (``$SHARDPACK_CACHE``), fetching only what the command needs: the
@@ -33,11 +36,26 @@ from reader.dataset import open_dataset
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 
+def _printable(text: str, stream) -> str:
+    """``text`` as ``stream`` can encode it: what it cannot, backslash-escaped."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
+def _say(text: str, stream=None) -> None:
+    stream = stream or sys.stdout
+    print(_printable(text, stream), file=stream)
+
+
+def _error(text: str) -> None:
+    _say(f"inspect-shards: error: {text}", sys.stderr)
+
+
 def _emit(args, obj, text: str) -> None:
-    if args.json:
-        print(json.dumps(obj, indent=1, sort_keys=True, default=str))
+    if args.json:  # ensure_ascii: any string, lone surrogates too, is printable
+        _say(json.dumps(obj, indent=1, sort_keys=True, default=str))
     else:
-        print(text)
+        _say(text)
 
 
 def _table(rows: list[list], header: list[str]) -> str:
@@ -142,8 +160,7 @@ def cmd_show(args) -> int:
 def cmd_extract(args) -> int:
     with open_dataset(args.dst, check_crc=True) as ds:
         if args.field not in ds.field_index:
-            print(f"inspect-shards: no field {args.field!r}; fields are "
-                  f"{[f.name for f in ds.fields]}", file=sys.stderr)
+            _error(f"no field {args.field!r}; fields are {[f.name for f in ds.fields]}")
             return 2
         data = field_bytes(ds, args.index, args.field)
     Path(args.out).write_bytes(data)
@@ -206,9 +223,19 @@ def _conf_none(p: argparse.ArgumentParser) -> None:
     pass
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text}")
+    return value
+
+
 def _conf_ls(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--limit", type=int, default=20, help="rows to show (default 20)")
-    p.add_argument("--offset", type=int, default=0, help="skip this many rows")
+    p.add_argument("--limit", type=_count, default=20, help="rows to show (default 20)")
+    p.add_argument("--offset", type=_count, default=0, help="skip this many rows")
     p.add_argument("--label", type=int, default=None, help="only records with this label")
 
 
@@ -284,13 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _fetch_remote(args)
         return args.handler(args)
-    except IndexError as exc:
-        print(f"inspect-shards: {exc}", file=sys.stderr)
+    except IndexError as exc:  # a record index out of range: a usage error
+        _error(str(exc.args[0]) if exc.args else str(exc))
         return 2
-    except ShardpackError as exc:
+    except (ShardpackError, OSError) as exc:
         if args.json:
-            print(json.dumps({"ok": False, "error": str(exc)}))
-        print(f"inspect-shards: {exc}", file=sys.stderr)
+            _say(json.dumps({"ok": False, "error": str(exc)}))
+        _error(str(exc))
         return 1
 
 

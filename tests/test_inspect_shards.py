@@ -130,6 +130,17 @@ def test_errors_and_usage(dataset, capsys, tmp_path):
     assert exc.value.code == 2
 
 
+def test_errors_say_error_and_a_negative_count_is_a_usage_error(dataset, capsys, tmp_path):
+    _, root = dataset
+    code, _, err = run(capsys, tmp_path / "nothing", "info")
+    assert code == 1 and err.startswith("inspect-shards: error: ") and "Traceback" not in err
+    for option in ("--limit", "--offset"):
+        with pytest.raises(SystemExit) as exc:
+            main([str(root), "ls", option, "-5"])
+        assert exc.value.code == 2
+        assert "must be 0 or more" in capsys.readouterr().err
+
+
 def test_commands_table_is_extensible():
     assert [c[0] for c in COMMANDS] == ["info", "verify", "ls", "show", "extract", "stats",
                                        "monitor-report"]
