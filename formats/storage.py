@@ -142,7 +142,8 @@ class ParsedURI:
 
     def scrub(self, text: str) -> str:
         """``text`` with each of :meth:`secrets`, raw or percent-encoded, replaced by ``***``."""
-        for secret in sorted(self.secrets(), key=len, reverse=True):
+        # Shorter ones would garble every message and are no secret worth the name.
+        for secret in sorted((s for s in self.secrets() if len(s) >= 3), key=len, reverse=True):
             for form in {secret, quote(secret, safe=""), quote(secret)}:
                 text = text.replace(form, "***")
         return text
@@ -442,20 +443,29 @@ def _fsspec(uri: str, parsed: ParsedURI) -> tuple[pafs.FileSystem, str]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
-def _s3_uri(parsed: ParsedURI) -> str:
-    """The URI pyarrow opens for an ``s3://`` location: the same bucket, key and
-    options, the credentials percent-encoded so no parser can split them otherwise."""
-    query = {k: unquote(v or "") for k, v in parsed.query}
-    user = query.get("access_key", parsed.user)
-    password = query.get("secret_key", parsed.password)
+def _canonical(parsed: ParsedURI, credentials_from_query: bool = False) -> str:
+    """The URI handed to pyarrow or fsspec: the same authority, path and options, the
+    credentials percent-encoded, so no parser can split the URI otherwise than
+    :func:`parse_uri` did (an unescaped "/" in a secret would start its path).
+
+    Args:
+        credentials_from_query: move ``access_key``/``secret_key`` from the query into
+            the userinfo (an ``s3://`` URI: pyarrow takes them only there).
+    """
+    user, password, items = parsed.user, parsed.password, parsed.query
+    if credentials_from_query:
+        query = {k: unquote(v or "") for k, v in items}
+        user = query.get("access_key", user)
+        password = query.get("secret_key", password)
+        items = tuple((k, v) for k, v in items if k not in _QUERY_CREDENTIALS)
     userinfo = ""
     if user is not None or password is not None:
         userinfo = quote(user or "", safe="") + (
             "" if password is None else ":" + quote(password, safe="")) + "@"
-    rest = "&".join(quote(k, safe="") + ("" if v is None else f"={v}") for k, v in parsed.query
-                    if k not in _QUERY_CREDENTIALS)
-    return f"{parsed.scheme}://{userinfo}{parsed.authority}/{parsed.path}" + (
-        f"?{rest}" if rest else "")
+    rest = "&".join(quote(k, safe="") + ("" if v is None else f"={v}") for k, v in items)
+    return (f"{parsed.scheme}://{userinfo}{parsed.authority}/{parsed.path}"
+            + (f"?{rest}" if rest else "")
+            + ("" if parsed.fragment is None else f"#{parsed.fragment}"))
 
 
 def _check_s3_query(parsed: ParsedURI) -> None:
@@ -502,17 +512,17 @@ def open_location(path: str | Path, filesystem: pafs.FileSystem | None = None,
     scheme = parsed.scheme.lower()
     if scheme in ("s3", "s3a"):
         _check_s3_query(parsed)
-        uri = _s3_uri(parsed)
+        uri = _canonical(parsed, credentials_from_query=True)
         root = f"{parsed.authority}/{unquote(parsed.path)}".rstrip("/")
     elif scheme in _PYARROW_SCHEMES:
-        uri, root = text, None
+        uri, root = _canonical(parsed), None
     else:
-        fs, root = _fsspec(text, parsed)
+        fs, root = _fsspec(_canonical(parsed), parsed)
         return Location(fs, root, shown, retry)
     try:
         fs, arrow_root = pafs.FileSystem.from_uri(uri)
     except NotImplementedError:  # this pyarrow was built without the scheme's filesystem
-        fs, arrow_root = _fsspec(text, parsed)
+        fs, arrow_root = _fsspec(_canonical(parsed), parsed)
     except pa.ArrowInvalid as exc:  # a ValueError: options pyarrow does not take
         raise URIError(f"cannot open this location ({parsed.scrub(str(exc))})",
                        path=shown) from None

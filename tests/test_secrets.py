@@ -112,6 +112,12 @@ def test_an_option_pyarrow_refuses_is_a_usage_error_without_the_secret():
     assert "maybe" in str(exc.value) and "SeCrEt" not in str(exc.value)
 
 
+def test_fsspec_locations_get_the_same_split():
+    pytest.importorskip("fsspec")
+    loc = open_location("memory://AKID:Se/CrEt@host/x")
+    assert loc.uri == "memory://host/x" and "CrEt" not in loc.root
+
+
 def test_an_unknown_scheme_is_a_typed_error_not_an_import_error():
     with pytest.raises(ShardpackError, match="zzz"):
         open_location("zzz://AKID:9/SeCrEtKeY@host/x")
