@@ -427,6 +427,11 @@ class Location:
 
 def _fsspec(uri: str, parsed: ParsedURI) -> tuple[pafs.FileSystem, str]:
     shown = parsed.display()
+    if parsed.user is not None or parsed.password is not None:
+        # fsspec protocols read a URI's authority each their own way (memory:// and
+        # gcsfs take it for part of the path): credentials there could become a key.
+        raise URIError(f"credentials in a {parsed.scheme}:// URI are not supported: give "
+                       "them in the filesystem's own configuration", path=shown)
     try:
         import fsspec
     except ImportError:
