@@ -36,7 +36,10 @@ credentials, must be percent-encoded. A URI whose bucket holds a ``:`` (forgotte
 Shown, a URI is ``scheme://bucket/key`` (or ``host:port/path``): no userinfo, no
 query (``access_key``, ``secret_key``, tokens, endpoints), no fragment. An S3 URI's
 query may hold only the keys in :data:`S3_QUERY_KEYS`; any other is a
-:class:`URIError` naming it.
+:class:`URIError` naming it. What is opened is the canonical form of the parse
+(credentials percent-encoded), so pyarrow cannot split it otherwise; a URI that
+fsspec opens may hold no credentials (its protocols read an authority each their
+own way, some as part of the path).
 """
 
 from __future__ import annotations
