@@ -7,11 +7,12 @@ buffer (memoryview slices of an mmap) without a copy.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from crc32c import crc32c as _crc32c
 
-__all__ = ["crc32c", "file_crc32c", "format_crc", "parse_crc"]
+__all__ = ["crc32c", "fd_crc32c", "file_crc32c", "format_crc", "parse_crc"]
 
 _CHUNK = 8 << 20
 
@@ -28,14 +29,19 @@ def file_crc32c(path: str | Path, progress=None) -> int:
         path: the file.
         progress: optional callable receiving the number of bytes of each chunk.
     """
+    with open(path, "rb", buffering=0) as f:
+        return fd_crc32c(f.fileno(), progress)
+
+
+def fd_crc32c(fd: int, progress=None) -> int:
+    """CRC32C of what is left to read from the open descriptor ``fd`` (see :func:`file_crc32c`)."""
     value = 0
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            value = _crc32c(view[:n], value)
-            if progress is not None:
-                progress(n)
+    while n := os.readv(fd, [buf]):
+        value = _crc32c(view[:n], value)
+        if progress is not None:
+            progress(n)
     return value
 
 

@@ -1,9 +1,12 @@
 """Random access to a whole dataset by global record index.
 
-Opening reads the manifest and maps each shard's two files: O(shards), nothing
+Opening reads the manifest and checks each shard's two files: O(shards), nothing
 per record. A global index maps to (shard, record) through prefix sums; a batch
-of indices is located with one ``searchsorted`` and gathered per shard in numpy.
-The object pickles without its maps (worker processes reopen them lazily).
+of indices is located with one ``searchsorted`` and gathered shard by shard in
+numpy. Which shards are open, and checking them before each read, is
+:class:`formats.shard_set.ShardSet`'s: a batch reads one shard at a time, so it
+never needs more open at once than that allows. The object pickles without its
+maps (worker processes reopen them lazily).
 """
 
 from __future__ import annotations
@@ -14,42 +17,44 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-import zstandard
 
-from .checksum import crc32c
-from .errors import CorruptRecordError, DecompressionError, FormatError, SchemaError
-from .fields import BYTES_TYPES, SCALAR_TYPES, Field, decode_value
-from .files import safe_child
-from .manifest import Manifest, read_manifest
-from .shard import ShardReader
-from .shard_writer import META_SCHEMA
+from .decoding import FieldDecoder, load_dictionaries
+from .errors import CorruptRecordError, SchemaError
+from .fields import BYTES_TYPES, SCALAR_TYPES, Field
+from .metadata import read_metadata
+from .shard_set import ShardSet, default_max_open
 
-__all__ = ["ShardDataset", "open_shards", "read_metadata"]
+__all__ = ["ShardDataset", "default_max_open", "open_shards", "read_metadata"]
 
 
-def open_shards(path: str | Path, *, check_crc: bool = False) -> ShardDataset:
+def open_shards(path: str | Path, *, check_crc: bool = False, follow_symlinks: bool = False,
+                max_open: int | None = None) -> ShardDataset:
     """Open the dataset in ``path`` (see :class:`ShardDataset`)."""
-    return ShardDataset(path, check_crc=check_crc)
+    return ShardDataset(path, check_crc=check_crc, follow_symlinks=follow_symlinks,
+                        max_open=max_open)
 
 
-class ShardDataset:
+class ShardDataset(ShardSet):
     """A read-only dataset.
 
     Args:
         path: the dataset folder (holding ``manifest.json``).
         check_crc: verify each field's CRC32C when it is read (costs one pass over
             the bytes; :func:`formats.verify_dataset` always checks).
+        follow_symlinks: read dataset files that are symlinks to files outside
+            the folder (refused by default; FORMAT.md, §8).
+        max_open: shards this process keeps open (default: :func:`default_max_open`).
 
     Raises:
         ManifestError, VersionError, FormatError: the dataset is incomplete,
             damaged, or of an unknown major version.
+        UnsafePathError: a file is a symlink out of the folder.
     """
 
-    def __init__(self, path: str | Path, *, check_crc: bool = False) -> None:
-        self.root = Path(path)
+    def __init__(self, path: str | Path, *, check_crc: bool = False, follow_symlinks: bool = False,
+                 max_open: int | None = None) -> None:
+        super().__init__(path, follow_symlinks=follow_symlinks, max_open=max_open)
         self.check_crc = check_crc
-        self.manifest: Manifest = read_manifest(self.root)
         self.fields: tuple[Field, ...] = self.manifest.fields
         self.field_index = {f.name: i for i, f in enumerate(self.fields)}
         self._names = [f.name for f in self.fields]
@@ -60,70 +65,9 @@ class ShardDataset:
         self.starts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self.starts[1:])
         self._starts_list = self.starts.tolist()
-        self._dictionaries = self._load_dictionaries()
-        self._decompressors: dict[int, zstandard.ZstdDecompressor] = {}
-        self._shards: list[ShardReader | None] = [None] * len(self.manifest.shards)
+        self._decoder = FieldDecoder(self.fields, self.manifest.max_raw_size,
+                                     load_dictionaries(self.root, self.manifest, follow_symlinks))
         self._open_all()
-
-    def _open_all(self) -> None:
-        self._shards = [self._map_shard(s) for s in range(len(self.manifest.shards))]
-
-    def _map_shard(self, s: int) -> ShardReader:
-        m = self.manifest
-        return ShardReader(self.root, m.shards[s], len(self.fields), m.alignment)
-
-    def _open_shard(self, s: int) -> ShardReader:
-        """Map shard ``s`` on first use (datasets that open shards lazily; see reader.remote)."""
-        self._shards[s] = reader = self._map_shard(s)
-        return reader
-
-    def _will_use(self, shards) -> None:
-        """Called with the distinct shards of a batch before they are read."""
-        for k in shards:
-            if self._shards[k] is None:
-                self._open_shard(k)
-
-    def shard(self, s: int) -> ShardReader:
-        """The reader of shard ``s`` (mapped on first use)."""
-        reader = self._shards[s]
-        return reader if reader is not None else self._open_shard(s)
-
-    def _load_dictionaries(self) -> dict[str, bytes]:
-        out = {}
-        for field, (name, crc) in self.manifest.dictionaries.items():
-            path = safe_child(self.root, name, what="dictionary file name")
-            try:
-                data = path.read_bytes()
-            except OSError as exc:
-                raise FormatError(f"cannot read zstd dictionary ({exc.strerror})", path=path) from None
-            if crc32c(data) != crc:
-                raise FormatError("zstd dictionary checksum mismatch", path=path)
-            out[field] = data
-        return out
-
-    # -- pickling: worker processes reopen the maps ----------------------------------
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_shards"] = None
-        state["_decompressors"] = {}
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._open_all()
-
-    def close(self) -> None:
-        for s in self._shards or ():
-            if s is not None:
-                s.close()
-        self._shards = []
-
-    def __enter__(self) -> ShardDataset:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- shape -------------------------------------------------------------------------
 
@@ -133,10 +77,6 @@ class ShardDataset:
     @property
     def classes(self) -> tuple[str, ...] | None:
         return self.manifest.classes
-
-    @property
-    def shards(self) -> list[ShardReader]:
-        return self._shards
 
     def __repr__(self) -> str:
         schema = ", ".join(f"{f.name}:{f.type}" for f in self.fields)
@@ -157,22 +97,18 @@ class ShardDataset:
     def payload(self, index: int, field: str) -> memoryview:
         """The stored bytes of one field (zero-copy; compressed if the field is)."""
         s, r = self.locate(index)
-        return self.shard(s).payload(r, self.field_index[field], self.check_crc)
+        return self._ready(s).payload(r, self.field_index[field], self.check_crc)
 
     def get(self, index: int, field: str) -> Any:
         """The decoded value of one field of one record."""
         s, r = self.locate(index)
         j = self.field_index[field]
-        return self._decode(s, r, j, self.shard(s).payload(r, j, self.check_crc))
+        return self._decode(s, r, j, self._ready(s).payload(r, j, self.check_crc))
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """All fields of one record: bytes fields as zero-copy memoryviews."""
         s, r = self.locate(int(index))
-        shard = self._shards[s]
-        if shard is None:
-            shard = self._open_shard(s)
-        if not shard.validated:
-            shard.validate()
+        shard = self._ready(s)
         # One row of the index as Python ints, then a slice per field: the per-record
         # cost is a few attribute lookups, not a numpy scalar per field.
         view = shard.view
@@ -186,41 +122,13 @@ class ShardDataset:
         return out
 
     def _decode(self, s: int, r: int, j: int, view: memoryview) -> Any:
-        f = self.fields[j]
         try:
-            if f.compression == "zstd":
-                view = memoryview(self._decompress(j, view))
-            return decode_value(f, view)
-        except (SchemaError, DecompressionError) as exc:
+            return self._decoder.decode(j, view)
+        except CorruptRecordError as exc:  # and DecompressionError: add where it is
             shard = self._shards[s]
-            cls = DecompressionError if isinstance(exc, DecompressionError) else CorruptRecordError
-            raise cls(
-                exc.message, path=shard.data_path, record=r, offset=int(shard.offsets[r, j]),
-                found=exc.found, expected=exc.expected,
-            ) from None
-
-    def _decompress(self, j: int, view) -> bytes:
-        f = self.fields[j]
-        bound = self.manifest.max_raw_size.get(f.name, 0)
-        size = zstandard.frame_content_size(view) if len(view) >= 4 else -2
-        if size < 0 or size > bound:
-            raise DecompressionError(
-                f"field {f.name!r}: zstd frame content size", found=size, expected=f"0..{bound}"
-            )
-        d = self._decompressors.get(j)
-        if d is None:
-            dd = self._dictionaries.get(f.name)
-            d = zstandard.ZstdDecompressor(
-                dict_data=None if dd is None else zstandard.ZstdCompressionDict(dd)
-            )
-            self._decompressors[j] = d
-        try:
-            out = d.decompress(view, max_output_size=bound)
-        except zstandard.ZstdError as exc:
-            raise DecompressionError(f"field {f.name!r}: damaged zstd payload ({exc})") from None
-        if len(out) != size:
-            raise DecompressionError(f"field {f.name!r}: zstd payload size", found=len(out), expected=size)
-        return out
+            raise type(exc)(exc.message, path=shard.data_path, record=r,
+                            offset=int(shard.offsets[r, j]), found=exc.found,
+                            expected=exc.expected) from None
 
     # -- many records at once ---------------------------------------------------------
 
@@ -234,6 +142,35 @@ class ShardDataset:
         shard = np.searchsorted(self.starts, idx, side="right") - 1
         return shard, idx - self.starts[shard]
 
+    def _groups(self, shard: np.ndarray) -> list[tuple[int, Any]]:
+        """``(shard, positions in the batch)`` for each distinct shard of a batch, in order.
+
+        A batch is read one shard at a time, so it never needs more than one shard
+        open at once however many it touches (see "Open shards" above).
+        """
+        if len(self._shards) == 1 or shard.size == 0:
+            return [(0, slice(None))] if shard.size else []
+        order = np.argsort(shard, kind="stable")
+        ordered = shard[order]
+        bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), shard.size]
+        firsts = ordered[bounds[:-1]].tolist()
+        return [(k, order[a:b]) for k, a, b in zip(firsts, bounds, bounds[1:])]  # noqa: B905
+
+    def _gather(self, indices, j: int, views: dict | None = None):
+        """(shard numbers, records within shards, offsets, lengths) of field ``j``;
+        with ``views``, also each shard's data as a memoryview, by shard number."""
+        shard, local = self.locate_many(indices)
+        offsets = np.empty(shard.shape, np.uint64)
+        lengths = np.empty(shard.shape, np.uint64)
+        for k, pos in self._groups(shard):
+            s = self._ready(k)
+            loc = local[pos]
+            offsets[pos] = s.offsets[loc, j]
+            lengths[pos] = s.lengths[loc, j]
+            if views is not None:
+                views[k] = s.view  # slices of it outlive close(), holding the map
+        return shard, local, offsets, lengths
+
     def spans(self, indices, field: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where one field of many records lies: (shard numbers, byte offsets, lengths).
 
@@ -242,39 +179,47 @@ class ShardDataset:
         shard, _, offsets, lengths = self._gather(indices, self.field_index[field])
         return shard, offsets, lengths
 
-    def _gather(self, indices, j: int):
-        """(shard numbers, records within shards, offsets, lengths) of field ``j``."""
-        shard, local = self.locate_many(indices)
-        offsets = np.empty(shard.shape, np.uint64)
-        lengths = np.empty(shard.shape, np.uint64)
-        if len(self._shards) == 1:
-            s = self.shard(0)
-            s.validate()
-            offsets[:] = s.offsets[local, j]
-            lengths[:] = s.lengths[local, j]
-            return shard, local, offsets, lengths
-        distinct = np.unique(shard).tolist()
-        self._will_use(distinct)
-        for k in distinct:
-            s = self._shards[k]
-            s.validate()
-            m = shard == k
-            offsets[m] = s.offsets[local[m], j]
-            lengths[m] = s.lengths[local[m], j]
-        return shard, local, offsets, lengths
-
     def payloads(self, indices, field: str) -> list[memoryview]:
-        """Zero-copy stored bytes of one field for many records."""
+        """Zero-copy stored bytes of one field for many records.
+
+        Only a batch spanning more shards than this process keeps open is not all
+        zero-copy: the records of its shards closed before it ends are copied, or
+        each of their maps, held by its views, would keep a descriptor open.
+        """
         j = self.field_index[field]
-        shard, local, offsets, lengths = self._gather(indices, j)
-        views = [None if s is None else s.view for s in self._shards]
+        if self._bounded:
+            shard, local = self.locate_many(indices)
+            groups = self._groups(shard)
+            if len(groups) > self.max_open:
+                return self._payloads_copying(shard, local, groups, j)
+        views: dict[int, memoryview] = {}
+        shard, local, offsets, lengths = self._gather(indices, j, views)
         out = [
             views[s][o:e]
             for s, o, e in zip(shard.tolist(), offsets.tolist(), (offsets + lengths).tolist(), strict=True)
         ]
         if self.check_crc:
             for s, r, v in zip(shard.tolist(), local.tolist(), out, strict=True):
-                self._shards[s].check(r, j, v)
+                self._check(s, r, j, v)
+        return out
+
+    def _check(self, s: int, r: int, j: int, payload) -> None:
+        shard = self._shards[s] or self._ready(s)
+        shard.check(r, j, payload)
+
+    def _payloads_copying(self, shard, local, groups, j: int) -> list[memoryview]:
+        out: list = [None] * shard.size
+        copy = len(groups) - self.max_open  # the shards closed again within this batch
+        for g, (k, pos) in enumerate(groups):
+            s = self._ready(k)
+            loc = local[pos]
+            starts = s.offsets[loc, j]
+            view = s.view
+            for p, r, o, e in zip(pos.tolist(), loc.tolist(), starts.tolist(),
+                                  (starts + s.lengths[loc, j]).tolist(), strict=True):
+                out[p] = memoryview(view[o:e].tobytes()) if g < copy else view[o:e]
+                if self.check_crc:
+                    s.check(r, j, out[p])
         return out
 
     def scalars(self, indices, field: str) -> np.ndarray:
@@ -288,51 +233,30 @@ class ShardDataset:
             raise SchemaError(f"field {field!r} is {f.type}, not int or float")
         dt = np.dtype("<i8" if f.type == "int" else "<f8")
         j = self.field_index[field]
-        shard, local, offsets, lengths = self._gather(indices, j)
-        if lengths.size and (lengths != 8).any():
-            k = int(np.flatnonzero(lengths != 8)[0])
-            raise CorruptRecordError(f"{f.type} field {field!r} payload size",
-                                     path=self._shards[int(shard[k])].data_path,
-                                     record=int(local[k]), found=int(lengths[k]), expected=8)
-        if self.check_crc:
-            for s, r, o in zip(shard.tolist(), local.tolist(), offsets.tolist(), strict=True):
-                self._shards[s].check(r, j, self._shards[s].view[o : o + 8])
+        shard, local = self.locate_many(indices)
         out = np.empty(shard.shape, dt)
-        slots = (offsets // 8).astype(np.int64)
-        for k in (np.unique(shard) if len(self._shards) > 1 else [0]):
-            data = self._shards[k].data
-            words = data[: data.size - data.size % 8].view(dt)
-            m = slice(None) if len(self._shards) == 1 else shard == k
-            out[m] = words[slots[m]]
+        lengths = np.empty(shard.shape, np.uint64)
+        for k, pos in self._groups(shard):
+            s = self._ready(k)
+            loc = local[pos]
+            offsets = s.offsets[loc, j]
+            lengths[pos] = s.lengths[loc, j]
+            # Offsets were validated to lie in the file: a wrong length is found below.
+            out[pos] = s.words(dt)[offsets >> 3]
+            if self.check_crc:
+                for r, o in zip(loc.tolist(), offsets.tolist(), strict=True):
+                    s.check(r, j, s.view[o : o + 8])
+        if lengths.size and (lengths != 8).any():
+            i = int(np.flatnonzero(lengths != 8)[0])
+            k = int(shard[i])
+            raise CorruptRecordError(f"{f.type} field {field!r} payload size",
+                                     path=self.root / self.manifest.shards[k].data_file,
+                                     record=int(local[i]), found=int(lengths[i]), expected=8)
         return out
 
     # -- metadata ---------------------------------------------------------------------
 
     def metadata(self, columns: list[str] | None = None) -> pa.Table:
         """The per-record metadata table of all shards (see :func:`read_metadata`)."""
-        return read_metadata(self.root, columns, self.manifest)
-
-
-def read_metadata(path: str | Path, columns: list[str] | None = None,
-                  manifest: Manifest | None = None) -> pa.Table:
-    """The per-record metadata table (label, key, size, width, height), in record order.
-
-    Reads the manifest and the small ``.meta.parquet`` files only, never the data
-    files: for filtering, statistics and size-aware batching.
-    """
-    root = Path(path)
-    manifest = manifest or read_manifest(root)
-    tables = []
-    for e in manifest.shards:
-        p = root / e.meta_file
-        try:
-            tables.append(pq.read_table(p, columns=columns))
-        except (OSError, pa.ArrowException) as exc:
-            raise FormatError(f"cannot read the metadata table ({exc})", path=p) from None
-        if tables[-1].num_rows != e.records:
-            raise FormatError("metadata table row count disagrees with the manifest", path=p,
-                              found=tables[-1].num_rows, expected=e.records)
-    if not tables:
-        schema = META_SCHEMA if columns is None else pa.schema([META_SCHEMA.field(c) for c in columns])
-        return schema.empty_table()
-    return pa.concat_tables(tables)
+        return read_metadata(self.root, columns, self.manifest,
+                             follow_symlinks=self.follow_symlinks)

@@ -1,13 +1,21 @@
-"""Atomic file writes and dataset-relative names that cannot escape their folder."""
+"""Atomic file writes, dataset-relative names that cannot escape their folder, and
+opening a dataset's files for reading: regular files only, symlinks kept inside."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
-from .errors import UnsafePathError
+from .errors import FormatError, ShardpackError, UnsafePathError
 
-__all__ = ["atomic_write_bytes", "fsync_dir", "safe_child", "temp_name", "try_lock"]
+__all__ = ["atomic_write_bytes", "check_plain_name", "fsync_dir", "open_regular", "read_regular",
+           "safe_child", "temp_name", "try_lock"]
+
+# The descriptor table is full: callers that keep files open close some and retry,
+# so these pass through open_regular as OSError instead of becoming a typed error.
+FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
 
 
 def try_lock(path: Path) -> int | None:
@@ -69,6 +77,17 @@ def safe_child(root: str | Path, name: object, *, what: str = "file name") -> Pa
             path separator, NUL, or is ``.``/``..``: nothing outside ``root`` is
             ever opened because of a name in a manifest.
     """
+    check_plain_name(root, name, what=what)
+    return Path(root) / name
+
+
+def check_plain_name(root: str | Path, name: object, *, what: str = "file name") -> None:
+    """What :func:`safe_child` checks, without building the path (a manifest holds
+    one name per shard, and building a Path costs more than the rest of a shard entry).
+
+    Raises:
+        UnsafePathError: as for :func:`safe_child`; ``root`` is named in the message.
+    """
     if (
         not isinstance(name, str)
         or not name
@@ -83,4 +102,109 @@ def safe_child(root: str | Path, name: object, *, what: str = "file name") -> Pa
             path=root,
             found=name,
         )
-    return Path(root) / name
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _inside(root: str | Path, path: Path, what: str) -> Path:
+    """Where the symlink ``path`` leads, refused unless that is inside ``root``.
+
+    The dataset folder itself may be a symlink: both sides are resolved.
+    """
+    target = Path(os.path.realpath(path))
+    top = os.path.realpath(root)
+    if os.path.commonpath([top, str(target)]) != top:
+        raise UnsafePathError(
+            f"{what} is a symlink to a file outside the dataset folder; open the dataset "
+            "with follow_symlinks=True to read it anyway",
+            path=path, found=str(target), expected=f"a file inside {top}",
+        )
+    return target
+
+
+def open_regular(path: str | Path, root: str | Path, *, what: str = "file",
+                 error: type[ShardpackError] = FormatError,
+                 follow_symlinks: bool = False) -> tuple[int, os.stat_result]:
+    """Open a dataset file for reading: ``(descriptor, fstat)``; the caller closes it.
+
+    Only a regular file is ever returned: a FIFO would block the reader forever
+    (the open itself is non-blocking, then ``fstat`` decides), a device never
+    ends, a directory is not data. Unless ``follow_symlinks``, a symlink is
+    followed only when it resolves inside ``root`` (FORMAT.md, §8).
+
+    Raises:
+        error: missing, unreadable, or not a regular file (names the file).
+        UnsafePathError: a symlink leading out of ``root``.
+        OSError: only ``EMFILE``/``ENFILE`` (the descriptor table is full), so a
+            caller holding other files open can close some and retry.
+    """
+    path = Path(path)
+    target = path
+    flags = os.O_RDONLY | os.O_NONBLOCK
+    if not follow_symlinks:
+        try:
+            is_link = stat.S_ISLNK(os.lstat(path).st_mode)
+        except OSError:
+            is_link = False  # the open below reports it, with the same reason
+        target = _inside(root, path, what) if is_link else path
+        # A name that becomes a link between the check and the open fails (ELOOP).
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(target, flags)
+    except FileNotFoundError:
+        raise error(f"{what} is missing", path=path) from None
+    except OSError as exc:
+        if exc.errno in FD_EXHAUSTED:
+            raise
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(f"{what} became a symlink while being opened", path=path) from None
+        raise error(f"cannot open {what} ({exc.strerror})", path=path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{what} is {_kind(st.st_mode)}, not a regular file", path=path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(path: str | Path, root: str | Path, *, limit: int, what: str = "file",
+                 error: type[ShardpackError] = FormatError, follow_symlinks: bool = False,
+                 size: int | None = None) -> bytes:
+    """The whole content of a dataset file opened with :func:`open_regular`.
+
+    Args:
+        limit: refuse a file larger than this many bytes, before reading any of it.
+        size: the exact size the file must have (from the manifest), checked first.
+
+    Raises:
+        error: as for :func:`open_regular`, or the file is larger than ``limit``,
+            or not ``size`` bytes long.
+    """
+    try:
+        fd, st = open_regular(path, root, what=what, error=error, follow_symlinks=follow_symlinks)
+    except OSError as exc:  # EMFILE: nothing here to close
+        raise error(f"cannot open {what} ({exc.strerror})", path=path) from None
+    with os.fdopen(fd, "rb") as f:
+        if size is not None and st.st_size != size:
+            kind = "truncated" if st.st_size < size else "larger than recorded"
+            raise error(f"{what} is {kind}", path=path, found=f"{st.st_size} bytes",
+                        expected=f"{size} bytes")
+        if st.st_size > limit:
+            raise error(f"{what} is larger than this reader accepts", path=path,
+                        found=f"{st.st_size} bytes", expected=f"at most {limit} bytes")
+        try:
+            data = f.read(st.st_size + 1)  # one byte more: a file growing while read
+        except OSError as exc:
+            raise error(f"cannot read {what} ({exc.strerror})", path=path) from None
+    if len(data) != st.st_size:
+        raise error(f"{what} changed size while being read", path=path, found=f"{len(data)} bytes")
+    return data

@@ -1,27 +1,45 @@
 """manifest.json: the one file that says a dataset is complete (FORMAT.md, "Manifest").
 
 Parsing checks every key and type before anything else is opened, and every
-file name it yields is a plain name inside the dataset folder.
+file name it yields is a plain name inside the dataset folder. A hostile
+manifest costs little: its size is capped before it is read, every count fits
+an int64, every string encodes to UTF-8, and the stored free-form values are
+shallow (formats.bounded.parse_json), so no later step (numpy, paths, printing)
+meets a raw exception.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .bounded import parse_json
 from .checksum import format_crc, parse_crc
 from .errors import ManifestError, SchemaError, VersionError
 from .fields import Field
-from .files import atomic_write_bytes, safe_child
-from .layout import FORMAT_NAME, MAJOR, MAX_ALIGNMENT, MIN_ALIGNMENT, MINOR
+from .files import atomic_write_bytes, check_plain_name, read_regular
+from .layout import FORMAT_NAME, MAJOR, MAX_ALIGNMENT, MIN_ALIGNMENT, MINOR, index_sections
 
-__all__ = ["MANIFEST_NAME", "Manifest", "ShardEntry", "manifest_bytes", "parse_manifest",
-           "read_manifest", "write_manifest"]
+__all__ = ["MANIFEST_NAME", "MAX_MANIFEST_BYTES", "Manifest", "ShardEntry", "decode_manifest",
+           "manifest_bytes", "parse_manifest", "read_manifest", "read_manifest_bytes",
+           "write_manifest"]
 
 MANIFEST_NAME = "manifest.json"
+
+# About 210 bytes per shard entry: 16 MiB lists some 80,000 shards (20 TiB at the
+# default shard size) and parses in under a second, with some 150 MB of Python
+# objects at its peak. A larger file is refused before any of it is read, so a
+# manifest listing a million shards fails at once, not after 20 s and 1.3 GB.
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_COUNT = (1 << 63) - 1  # every count and size is an int64 somewhere (numpy, file offsets)
+MAX_NDARRAY_DIM = (1 << 31) - 1
+_VERSION = re.compile(r"([0-9]{1,9})\.([0-9]{1,9})")
+# Where a lone surrogate can come from in valid UTF-8 JSON: a \uD800-\uDFFF escape.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -117,29 +135,68 @@ def write_manifest(root: Path, manifest: Manifest) -> None:
     atomic_write_bytes(root / MANIFEST_NAME, manifest_bytes(manifest))
 
 
-def read_manifest(root: str | Path) -> Manifest:
+def read_manifest(root: str | Path, *, follow_symlinks: bool = False) -> Manifest:
     """Read and validate ``root/manifest.json``.
 
     Raises:
-        ManifestError: missing file, bad JSON, missing keys, wrong types, counts
-            that disagree, unsafe file names.
+        ManifestError: missing file, not a regular file, too large, bad JSON,
+            missing keys, wrong types, counts that disagree, unsafe file names.
         VersionError: a major version this code does not know.
+        UnsafePathError: the manifest is a symlink out of ``root`` (see
+            :func:`formats.files.open_regular`).
     """
+    return decode_manifest(read_manifest_bytes(root, follow_symlinks=follow_symlinks),
+                           Path(root) / MANIFEST_NAME)
+
+
+def read_manifest_bytes(root: str | Path, *, follow_symlinks: bool = False) -> bytes:
+    """The bytes of ``root/manifest.json`` (a regular file of at most MAX_MANIFEST_BYTES)."""
     path = Path(root) / MANIFEST_NAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise ManifestError(
             "no manifest.json: not a shardpack dataset, or one whose writing never finished",
             path=path,
-        ) from None
-    except OSError as exc:
-        raise ManifestError(f"cannot read manifest ({exc.strerror})", path=path) from None
+        )
+    return read_regular(path, root, limit=MAX_MANIFEST_BYTES, what="manifest",
+                        error=ManifestError, follow_symlinks=follow_symlinks)
+
+
+def decode_manifest(raw: bytes, path: str | Path) -> Manifest:
+    """Parse and validate a manifest's bytes; ``path`` names it in errors."""
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError("manifest is larger than this reader accepts", path=path,
+                            found=f"{len(raw)} bytes", expected=f"at most {MAX_MANIFEST_BYTES}")
     try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"manifest is not valid JSON ({exc})", path=path) from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"manifest is not UTF-8 ({exc})", path=path) from None
+    # Nesting, Python's integer digit limit and RecursionError: the one JSON policy.
+    obj = parse_json(text, path=path, what="manifest", error=ManifestError,
+                     max_bytes=MAX_MANIFEST_BYTES)
+    if _SURROGATE_ESCAPE.search(raw):
+        _refuse_surrogates(obj, path)
     return parse_manifest(obj, path)
+
+
+def _refuse_surrogates(obj: Any, path: str | Path) -> None:
+    """Refuse a string holding a lone surrogate: it is no file name, prints nowhere,
+    and fails at some later encode; here the error says where it is."""
+    stack = [(obj, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, f"{where}.{k}" if where else k) for k, v in value.items())
+            stack.extend((k, f"a key in {where or 'the top level'}") for k in value)
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ManifestError(f"{where} holds a lone surrogate (\\ud800-\\udfff escape), "
+                                    "which is not text", path=path, found=ascii(value)[:80]) from None
+
+
 
 
 def _get(obj: dict, key: str, kind: type | tuple[type, ...], path: str | Path, where: str = "") -> Any:
@@ -157,6 +214,9 @@ def _count(obj: dict, key: str, path: str | Path, where: str) -> int:
     value = _get(obj, key, int, path, where)
     if value < 0:
         raise ManifestError(f"key {where}{key!r} is negative", path=path, found=value)
+    if value > MAX_COUNT:
+        raise ManifestError(f"key {where}{key!r} does not fit 64 bits", path=path,
+                            found=f"{value.bit_length()}-bit integer", expected=f"<= {MAX_COUNT}")
     return value
 
 
@@ -175,10 +235,11 @@ def parse_manifest(obj: Any, path: str | Path) -> Manifest:
         raise ManifestError("not a shardpack manifest", path=path, found=obj.get("format"),
                             expected=FORMAT_NAME)
     version = _get(obj, "format_version", str, path)
-    try:
-        major, minor = (int(p) for p in version.split("."))
-    except ValueError:
-        raise ManifestError("format_version must be 'MAJOR.MINOR'", path=path, found=version) from None
+    match = _VERSION.fullmatch(version)
+    if match is None:
+        raise ManifestError("format_version must be 'MAJOR.MINOR' (non-negative decimal integers)",
+                            path=path, found=version[:40])
+    major, minor = int(match[1]), int(match[2])
     if major != MAJOR:
         raise VersionError(
             f"format version {version} is not supported by this shardpack (reads {MAJOR}.x); "
@@ -190,8 +251,12 @@ def parse_manifest(obj: Any, path: str | Path) -> Manifest:
         raise ManifestError("alignment must be a power of two in [8, 4096]", path=path, found=alignment)
 
     fields, dictionaries, max_raw = _parse_fields(_get(obj, "fields", list, path), path)
+    if not fields:
+        # Every record then has an index row of at least 20 bytes on disk, which is
+        # what bounds the record counts a manifest can claim (see _parse_shard).
+        raise ManifestError("a dataset has at least one field", path=path)
     shards = tuple(
-        _parse_shard(s, i, path) for i, s in enumerate(_get(obj, "shards", list, path))
+        _parse_shard(s, i, path, len(fields)) for i, s in enumerate(_get(obj, "shards", list, path))
     )
     names = [s.name for s in shards]
     if len(set(names)) != len(names):
@@ -229,13 +294,19 @@ def _parse_fields(entries: list, path: str | Path):
             f = Field.from_json(entry)
         except SchemaError as exc:
             raise ManifestError(f"fields[{i}]: {exc}", path=path) from None
+        except (TypeError, ValueError, OverflowError) as exc:  # numpy refusing a dtype string
+            raise ManifestError(f"fields[{i}]: bad field entry ({exc})", path=path) from None
+        if f.shape is not None and any(
+                isinstance(d, bool) or (d is not None and d > MAX_NDARRAY_DIM) for d in f.shape):
+            raise ManifestError(f"fields[{i}]: shape dimensions must be integers below 2**31",
+                                path=path, found=f.shape)
         if f.compression != "none":
             max_raw[f.name] = _count(entry, "max_raw_size", path, f"fields[{i}].")
         if "dictionary" in entry:
             if f.compression != "zstd":
                 raise ManifestError(f"fields[{i}]: a dictionary needs zstd compression", path=path)
             name = _get(entry, "dictionary", str, path, f"fields[{i}].")
-            safe_child(os.path.dirname(str(path)), name, what="dictionary file name")
+            check_plain_name(os.path.dirname(str(path)), name, what="dictionary file name")
             dictionaries[f.name] = (name, _crc(entry, "dictionary_crc32c", path, f"fields[{i}]."))
         fields.append(f)
     if len({f.name for f in fields}) != len(fields):
@@ -243,13 +314,13 @@ def _parse_fields(entries: list, path: str | Path):
     return tuple(fields), dictionaries, max_raw
 
 
-def _parse_shard(obj: Any, i: int, path: str | Path) -> ShardEntry:
+def _parse_shard(obj: Any, i: int, path: str | Path, num_fields: int) -> ShardEntry:
     where = f"shards[{i}]."
     if not isinstance(obj, dict):
         raise ManifestError(f"shards[{i}] must be an object", path=path)
     name = _get(obj, "name", str, path, where)
-    safe_child(os.path.dirname(str(path)), name, what="shard name")
-    return ShardEntry(
+    check_plain_name(os.path.dirname(str(path)), name, what="shard name")
+    entry = ShardEntry(
         name=name,
         records=_count(obj, "records", path, where),
         data_bytes=_count(obj, "data_bytes", path, where),
@@ -259,3 +330,11 @@ def _parse_shard(obj: Any, i: int, path: str | Path) -> ShardEntry:
         index_crc32c=_crc(obj, "index_crc32c", path, where),
         meta_crc32c=_crc(obj, "meta_crc32c", path, where),
     )
+    # The index size is a function of the record count: checked here, a claimed
+    # count is backed by an index file of that size on disk (checked at open).
+    expected = index_sections(entry.records, num_fields)[3]
+    if entry.index_bytes != expected:
+        raise ManifestError(f"shards[{i}]: index size (index_bytes) does not fit its record count",
+                            path=path,
+                            found=entry.index_bytes, expected=expected)
+    return entry

@@ -6,14 +6,16 @@ Unlike reading, verification does not stop at the first problem: it collects one
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .checksum import crc32c, file_crc32c
+from .checksum import crc32c, fd_crc32c
 from .errors import ShardpackError
+from .files import open_regular
 from .manifest import read_manifest
 from .shard import ShardReader
 
@@ -44,35 +46,36 @@ class Problem:
         return f"{' '.join(where)}: {self.what}"
 
 
-def verify_dataset(path: str | Path, progress: Callable[[int], None] | None = None) -> list[Problem]:
+def verify_dataset(path: str | Path, progress: Callable[[int], None] | None = None, *,
+                   follow_symlinks: bool = False) -> list[Problem]:
     """Check everything; return the problems found (empty when the dataset is sound).
 
     Args:
         path: the dataset folder.
         progress: called with a byte count as data is checked (for a progress bar).
+        follow_symlinks: check files that are symlinks out of the folder instead of
+            reporting them (FORMAT.md, §8).
 
     Raises:
-        ManifestError, VersionError: the manifest itself is unusable (nothing else
-            can be checked without it).
+        ManifestError, VersionError, UnsafePathError: the manifest itself is
+            unusable (nothing else can be checked without it).
     """
     root = Path(path)
-    manifest = read_manifest(root)
+    manifest = read_manifest(root, follow_symlinks=follow_symlinks)
     problems: list[Problem] = []
     for field, (name, crc) in manifest.dictionaries.items():
-        try:
-            if crc32c((root / name).read_bytes()) != crc:
-                problems.append(Problem(name, "dictionary checksum mismatch", field=field))
-        except OSError as exc:
-            problems.append(Problem(name, f"cannot read dictionary ({exc.strerror})", field=field))
+        problems.extend(_check_file(root, name, None, crc, follow_symlinks, field=field))
     for entry in manifest.shards:
         for file, size, crc in (
             (entry.data_file, entry.data_bytes, entry.data_crc32c),
             (entry.index_file, entry.index_bytes, entry.index_crc32c),
             (entry.meta_file, entry.meta_bytes, entry.meta_crc32c),
         ):
-            problems.extend(_check_file(root / file, size, crc))
+            problems.extend(_check_file(root, file, size, crc, follow_symlinks))
         try:
-            shard = ShardReader(root, entry, len(manifest.fields), manifest.alignment)
+            shard = ShardReader(root, entry, len(manifest.fields), manifest.alignment,
+                                follow_symlinks=follow_symlinks)
+            shard.check_size()
             shard.validate()
         except ShardpackError as exc:
             problems.append(Problem(entry.data_file, exc.message, record=exc.record, offset=exc.offset))
@@ -88,16 +91,27 @@ def verify_dataset(path: str | Path, progress: Callable[[int], None] | None = No
     return problems
 
 
-def _check_file(path: Path, size: int, crc: int) -> list[Problem]:
+def _check_file(root: Path, name: str, size: int | None, crc: int, follow_symlinks: bool,
+                field: str | None = None) -> list[Problem]:
+    """Size and checksum of one file (a regular file, never a FIFO, which would block)."""
     try:
-        actual = path.stat().st_size
-    except OSError as exc:
-        return [Problem(path.name, f"cannot read ({exc.strerror})")]
-    if actual != size:
-        return [Problem(path.name, f"size {actual} bytes, manifest says {size}")]
-    found = file_crc32c(path)
+        fd, st = open_regular(root / name, root, what="file", follow_symlinks=follow_symlinks)
+    except ShardpackError as exc:
+        return [Problem(name, exc.message if exc.found is None else f"{exc.message} ({exc.found})",
+                        field=field)]
+    except OSError as exc:  # EMFILE
+        return [Problem(name, f"cannot open ({exc.strerror})", field=field)]
+    try:
+        if size is not None and st.st_size != size:
+            return [Problem(name, f"size {st.st_size} bytes, manifest says {size}", field=field)]
+        try:
+            found = fd_crc32c(fd)
+        except OSError as exc:
+            return [Problem(name, f"cannot read ({exc.strerror})", field=field)]
+    finally:
+        os.close(fd)
     if found != crc:
-        return [Problem(path.name, f"file checksum 0x{found:08x}, manifest says 0x{crc:08x}")]
+        return [Problem(name, f"file checksum 0x{found:08x}, manifest says 0x{crc:08x}", field=field)]
     return []
 
 

@@ -24,23 +24,31 @@ __all__ = ["ShardDataset", "main_fields", "open_dataset", "read_many"]
 
 
 def open_dataset(path: str | Path, *, check_crc: bool = False, cache: CacheOptions | None = None,
-                 filesystem: Any = None) -> ShardDataset:
+                 filesystem: Any = None, follow_symlinks: bool = False) -> ShardDataset:
     """Open the dataset folder ``path`` (holding ``manifest.json``), local or remote.
 
     A URI (``s3://bucket/dataset``, or any that :mod:`formats.storage` opens) or a
     ``filesystem`` gives a :class:`reader.remote.RemoteDataset`: shards are
     downloaded into the local cache (``cache``) on first use, then mapped.
 
+    A local dataset's files that are symlinks to files outside its folder are
+    refused unless ``follow_symlinks`` (FORMAT.md, §8); to read such a dataset
+    with a :class:`reader.Loader`, hand it the dataset opened here.
+
     Raises:
         formats.ManifestError, formats.FormatError, formats.VersionError: the
             dataset is incomplete, damaged, or of an unknown major version.
         formats.StorageError: a remote dataset's storage failed (names the object).
+        formats.UnsafePathError: a file is a symlink out of the dataset folder.
+        ValueError: ``follow_symlinks`` for a remote dataset (its cache holds no links).
     """
     if is_uri(path) or filesystem is not None:
         from .remote import RemoteDataset
 
+        if follow_symlinks:
+            raise ValueError("follow_symlinks applies to local datasets only")
         return RemoteDataset(str(path), cache=cache, filesystem=filesystem, check_crc=check_crc)
-    return open_shards(path, check_crc=check_crc)
+    return open_shards(path, check_crc=check_crc, follow_symlinks=follow_symlinks)
 
 
 def read_many(ds: ShardDataset, indices, fields: tuple[str, ...] | None = None) -> dict:

@@ -43,11 +43,12 @@ import pickle
 import queue
 import signal
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from formats.errors import ShardpackError
+from formats.errors import FormatError, ShardpackError
 from formats.fields import BYTES_TYPES
 
 from .dataset import main_fields
@@ -65,6 +66,18 @@ JOIN_S = 2.0
 DRAIN_S = 5.0  # persistent workers: longest wait for an abandoned epoch's batches in progress
 AUTO_SHRINK_AFTER = 32  # batches in a row without waiting before auto prefetch shrinks
 WAITED_S = 1e-3  # a wait longer than this counts as the consumer waiting
+
+
+def _truncated_file(ds) -> Path | None:
+    """A data or index file now shorter than the manifest says (after a worker's SIGBUS)."""
+    for e in ds.manifest.shards:
+        for name, size in ((e.data_file, e.data_bytes), (e.index_file, e.index_bytes)):
+            try:
+                if os.stat(ds.root / name).st_size < size:
+                    return ds.root / name
+            except OSError:
+                continue  # missing (a remote dataset's cache): not what the worker read
+    return None
 
 
 class CpuSink:
@@ -284,6 +297,13 @@ class Epoch:
                 pid = p.pid
                 busy = f"batches {self.next_deliver}..{self.next_issue - 1} were in flight"
                 self.shutdown(failed=True)
+                truncated = _truncated_file(self.loader.dataset) if code == -signal.SIGBUS else None
+                if truncated is not None:
+                    # Workers check file sizes before each batch; a truncation racing
+                    # that check still kills with SIGBUS: name the file all the same.
+                    raise FormatError(f"worker {i} (pid {pid}) was {how} reading a shard file "
+                                      f"truncated while mapped; {busy} in epoch {self.epoch}",
+                                      path=truncated)
                 raise WorkerDiedError(f"worker {i} (pid {pid}) exited unexpectedly ({how}); "
                                       f"{busy} in epoch {self.epoch}")
 

@@ -15,10 +15,8 @@ reads it first).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 
 from formats import ShardDataset
-from formats.dataset import read_metadata
-from formats.errors import FormatError, ManifestError
+from formats.dataset import default_max_open, read_metadata
+from formats.errors import FormatError
 from formats.files import atomic_write_bytes
-from formats.manifest import MANIFEST_NAME, parse_manifest
+from formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest
 from formats.shard import ShardReader
 from formats.storage import Location, open_location
 
@@ -39,7 +37,6 @@ __all__ = ["Prefetcher", "RemoteDataset"]
 
 _log = logging.getLogger("shardpack")
 
-_MANIFEST_LIMIT = 256 << 20  # a 10M-record dataset's manifest is a few MB
 
 
 class RemoteDataset(ShardDataset):
@@ -51,7 +48,7 @@ class RemoteDataset(ShardDataset):
         filesystem: a ``pyarrow.fs.FileSystem`` to use instead of the URI's own.
         check_crc: as for :class:`ShardDataset` (downloads are always checked).
         max_open: shards each process keeps mapped (default: all of them when the
-            cache can hold the dataset, else 2).
+            cache can hold the dataset, within the open-file limit, else 2).
 
     Raises:
         StorageError: the manifest cannot be fetched (names the object).
@@ -63,12 +60,8 @@ class RemoteDataset(ShardDataset):
         self.location: Location = open_location(uri, filesystem)
         self.cache_options = cache or CacheOptions()
         self.cache = self.cache_options.open()
-        raw = self.location.read_bytes(MANIFEST_NAME, _MANIFEST_LIMIT)
-        manifest_uri = self.location.uri_of(MANIFEST_NAME)
-        try:
-            manifest = parse_manifest(json.loads(raw), manifest_uri)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"manifest is not valid JSON ({exc})", path=manifest_uri) from None
+        raw = self.location.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
+        manifest = decode_manifest(raw, self.location.uri_of(MANIFEST_NAME))
         root = self.cache.dataset_dir(self.location.uri, raw)
         for name, crc in manifest.dictionaries.values():
             if not (root / name).exists():
@@ -76,88 +69,58 @@ class RemoteDataset(ShardDataset):
         if not (root / MANIFEST_NAME).exists():
             atomic_write_bytes(root / MANIFEST_NAME, raw, durable=False)
         self._pins: dict[int, Pin] = {}
-        self._lru: OrderedDict[int, None] = OrderedDict()
-        super().__init__(root, check_crc=check_crc)
         stored = sum(e.data_bytes + e.index_bytes for e in manifest.shards)
         fits = self.cache.max_bytes is None or stored <= self.cache.max_bytes
-        self.max_open = max_open or (len(manifest.shards) if fits else 2)
+        if max_open is None:
+            max_open = min(len(manifest.shards), default_max_open()) if fits else 2
+        super().__init__(root, check_crc=check_crc, max_open=max_open)
 
     def __repr__(self) -> str:
         return f"Remote{super().__repr__()[:-1]}, uri={self.location.uri!r})"
 
-    # -- lazy, pinned shards ----------------------------------------------------------
+    # -- lazy, pinned shards (ShardDataset keeps the least-recently-used order) --------
+
+    # Shards may be fetched anew (evicted, or damaged and discarded): new files, same bytes.
+    _same_files = False
+
+    def _forget_shards(self) -> None:
+        super()._forget_shards()
+        self._pins = {}
 
     def _open_all(self) -> None:
-        self._shards = [None] * len(self.manifest.shards)
-        self._pins = {}
-        self._lru = OrderedDict()
+        pass  # shards are fetched and mapped on first use
 
-    def _open_shard(self, s: int, keep=()) -> ShardReader:
+    def _map_shard(self, s: int) -> ShardReader:
+        """Pin shard ``s`` in the cache (fetching it if needed), then map it.
+
+        ShardDataset unmaps least recently used shards before calling this, so
+        their unpinning lets the cache evict to make room.
+        """
         entry = self.manifest.shards[s]
-        self._trim(keep, self.max_open - 1)  # unpin first, so eviction can make room
         pin = self.cache.acquire(self.location, self.root, entry)
         try:
             try:
-                reader = self._map_shard(s)
+                reader = super()._map_shard(s)
             except FormatError:
                 # The cached copy went bad after it was checked (a crash before the
                 # page cache reached the disk, a bad sector): fetch it again, once.
                 pin.release()
                 self.cache.discard(self.root, entry)
                 pin = self.cache.acquire(self.location, self.root, entry)
-                reader = self._map_shard(s)
+                reader = super()._map_shard(s)
         except BaseException:
             pin.release()
             raise
-        self._shards[s] = reader
         self._pins[s] = pin
-        self._lru[s] = None
         return reader
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if self.max_open < len(self._shards):  # a bounded working set: keep the LRU true
-            s = self.locate(int(index))[0]
-            if s in self._lru:
-                self._lru.move_to_end(s)
-        return super().__getitem__(index)
-
-    def shard(self, s: int) -> ShardReader:  # payload() and get() come through here
-        if s in self._lru:
-            self._lru.move_to_end(s)
-        return super().shard(s)
-
-    def _will_use(self, shards) -> None:
-        for k in shards:
-            if self._shards[k] is None:
-                self._open_shard(k, shards)
-            else:
-                self._lru.move_to_end(k)
-
-    def _trim(self, keep, limit: int) -> None:
-        """Unmap and unpin the least recently used shards (not in ``keep``) beyond ``limit``."""
-        if len(self._lru) <= limit:
-            return
-        for s in list(self._lru):
-            if len(self._lru) <= limit:
-                break
-            if s in keep:
-                continue
-            del self._lru[s]
-            self._shards[s].close()  # views still held by a caller keep their map alive
-            self._shards[s] = None
-            self._pins.pop(s).release()
-
-    def close(self) -> None:
-        super().close()
-        for pin in self._pins.values():
-            pin.release()
-        self._pins = {}
-        self._lru = OrderedDict()
+    def _close_shard(self, s: int) -> None:
+        super()._close_shard(s)
+        self._pins.pop(s).release()
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        state["_pins"] = {}
-        state["_lru"] = OrderedDict()
+        state.pop("_pins", None)
         return state
 
     # -- metadata and prefetching -----------------------------------------------------

@@ -1,0 +1,197 @@
+"""The shards of a dataset a process has open: at most ``max_open``, each checked
+before it is read.
+
+An open shard holds two descriptors (its maps'), so a process keeps at most
+``max_open`` shards open, least recently used first out; by default their
+descriptors take half the process's limit (:func:`default_max_open`), so a
+dataset of any number of shards opens under any ``ulimit -n`` and the other
+half is left to the rest of the program. A shard closed that way is reopened on
+its next use and must then be the same files as before (their mtimes are
+kept): a dataset replaced under its path is refused, never read half old, half
+new. A worker that unpickles a dataset checks that the manifest is still the
+one the parent opened (its CRC32C).
+
+Every read goes through :meth:`ShardSet._ready`, which checks first that the
+shard's files have not shrunk since they were mapped
+(:meth:`ShardReader.check_size`; once per shard per batch, once per single
+record), so a file truncated under a reader is a typed error, not SIGBUS.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from pathlib import Path
+
+from .checksum import crc32c
+from .errors import FormatError, ManifestError
+from .files import FD_EXHAUSTED
+from .manifest import MANIFEST_NAME, Manifest, decode_manifest, read_manifest_bytes
+from .shard import ShardReader
+
+__all__ = ["ShardSet", "default_max_open"]
+
+_log = logging.getLogger("shardpack")
+
+
+def default_max_open() -> int:
+    """Shards one process keeps open: two descriptors each, half its descriptor limit.
+
+    The other half stays with the program: sockets, pipes, other datasets, and
+    shards whose records a caller still holds views of (a map lives, with its
+    descriptor, as long as a view of it does). Under the common limit of 1024
+    that is 256 shards open at once; a dataset with more is still read, its
+    shards reopened as reads need them (a fraction of a millisecond each).
+    """
+    try:
+        import resource
+    except ImportError:  # not POSIX: no limit to read
+        return 1024
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 16
+    return max(4, soft // 4)
+
+
+class ShardSet:
+    """The manifest of a dataset and the shards this process has open.
+
+    Args:
+        path: the dataset folder (holding ``manifest.json``).
+        follow_symlinks: read dataset files that are symlinks to files outside
+            the folder (refused by default; FORMAT.md, §8).
+        max_open: shards this process keeps open (default: :func:`default_max_open`).
+    """
+
+    # Reopened shards must be the files first opened (a remote cache may fetch anew).
+    _same_files = True
+
+    def __init__(self, path: str | Path, *, follow_symlinks: bool = False,
+                 max_open: int | None = None) -> None:
+        self.root = Path(path)
+        self.follow_symlinks = follow_symlinks
+        raw = read_manifest_bytes(self.root, follow_symlinks=follow_symlinks)
+        self.manifest: Manifest = decode_manifest(raw, self.root / MANIFEST_NAME)
+        self.manifest_crc32c = crc32c(raw)
+        self.max_open = max(1, max_open or default_max_open())
+        self._identity: list[tuple | None] = [None] * len(self.manifest.shards)
+        self._forget_shards()
+
+    # -- open shards, at most max_open of them ----------------------------------------
+
+    def _forget_shards(self) -> None:
+        self._shards: list[ShardReader | None] = [None] * len(self.manifest.shards)
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._bounded = self.max_open < len(self._shards)
+
+    def _open_all(self) -> None:
+        """Open (check) every shard once; the last ``max_open`` stay open."""
+        if self._bounded:
+            _log.warning("%s: %d shards, of which this process keeps %d open (two descriptors "
+                         "each, within its open-file limit); shards are reopened as reads need "
+                         "them: raise 'ulimit -n' if reads across all shards are slow",
+                         self.root, len(self._shards), self.max_open)
+        for s in range(len(self._shards)):
+            self._open_shard(s)
+
+    def _map_shard(self, s: int) -> ShardReader:
+        m = self.manifest
+        return ShardReader(self.root, m.shards[s], len(m.fields), m.alignment,
+                           follow_symlinks=self.follow_symlinks)
+
+    def _open_shard(self, s: int) -> ShardReader:
+        """Map shard ``s``, closing the least recently used shards first."""
+        self._trim(self.max_open - 1)
+        try:
+            reader = self._map_shard(s)
+        except OSError as exc:
+            if exc.errno not in FD_EXHAUSTED:
+                raise
+            self._trim(0)  # the table is full of something else: give back all we hold
+            try:
+                reader = self._map_shard(s)
+            except OSError as again:
+                if again.errno not in FD_EXHAUSTED:
+                    raise
+                raise FormatError(
+                    f"cannot open shard ({again.strerror}): this process keeps at most "
+                    f"{self.max_open} shards open, two descriptors each, and a shard whose "
+                    "records are still referenced stays open; raise 'ulimit -n' or drop views",
+                    path=self.root / self.manifest.shards[s].data_file) from None
+        known = self._identity[s]
+        if known is None or not self._same_files:
+            self._identity[s] = reader.identity
+        elif known != reader.identity:
+            reader.close()
+            raise FormatError(f"the dataset at {self.root} was replaced since it was opened "
+                              "(this shard's files are not the ones first opened); reopen it",
+                              path=reader.data_path)
+        self._shards[s] = reader
+        self._lru[s] = None
+        return reader
+
+    def _close_shard(self, s: int) -> None:
+        del self._lru[s]
+        reader, self._shards[s] = self._shards[s], None
+        reader.close()  # views still held by a caller keep their map alive
+
+    def _trim(self, limit: int) -> None:
+        """Close the least recently used shards beyond ``limit``."""
+        while len(self._lru) > limit:
+            self._close_shard(next(iter(self._lru)))
+
+    def _ready(self, s: int) -> ShardReader:
+        """Shard ``s`` open, its files still their full size, its index validated."""
+        reader = self._shards[s]
+        if reader is None:
+            reader = self._open_shard(s)
+        elif self._bounded:
+            self._lru.move_to_end(s)
+        reader.check_size()
+        if not reader.validated:
+            reader.validate()
+        return reader
+
+    def shard(self, s: int) -> ShardReader:
+        """The reader of shard ``s`` (opened if it is not, and checked; see :meth:`_ready`)."""
+        return self._ready(s)
+
+    # -- pickling: worker processes reopen the maps ----------------------------------
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for key in ("_shards", "_lru"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._check_unreplaced()
+        self._forget_shards()  # opened on first use, each checked against _identity
+
+    def _check_unreplaced(self) -> None:
+        """Refuse a dataset whose manifest is no longer the one this object was opened on
+        (``pack-dataset --overwrite`` swaps a new dataset in under the same path)."""
+        raw = read_manifest_bytes(self.root, follow_symlinks=self.follow_symlinks)
+        found = crc32c(raw)
+        if found != self.manifest_crc32c:
+            raise ManifestError(f"the dataset at {self.root} was replaced since it was opened; "
+                                "reopen it", path=self.root / MANIFEST_NAME,
+                                found=f"manifest crc32c {found:08x}",
+                                expected=f"{self.manifest_crc32c:08x}")
+
+    def close(self) -> None:
+        for s in list(getattr(self, "_lru", ())):
+            self._close_shard(s)
+        self._shards = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def shards(self) -> list[ShardReader | None]:
+        """The open shards (None: not open now; opened again on use)."""
+        return self._shards
