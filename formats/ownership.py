@@ -46,6 +46,8 @@ STAGING_MARKER = ".shardpack-staging.json"
 RAY_STATE_DIR = ".ray"
 _RAY_PLAN = f"{RAY_STATE_DIR}/plan.json"
 
+_OUR_FILE_NAMES = (MANIFEST_NAME, JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME, LEDGER_NAME,
+                   STAGING_MARKER)
 _SHARD_FILE = re.compile(r"^shard-\d{5}\.(?:rec|idx|meta\.parquet)$")
 _DICT_FILE = re.compile(r"^dict-\d{3}\.zstd$")
 _PART_FILE = re.compile(r"^part-\d{12}-\d{5}\.(?:rec|idx|meta\.parquet)$")
@@ -168,8 +170,7 @@ def survey(root: str | Path) -> Survey:
     ours |= {LOCK_NAME, STAGING_MARKER}
     for n in names:
         m = _TEMP.match(n)
-        if m and (is_our_shard_name(m["name"]) or m["name"] in (
-                MANIFEST_NAME, JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME, LEDGER_NAME)) \
+        if m and (is_our_shard_name(m["name"]) or m["name"] in _OUR_FILE_NAMES) \
                 and _pid_gone(int(m["pid"])):
             ours.add(n)
     s.ours = sorted(n for n in ours if n in names)

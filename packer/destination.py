@@ -207,6 +207,10 @@ class Destination:
         marker = _read_marker(self.staging / STAGING_MARKER)
         if marker is None or marker.get("dst") != str(self._real):
             self._delete_old(self.staging)
+            if self.staging.exists():
+                raise PackError("this folder beside DST holds files that shardpack did not "
+                                "write, and packs to DST need its name: move it away",
+                                path=self.staging)
             return False
         stuck = []
         for rel in marker.get("moved") or ():

@@ -344,3 +344,39 @@ def test_a_full_disk_names_dst_and_how_to_finish(tmp_path, rng, capsys, monkeypa
     assert main([*args, "--resume"]) == 0
     assert main([str(src), str(tmp_path / "full"), *args[2:]]) == 0
     assert dataset_files(tmp_path / "out") == dataset_files(tmp_path / "full")
+
+
+def test_the_library_writers_delete_only_their_own_files(tmp_path, rng):
+    recs = make_records(rng, 5)
+    root = tmp_path / "ds"
+    root.mkdir()
+    plant(root)
+    make_dataset(root, recs)
+    from formats import DatasetWriter
+    from tests.helpers_codecs import IMAGE_FIELDS
+
+    with DatasetWriter(root, IMAGE_FIELDS, records_per_shard=2, overwrite=True,
+                       durable=False) as w:
+        w.write({f.name: recs[0][f.name] for f in IMAGE_FIELDS})
+    assert user_files_intact(root) and len(formats.open_shards(root)) == 1
+    out = tmp_path / "tf"
+    convert("shards", root, "tfrecord", out)
+    (out / "shard-notes.txt").write_bytes(b"mine")
+    with pytest.raises(formats.FormatError, match="not written by shardpack"):
+        convert("shards", root, "tfrecord", out, overwrite=True)
+    assert (out / "shard-notes.txt").read_bytes() == b"mine"
+
+
+def test_a_replace_killed_while_it_made_its_staging_folder_is_cleaned(tmp_path, rng):
+    a = make_source("imagefolder", tmp_path / "a", rng, n=9)
+    dst = tmp_path / "out"
+    pack(a, dst, opts())
+    staging = tmp_path / ".out.shardpack-new"
+    staging.mkdir()
+    (staging / "..shardpack-staging.json.tmp-999999999").write_text("{")  # torn marker
+    assert pack(a, dst, opts(overwrite=True)).complete and not staging.exists()
+    staging.mkdir()
+    (staging / "someone-elses.txt").write_text("x")
+    with pytest.raises(PackError, match="move it away"):
+        pack(a, dst, opts(overwrite=True))
+    assert (staging / "someone-elses.txt").exists()
