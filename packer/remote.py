@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from .report import PackProgress, PackSummary
 from .resolve import detect_source, open_source
 from .source_copy import SourceCopy
 
-__all__ = ["open_remote_source", "pack_to_remote", "staging_folder"]
+__all__ = ["hold_remote_dst", "open_remote_source", "pack_to_remote", "staging_folder"]
 
 log = logging.getLogger("shardpack.packer")
 
@@ -121,6 +122,27 @@ def _container_kind(names: list[str]) -> str | None:
     return kinds.pop() if len(kinds) == 1 else None
 
 
+@contextmanager
+def hold_remote_dst(dst: str):
+    """One pack at a time to the object-store folder ``dst``, from this machine: an
+    exclusive lock beside its staging folder (object stores have no locks; packs from
+    several machines to one DST are the user's to keep apart).
+
+    Raises:
+        PackError: another pack on this machine holds it.
+    """
+    stage = staging_folder(dst)
+    stage.parent.mkdir(parents=True, exist_ok=True)
+    lock = try_lock(stage.with_name(stage.name + ".lock"))
+    if lock is None:
+        raise PackError("another pack to this DST is running (it holds the staging folder); "
+                        "wait for it to finish", path=display_uri(dst))
+    try:
+        yield
+    finally:
+        os.close(lock)
+
+
 def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress | None,
                    pack_local) -> PackSummary:
     """Pack ``src`` into the remote folder ``dst`` through the staging folder.
@@ -133,12 +155,7 @@ def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress |
                          "--to shards", path=display_uri(dst))
     location = open_location(dst)
     stage = staging_folder(dst)
-    stage.parent.mkdir(parents=True, exist_ok=True)
-    lock = try_lock(stage.with_name(stage.name + ".lock"))
-    if lock is None:
-        raise PackError("another pack to this DST is running (it holds the staging folder); "
-                        "wait for it to finish", path=display_uri(dst))
-    try:
+    with hold_remote_dst(dst):
         if options.resume and (stage / MANIFEST_NAME).exists():
             # Packed in full, then interrupted while publishing: publish it (again).
             summary = _staged_summary(src, dst, stage, options)
@@ -155,8 +172,6 @@ def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress |
             _publish_stage(stage, location, options.overwrite)
         summary.dst = display_uri(dst)
         return summary
-    finally:
-        os.close(lock)
 
 
 def _probe(location: Location) -> None:

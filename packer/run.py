@@ -145,8 +145,10 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     if is_uri(dst):
         if options.engine == "ray":  # its own driver (packer/ray_engine.py)
             from .ray_engine import pack_on_ray
+            from .remote import hold_remote_dst
 
-            return pack_on_ray(src, dst, options, progress)
+            with hold_remote_dst(str(dst)):
+                return pack_on_ray(src, dst, options, progress)
         from .remote import pack_to_remote
 
         return pack_to_remote(src, str(dst), options, progress, pack)
