@@ -58,7 +58,8 @@ DST:
   time per DST (a lock in DST/.shardpack.lock names the running pack's PID).
   --overwrite builds the new output in .<DST>.shardpack-new beside DST and swaps
   the two folders in one atomic step at the end: a kill leaves the old dataset
-  or the new one, never neither; --resume finishes an interrupted replace.
+  or the new one, never neither; --resume finishes an interrupted replace. Until
+  the swap, both datasets take disk space.
   A --resume refuses a source that is not the interrupted run's (other place,
   other files, sizes or times, other options).
 engines (--engine):
