@@ -238,6 +238,24 @@ def _plan(listing: Listing, options: PackOptions) -> str:
     return f"{crc32c(text.encode()):08x}"
 
 
+def _resume_point(writer: DatasetWriter, plan: str, dst: Path) -> dict | None:
+    """The progress value of the last shard an interrupted run sealed (None: nothing
+    to resume), once its plan is this pack's.
+
+    Raises:
+        PackError: the interrupted run packed another source or used other options.
+    """
+    if not writer.resumed:
+        return None
+    last = writer.resumed[-1]
+    if not isinstance(last, dict) or last.get("plan") != plan:
+        writer.abort()
+        raise PackError("cannot resume: the interrupted run packed another source (other "
+                        "place, files, sizes or times) or used other options (shuffle, seed, "
+                        "max-side...); pack again without --resume", path=dst)
+    return last
+
+
 @contextmanager
 def _writing(writer, shards: bool):
     """Our writer is closed explicitly (with a progress value); others by ``with``."""
@@ -271,13 +289,8 @@ def _pack_listing(listing: Listing, dst: Path, options: PackOptions, progress: P
     skipped: Counter = Counter()
     start = bytes_in = 0
     plan = _plan(listing, options)
-    if shards and writer.resumed:
-        last = writer.resumed[-1]
-        if not isinstance(last, dict) or last.get("plan") != plan:
-            writer.abort()
-            raise PackError("cannot resume: the interrupted run packed other inputs or used "
-                            "other options (shuffle, seed, max-side...); pack again without "
-                            "--resume", path=dst)
+    last = _resume_point(writer, plan, dst) if shards else None
+    if last is not None:
         start, bytes_in = last["next"], last["bytes_in"]
         skipped.update(last["skipped"])
         summary.resumed_records = writer.records_written
@@ -386,15 +399,8 @@ def _pack_records(source, root: Path | None, dst: Path, options: PackOptions,
     writer = _open_writer(dst, fields, classes, options, summary)
     shards = options.sink == "shards"
     plan = _source_plan(root, summary.source, options) if shards else None
-    start = 0
-    if shards and writer.resumed:
-        last = writer.resumed[-1]
-        if not isinstance(last, dict) or last.get("plan") != plan:
-            writer.abort()
-            raise PackError("cannot resume: the interrupted run packed another source (or "
-                            "its files changed since) or used other options; pack again "
-                            "without --resume", path=dst)
-        start = last["next"]
+    last = _resume_point(writer, plan, dst) if shards else None
+    start = 0 if last is None else last["next"]
     summary.resumed_records = start
     progress.start(total, start)
     count = start

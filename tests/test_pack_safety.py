@@ -40,6 +40,37 @@ def dataset_files(root: Path) -> dict[str, bytes]:
     return {k: v for k, v in _all_files(root).items() if k != ".shardpack.lock"}
 
 
+class Stop(Exception):
+    """Raised by :class:`Calls` to interrupt a pack the way Ctrl-C does."""
+
+
+class Calls:
+    """A progress callback that calls ``each(records)`` as records are done."""
+
+    def __init__(self, each) -> None:
+        self.each = each
+
+    def start(self, total, done=0):
+        pass
+
+    def advance(self, records, nbytes):
+        self.each(records)
+
+    def close(self):
+        pass
+
+
+def stop_after(n: int) -> Calls:
+    left = [n]
+
+    def each(records):
+        left[0] -= records
+        if left[0] <= 0:
+            raise Stop
+
+    return Calls(each)
+
+
 def make_source(kind: str, root: Path, rng, n: int = 9, seed_shift: int = 0) -> Path:
     """A source of ``kind`` under ``root`` holding ``n`` records; returns SRC."""
     recs = make_records(rng, n + seed_shift)[seed_shift:]
@@ -194,28 +225,9 @@ def test_resume_with_another_source_is_refused(tmp_path, rng, kind):
     first = make_source(kind, tmp_path / "a", rng, n=9)
     second = make_source(kind, tmp_path / "b", rng, n=9, seed_shift=9)
     dst = tmp_path / "out"
-
-    class Stop(Exception):
-        pass
-
-    class StopAfter:
-        def __init__(self, n):
-            self.n = n
-
-        def start(self, total, done=0):
-            pass
-
-        def advance(self, records, nbytes):
-            self.n -= records
-            if self.n <= 0:
-                raise Stop
-
-        def close(self):
-            pass
-
     with pytest.raises(Stop):  # interrupted with sealed shards (one record each)
         pack(first, dst, PackOptions(workers=0, durable=False, records_per_shard=1,
-                                     source=kind), StopAfter(5))
+                                     source=kind), stop_after(5))
     assert (dst / "_journal.jsonl").exists()
     with pytest.raises(PackError, match="cannot resume"):
         pack(second, dst, PackOptions(workers=0, durable=False, records_per_shard=1,
@@ -237,17 +249,10 @@ def test_overwrite_keeps_the_old_dataset_readable_until_the_new_one_is_complete(
     reader = formats.open_shards(dst)
     seen = []
 
-    class Watch:
-        def start(self, total, done=0):
-            pass
+    def watch(records):  # during the replace: DST is still the old one
+        seen.append(dataset_files(dst) == old and len(formats.open_shards(dst)) == 10)
 
-        def advance(self, records, nbytes):  # during the replace: DST is still the old one
-            seen.append(dataset_files(dst) == old and len(formats.open_shards(dst)) == 10)
-
-        def close(self):
-            pass
-
-    pack(b, dst, opts(overwrite=True), Watch())
+    pack(b, dst, opts(overwrite=True), Calls(watch))
     assert seen and all(seen)
     assert len(formats.open_shards(dst)) == 5
     assert len(reader) == 10 and bytes(reader[9]["image"])  # an open reader keeps its maps
@@ -260,23 +265,9 @@ def test_an_interrupted_overwrite_resumes_and_a_fresh_one_starts_over(tmp_path, 
     dst = tmp_path / "out"
     pack(a, dst, opts())
     old = dataset_files(dst)
-
-    class Stop(Exception):
-        pass
-
-    class StopAfter:
-        def start(self, total, done=0):
-            pass
-
-        def advance(self, records, nbytes):
-            raise Stop
-
-        def close(self):
-            pass
-
     with pytest.raises(Stop):
         pack(b, dst, PackOptions(workers=0, durable=False, records_per_shard=1, overwrite=True),
-             StopAfter())
+             stop_after(1))
     assert dataset_files(dst) == old  # the old dataset, whole
     staging = tmp_path / ".out.shardpack-new"
     assert (staging / "_journal.jsonl").exists()
