@@ -31,6 +31,11 @@ sources ``imagefolder``, ``files``, ``filelist`` first, and the sink ``shards``
     output. ``KeyError`` for an unknown name. ``--resume`` is refused for sinks
     other than ``shards``.
 
+``SOURCES``, ``SINKS`` (optional)
+    Tuples of the names it reads and writes: an unknown ``--from``/``--to`` is then
+    refused before anything is read or written, with the closest name and every
+    choice; without them a name is checked when it is opened.
+
 ``detect(path: pathlib.Path) -> str | None`` (optional)
     The codec name for SRC (a ``.tfrecord`` file, a folder of ``.tar`` files, a
     folder with ``manifest.json``...), or None to let the built-in rules decide.

@@ -17,7 +17,7 @@ from formats.errors import ShardpackError
 from .errors import PackInterrupted, UsageError
 from .options import DEFAULT_TASK_RECORDS, ENGINES, ON_ERROR, PackOptions, parse_size
 from .report import PackProgress, format_summary
-from .run import pack
+from .run import pack, package_version
 
 __all__ = ["main"]
 
@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-records", type=_positive_int, default=None, metavar="N",
                    help=f"records per Ray task (default {DEFAULT_TASK_RECORDS:,}); --engine ray")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    p.add_argument("--quiet", action="store_true", help="no progress bar, no summary table")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary table")
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     return p
 
 

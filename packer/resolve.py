@@ -16,7 +16,7 @@ from .errors import UsageError
 from .listing import BUILTIN_SOURCES, Listing, detect_builtin, list_source
 from .options import PackOptions
 
-__all__ = ["detect_source", "open_sink", "open_source", "registry"]
+__all__ = ["check_names", "choices", "detect_source", "open_sink", "open_source", "registry"]
 
 _REGISTRY = "formats.registry"
 
@@ -31,10 +31,38 @@ def registry():
         raise
 
 
+def choices(what: str) -> tuple[str, ...]:
+    """Every name ``--from`` (``what="source"``) or ``--to`` (``"sink"``) accepts."""
+    reg = registry()
+    if what == "source":
+        return tuple(dict.fromkeys(BUILTIN_SOURCES + tuple(getattr(reg, "SOURCES", ()))))
+    return tuple(dict.fromkeys(("shards", *getattr(reg, "SINKS", ()))))
+
+
 def _not_available(name: str, what: str) -> UsageError:
-    return UsageError(f"format {name!r} not available as a {what} "
-                      f"(built in: {', '.join(BUILTIN_SOURCES) if what == 'source' else 'shards'}"
-                      f"{'' if registry() else '; formats.registry is not installed'})")
+    import difflib
+
+    known = choices(what)
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    flag = "--from" if what == "source" else "--to"
+    return UsageError(f"{flag} {name!r}: no such format; {hint}choose from {', '.join(known)}")
+
+
+def check_names(options: PackOptions) -> None:
+    """Refuse an unknown ``--from``/``--to`` before anything is read or written.
+
+    Raises:
+        UsageError: names the closest known format and every choice.
+    """
+    reg = registry()
+    listed = {"source": reg is None or hasattr(reg, "SOURCES"),
+              "sink": reg is None or hasattr(reg, "SINKS")}  # else: checked when opened
+    if options.source is not None and listed["source"] \
+            and options.source not in choices("source"):
+        raise _not_available(options.source, "source")
+    if listed["sink"] and options.sink not in choices("sink"):
+        raise _not_available(options.sink, "sink")
 
 
 def detect_source(src: Path) -> str:

@@ -14,8 +14,10 @@ Invariants:
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -23,25 +25,27 @@ from pathlib import Path
 
 from formats import DatasetWriter, Record, ownership
 from formats.checksum import crc32c
+from formats.errors import FormatError
 from formats.files import fsync_dir
+from formats.paths import expand_inputs
 from formats.storage import display_uri, is_uri
 
 from .destination import claim
 from .errors import PackError, PackInputError, PackInterrupted, UsageError
-from .listing import Listing
+from .listing import BUILTIN_SOURCES, Listing
 from .options import PackOptions
 from .report import PackProgress, PackSummary
-from .resolve import detect_source, open_sink, open_source
+from .resolve import check_names, detect_source, open_sink, open_source
 from .work import WorkOptions, iter_loaded
 
-__all__ = ["SKIPPED_NAME", "check_paths", "pack"]
+__all__ = ["SKIPPED_NAME", "check_paths", "pack", "package_version"]
 
 SKIPPED_NAME = ownership.SKIPPED_NAME
 _PARTIAL = ownership.SKIPPED_PARTIAL_NAME
 _ADVANCE_EVERY = 64
 
 
-def _version() -> str:
+def package_version() -> str:
     try:
         from importlib.metadata import version
 
@@ -140,6 +144,7 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     """
     options = options or PackOptions()
     progress = progress or PackProgress()
+    check_names(options)
     if options.resume and options.sink != "shards":
         raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
     if is_uri(dst):
@@ -166,8 +171,13 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         root = None if copy is None else copy.path
     else:
         src, copy = Path(src), None
-        check_paths(src, dst)
-        kind = options.source or detect_source(src)
+        pattern = _matches(src)
+        check_paths(None if pattern else src, dst)
+        kind = options.source or detect_source(pattern[0] if pattern else src)
+        if pattern and kind in BUILTIN_SOURCES:
+            raise UsageError(f"--from {kind} reads one folder or list; a pattern (glob or "
+                             "braces) names container files (tfrecord, webdataset, parquet)",
+                             path=src)
         source = open_source(kind, src, options)
         root = src
     summary = PackSummary(display_uri(src), display_uri(dst), kind, options.sink)
@@ -211,7 +221,7 @@ def _claimed(dst: Path, options: PackOptions, run) -> PackSummary:
 
 
 def _created_by(summary: PackSummary, options: PackOptions) -> dict:
-    return {"tool": "pack-dataset", "version": _version(),
+    return {"tool": "pack-dataset", "version": package_version(),
             "source": {"kind": summary.source, "path": summary.src},
             "options": options.recorded()}
 
@@ -372,16 +382,38 @@ def _count_output(summary: PackSummary, dst: Path, manifest) -> None:
     summary.bytes_out = sum(p.stat().st_size for p in files)
 
 
+def _matches(src: Path) -> list[Path] | None:
+    """The files a SRC that does not exist names as a glob or brace pattern (None: not a
+    pattern).
+
+    Raises:
+        UsageError: a pattern that matches no file.
+    """
+    text = str(src)
+    if src.exists() or not (glob.has_magic(text) or re.search(r"\{[^{}]*[,.][^{}]*\}", text)):
+        return None
+    try:
+        return expand_inputs(text, ("",))
+    except FormatError:
+        raise UsageError("SRC is a pattern (glob or braces) that matches no file; a pattern "
+                         "names container files (tfrecord, webdataset, parquet), never "
+                         "folders", path=src) from None
+
+
 def _source_plan(root: Path | None, kind: str, options: PackOptions) -> str:
     """A fingerprint of a container source (every file's name, size and mtime) and of
     the options that shape the output: a resume of another source is refused."""
     files = []
     if root is not None:
-        paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        if root.is_file():
+            paths, base = [root], root.parent
+        elif root.is_dir():
+            paths, base = sorted(p for p in root.rglob("*") if p.is_file()), root
+        else:
+            paths, base = _matches(root) or [], Path("/")
         for p in paths:
             st = p.stat()
-            files.append([p.relative_to(root).as_posix() if p != root else p.name,
-                          st.st_size, st.st_mtime_ns])
+            files.append([os.path.relpath(p, base), st.st_size, st.st_mtime_ns])
     opts = {k: v for k, v in options.recorded().items() if k != "on_error"}
     where = None if root is None else os.path.abspath(root)
     text = json.dumps([kind, opts, where, files], sort_keys=True)

@@ -59,3 +59,22 @@ def test_bad_foreign_input_is_data_error(tmp_path, capsys):
     assert cli.main([str(tmp_path / "in"), str(tmp_path / "out"), "--from", "tfrecord",
                      "--quiet"]) == 1
     assert "a.tfrecord" in capsys.readouterr().err
+
+
+def test_src_as_a_glob_or_brace_pattern(tmp_path, packed, capsys):
+    recs, src = packed
+    assert cli.main([str(src), str(tmp_path / "tf"), "--to", "tfrecord", "--quiet",
+                     "--records-per-shard", "3"]) == 0
+    assert cli.main([str(tmp_path / "tf" / "shard-0000[01].tfrecord"), str(tmp_path / "g"),
+                     "--quiet"]) == 0
+    assert [bytes(r["image"]) for r in open_shards(tmp_path / "g")] == [r["image"] for r in
+                                                                          recs[:6]]
+    assert cli.main([str(tmp_path / "tf" / "shard-{00000,00002}.tfrecord"),
+                     str(tmp_path / "b"), "--quiet"]) == 0
+    assert [bytes(r["image"]) for r in open_shards(tmp_path / "b")] == [
+        r["image"] for r in recs[:3] + recs[6:]]
+    capsys.readouterr()
+    assert cli.main([str(tmp_path / "tf" / "nope-*.tfrecord"), str(tmp_path / "n")]) == 2
+    assert "matches no file" in capsys.readouterr().err
+    assert cli.main([str(tmp_path / "pack*"), str(tmp_path / "n"), "--from", "imagefolder"]) == 2
+    assert not (tmp_path / "n").exists()

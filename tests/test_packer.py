@@ -312,9 +312,21 @@ def test_unknown_format_not_available(tmp_path, rng, capsys, monkeypatch):
     src = tmp_path / "src"
     image_folder(src, rng)
     assert main([str(src), str(tmp_path / "d"), "--from", "tfrecord", "--quiet"]) == 2
-    assert "format 'tfrecord' not available" in capsys.readouterr().err
+    assert "--from 'tfrecord': no such format" in capsys.readouterr().err
     assert main([str(src), str(tmp_path / "d"), "--to", "webdataset", "--quiet"]) == 2
-    assert "format 'webdataset' not available" in capsys.readouterr().err
+    assert "choose from shards" in capsys.readouterr().err
+
+
+def test_a_misspelt_format_names_the_closest_and_every_choice(tmp_path, rng, capsys):
+    src = tmp_path / "src"
+    image_folder(src, rng)
+    assert main([str(src), str(tmp_path / "d"), "--to", "webdatset", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'webdataset'?" in err and "tfrecord" in err and "imagefolder" in err
+    assert main([str(src), str(tmp_path / "d"), "--from", "parquett", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'parquet'?" in err and "mds" in err and "filelist" in err
+    assert not (tmp_path / "d").exists()
 
 
 def test_registry_source_and_sink_plug_in(tmp_path, rng, monkeypatch):
@@ -363,7 +375,7 @@ def test_registry_source_and_sink_plug_in(tmp_path, rng, monkeypatch):
     s = pack(img, tmp_path / "out", opts(sink="other"))
     assert s.records_written == 4 and written[-1] == "closed"
     assert written[0].fields["key"] == "cat/000.jpg" and written[0].meta["width"] == 16
-    with pytest.raises(UsageError, match="not available"):
+    with pytest.raises(UsageError, match="no such format"):
         pack(src, tmp_path / "e", opts(source="nope"))
 
 
