@@ -137,9 +137,17 @@ class DatasetWriter:
         except json.JSONDecodeError:
             header = None
         if header != self._journal_header:
+            ours = self._journal_header
+            if isinstance(header, dict):
+                keys = sorted(k for k in set(header) | set(ours) if header.get(k) != ours.get(k))
+                found = {k: header.get(k) for k in keys}
+                expected = {k: ours.get(k) for k in keys}
+            else:
+                keys, found, expected = [], "no readable header", None
             raise ManifestError(
-                "cannot resume: the interrupted run used another schema or shard options",
-                path=path, found=header, expected=self._journal_header,
+                "cannot resume: the interrupted run used another "
+                + (" and ".join(keys) if keys else "schema or shard options"),
+                path=path, found=found, expected=expected,
             )
         for line in lines[1:]:
             try:

@@ -371,3 +371,17 @@ def test_a_replace_killed_while_it_made_its_staging_folder_is_cleaned(tmp_path, 
     with pytest.raises(PackError, match="move it away"):
         pack(a, dst, opts(overwrite=True))
     assert (staging / "someone-elses.txt").exists()
+
+
+def test_a_resume_with_other_shard_options_names_the_one_that_differs(tmp_path):
+    from formats import DatasetWriter, Field, ManifestError
+
+    fields = [Field("n", "int")]
+    w = DatasetWriter(tmp_path / "d", fields, records_per_shard=2, durable=False)
+    for i in range(3):
+        w.write({"n": i})
+    w.abort()
+    with pytest.raises(ManifestError, match="another records_per_shard") as info:
+        DatasetWriter(tmp_path / "d", fields, records_per_shard=3, durable=False, resume=True)
+    assert info.value.found == {"records_per_shard": 2}
+    assert info.value.expected == {"records_per_shard": 3}
