@@ -113,22 +113,32 @@ class ShardDataset(ShardSet):
         # cost is a few attribute lookups, not a numpy scalar per field.
         view = shard.view
         out = {}
-        for j, (o, n) in enumerate(zip(shard.offsets[r].tolist(), shard.lengths[r].tolist(),
-                                       strict=True)):
-            payload = view[o : o + n]
-            if self.check_crc:
-                shard.check(r, j, payload)
-            out[self._names[j]] = payload if self._plain[j] else self._decode(s, r, j, payload)
+        decode, plain, check = self._decoder.decode, self._plain, self.check_crc
+        j = 0
+        try:
+            for j, (o, n) in enumerate(zip(shard.offsets[r].tolist(), shard.lengths[r].tolist(),
+                                           strict=True)):
+                payload = view[o : o + n]
+                if check:
+                    shard.check(r, j, payload)
+                out[self._names[j]] = payload if plain[j] else decode(j, payload)
+        except CorruptRecordError as exc:
+            if exc.path is not None:  # a checksum error: already says where
+                raise
+            raise self._located(exc, s, r, j) from None
         return out
 
     def _decode(self, s: int, r: int, j: int, view: memoryview) -> Any:
         try:
             return self._decoder.decode(j, view)
-        except CorruptRecordError as exc:  # and DecompressionError: add where it is
-            shard = self._shards[s]
-            raise type(exc)(exc.message, path=shard.data_path, record=r,
-                            offset=int(shard.offsets[r, j]), found=exc.found,
-                            expected=exc.expected) from None
+        except CorruptRecordError as exc:  # and DecompressionError
+            raise self._located(exc, s, r, j) from None
+
+    def _located(self, exc: CorruptRecordError, s: int, r: int, j: int) -> CorruptRecordError:
+        """``exc`` (which says what) with where: the shard's file, the record, the offset."""
+        shard = self._shards[s]
+        return type(exc)(exc.message, path=shard.data_path, record=r,
+                         offset=int(shard.offsets[r, j]), found=exc.found, expected=exc.expected)
 
     # -- many records at once ---------------------------------------------------------
 

@@ -145,7 +145,6 @@ def open_regular(path: str | Path, root: str | Path, *, what: str = "file",
         OSError: only ``EMFILE``/``ENFILE`` (the descriptor table is full), so a
             caller holding other files open can close some and retry.
     """
-    path = Path(path)
     target = path
     flags = os.O_RDONLY | os.O_NONBLOCK
     if not follow_symlinks:

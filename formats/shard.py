@@ -100,8 +100,9 @@ class ShardReader:
     def __init__(self, root: Path, entry: ShardEntry, num_fields: int, alignment: int, *,
                  follow_symlinks: bool = False) -> None:
         self.entry = entry
-        self.data_path = Path(root) / entry.data_file
-        self.index_path = Path(root) / entry.index_file
+        root = root if isinstance(root, Path) else Path(root)  # reopened often: no needless Path
+        self.data_path = root / entry.data_file
+        self.index_path = root / entry.index_file
         self.offsets = self.lengths = self.crcs = self.data = self.view = None
         self._index_mm = self._data_mm = None
         self._words: dict[str, np.ndarray] = {}
@@ -110,7 +111,7 @@ class ShardReader:
             raise FormatError("index size recorded in the manifest does not fit its record count",
                               path=self.index_path, found=entry.index_bytes, expected=expected_index)
         try:
-            self._open(Path(root), entry, num_fields, alignment, expected_index, follow_symlinks)
+            self._open(root, entry, num_fields, alignment, expected_index, follow_symlinks)
         except BaseException:
             self.close()  # a refused shard keeps no descriptor
             raise

@@ -147,7 +147,7 @@ class ShardSet:
             reader = self._open_shard(s)
         elif self._bounded:
             self._lru.move_to_end(s)
-        reader.check_size()
+        reader.check_size()  # on every read path: the one guard against SIGBUS
         if not reader.validated:
             reader.validate()
         return reader
