@@ -72,7 +72,9 @@ class RemoteDataset(ShardDataset):
         stored = sum(e.data_bytes + e.index_bytes for e in manifest.shards)
         fits = self.cache.max_bytes is None or stored <= self.cache.max_bytes
         if max_open is None:
-            max_open = min(len(manifest.shards), default_max_open()) if fits else 2
+            # A pinned shard holds a third descriptor (its lock): two thirds of the
+            # local default keep the same share of the open-file limit.
+            max_open = min(len(manifest.shards), default_max_open() * 2 // 3) if fits else 2
         super().__init__(root, check_crc=check_crc, max_open=max_open)
 
     def __repr__(self) -> str:
