@@ -49,7 +49,10 @@ _CHILD = textwrap.dedent("""
                "error": type(exc).__name__, "message": str(exc)[:2000],
                "traceback": traceback.format_exc()[-4000:]}}
     out["seconds"] = time.perf_counter() - t0
-    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: the latter keeps the forking parent's peak across exec.
+    with open("/proc/self/status") as f:
+        hwm = next(line for line in f if line.startswith("VmHWM:"))
+    out["peak_mb"] = int(hwm.split()[1]) / 1024
     print("\\n@@OUTCOME@@" + json.dumps(out), flush=True)
 """)
 
