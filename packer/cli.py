@@ -13,6 +13,7 @@ import shlex
 import sys
 
 from formats.errors import ShardpackError
+from formats.storage import URIError
 
 from .errors import PackInterrupted, UsageError
 from .options import DEFAULT_TASK_RECORDS, ENGINES, ON_ERROR, PackOptions, parse_size
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             shuffle=args.shuffle, seed=args.seed, engine=args.engine,
             ray_address=args.ray_address, task_records=args.task_records)
         summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))
-    except UsageError as exc:
+    except (UsageError, URIError) as exc:  # a URI that cannot be understood is usage too
         parser.print_usage(sys.stderr)
         print(f"pack-dataset: error: {exc}", file=sys.stderr)
         return 2

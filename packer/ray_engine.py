@@ -195,14 +195,14 @@ def _result(ray, ref, listing: Listing, a: int, b: int, dst: str) -> RangeResult
             raise cause from None  # as the task raised it: names the file and the reason
         raise PackError(f"packing records {a}..{b - 1} failed ({type(cause).__name__}: "
                         f"{cause}); first file {listing.paths[a]}, last {listing.paths[b - 1]}",
-                        path=dst) from None
+                        path=display_uri(dst)) from None
     except ray.exceptions.TaskCancelledError:
         raise KeyboardInterrupt from None
     except ray.exceptions.RayError as exc:  # the worker or its node died, every try
         raise PackError(f"packing records {a}..{b - 1} failed for good after "
                         f"{MAX_RETRIES + 1} tries ({type(exc).__name__}: a worker or node "
                         f"died); first file {listing.paths[a]}, last {listing.paths[b - 1]}",
-                        path=dst) from None
+                        path=display_uri(dst)) from None
 
 
 def _run(ray, job: _Job, listing: Listing, todo: list[tuple[int, int]], window: int,
@@ -273,7 +273,8 @@ def _check(src: Path | None, dst: str, options: PackOptions) -> None:
     if src is not None and not src.exists():
         raise UsageError("SRC does not exist", path=src)
     if Output(dst).location.exists(MANIFEST_NAME) and not options.overwrite:
-        raise UsageError("DST is already a dataset; pass --overwrite to replace it", path=dst)
+        raise UsageError("DST is already a dataset; pass --overwrite to replace it",
+                         path=display_uri(dst))
 
 
 def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
@@ -309,7 +310,8 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
                          f"{kind or 'a container file'!r}; pack it with --engine local")
     n = len(listing)
     if not n:
-        raise PackError("SRC holds no input files (hidden files are ignored)", path=src)
+        raise PackError("SRC holds no input files (hidden files are ignored)",
+                        path=display_uri(src))
     if options.shuffle:  # as run._pack_listing does: the same order, record for record
         import numpy as np
 

@@ -399,3 +399,11 @@ def test_a_local_pack_clears_what_an_interrupted_ray_pack_left(tmp_path, rng):
     assert pack(tmp_path / "src", dst, PackOptions(workers=0, durable=False)).complete
     assert not (dst / ".ray").exists() and not list(dst.glob("part-*"))
     assert len(formats.open_shards(dst)) == 6
+
+
+def test_a_uri_that_cannot_be_understood_is_a_usage_error(tmp_path, rng, capsys):
+    src = tmp_path / "src"
+    image_folder(src, rng, per_class=1)
+    assert main([str(src), "s3://AKID:9/SeCrEt@bucket/ds?bogus=1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "bogus" in err and "SeCrEt" not in err and "Traceback" not in err
