@@ -62,6 +62,11 @@ class Field:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise SchemaError("field name must be a non-empty string", found=self.name)
+        try:
+            self.name.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate would make the manifest unreadable
+            raise SchemaError("field name must be text (it holds a lone surrogate)",
+                              found=ascii(self.name)) from None
         if self.type not in FIELD_TYPES:
             raise SchemaError(
                 f"field {self.name!r}: unknown type", found=self.type, expected=sorted(FIELD_TYPES)

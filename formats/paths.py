@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from .bounded import parse_json, read_small_file, refuse_special_file
 from .errors import FormatError
 
 __all__ = ["canonical_order", "expand_braces", "expand_inputs", "read_classes_file", "write_classes_file"]
@@ -15,6 +17,7 @@ __all__ = ["canonical_order", "expand_braces", "expand_inputs", "read_classes_fi
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 _MAX_EXPANSION = 1_000_000
+_MAX_CLASSES_FILE = 64 << 20
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -51,6 +54,7 @@ def expand_inputs(path: str | Path, suffixes: Iterable[str]) -> list[Path]:
     text = str(path)
     suffixes = tuple(suffixes)
     p = Path(text)
+    refuse_special_file(p)  # a FIFO is no "input file not found", and must not hang
     if p.is_dir():
         files = sorted(q for q in p.iterdir() if q.is_file() and q.name.lower().endswith(suffixes))
     elif p.is_file():
@@ -92,12 +96,14 @@ def read_classes_file(folder: Path) -> tuple[str, ...] | None:
         FormatError: the file exists but is not a JSON list of strings.
     """
     path = Path(folder) / CLASSES_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        obj = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise FormatError(f"unreadable class names ({exc})", path=path) from None
+        raw = read_small_file(path, _MAX_CLASSES_FILE, "class names file")
+    except OSError as exc:
+        raise FormatError(f"unreadable class names ({exc.strerror})", path=path) from None
+    obj = parse_json(raw, path=path, what="class names", error=FormatError,
+                     max_bytes=_MAX_CLASSES_FILE)
     if not isinstance(obj, list) or not all(isinstance(c, str) for c in obj):
         raise FormatError("class names must be a JSON list of strings", path=path)
     return tuple(obj)

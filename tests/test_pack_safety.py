@@ -385,3 +385,16 @@ def test_a_resume_with_other_shard_options_names_the_one_that_differs(tmp_path):
         DatasetWriter(tmp_path / "d", fields, records_per_shard=3, durable=False, resume=True)
     assert info.value.found == {"records_per_shard": 2}
     assert info.value.expected == {"records_per_shard": 3}
+
+
+def test_hostile_classes_file_and_fifo_source_are_typed_errors(tmp_path, rng):
+    from formats.paths import expand_inputs, read_classes_file
+
+    (tmp_path / "classes.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(formats.FormatError, match="class names"):
+        read_classes_file(tmp_path)
+    os.mkfifo(tmp_path / "x.tfrecord")
+    with pytest.raises(formats.FormatError, match="FIFO"):
+        expand_inputs(tmp_path / "x.tfrecord", (".tfrecord",))
+    with pytest.raises(formats.SchemaError, match="lone surrogate"):
+        formats.Field("a\udcff", "int")
