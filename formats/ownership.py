@@ -210,6 +210,9 @@ def remove_ours(root: str | Path, paths, *, keep=()) -> None:
     root = Path(root)
     keep = set(keep)
     parents = set()
+    # The proofs go last: a kill halfway leaves what remains still provably ours.
+    proofs = (MANIFEST_NAME, JOURNAL_NAME, LEDGER_NAME, RAY_STATE_DIR, STAGING_MARKER)
+    paths = sorted(paths, key=lambda rel: rel in proofs)
     for rel in paths:
         if rel in keep:
             continue

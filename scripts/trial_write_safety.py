@@ -95,7 +95,8 @@ def concurrent_trials(n: int, srcs, refs, scratch: Path, rng: random.Random) -> 
 def kill_trials(n: int, srcs, refs, seconds: float, scratch: Path,
                 rng: random.Random) -> dict[str, int]:
     counts = {"trials": 0, "old": 0, "new": 0, "neither": 0, "finished_after_resume": 0,
-              "killed_before_exit": 0, "killed_mid_replace": 0}
+              "killed_before_exit": 0, "killed_mid_replace": 0,
+              "leftover_cleaned_by_next_pack": 0, "leftover_stuck": 0}
     for t in range(n):
         dst = scratch / f"kill-{t}"
         shutil.copytree(scratch / "ref-a", dst)
@@ -128,8 +129,14 @@ def kill_trials(n: int, srcs, refs, seconds: float, scratch: Path,
         else:
             print(f"  trial {t}: the rerun did not end with the new dataset: {err!r}")
         staging = [q.name for q in scratch.iterdir() if q.name.startswith(f".kill-{t}.")]
-        if staging:
-            print(f"  trial {t}: left {staging}")
+        if staging:  # a kill while the old folder was being deleted: the next pack ends it
+            again = run(srcs[0], dst, "--overwrite")
+            _, err = again.communicate()
+            still = [q.name for q in scratch.iterdir() if q.name.startswith(f".kill-{t}.")]
+            counts["leftover_cleaned_by_next_pack" if not still and again.returncode == 0
+                   else "leftover_stuck"] += 1
+            if still or again.returncode:
+                print(f"  trial {t}: {staging} left, and the next pack: {err.decode()[-300:]}")
         shutil.rmtree(dst)
     return counts
 
@@ -156,7 +163,7 @@ def main(argv=None) -> int:
         print("concurrent packs:   " + ", ".join(f"{k} {v}" for k, v in conc.items()))
         kill = kill_trials(args.trials, srcs, [ref_a, ref_b], max(secs_a, secs_b), scratch, rng)
         print("kill in overwrite:  " + ", ".join(f"{k} {v}" for k, v in kill.items()))
-        bad = conc["loss"] + conc["mix"] + kill["neither"]
+        bad = conc["loss"] + conc["mix"] + kill["neither"] + kill["leftover_stuck"]
         print(f"data loss or mix: {bad} of {conc['trials'] + kill['trials']} trials")
         return 1 if bad else 0
     finally:

@@ -398,3 +398,32 @@ def test_hostile_classes_file_and_fifo_source_are_typed_errors(tmp_path, rng):
         expand_inputs(tmp_path / "x.tfrecord", (".tfrecord",))
     with pytest.raises(formats.SchemaError, match="lone surrogate"):
         formats.Field("a\udcff", "int")
+
+
+def test_an_old_dataset_half_deleted_by_a_kill_is_still_ours(tmp_path, rng):
+    """A replace killed while deleting the old folder: what remains must still be
+    provable (the manifest goes last), so the next pack finishes the job."""
+    from formats.ownership import remove_ours
+
+    a = make_source("imagefolder", tmp_path / "a", rng, n=9)
+    old = tmp_path / ".out.shardpack-new"
+    pack(a, old, opts())
+    ours = survey(old).ours
+    deleted = []
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if len(deleted) == 3:
+            raise KeyboardInterrupt  # the kill
+        deleted.append(self.name)
+        return real_unlink(self, missing_ok=missing_ok)
+
+    Path.unlink = unlink
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            remove_ours(old, ours)
+    finally:
+        Path.unlink = real_unlink
+    assert "manifest.json" not in deleted and survey(old).foreign == []
+    pack(a, tmp_path / "out", opts())
+    assert pack(a, tmp_path / "out", opts(overwrite=True)).complete and not old.exists()
