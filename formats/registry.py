@@ -17,6 +17,7 @@ from typing import Any
 from .base import Record, Sink, Source
 from .bounded import open_input
 from .fields import Field
+from .ownership import LEDGER_NAME, survey, write_ledger
 from .paths import expand_braces
 
 __all__ = ["SINKS", "SOURCES", "UnknownFormatError", "convert", "detect", "open_sink",
@@ -177,10 +178,22 @@ def convert(src_name: str, src: str | Path, dst_name: str, dst: str | Path, *,
     """
     source = open_source(src_name, src, **(source_options or {}))
     count = 0
+    others = _files_not_ours(Path(dst))
     with open_sink(dst_name, dst, source.fields, source.classes, **sink_options) as sink:
         for record in source:
             sink.write(record)
             count += 1
             if progress is not None:
                 progress(record)
+    if dst_name != "shards":  # our format's manifest already lists its files
+        write_ledger(dst, sorted(_files_not_ours(Path(dst)) - others - {LEDGER_NAME}),
+                     durable=sink_options.get("durable", True))
     return count
+
+
+def _files_not_ours(root: Path) -> set[str]:
+    """Files under ``root`` (relative paths) that no ledger of ours lists."""
+    if not root.is_dir():
+        return set()
+    listed = set(survey(root).ledger or ())
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - listed

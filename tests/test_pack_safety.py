@@ -351,7 +351,11 @@ def test_the_library_writers_delete_only_their_own_files(tmp_path, rng):
         w.write({f.name: recs[0][f.name] for f in IMAGE_FIELDS})
     assert user_files_intact(root) and len(formats.open_shards(root)) == 1
     out = tmp_path / "tf"
-    convert("shards", root, "tfrecord", out)
+    convert("shards", root, "tfrecord", out, records_per_shard=1)
+    assert len(list(out.glob("shard-*.tfrecord"))) == 1
+    convert("shards", make_dataset(tmp_path / "two", recs[:2]), "tfrecord", out,
+            records_per_shard=1, overwrite=True)  # replaces its own output (ledger)
+    assert len(list(out.glob("shard-*.tfrecord"))) == 2
     (out / "shard-notes.txt").write_bytes(b"mine")
     with pytest.raises(formats.FormatError, match="not written by shardpack"):
         convert("shards", root, "tfrecord", out, overwrite=True)
