@@ -32,6 +32,7 @@ from pathlib import Path
 
 import zstandard
 
+from . import files
 from .errors import DecompressionError, FormatError, SchemaError, ShardpackError
 
 __all__ = [
@@ -120,32 +121,17 @@ class BoundedReader(io.RawIOBase):
 
 
 def open_regular(path: str | Path):
-    """Open a foreign input for binary reading, refusing anything but a regular file.
-
-    The open itself is non-blocking, so a FIFO (which would wait for a writer
-    forever) is refused, not waited on; the check is on the descriptor opened,
-    so nothing can swap the file between the check and the read.
+    """Open a foreign input for binary reading: a regular file only (a FIFO would
+    block a reader forever); :func:`formats.files.open_regular` decides, following
+    symlinks (the user named this file; nothing read from a dataset did).
 
     Raises:
-        OSError: the file cannot be opened (missing, no permission).
-        FormatError: a FIFO, device, socket or folder.
+        FormatError: missing, unreadable, or a FIFO, device, socket or folder.
+        OSError: only when the descriptor table is full.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise _not_regular(path, mode)
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
+    fd, _ = files.open_regular(path, Path(path).parent, what="input file",
+                               follow_symlinks=True)
     return os.fdopen(fd, "rb")
-
-
-def _not_regular(path: str | Path, mode: int) -> FormatError:
-    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "a device")
-    return FormatError(f"not a regular file ({kind}); only regular files are read", path=path)
 
 
 def refuse_special_file(path: str | Path) -> None:
@@ -160,7 +146,8 @@ def refuse_special_file(path: str | Path) -> None:
     except (OSError, ValueError):  # missing, or a pattern: the caller says so
         return
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise _not_regular(path, mode)
+        raise FormatError(f"not a regular file ({files.describe_mode(mode)}); only regular "
+                          "files are read", path=path)
 
 
 def read_small_file(path: str | Path, limit: int, what: str) -> bytes:

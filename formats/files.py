@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .errors import FormatError, ShardpackError, UnsafePathError
 
-__all__ = ["atomic_write_bytes", "check_plain_name", "fsync_dir", "open_regular", "read_regular",
+__all__ = ["atomic_write_bytes", "check_plain_name", "describe_mode", "fsync_dir", "open_regular", "read_regular",
            "safe_child", "temp_name", "try_lock"]
 
 # The descriptor table is full: callers that keep files open close some and retry,
@@ -104,7 +104,8 @@ def check_plain_name(root: str | Path, name: object, *, what: str = "file name")
         )
 
 
-def _kind(mode: int) -> str:
+def describe_mode(mode: int) -> str:
+    """What a file that is not a regular one is, in words ("a FIFO")."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):
@@ -168,7 +169,7 @@ def open_regular(path: str | Path, root: str | Path, *, what: str = "file",
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise error(f"{what} is {_kind(st.st_mode)}, not a regular file", path=path)
+            raise error(f"{what} is {describe_mode(st.st_mode)}, not a regular file", path=path)
     except BaseException:
         os.close(fd)
         raise
