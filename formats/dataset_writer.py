@@ -21,12 +21,14 @@ from .errors import ManifestError, SchemaError
 from .fields import Field, encode_value
 from .files import atomic_write_bytes, fsync_dir
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
-from .manifest import MANIFEST_NAME, Manifest, ShardEntry, write_manifest
+from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry, write_manifest
 from .ownership import JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME, remove_ours, survey
 from .shard_writer import ShardWriter, entry_matches_files
 
 __all__ = ["JOURNAL_NAME", "DatasetWriter", "shard_name"]
 
+# The shard list's share of the manifest (the rest: schema, classes, created_by).
+_MANIFEST_SHARD_BUDGET = MAX_MANIFEST_BYTES - (2 << 20)
 
 
 def shard_name(number: int) -> str:
@@ -79,6 +81,8 @@ class DatasetWriter:
     ) -> None:
         self.root = Path(root)
         self.fields = tuple(fields)
+        if not self.fields:
+            raise SchemaError("a dataset needs at least one field")
         if len({f.name for f in self.fields}) != len(self.fields):
             raise SchemaError("two fields share a name")
         if alignment < MIN_ALIGNMENT or alignment > MAX_ALIGNMENT or alignment & (alignment - 1):
@@ -123,6 +127,7 @@ class DatasetWriter:
             self._append_journal(self._journal_header)
         self._shard: ShardWriter | None = None
         self.records_written = sum(e.records for e in self.sealed)
+        self._manifest_bytes = sum(len(json.dumps(e.to_json())) + 2 for e in self.sealed)
 
     # -- setup ------------------------------------------------------------------------
 
@@ -263,6 +268,12 @@ class DatasetWriter:
     def _seal(self, progress: Any) -> None:
         entry = self._shard.seal()
         self._shard = None
+        self._manifest_bytes += len(json.dumps(entry.to_json())) + 2
+        if self._manifest_bytes > _MANIFEST_SHARD_BUDGET:  # fail now, not at the end
+            raise SchemaError(
+                f"{len(self.sealed) + 1} shards would make a manifest larger than readers "
+                f"accept ({MAX_MANIFEST_BYTES >> 20} MiB); use larger shards "
+                "(shard_size, --shard-size)")
         self.sealed.append(entry)
         self._append_journal({"shard": entry.to_json(), "progress": progress})
 

@@ -125,9 +125,18 @@ class Manifest:
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:
-    """The manifest file's bytes (sorted keys: deterministic)."""
+    """The manifest file's bytes (sorted keys: deterministic).
+
+    Raises:
+        ManifestError: more than :data:`MAX_MANIFEST_BYTES`, which no reader opens.
+    """
     text = json.dumps(manifest.to_json(), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
-    return text.encode("utf-8")
+    data = text.encode("utf-8")
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError("manifest would be larger than readers accept (too many shards "
+                            "or classes: use larger shards)", found=f"{len(data)} bytes",
+                            expected=f"at most {MAX_MANIFEST_BYTES}")
+    return data
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:

@@ -431,3 +431,18 @@ def test_an_old_dataset_half_deleted_by_a_kill_is_still_ours(tmp_path, rng):
     assert "manifest.json" not in deleted and survey(old).foreign == []
     pack(a, tmp_path / "out", opts())
     assert pack(a, tmp_path / "out", opts(overwrite=True)).complete and not old.exists()
+
+
+def test_the_writer_refuses_what_no_reader_would_open(tmp_path, monkeypatch):
+    from formats import DatasetWriter, Field, SchemaError, dataset_writer
+
+    with pytest.raises(SchemaError, match="at least one field"):
+        DatasetWriter(tmp_path / "none", [], records_per_shard=1)
+    monkeypatch.setattr(dataset_writer, "_MANIFEST_SHARD_BUDGET", 2000)
+    w = DatasetWriter(tmp_path / "many", [Field("n", "int")], records_per_shard=1,
+                      durable=False)
+    with pytest.raises(SchemaError, match="use larger shards"):
+        for i in range(100):
+            w.write({"n": i})
+    w.abort()
+    assert len(w.sealed) < 20
