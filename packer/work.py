@@ -29,7 +29,7 @@ import simplejpeg
 
 from formats.errors import MissingObjectError, ObjectTooLargeError, StorageError
 
-__all__ = ["MAX_OBJECT_BYTES", "Loaded", "WorkOptions", "iter_loaded", "load", "sniff"]
+__all__ = ["MAX_OBJECT_BYTES", "Loaded", "WorkOptions", "iter_loaded", "load", "prepare", "sniff"]
 
 # One input read from object storage is refused beyond this (a bound on memory).
 MAX_OBJECT_BYTES = 1 << 30
@@ -195,6 +195,13 @@ def load(path: str, opts: WorkOptions) -> Loaded:
         if isinstance(exc, ObjectTooLargeError):
             return Loaded(None, None, None, 0, "unreadable", exc.message)
         raise
+    return prepare(data, path, opts)
+
+
+def prepare(data: bytes, name: str, opts: WorkOptions) -> Loaded:
+    """Make one input's bytes ready to store (sniff, parse the header, maybe re-encode);
+    ``name`` (a path or a record's key) picks the skip kind for unsigned data. Bad input
+    comes back as a kind, never raised."""
     n = len(data)
     if not n:
         return Loaded(None, None, None, 0, "empty", "zero-byte file")
@@ -214,7 +221,7 @@ def load(path: str, opts: WorkOptions) -> Loaded:
                 return Loaded(None, None, None, n, "corrupt", f"JPEG does not decode ({exc})")
         return Loaded(data, width, height, n)
     if fmt is None:
-        ext = os.path.splitext(path)[1].lower()
+        ext = os.path.splitext(name)[1].lower()
         kind = "corrupt" if ext in (".jpg", ".jpeg", ".jpe", ".jfif") else "not-an-image"
         return Loaded(None, None, None, n, kind, "no known image signature")
     if opts.to_jpeg:
