@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import zstandard
 
 from .checksum import crc32c
 from .errors import ManifestError, SchemaError
-from .fields import Field, encode_value
+from .fields import IMAGE_TYPES, Field, encode_value
 from .files import atomic_write_bytes, fsync_dir
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry, write_manifest
@@ -27,6 +28,8 @@ from .shard_writer import ShardWriter, entry_matches_files
 
 __all__ = ["JOURNAL_NAME", "DatasetWriter", "shard_name"]
 
+_JPEG = b"\xff\xd8\xff"
+_PNG = b"\x89PNG\r\n\x1a\n"
 # The shard list's share of the manifest (the rest: schema, classes, created_by).
 _MANIFEST_SHARD_BUDGET = MAX_MANIFEST_BYTES - (2 << 20)
 
@@ -97,6 +100,9 @@ class DatasetWriter:
         self.durable = durable
         self._names = [f.name for f in self.fields]
         self._max_raw = {f.name: 0 for f in self.fields if f.compression != "none"}
+        # Image fields are typed by what they hold (see close()): the formats seen.
+        self._images = [(i, f.name) for i, f in enumerate(self.fields) if f.type in IMAGE_TYPES]
+        self._formats: dict[str, set[str]] = {name: set() for _, name in self._images}
 
         self.root.mkdir(parents=True, exist_ok=True)
         if (self.root / MANIFEST_NAME).exists() and not overwrite:
@@ -154,6 +160,7 @@ class DatasetWriter:
                 + (" and ".join(keys) if keys else "schema or shard options"),
                 path=path, found=found, expected=expected,
             )
+        kept: list[dict] = []
         for line in lines[1:]:
             try:
                 item = json.loads(line)
@@ -165,12 +172,27 @@ class DatasetWriter:
                 break
             self.sealed.append(entry)
             self.resumed.append(item.get("progress"))
+            kept.append(item)
+        if kept:  # what the sealed shards hold, as of the last of them
+            self._restore(kept[-1].get("written"))
         # Rewrite the journal to exactly the shards kept, dropping any torn tail.
-        text = "".join(json.dumps(x, sort_keys=True) + "\n" for x in [
-            self._journal_header,
-            *({"shard": e.to_json(), "progress": p} for e, p in zip(self.sealed, self.resumed, strict=True)),
-        ])
+        text = "".join(json.dumps(x, sort_keys=True) + "\n" for x in [self._journal_header, *kept])
         atomic_write_bytes(path, text.encode("utf-8"), durable=self.durable)
+
+    def _written(self) -> dict:
+        """What the sealed shards hold that the manifest reports (for the journal)."""
+        return {"max_raw": dict(self._max_raw),
+                "formats": {k: sorted(v) for k, v in self._formats.items()}}
+
+    def _restore(self, written: Any) -> None:
+        if not isinstance(written, dict):
+            return
+        for k, v in (written.get("max_raw") or {}).items():
+            if k in self._max_raw and isinstance(v, int):
+                self._max_raw[k] = v
+        for k, v in (written.get("formats") or {}).items():
+            if k in self._formats and isinstance(v, list):
+                self._formats[k] = {x for x in v if x in ("jpeg", "png", "other")}
 
     def _clear(self, found, keep: set[str]) -> None:
         """Delete what earlier writers of ours left, except the sealed shards kept
@@ -238,6 +260,10 @@ class DatasetWriter:
             extra = [n for n in record if n not in self._names]
             raise SchemaError("record does not match the schema", record=self.records_written,
                               found=f"missing {missing}, unknown {extra}", expected=self._names)
+        for _, name in self._images:
+            head = bytes(record[name][:8])
+            self._formats[name].add("jpeg" if head[:3] == _JPEG else
+                                    "png" if head == _PNG else "other")
         payloads = []
         for f, comp in zip(self.fields, self._compressors, strict=True):
             payload = encode_value(f, record[f.name])
@@ -275,7 +301,8 @@ class DatasetWriter:
                 f"accept ({MAX_MANIFEST_BYTES >> 20} MiB); use larger shards "
                 "(shard_size, --shard-size)")
         self.sealed.append(entry)
-        self._append_journal({"shard": entry.to_json(), "progress": progress})
+        self._append_journal({"shard": entry.to_json(), "progress": progress,
+                              "written": self._written()})
 
     def close(self, progress: Any = None) -> Manifest:
         """Seal the last shard and write the manifest; returns it.
@@ -287,7 +314,7 @@ class DatasetWriter:
         if self._shard is not None and self._shard.records:
             self._seal(progress)
         manifest = Manifest(
-            fields=self.fields,
+            fields=self.typed_fields(),
             shards=tuple(self.sealed),
             alignment=self.alignment,
             classes=self.classes,
@@ -300,6 +327,18 @@ class DatasetWriter:
         if self.durable:
             fsync_dir(self.root)
         return manifest
+
+    def typed_fields(self) -> tuple[Field, ...]:
+        """The schema as stored: an image field is ``jpeg`` (or ``png``) when every
+        payload written is one, else ``image`` (readers sniff each record); the type
+        declared is only where writing started. A field with no payload yet keeps it."""
+        out = list(self.fields)
+        for i, name in self._images:
+            seen = self._formats[name]
+            if seen:
+                kind = next(iter(seen)) if len(seen) == 1 and "other" not in seen else "image"
+                out[i] = replace(out[i], type=kind)
+        return tuple(out)
 
     def abort(self) -> None:
         """Drop the unfinished shard; sealed shards and the journal stay for resume."""

@@ -20,6 +20,7 @@ __all__ = [
     "BYTES_TYPES",
     "COMPRESSIONS",
     "FIELD_TYPES",
+    "IMAGE_TYPES",
     "SCALAR_TYPES",
     "Field",
     "decode_value",
@@ -27,6 +28,8 @@ __all__ = [
 ]
 
 BYTES_TYPES = frozenset({"bytes", "jpeg", "png", "image"})
+# Encoded images; a writer types such a field by what it holds (jpeg, png, or image).
+IMAGE_TYPES = frozenset({"jpeg", "png", "image"})
 SCALAR_TYPES = frozenset({"int", "float"})
 FIELD_TYPES = BYTES_TYPES | SCALAR_TYPES | {"str", "json", "ndarray"}
 COMPRESSIONS = frozenset({"none", "zstd"})

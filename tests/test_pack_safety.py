@@ -446,3 +446,22 @@ def test_the_writer_refuses_what_no_reader_would_open(tmp_path, monkeypatch):
             w.write({"n": i})
     w.abort()
     assert len(w.sealed) < 20
+
+
+def test_an_image_field_is_typed_by_what_it_holds_across_a_resume(tmp_path, rng):
+    from formats import DatasetWriter, Field
+    from tests.helpers_packer import jpeg, png
+
+    fields = [Field("image", "jpeg"), Field("n", "int")]
+    w = DatasetWriter(tmp_path / "d", fields, records_per_shard=1, durable=False)
+    w.write({"image": jpeg(rng), "n": 0})
+    w.write({"image": png(rng), "n": 1})  # sealed with the formats seen so far
+    w.write({"image": jpeg(rng), "n": 2})
+    w.abort()
+    w = DatasetWriter(tmp_path / "d", fields, records_per_shard=1, durable=False, resume=True)
+    assert len(w.sealed) == 3
+    assert w.close().fields[0].type == "image"  # the PNG before the resume still counts
+    only = DatasetWriter(tmp_path / "j", [Field("image", "image")], records_per_shard=2,
+                         durable=False)
+    only.write({"image": jpeg(rng)})
+    assert only.close().fields[0].type == "jpeg"  # all JPEG: the fast path
