@@ -19,11 +19,18 @@ import zstandard
 
 from .checksum import crc32c
 from .errors import ManifestError, SchemaError
-from .fields import IMAGE_TYPES, Field, encode_value
+from .fields import IMAGE_TYPES, Field, encode_value, stored_image_type
 from .files import atomic_write_bytes, fsync_dir
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry, write_manifest
-from .ownership import JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME, remove_ours, survey
+from .ownership import (
+    JOURNAL_NAME,
+    SHUFFLE_PASS_DIR,
+    SKIPPED_NAME,
+    SKIPPED_PARTIAL_NAME,
+    remove_ours,
+    survey,
+)
 from .shard_writer import ShardWriter, entry_matches_files
 
 __all__ = ["JOURNAL_NAME", "DatasetWriter", "shard_name"]
@@ -199,7 +206,7 @@ class DatasetWriter:
         (and, when resuming, the journal and the skip list that go with them)."""
         kept = {n for e in self.sealed for n in (e.data_file, e.index_file, e.meta_file)}
         if keep:
-            kept |= {JOURNAL_NAME, SKIPPED_PARTIAL_NAME, SKIPPED_NAME}
+            kept |= {JOURNAL_NAME, SKIPPED_PARTIAL_NAME, SKIPPED_NAME, SHUFFLE_PASS_DIR}
         remove_ours(self.root, found.leftovers, keep=kept)
 
     def _write_dictionaries(self, dictionaries: Mapping[str, bytes]) -> dict[str, tuple[str, int]]:
@@ -334,10 +341,8 @@ class DatasetWriter:
         declared is only where writing started. A field with no payload yet keeps it."""
         out = list(self.fields)
         for i, name in self._images:
-            seen = self._formats[name]
-            if seen:
-                kind = next(iter(seen)) if len(seen) == 1 and "other" not in seen else "image"
-                out[i] = replace(out[i], type=kind)
+            if self._formats[name]:
+                out[i] = replace(out[i], type=stored_image_type(self._formats[name]))
         return tuple(out)
 
     def abort(self) -> None:

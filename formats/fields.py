@@ -25,11 +25,19 @@ __all__ = [
     "Field",
     "decode_value",
     "encode_value",
+    "stored_image_type",
 ]
 
 BYTES_TYPES = frozenset({"bytes", "jpeg", "png", "image"})
 # Encoded images; a writer types such a field by what it holds (jpeg, png, or image).
 IMAGE_TYPES = frozenset({"jpeg", "png", "image"})
+
+
+def stored_image_type(seen) -> str:
+    """The type of an image field that held payloads of the formats ``seen`` (``jpeg``,
+    ``png``, anything else): one format of its own type, else ``image``."""
+    seen = set(seen)
+    return seen.pop() if len(seen) == 1 and seen <= {"jpeg", "png"} else "image"
 SCALAR_TYPES = frozenset({"int", "float"})
 FIELD_TYPES = BYTES_TYPES | SCALAR_TYPES | {"str", "json", "ndarray"}
 COMPRESSIONS = frozenset({"none", "zstd"})

@@ -11,6 +11,8 @@ our own records says so:
   companions (``.skipped.partial.jsonl``);
 * the Ray engine's plan (``.ray/plan.json``) is present and the name is exactly a
   range shard's (``part-AAAAAAAAAAAA-KKKKK.rec``...), or ``.ray/`` itself;
+* it is ``.shardpack-shuffle/`` (the first pass of a shuffled pack) and holds a
+  manifest or a journal of ours;
 * the output ledger (``.shardpack-output.json``, written after a foreign-format
   output is complete) lists it;
 * it is our temporary name (``.<one of the names above>.tmp-<pid>``) and that
@@ -33,8 +35,8 @@ from pathlib import Path, PurePosixPath
 from .errors import ShardpackError
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 
-__all__ = ["JOURNAL_NAME", "LEDGER_NAME", "LOCK_NAME", "RAY_STATE_DIR", "SKIPPED_NAME",
-           "SKIPPED_PARTIAL_NAME", "STAGING_MARKER", "Survey", "is_our_shard_name",
+__all__ = ["JOURNAL_NAME", "LEDGER_NAME", "LOCK_NAME", "RAY_STATE_DIR", "SHUFFLE_PASS_DIR",
+           "SKIPPED_NAME", "SKIPPED_PARTIAL_NAME", "STAGING_MARKER", "Survey", "is_our_shard_name",
            "remove_ours", "survey", "write_ledger"]
 
 JOURNAL_NAME = "_journal.jsonl"
@@ -44,6 +46,8 @@ LOCK_NAME = ".shardpack.lock"
 LEDGER_NAME = ".shardpack-output.json"
 STAGING_MARKER = ".shardpack-staging.json"
 RAY_STATE_DIR = ".ray"
+# The first pass of a shuffled pack of a container source: a dataset of ours.
+SHUFFLE_PASS_DIR = ".shardpack-shuffle"
 _RAY_PLAN = f"{RAY_STATE_DIR}/plan.json"
 
 _OUR_FILE_NAMES = (MANIFEST_NAME, JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME, LEDGER_NAME,
@@ -160,6 +164,10 @@ def survey(root: str | Path) -> Survey:
     if s.ray_plan:
         ours |= {RAY_STATE_DIR, SKIPPED_NAME}
         ours |= {n for n in names if _PART_FILE.match(n) or _DICT_FILE.match(n)}
+    shuffle = root / SHUFFLE_PASS_DIR
+    if SHUFFLE_PASS_DIR in names and not shuffle.is_symlink() and (
+            _is_file(shuffle / MANIFEST_NAME) or _is_file(shuffle / JOURNAL_NAME)):
+        ours.add(SHUFFLE_PASS_DIR)
     nested: list[str] = []
     if LEDGER_NAME in names:
         s.ledger = _read_ledger(root / LEDGER_NAME)

@@ -89,6 +89,8 @@ class RangeResult:
         records_written, bytes_in: counters.
         alignment: the shards' payload alignment.
         max_raw_size: per compressed field, the largest raw value.
+        field_types: each field's type as the range's writer stored it (an image
+            field is typed by what it holds).
     """
 
     start: int
@@ -101,13 +103,14 @@ class RangeResult:
     bytes_in: int = 0
     alignment: int = 0
     max_raw_size: dict[str, int] = field(default_factory=dict)
+    field_types: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"start": self.start, "stop": self.stop, "plan": self.plan,
                 "shards": [s.to_json() for s in self.shards], "skips": self.skips,
                 "skipped": self.skipped, "records_written": self.records_written,
                 "bytes_in": self.bytes_in, "alignment": self.alignment,
-                "max_raw_size": self.max_raw_size}
+                "max_raw_size": self.max_raw_size, "field_types": self.field_types}
 
     @classmethod
     def from_json(cls, obj: Any, where: str) -> RangeResult:
@@ -126,7 +129,8 @@ class RangeResult:
             out = cls(int(obj["start"]), int(obj["stop"]), str(obj["plan"]), shards,
                       [str(x) for x in obj["skips"]], dict(obj["skipped"]),
                       int(obj["records_written"]), int(obj["bytes_in"]), int(obj["alignment"]),
-                      dict(obj["max_raw_size"]))
+                      dict(obj["max_raw_size"]),
+                      {str(k): str(v) for k, v in obj["field_types"].items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise PackError(f"not a valid done-marker ({exc})", path=where) from None
         counted = out.records_written + sum(out.skipped.values())

@@ -7,7 +7,7 @@ Protocol (the driver is :func:`pack_on_ray`, a task is :func:`_pack_range`):
    DST (:func:`packer.ranges.prepare`: cleared, or with ``--resume`` the ranges
    already done are kept).
 2. Each missing range is one Ray task: it packs its slice of the listing with
-   the local engine's loop (``run._pack_listing``, one process) into a scratch
+   the local engine's loop (``run.pack_listing``, one process) into a scratch
    folder, publishes the shards under names derived from the range, writes the
    range's done-marker and returns its content. At most ``workers`` (default:
    the cluster's CPUs) tasks are in flight, so a huge listing is not shipped
@@ -46,17 +46,20 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from formats import ownership
 from formats.errors import ShardpackError
+from formats.fields import IMAGE_TYPES, stored_image_type
 from formats.manifest import MANIFEST_NAME, Manifest, manifest_bytes, read_manifest
 from formats.storage import display_uri, is_uri
 
 from .errors import PackError, PackInterrupted, UsageError
 from .listing import BUILTIN_SOURCES, Listing, list_source
+from .loop import pack_listing
 from .options import PackOptions
+from .plan import check_paths, created_by, listing_fingerprint, shuffle_order
 from .ranges import Output, RangeResult, combine, marker_name, part_name, prepare, split
 from .report import PackProgress, PackSummary
 from .resolve import detect_source
-from .run import SKIPPED_NAME, _created_by, _pack_listing, _plan, check_paths
 
 __all__ = ["MAX_RETRIES", "pack_on_ray"]
 
@@ -152,9 +155,9 @@ def _pack_range(job: _Job, listing: Listing, start: int, tally,
     try:
         summary = PackSummary(job.src, str(scratch), listing.kind, "shards")
         progress = _RangeProgress(tally, start, len(listing), kill_once)
-        _pack_listing(listing, scratch, job.options, progress, summary)
+        pack_listing(listing, scratch, job.options, progress, summary)
         manifest = read_manifest(scratch)
-        skip_file = scratch / SKIPPED_NAME
+        skip_file = scratch / ownership.SKIPPED_NAME
         skips = skip_file.read_text("utf-8").splitlines(keepends=True) \
             if skip_file.exists() else []
         shards = []
@@ -169,7 +172,8 @@ def _pack_range(job: _Job, listing: Listing, start: int, tally,
         out.sync()
         result = RangeResult(start, start + len(listing), job.plan, shards, skips,
                              dict(summary.skipped), summary.records_written, summary.bytes_in,
-                             manifest.alignment, dict(manifest.max_raw_size))
+                             manifest.alignment, dict(manifest.max_raw_size),
+                             {f.name: f.type for f in manifest.fields})
         out.write_bytes(marker_name(result.start, result.stop),
                         json.dumps(result.to_json(), sort_keys=True).encode())
         return result
@@ -312,14 +316,12 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     if not n:
         raise PackError("SRC holds no input files (hidden files are ignored)",
                         path=display_uri(src))
-    if options.shuffle:  # as run._pack_listing does: the same order, record for record
-        import numpy as np
-
-        listing.reorder(np.random.default_rng(options.seed).permutation(n).tolist())
+    if options.shuffle:  # the local engine's order, record for record
+        listing.reorder(shuffle_order(n, options.seed))
     summary = PackSummary(display_uri(src), display_uri(dst), kind, "shards")
     summary.empty_classes = listing.empty_classes
     summary.image_type = listing.fields[0].type
-    plan = _plan(listing, options)
+    plan = listing_fingerprint(listing, options)
     ranges = split(n, options.range_records)
     output = Output(dst_text, options.durable)
     results = prepare(output, plan, ranges, options.resume)
@@ -354,14 +356,21 @@ def _finish(output: Output, listing: Listing, summary: PackSummary, options: Pac
     """``skipped.jsonl``, then the manifest (last), then drop ``.ray/``."""
     shards, skips, _ = combine(results)
     if skips:
-        output.write_bytes(SKIPPED_NAME, "".join(skips).encode("utf-8"))
+        output.write_bytes(ownership.SKIPPED_NAME, "".join(skips).encode("utf-8"))
     max_raw: dict[str, int] = {}
     for r in results:
         for k, v in r.max_raw_size.items():
             max_raw[k] = max(max_raw.get(k, 0), v)
-    manifest = Manifest(fields=listing.fields, shards=tuple(shards),
+    fields = []
+    for f in listing.fields:  # an image field is typed by what every range stored
+        if f.type in IMAGE_TYPES:
+            seen = {r.field_types.get(f.name, f.type) for r in results if r.records_written}
+            f = replace(f, type=stored_image_type(seen)) if seen else f
+        fields.append(f)
+    manifest = Manifest(fields=tuple(fields), shards=tuple(shards),
                         alignment=results[0].alignment, classes=listing.classes,
-                        created_by=_created_by(summary, options), max_raw_size=max_raw)
+                        created_by=created_by(summary.source, summary.src, options),
+                        max_raw_size=max_raw)
     output.write_bytes(MANIFEST_NAME, manifest_bytes(manifest))
     output.sync()
     summary.complete = True

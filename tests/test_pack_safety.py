@@ -23,11 +23,8 @@ from packer.cli import main
 from packer.destination import _lock, claim
 from tests.helpers_codecs import make_dataset, make_records
 from tests.helpers_packer import dataset_files as _all_files
-from tests.helpers_packer import image_folder
-from tests.test_codec_mds import write_mds
+from tests.helpers_sources import SOURCES, make_source
 
-SOURCES = ("imagefolder", "files", "filelist", "tfrecord", "webdataset", "parquet", "mds",
-           "shards")
 SINKS = ("shards", "tfrecord", "webdataset", "parquet", "imagefolder")
 # What a user keeps in a folder, named so that a writer clearing by prefix would take it.
 USER_FILES = {"part-2-photos/img.txt": b"photo", "part-1.pdf": b"%PDF", "dict-en.txt": b"en",
@@ -69,36 +66,6 @@ def stop_after(n: int) -> Calls:
             raise Stop
 
     return Calls(each)
-
-
-def make_source(kind: str, root: Path, rng, n: int = 9, seed_shift: int = 0) -> Path:
-    """A source of ``kind`` under ``root`` holding ``n`` records; returns SRC."""
-    recs = make_records(rng, n + seed_shift)[seed_shift:]
-    if kind == "imagefolder":
-        image_folder(root / "if", rng, per_class=(n + 1) // 2)
-        return root / "if"
-    if kind == "files":
-        (root / "files").mkdir(parents=True)
-        for i, r in enumerate(recs):
-            (root / "files" / f"{i:03d}.jpg").write_bytes(r["image"])
-        return root / "files"
-    if kind == "filelist":
-        (root / "fl").mkdir(parents=True)
-        lines = ["path,label"]
-        for i, r in enumerate(recs):
-            (root / "fl" / f"{i:03d}.jpg").write_bytes(r["image"])
-            lines.append(f"{i:03d}.jpg,{r['label']}")
-        (root / "fl" / "list.csv").write_text("\n".join(lines) + "\n")
-        return root / "fl" / "list.csv"
-    if kind == "mds":
-        samples = [{"image": r["image"], "label": r["label"]} for r in recs]
-        write_mds(root / "mds", {"image": "jpeg", "label": "int"}, samples)
-        return root / "mds"
-    shards = make_dataset(root / "shards", recs, records_per_shard=3)
-    if kind == "shards":
-        return shards
-    convert("shards", shards, kind, root / kind, records_per_shard=3)
-    return root / kind
 
 
 def plant(dst: Path) -> None:

@@ -197,14 +197,20 @@ def test_non_jpeg_images_stored_or_converted(tmp_path, rng):
     assert bytes(ds[0]["image"])[:3] == b"\xff\xd8\xff"
 
 
-def test_png_named_jpg_is_bad_input(tmp_path, rng):
+def test_an_image_field_is_typed_by_content_not_by_name(tmp_path, rng):
     pytest.importorskip("PIL")
     src = tmp_path / "src"
     src.mkdir()
-    (src / "fake.jpg").write_bytes(png(rng))
-    with pytest.raises(PackInputError, match="not-a-jpeg") as e:
-        pack(src, tmp_path / "dst", opts())
-    assert e.value.path.endswith("fake.jpg")
+    (src / "fake.jpg").write_bytes(png(rng))  # a PNG named .jpg is a PNG
+    pack(src, tmp_path / "png", opts())
+    assert formats.open_shards(tmp_path / "png").fields[0].type == "png"
+    (src / "real.jpg").write_bytes(jpeg(rng))
+    pack(src, tmp_path / "mixed", opts())
+    assert formats.open_shards(tmp_path / "mixed").fields[0].type == "image"
+    (src / "fake.jpg").unlink()
+    (src / "other.png").write_bytes(jpeg(rng))  # a JPEG named .png: the fast path holds
+    pack(src, tmp_path / "jpeg", opts())
+    assert formats.open_shards(tmp_path / "jpeg").fields[0].type == "jpeg"
 
 
 class _StopAfter(PackProgress):
