@@ -41,11 +41,20 @@ inputs:
   records in = written + skipped.
 
 image field:
-  JPEGs are stored byte for byte (re-encoded only with --max-side). The field is
-  typed 'jpeg' unless the listing has non-JPEG image names (.png .webp .gif .bmp
-  .tif .tiff): then those are stored as they are and the field is typed 'image'
-  (readers sniff the format), or, with --to-jpeg, converted to JPEG (Pillow).
-  A file named .jpg that holds PNG data in a 'jpeg' dataset is bad input.
+  images are recognized by content, never by name, and stored byte for byte
+  (JPEGs re-encoded only with --max-side; other formats converted to JPEG only
+  with --to-jpeg). The field is typed by what it holds: 'jpeg' when every image
+  is a JPEG, 'png' when every one is a PNG, else 'image' (readers sniff each
+  record). This holds for every source: a TFRecord, WebDataset, Parquet or MDS
+  source's image payloads are checked, re-encoded and skipped like files.
+
+options for every source:
+  --shuffle/--seed, --max-side, --to-jpeg, --on-error and --resume apply to
+  container sources (tfrecord, webdataset, parquet, mds, shards) as to folders.
+  --shuffle reads our shards in the shuffled order; other containers are first
+  copied as they come into DST/.shardpack-shuffle (resumable; removed at the end).
+  --on-error skip skips records whose image is bad; a damaged container file
+  (a truncated tar, a bad TFRecord checksum) stops the pack, naming it.
 
 output:
   bytes depend only on the input and the options, never on --workers; an
@@ -172,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the Ray cluster to join (default: start one here); --engine ray")
     p.add_argument("--task-records", type=_positive_int, default=None, metavar="N",
                    help=f"records per Ray task (default {DEFAULT_TASK_RECORDS:,}); --engine ray")
+    p.add_argument("--no-tfrecord-index", dest="tfrecord_index", action="store_false",
+                   help="--to tfrecord: no DALI .idx file beside each TFRecord file (they "
+                        "are written by default; DALI's reader needs them)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary table")
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
@@ -211,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             max_side=args.max_side, quality=args.quality, to_jpeg=args.to_jpeg,
             on_error=args.on_error, resume=args.resume, overwrite=args.overwrite,
             shuffle=args.shuffle, seed=args.seed, engine=args.engine,
-            ray_address=args.ray_address, task_records=args.task_records)
+            ray_address=args.ray_address, task_records=args.task_records,
+            tfrecord_index=args.tfrecord_index)
         summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))
     except (UsageError, URIError) as exc:  # a URI that cannot be understood is usage too
         parser.print_usage(sys.stderr)

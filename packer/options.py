@@ -75,6 +75,8 @@ class PackOptions:
         ray_address: the Ray cluster to join (``ray`` engine; default: start one here).
         task_records: records per Ray task (``ray`` engine; default
             :data:`DEFAULT_TASK_RECORDS`).
+        tfrecord_index: with ``sink="tfrecord"``, write a DALI ``.idx`` file beside
+            each TFRecord file (False: none; refused for other sinks).
     """
 
     source: str | None = None
@@ -94,6 +96,7 @@ class PackOptions:
     engine: str = "local"
     ray_address: str | None = None
     task_records: int | None = None
+    tfrecord_index: bool = True
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
@@ -112,6 +115,8 @@ class PackOptions:
             raise UsageError(f"workers must be >= 0, not {self.workers}")
         if not 1 <= self.quality <= 100:
             raise UsageError(f"quality must be in 1..100, not {self.quality}")
+        if not self.tfrecord_index and self.sink != "tfrecord":
+            raise UsageError("--no-tfrecord-index is for --to tfrecord only")
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite contradict each other")
 
@@ -134,7 +139,7 @@ class PackOptions:
         pack records neither (its manifest is as before engines existed).
         """
         out = asdict(self)
-        for k in ("workers", "resume", "overwrite", "durable", "ray_address"):
+        for k in ("workers", "resume", "overwrite", "durable", "ray_address", "tfrecord_index"):
             del out[k]
         if self.engine == "local":
             del out["engine"], out["task_records"]

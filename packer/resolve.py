@@ -108,8 +108,11 @@ def open_sink(name: str, dst: Path, fields, classes, options: PackOptions):
     reg = registry()
     if reg is None or not hasattr(reg, "open_sink"):
         raise _not_available(name, "sink")
+    codec = dict(_codec_options(options))
+    if name == "tfrecord":
+        codec["index"] = options.tfrecord_index
     try:
-        return reg.open_sink(name, dst, tuple(fields), classes, _codec_options(options))
+        return reg.open_sink(name, dst, tuple(fields), classes, codec)
     except KeyError:
         raise _not_available(name, "sink") from None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from formats import open_shards
@@ -78,3 +80,17 @@ def test_src_as_a_glob_or_brace_pattern(tmp_path, packed, capsys):
     assert "matches no file" in capsys.readouterr().err
     assert cli.main([str(tmp_path / "pack*"), str(tmp_path / "n"), "--from", "imagefolder"]) == 2
     assert not (tmp_path / "n").exists()
+
+
+def test_tfrecord_output_carries_dali_indexes_unless_refused(tmp_path, packed, capsys):
+    _, src = packed
+    assert cli.main([str(src), str(tmp_path / "tf"), "--to", "tfrecord", "--quiet",
+                     "--records-per-shard", "4"]) == 0
+    tfs = sorted((tmp_path / "tf").glob("*.tfrecord"))
+    assert tfs and all(p.with_suffix(".idx").exists() or Path(f"{p}.idx").exists()
+                       for p in tfs)
+    assert cli.main([str(src), str(tmp_path / "bare"), "--to", "tfrecord", "--quiet",
+                     "--no-tfrecord-index"]) == 0
+    assert not list((tmp_path / "bare").glob("*.idx"))
+    assert cli.main([str(src), str(tmp_path / "x"), "--no-tfrecord-index", "--quiet"]) == 2
+    assert "--to tfrecord only" in capsys.readouterr().err
