@@ -160,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes for decoding/re-encoding (default: all cores; 0: none)")
     p.add_argument("--max-side", type=_positive_int, default=None,
                    help="re-encode JPEGs whose longer side exceeds N to exactly N")
-    p.add_argument("--quality", type=_positive_int, default=90,
-                   help="JPEG quality when re-encoding (default 90)")
+    p.add_argument("--quality", type=_positive_int, default=None,
+                   help="JPEG quality when re-encoding with --max-side or --to-jpeg "
+                        "(default 90)")
     p.add_argument("--to-jpeg", action="store_true",
                    help="convert non-JPEG images (PNG, WebP, GIF...) to JPEG (needs Pillow)")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "deleted, the rest stay; the old dataset stays readable until the "
                         "new one is complete")
     p.add_argument("--shuffle", action="store_true", help="write records in a seeded random order")
-    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    p.add_argument("--seed", type=int, default=None, help="--shuffle's seed (default 0)")
     p.add_argument("--engine", choices=ENGINES, default="local",
                    help="local: this machine (default); ray: tasks on a Ray cluster")
     p.add_argument("--ray-address", metavar="ADDR", default=None,
@@ -193,6 +194,18 @@ def build_parser() -> argparse.ArgumentParser:
 def _resume_hint(argv: list[str]) -> str:
     args = [a for a in argv if a not in ("--resume", "--overwrite")]
     return shlex.join(["pack-dataset", *args, "--resume"])
+
+
+def _refuse_idle_options(args) -> None:
+    """An option given that would change nothing is a usage error, never ignored."""
+    if args.quality is not None and args.max_side is None and not args.to_jpeg:
+        raise UsageError("--quality sets the quality of re-encoded JPEGs: give --max-side "
+                         "or --to-jpeg too")
+    if args.seed is not None and not args.shuffle:
+        raise UsageError("--seed is --shuffle's seed: give --shuffle too")
+    if args.sink == "imagefolder" and (args.shard_size or args.records_per_shard):
+        raise UsageError("--to imagefolder writes one file per record: --shard-size and "
+                         "--records-per-shard do not apply")
 
 
 def _os_error(exc: OSError, args, argv: list[str]) -> str:
@@ -214,15 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _refuse_idle_options(args)
         shard_size = args.shard_size
         if shard_size is None and args.records_per_shard is None:
             shard_size = PackOptions.shard_size
         options = PackOptions(
             source=args.source, sink=args.sink, shard_size=shard_size,
             records_per_shard=args.records_per_shard, workers=args.workers,
-            max_side=args.max_side, quality=args.quality, to_jpeg=args.to_jpeg,
+            max_side=args.max_side, quality=90 if args.quality is None else args.quality,
+            to_jpeg=args.to_jpeg,
             on_error=args.on_error, resume=args.resume, overwrite=args.overwrite,
-            shuffle=args.shuffle, seed=args.seed, engine=args.engine,
+            shuffle=args.shuffle, seed=args.seed or 0, engine=args.engine,
             ray_address=args.ray_address, task_records=args.task_records,
             tfrecord_index=args.tfrecord_index)
         summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from formats import DatasetWriter, open_shards, ownership
 from formats.base import Record
+from formats.fields import IMAGE_TYPES
 from formats.storage import display_uri, is_uri
 
 from .destination import claim
@@ -101,6 +102,10 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
                              path=src)
         source = open_source(kind, src, options)
         root = src
+    if (options.max_side or options.to_jpeg) and not isinstance(source, Listing) \
+            and not any(f.type in IMAGE_TYPES for f in source.fields):
+        raise UsageError("SRC has no image field: --max-side and --to-jpeg would change "
+                         "nothing", path=display_uri(src))
     summary = PackSummary(display_uri(src), display_uri(dst), kind, options.sink)
 
     def run(folder: Path) -> PackSummary:

@@ -413,3 +413,21 @@ def test_a_uri_that_cannot_be_understood_is_a_usage_error(tmp_path, rng, capsys)
     assert main([str(src), "s3://AKID:9/SeCrEt@bucket/ds?bogus=1", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "bogus" in err and "SeCrEt" not in err and "Traceback" not in err
+
+
+def test_an_option_that_would_change_nothing_is_refused(tmp_path, rng, capsys):
+    src = tmp_path / "src"
+    image_folder(src, rng, per_class=1)
+    for extra, why in ((["--quality", "70"], "--max-side or --to-jpeg"),
+                       (["--seed", "3"], "give --shuffle"),
+                       (["--to", "imagefolder", "--shard-size", "1MB"], "do not apply")):
+        assert main([str(src), str(tmp_path / "d"), "--quiet", *extra]) == 2
+        assert why in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+    blobs = tmp_path / "blobs"
+    with formats.DatasetWriter(blobs, [formats.Field("n", "int")], records_per_shard=2) as w:
+        w.write({"n": 1})
+    with pytest.raises(UsageError, match="no image field"):
+        pack(blobs, tmp_path / "e", opts(max_side=8))
+    assert main([str(src), str(tmp_path / "q"), "--quiet", "--max-side", "8",
+                 "--quality", "70"]) == 0
