@@ -2,11 +2,14 @@
 
 Everything here reads the manifest and the small metadata tables; only
 :func:`describe_record` and :func:`field_bytes` touch data files, one record each.
+A dataset whose files are symlinks out of its folder is refused unless the caller
+passes ``follow_symlinks=True`` (FORMAT.md, §8), as everywhere else.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,22 +18,26 @@ import pyarrow.compute as pc
 
 from .dataset import ShardDataset, read_metadata
 from .fields import BYTES_TYPES
+from .layout import MAJOR
 from .manifest import read_manifest
 from .sniff import sniff
 
-__all__ = ["dataset_info", "dataset_stats", "describe_record", "field_bytes", "list_records"]
+__all__ = ["dataset_info", "dataset_stats", "describe_record", "field_bytes", "list_records",
+           "resolve_label"]
 
 _HEAD_BYTES = 16
 
 
-def dataset_info(path: str | Path) -> dict[str, Any]:
-    """Records, shards, bytes, schema, classes, format version and provenance."""
+def dataset_info(path: str | Path, *, follow_symlinks: bool = False) -> dict[str, Any]:
+    """Records, shards, bytes, schema, classes, format version and provenance.
+
+    Reads ``manifest.json`` only.
+    """
     root = Path(path)
-    m = read_manifest(root)
-    raw = json.loads((root / "manifest.json").read_bytes())
+    m = read_manifest(root, follow_symlinks=follow_symlinks)
     return {
         "path": str(root),
-        "format_version": raw.get("format_version"),
+        "format_version": f"{MAJOR}.{m.minor}",
         "records": m.records,
         "shards": len(m.shards),
         "data_bytes": m.data_bytes,
@@ -46,16 +53,51 @@ def dataset_info(path: str | Path) -> dict[str, Any]:
     }
 
 
+def resolve_label(classes: Sequence[str] | None, label: int | str) -> int:
+    """The label number that ``label`` names: a class name, or a label number.
+
+    A class whose name is exactly ``label`` wins over reading ``label`` as a number
+    (a class named ``"3"`` is that class, whatever its index).
+
+    Raises:
+        ValueError: ``label`` is neither a class name nor an integer (the message
+            lists the class names).
+    """
+    if isinstance(label, int):
+        return label
+    if classes is not None and label in classes:
+        return list(classes).index(label)
+    try:
+        return int(label)
+    except ValueError:
+        pass
+    if classes is None:
+        raise ValueError(f"no class named {label!r}: the dataset has no class names; "
+                         "pass a label number") from None
+    shown = ", ".join(repr(c) for c in classes[:20]) + (" ..." if len(classes) > 20 else "")
+    raise ValueError(f"no class named {label!r}; classes are {shown} "
+                     "(or pass a label number)") from None
+
+
 def list_records(path: str | Path, *, offset: int = 0, limit: int | None = 20,
-                 label: int | None = None) -> list[dict[str, Any]]:
+                 label: int | str | None = None,
+                 follow_symlinks: bool = False) -> list[dict[str, Any]]:
     """Rows of the metadata table (index, key, label, size, width, height).
 
     Args:
         offset: skip this many (matching) records.
         limit: at most this many rows; None for all.
-        label: only records with this label.
+        label: only records with this label: a label number or a class name
+            (see :func:`resolve_label`).
+        follow_symlinks: read files that are symlinks out of the dataset folder.
+
+    Raises:
+        ValueError: ``label`` names no class (see :func:`resolve_label`).
     """
-    table = read_metadata(path)
+    m = read_manifest(path, follow_symlinks=follow_symlinks)
+    if label is not None:
+        label = resolve_label(m.classes, label)
+    table = read_metadata(path, manifest=m, follow_symlinks=follow_symlinks)
     index = np.arange(table.num_rows)
     if label is not None:
         mask = pc.fill_null(pc.equal(table.column("label"), label), False)
@@ -117,15 +159,18 @@ def _dist(values: np.ndarray) -> dict[str, Any] | None:
             "max": float(q[5])}
 
 
-def dataset_stats(path: str | Path, *, top: int = 10, with_arrays: bool = False) -> dict[str, Any]:
+def dataset_stats(path: str | Path, *, top: int = 10, with_arrays: bool = False,
+                  follow_symlinks: bool = False) -> dict[str, Any]:
     """Label histogram, record size and image resolution distributions.
 
     Args:
         top: how many of the most common resolutions to list.
         with_arrays: add ``arrays`` (size, width, height, labels as numpy), for plots.
+        follow_symlinks: read files that are symlinks out of the dataset folder.
     """
-    table = read_metadata(path)
-    classes = read_manifest(path).classes
+    m = read_manifest(path, follow_symlinks=follow_symlinks)
+    table = read_metadata(path, manifest=m, follow_symlinks=follow_symlinks)
+    classes = m.classes
     labels = table.column("label").to_numpy(zero_copy_only=False)
     labels = labels[~np.isnan(labels.astype(float))].astype(np.int64) if labels.size else labels
     hist = {}

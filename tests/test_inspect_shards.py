@@ -7,8 +7,8 @@ import json
 import pytest
 
 from formats import open_shards
-from scripts.inspect_shards import COMMANDS, main
-from tests.helpers_codecs import CLASSES, make_dataset, make_records
+from reader.inspect_cli import COMMANDS, main
+from tests.helpers_codecs import CLASSES, IMAGE_FIELDS, make_dataset, make_records
 
 
 @pytest.fixture
@@ -145,3 +145,143 @@ def test_commands_table_is_extensible():
     assert [c[0] for c in COMMANDS] == ["info", "verify", "ls", "show", "extract", "stats",
                                        "monitor-report"]
     assert all(callable(c[1]) and callable(c[2]) for c in COMMANDS)
+
+
+# -- both orders, class names, --version, -q ------------------------------------------
+
+def test_the_command_may_come_before_the_dataset(dataset, capsys, tmp_path):
+    _, root = dataset
+    for argv in (["info", "--json"], ["ls", "--json", "--limit", "4"], ["show", "4", "--json"],
+                 ["stats", "--json"]):
+        first = run(capsys, root, *argv)
+        second = run(capsys, argv[0], root, *argv[1:])
+        assert first[0] == 0 and first == second, argv
+    code, _, _ = run(capsys, "extract", root, "6", "--out", tmp_path / "x.jpg")
+    assert code == 0 and (tmp_path / "x.jpg").exists()
+    with pytest.raises(SystemExit) as exc:
+        main(["info"])
+    assert exc.value.code == 2 and "DST" in capsys.readouterr().err
+
+
+def test_a_dataset_named_like_a_command_is_read_in_the_old_order(dataset, capsys, monkeypatch):
+    _, root = dataset
+    monkeypatch.chdir(root.parent)
+    root.rename(root.parent / "info")
+    code, out, _ = run(capsys, "info", "ls", "--json")  # DST "info", COMMAND ls
+    assert code == 0 and len(json.loads(out)) == 9
+
+
+def test_ls_label_takes_a_class_name_or_a_number(dataset, capsys):
+    _, root = dataset
+    by_name = run(capsys, root, "ls", "--json", "--label", "dog")
+    by_number = run(capsys, root, "ls", "--json", "--label", "1")
+    assert by_name == by_number and [r["index"] for r in json.loads(by_name[1])] == [1, 4, 7]
+    code, _, err = run(capsys, root, "ls", "--label", "gnu")
+    assert code == 2 and "no class named 'gnu'" in err and "'cat', 'dog', 'emu'" in err
+
+
+def test_ls_label_name_on_a_dataset_without_classes_is_a_usage_error(tmp_path, rng, capsys):
+    from formats import DatasetWriter
+
+    root = tmp_path / "plain"
+    with DatasetWriter(root, IMAGE_FIELDS, records_per_shard=4, durable=False) as w:
+        for r in make_records(rng, 3):
+            w.write({f.name: r[f.name] for f in IMAGE_FIELDS})
+    code, _, err = run(capsys, root, "ls", "--label", "cat")
+    assert code == 2 and "has no class names" in err
+    code, out, _ = run(capsys, root, "ls", "--json", "--label", "2")
+    assert code == 0 and [r["label"] for r in json.loads(out)] == [2]
+
+
+def test_class_name_wins_over_a_number(tmp_path, rng):
+    from formats.summary import list_records, resolve_label
+
+    assert resolve_label(["7", "3"], "3") == 1
+    assert resolve_label(["7", "3"], "0") == 0
+    assert resolve_label(None, 5) == 5
+    with pytest.raises(ValueError, match="no class named 'x'"):
+        resolve_label(["a"], "x")
+    root = make_dataset(tmp_path / "ds", make_records(rng, 6))
+    assert [r["index"] for r in list_records(root, label="emu")] == [2, 5]
+
+
+def test_version_and_short_quiet(dataset, capsys):
+    _, root = dataset
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("inspect-shards ") and len(out.split()) == 2
+    code, out, err = run(capsys, root, "verify", "-q")
+    assert code == 0 and out.startswith("ok") and err == ""
+
+
+# -- files the user names -------------------------------------------------------------
+
+def test_extract_and_plot_create_missing_folders(dataset, capsys, tmp_path):
+    recs, root = dataset
+    out = tmp_path / "missing" / "dir" / "a.jpg"
+    code, _, _ = run(capsys, root, "extract", "6", "--out", out)
+    assert code == 0 and out.read_bytes() == recs[6]["image"]
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
+    plot = tmp_path / "other" / "dir" / "x.png"
+    code, _, _ = run(capsys, root, "stats", "--plot", plot)
+    assert code == 0 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_file_in_the_way_of_out_is_an_error_without_traceback(dataset, capsys, tmp_path):
+    _, root = dataset
+    (tmp_path / "afile").write_bytes(b"")
+    code, _, err = run(capsys, root, "extract", "6", "--out", tmp_path / "afile" / "x.jpg")
+    assert code == 1 and err.startswith("inspect-shards: error: ") and "is a file" in err
+    assert "Traceback" not in err
+
+
+# -- --follow-symlinks ----------------------------------------------------------------
+
+@pytest.fixture
+def linked_out(dataset, tmp_path):
+    """The dataset with every file of shard 1 a symlink to a copy outside its folder."""
+    recs, root = dataset
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("shard-00001.rec", "shard-00001.idx", "shard-00001.meta.parquet"):
+        (root / name).rename(outside / name)
+        (root / name).symlink_to(outside / name)
+    return recs, root
+
+
+@pytest.mark.parametrize("argv", [["info"], ["verify"], ["ls"], ["stats"], ["show", "5"],
+                                  ["extract", "5", "--out", "{tmp}/r.jpg"]])
+def test_links_out_are_refused_unless_follow_symlinks(linked_out, capsys, tmp_path, argv):
+    recs, root = linked_out
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    code, out, err = run(capsys, root, *argv, "--follow-symlinks")
+    assert code == 0, err
+    if argv[0] == "extract":
+        assert (tmp_path / "r.jpg").read_bytes() == recs[5]["image"]
+    if argv[0] == "info":  # the manifest is a plain file: info reads nothing else
+        return
+    code, out, err = run(capsys, root, *argv)
+    said = out if argv[0] == "verify" else err  # verify lists what it found, on stdout
+    assert code == 1 and "symlink" in said and "--follow-symlinks" in said
+    assert "Traceback" not in err
+
+
+def test_follow_symlinks_is_refused_for_a_remote_dataset(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["s3://bucket/ds", "info", "--follow-symlinks"])
+    assert exc.value.code == 2 and "local datasets only" in capsys.readouterr().err
+
+
+
+def test_a_closed_pipe_ends_quietly(dataset):
+    """`inspect-shards DST ls | head -1`: no error once the reader has stopped reading."""
+    import subprocess
+    import sys
+
+    _, root = dataset
+    proc = subprocess.Popen([sys.executable, "-m", "reader.inspect_cli", str(root), "ls"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == ""

@@ -1,0 +1,249 @@
+"""The handlers of ``inspect-shards`` (:mod:`reader.inspect_cli`) and their tables.
+
+Each ``cmd_*`` takes the parsed arguments and returns an exit status: 0 ok, 1
+damaged or bad data, 2 usage. The figures come from :mod:`formats.summary` and
+:func:`formats.verify_dataset`; this module only formats them (a table for
+people, ``--json`` for scripts). Names come from files that may hold anything:
+what cannot be printed as is (a lone surrogate) is printed escaped (``\\udc80``).
+Files the user names (``extract --out``, ``stats --plot``) get their missing
+parent folders created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from formats import verify_dataset
+from formats.summary import (
+    dataset_info,
+    dataset_stats,
+    describe_record,
+    field_bytes,
+    list_records,
+    resolve_label,
+)
+
+from .dataset import open_dataset
+
+__all__ = ["cmd_extract", "cmd_info", "cmd_ls", "cmd_monitor_report", "cmd_show", "cmd_stats",
+           "cmd_verify", "error", "say"]
+
+
+def _printable(text: str, stream) -> str:
+    """``text`` as ``stream`` can encode it: what it cannot, backslash-escaped."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
+def say(text: str, stream=None) -> None:
+    """Print ``text`` on ``stream`` (stdout), escaping what it cannot encode."""
+    stream = stream or sys.stdout
+    print(_printable(text, stream), file=stream)
+
+
+def error(text: str) -> None:
+    """Print ``inspect-shards: error: <text>`` on stderr."""
+    say(f"inspect-shards: error: {text}", sys.stderr)
+
+
+def _emit(args, obj, text: str) -> None:
+    if args.json:  # ensure_ascii: any string, lone surrogates too, is printable
+        say(json.dumps(obj, indent=1, sort_keys=True, default=str))
+    else:
+        say(text)
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    cells = [header] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _compact(value) -> str:
+    """A provenance value on one line: dicts as ``k=v`` pairs, long text cut."""
+    if isinstance(value, dict):
+        text = ", ".join(f"{k}={_compact(v)}" for k, v in sorted(value.items()))
+    else:
+        text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _out_path(out: str | Path) -> Path:
+    """A file the user asked for, with its missing parent folders created."""
+    path = Path(out)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file where a folder should be
+        raise NotADirectoryError(f"cannot write {path}: a part of {path.parent} is a file, "
+                                 "not a folder") from None
+    return path
+
+
+# -- info ------------------------------------------------------------------------------
+
+def cmd_info(args: argparse.Namespace) -> int:
+    info = dataset_info(args.dst, follow_symlinks=args.follow_symlinks)
+    made = info["created_by"] or {}
+    rows = [
+        ["records", f"{info['records']:,}"],
+        ["shards", info["shards"]],
+        ["data bytes", f"{_size(info['data_bytes'])} ({info['data_bytes']:,})"],
+        ["bytes on disk", _size(info["total_bytes"])],
+        ["format version", info["format_version"]],
+        ["alignment", info["alignment"]],
+        ["classes", "-" if info["classes"] is None else
+         f"{len(info['classes'])}: " + ", ".join(info["classes"][:8])
+         + (" ..." if len(info["classes"]) > 8 else "")],
+    ]
+    rows += [[f"made: {k}", _compact(v)] for k, v in sorted(made.items())] or [["made", "-"]]
+    fields = [[f["name"], f["type"] + (f" {f['dtype']}{f['shape']}" if "dtype" in f else ""),
+               f["compression"] + (f" (dict {f['dictionary']})" if "dictionary" in f else "")]
+              for f in info["fields"]]
+    _emit(args, info, _table(rows, ["dataset", str(args.dst)]) + "\n\n"
+          + _table(fields, ["field", "type", "compression"]))
+    return 0
+
+
+# -- verify ----------------------------------------------------------------------------
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+    total = dataset_info(args.dst, follow_symlinks=args.follow_symlinks)["data_bytes"]
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
+              disable=True if args.json or args.quiet else None) as bar:
+        problems = verify_dataset(args.dst, progress=bar.update,
+                                  follow_symlinks=args.follow_symlinks)
+    obj = {"ok": not problems, "problems": [p.to_json() for p in problems]}
+    if problems:
+        rows = [[p.file, p.record, p.field, p.offset, p.what] for p in problems]
+        text = (f"DAMAGED: {len(problems)} problem(s)\n"
+                + _table(rows, ["file", "record", "field", "offset", "what"]))
+        if not args.follow_symlinks and any(
+                (Path(args.dst) / p.file).is_symlink() for p in problems):
+            text += ("\nsome files are symlinks out of the dataset folder: "
+                     "pass --follow-symlinks to check the files they point to")
+    else:
+        text = f"ok: every checksum matches ({_size(total)} checked)"
+    _emit(args, obj, text)
+    return 1 if problems else 0
+
+
+# -- ls / show / extract -----------------------------------------------------------------
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    label = args.label
+    if label is not None:
+        classes = dataset_info(args.dst, follow_symlinks=args.follow_symlinks)["classes"]
+        try:
+            label = resolve_label(classes, label)
+        except ValueError as exc:  # names no class: a usage error
+            error(str(exc))
+            return 2
+    rows = list_records(args.dst, offset=args.offset, limit=args.limit, label=label,
+                        follow_symlinks=args.follow_symlinks)
+    text = _table([[r["index"], r["key"], r["label"], r["size"],
+                    "" if r["width"] is None else f"{r['width']}x{r['height']}"] for r in rows],
+                  ["index", "key", "label", "size", "w x h"])
+    _emit(args, rows, text)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with open_dataset(args.dst, check_crc=True, follow_symlinks=args.follow_symlinks) as ds:
+        info = describe_record(ds, args.index)
+    rows = []
+    for name, f in info["fields"].items():
+        if "value" in f:
+            shown = repr(f["value"])
+        elif "head" in f:
+            shown = f"{f['size']:,} bytes, {f['sniffed']}, {f['head']}"
+        else:
+            shown = f"{f['dtype']} {f['shape']}"
+        rows.append([name, f["type"], shown])
+    _emit(args, info, f"record {info['index']} ({info['shard']} record {info['record']})\n"
+          + _table(rows, ["field", "type", "value"]))
+    return 0
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    with open_dataset(args.dst, check_crc=True, follow_symlinks=args.follow_symlinks) as ds:
+        if args.field not in ds.field_index:
+            error(f"no field {args.field!r}; fields are {[f.name for f in ds.fields]}")
+            return 2
+        data = field_bytes(ds, args.index, args.field)
+    _out_path(args.out).write_bytes(data)
+    _emit(args, {"index": args.index, "field": args.field, "out": str(args.out),
+                 "bytes": len(data)}, f"wrote {len(data):,} bytes to {args.out}")
+    return 0
+
+
+# -- stats -------------------------------------------------------------------------------
+
+def _plot(stats: dict, out: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("inspect-shards: --plot needs matplotlib: pip install matplotlib") from None
+    arrays = stats["arrays"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    labels = stats["labels"]
+    axes[0].bar(range(len(labels)), [v["count"] for v in labels.values()])
+    axes[0].set_title("records per label")
+    axes[0].set_xlabel("label")
+    axes[1].hist(arrays["size"] / 1000, bins=50)
+    axes[1].set_title("record size (KB)")
+    if arrays["width"].size:
+        axes[2].scatter(arrays["width"], arrays["height"], s=2, alpha=0.3)
+    axes[2].set_title("resolution (width x height)")
+    fig.tight_layout()
+    fig.savefig(_out_path(out), dpi=100)
+    plt.close(fig)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    stats = dataset_stats(args.dst, with_arrays=bool(args.plot),
+                          follow_symlinks=args.follow_symlinks)
+    if args.plot:
+        _plot(stats, args.plot)
+        stats.pop("arrays")
+    lines = [f"records: {stats['records']:,}", "", _table(
+        [[k, v["class"] or "", v["count"]] for k, v in stats["labels"].items()],
+        ["label", "class", "records"])]
+    dist_rows = [[name, *(("-",) * 6 if d is None else
+                          (f"{d['min']:.0f}", f"{d['p10']:.0f}", f"{d['p50']:.0f}",
+                           f"{d['p90']:.0f}", f"{d['max']:.0f}", f"{d['mean']:.0f}"))]
+                 for name, d in (("size (bytes)", stats["size_bytes"]), ("width", stats["width"]),
+                                 ("height", stats["height"]))]
+    lines += ["", _table(dist_rows, ["", "min", "p10", "p50", "p90", "max", "mean"])]
+    if stats["top_resolutions"]:
+        lines += ["", _table([[k, v] for k, v in stats["top_resolutions"].items()],
+                             ["resolution", "records"])]
+    if args.plot:
+        lines += ["", f"plot written to {args.plot}"]
+    _emit(args, stats, "\n".join(lines))
+    return 0
+
+
+# -- monitor-report ----------------------------------------------------------------------
+
+def cmd_monitor_report(args: argparse.Namespace) -> int:
+    from .monitor_report import monitor_report_command
+
+    return monitor_report_command(args)
