@@ -36,8 +36,8 @@ from .errors import ShardpackError
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 
 __all__ = ["JOURNAL_NAME", "LEDGER_NAME", "LOCK_NAME", "RAY_STATE_DIR", "SHUFFLE_PASS_DIR",
-           "SKIPPED_NAME", "SKIPPED_PARTIAL_NAME", "STAGING_MARKER", "Survey", "is_our_shard_name",
-           "remove_ours", "survey", "write_ledger"]
+           "SKIPPED_NAME", "SKIPPED_PARTIAL_NAME", "STAGING_MARKER", "Survey", "dataset_files",
+           "is_our_shard_name", "remove_ours", "survey", "write_ledger"]
 
 JOURNAL_NAME = "_journal.jsonl"
 SKIPPED_NAME = "skipped.jsonl"
@@ -114,6 +114,14 @@ class Survey:
         return [p for p in self.ours if p not in (LOCK_NAME, STAGING_MARKER)]
 
 
+def dataset_files(manifest: Manifest) -> set[str]:
+    """The names of every file of the dataset ``manifest`` describes, itself included."""
+    names = {MANIFEST_NAME, SKIPPED_NAME}
+    for e in manifest.shards:
+        names |= {e.data_file, e.index_file, e.meta_file}
+    return names | {name for name, _ in manifest.dictionaries.values()}
+
+
 def _read_ledger(path: Path) -> list[str] | None:
     try:
         st = os.stat(path, follow_symlinks=False)
@@ -152,10 +160,7 @@ def survey(root: str | Path) -> Survey:
         except ShardpackError as exc:
             s.bad_manifest = exc.message
         else:
-            ours |= {MANIFEST_NAME, SKIPPED_NAME}
-            for e in s.dataset.shards:
-                ours |= {e.data_file, e.index_file, e.meta_file}
-            ours |= {name for name, _ in s.dataset.dictionaries.values()}
+            ours |= dataset_files(s.dataset)
     s.journal = _is_file(root / JOURNAL_NAME)
     if s.journal:
         ours |= {JOURNAL_NAME, SKIPPED_PARTIAL_NAME, SKIPPED_NAME}

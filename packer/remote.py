@@ -29,7 +29,7 @@ from typing import Any
 from formats.errors import ManifestError, StorageError
 from formats.files import try_lock
 from formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest, read_manifest
-from formats.ownership import SKIPPED_NAME
+from formats.ownership import dataset_files
 from formats.storage import (
     Location,
     default_cache_folder,
@@ -216,10 +216,7 @@ def _dataset_objects(location: Location) -> set[str]:
         raise UsageError(f"DST holds a manifest.json that is not a valid shardpack manifest "
                          f"({exc.message}); it is never replaced: remove it yourself",
                          path=display_uri(location.uri)) from None
-    names = {MANIFEST_NAME, SKIPPED_NAME}
-    for e in manifest.shards:
-        names |= {e.data_file, e.index_file, e.meta_file}
-    return names | {name for name, _ in manifest.dictionaries.values()}
+    return dataset_files(manifest)
 
 
 def _staged_summary(src, dst: str, stage: Path, options: PackOptions) -> PackSummary:
