@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's two commands: `bash dev.sh demo` and `bash dev.sh test`.
-# Each sets itself up from scratch on a machine that has only python3 and pip:
-# a virtual environment in .venv with shardpack installed (editable) and its test tools.
+# Each sets itself up from scratch on a machine that has only python3 and pip, in one
+# virtual environment (.venv, or $SHARDPACK_VENV) with shardpack installed (editable):
+# the demo needs only the core dependencies; the tests add the dev and ray extras
+# (about 1.3 GB) to the same environment, so a later demo reuses it as it is.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -14,22 +16,34 @@ setup() {
             python3 -m pip install -q --user virtualenv
             python3 -m virtualenv -q "$VENV"
         }
-    fi
-    if [ ! -f "$VENV/.installed" ] || [ pyproject.toml -nt "$VENV/.installed" ]; then
+        # An old bundled pip (before 21.3) cannot install a pyproject-only package editable.
         "$VENV/bin/python" -m pip install -q --upgrade pip
-        "$VENV/bin/python" -m pip install -q -e ".[dev,ray]"
-        touch "$VENV/.installed"
+    fi
+}
+
+# fresh STAMP: true when $VENV/.installed-STAMP exists and is newer than pyproject.toml.
+fresh() {
+    [ -f "$VENV/.installed-$1" ] && [ ! pyproject.toml -nt "$VENV/.installed-$1" ]
+}
+
+# install STAMP SPEC: pip install -e SPEC, unless done since pyproject.toml last changed.
+install() {
+    if ! fresh "$1"; then
+        "$VENV/bin/python" -m pip install -q -e "$2"
+        touch "$VENV/.installed-$1"
     fi
 }
 
 case "${1:-}" in
     demo)
         setup
+        fresh dev || install core "."   # the test environment holds the core too
         shift
         "$VENV/bin/python" -m scripts.demo "$@"
         ;;
     test)
         setup
+        install dev ".[dev,ray]"
         if [ ! -f "$VENV/.torch-tried" ]; then
             # PyTorch's CPU build, where pip can find one (a local wheel house); the
             # torch adapter tests skip, saying so, where it can't. Never the multi-GB

@@ -1,4 +1,4 @@
-"""The README's demo: make a small image dataset locally, pack it, train-loop over it.
+"""The README's demo: make a small image dataset locally, pack it, verify it, read it.
 
 1. generates an ImageFolder of natural-looking JPEGs (no download);
 2. packs it with ``pack-dataset`` (the library call behind the CLI);
@@ -6,6 +6,10 @@
 4. reads it back with ``reader.Loader`` (worker processes, shared-memory batches,
    random resized crop + flip) with the monitor on (``reader.enable_monitor``),
    which prints its interval report and names the bottleneck.
+
+It does not train: a 10 ms sleep per batch stands in for the training step, so
+it needs only the core dependencies (no PyTorch). ``scripts/train_example.py``
+trains a small CNN with the same loader.
 
 Run: ``bash dev.sh demo`` (or ``python -m scripts.demo [--out DIR]``).
 """
@@ -73,6 +77,8 @@ def main(argv=None) -> int:
           f"{dt:.1f} s ({images / dt:,.0f} images/s); labels are {batch['label'].dtype}")
     print(f"diagnosis: {stats['diagnosis']['message']}")
     print(f"monitor records in {record}: summarize with `inspect-shards {record} monitor-report`")
+    print("a real training loop over the same Loader: python -m scripts.train_example "
+          "--data /tmp/toy --make-data --steps 300 (needs PyTorch)")
     return 0
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import simplejpeg
 
@@ -49,3 +52,13 @@ def test_image_folder_layout_and_determinism(tmp_path):
         assert 40 <= h <= 60 and 40 <= w <= 60
     other = make_image_folder(tmp_path / "c", 2, 3, min_side=40, max_side=60, seed=6)
     assert one[0].read_bytes() != other[0].read_bytes()
+
+
+def test_needs_only_the_core_dependencies():
+    """The demo's image generator draws with OpenCV: no Pillow (not a core dependency)."""
+    code = ("import sys; sys.modules['PIL'] = None\n"
+            "import numpy as np, simplejpeg\n"
+            "from scripts.synth import make_jpeg\n"
+            "assert simplejpeg.decode_jpeg(make_jpeg(np.random.default_rng(0), 64, 48)).shape"
+            " == (48, 64, 3)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
