@@ -1,4 +1,24 @@
-"""Input path patterns: a file, a folder, a glob, or a brace pattern like ``a-{000..009}.tar``."""
+"""Input path patterns (a file, a folder, a glob, or a brace pattern like
+``a-{000..009}.tar``), and the small files foreign sinks leave beside their shards.
+
+Beside the shards (the formats have no place for these facts):
+
+* ``classes.json``: the class names, a JSON list; label ``i`` is name ``i``. No
+  file when the classes have no names (labels are kept as they are).
+* ``schema.json``: the field types the shards were written from, so that our source
+  reads every value back as what it was (a float as a float, an ndarray as an
+  ndarray, a key with its extension). An object::
+
+      {"format": "shardpack.codec-schema", "version": 1, "codec": "webdataset",
+       "fields": [{"name": "image", "type": "jpeg"}, ...], "names": {"image": "*", ...}}
+
+  ``fields`` are field entries as in FORMAT.md (without compression); ``names``
+  maps a field to where the codec put it (a tar member extension, a TFRecord
+  feature). A ``schema.json`` without this ``format`` value is someone else's
+  file and is ignored. It is written when the sink closes: an image field's type
+  is then what its payloads are (:func:`formats.fields.stored_image_type`), never
+  what the first record suggested.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +30,21 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .bounded import parse_json, read_small_file, refuse_special_file
-from .errors import FormatError
+from .errors import FormatError, SchemaError
+from .fields import IMAGE_TYPES, Field, stored_image_type
+from .files import atomic_write_bytes
+from .sniff import sniff
 
-__all__ = ["canonical_order", "expand_braces", "expand_inputs", "read_classes_file", "write_classes_file"]
+__all__ = ["CLASSES_FILE", "SCHEMA_FILE", "ImageKinds", "canonical_order", "expand_braces",
+           "expand_inputs", "read_classes_file", "read_schema_file", "write_classes_file",
+           "write_schema_file"]
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 _MAX_EXPANSION = 1_000_000
 _MAX_CLASSES_FILE = 64 << 20
+_MAX_SCHEMA_FILE = 16 << 20
+_SCHEMA_MARK = "shardpack.codec-schema"
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -74,6 +101,7 @@ def expand_inputs(path: str | Path, suffixes: Iterable[str]) -> list[Path]:
 
 
 CLASSES_FILE = "classes.json"
+SCHEMA_FILE = "schema.json"
 _ORDER = {"image": 0, "label": 1, "key": 2}
 
 
@@ -82,11 +110,17 @@ def canonical_order(fields):
     return tuple(sorted(fields, key=lambda f: _ORDER.get(f.name, 3)))
 
 
+def _json_bytes(obj) -> bytes:
+    """Readable UTF-8 JSON; a lone surrogate (only ever inside a string) is written as
+    its ``\\udXXX`` escape, which parses back to the same text."""
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False) + "\n"
+    return text.encode("utf-8", "backslashreplace")
+
+
 def write_classes_file(root: Path, classes) -> None:
     """Class names beside foreign shards that have no place for them (TFRecord, tar)."""
     if classes is not None:
-        (Path(root) / CLASSES_FILE).write_text(json.dumps(list(classes), ensure_ascii=False) + "\n",
-                                               encoding="utf-8")
+        atomic_write_bytes(Path(root) / CLASSES_FILE, _json_bytes(list(classes)), durable=False)
 
 
 def read_classes_file(folder: Path) -> tuple[str, ...] | None:
@@ -107,3 +141,73 @@ def read_classes_file(folder: Path) -> tuple[str, ...] | None:
     if not isinstance(obj, list) or not all(isinstance(c, str) for c in obj):
         raise FormatError("class names must be a JSON list of strings", path=path)
     return tuple(obj)
+
+
+class ImageKinds:
+    """What the image fields of the records written hold, payload by payload, so a
+    sink records each field's type as its payloads are (the rule
+    :class:`formats.DatasetWriter` applies), never as the source guessed it."""
+
+    def __init__(self, fields) -> None:
+        self._seen: dict[str, set[str]] = {f.name: set() for f in fields if f.type in IMAGE_TYPES}
+
+    def note(self, name: str, value) -> str:
+        """Record one payload of image field ``name``; returns its sniffed kind."""
+        kind = sniff(value)
+        self._seen[name].add(kind if kind in ("jpeg", "png") else "other")
+        return kind
+
+    def typed(self, fields) -> tuple[Field, ...]:
+        """``fields`` with each image field typed by what it held (unchanged if nothing)."""
+        return tuple(Field(f.name, stored_image_type(self._seen[f.name]))
+                     if self._seen.get(f.name) else f for f in fields)
+
+
+def write_schema_file(root: Path, codec: str, fields, names: dict[str, str]) -> None:
+    """Write ``schema.json`` (see the module docstring) into ``root``, atomically."""
+    entries = []
+    for f in fields:
+        entry = f.to_json()
+        entry.pop("compression", None)
+        entries.append(entry)
+    obj = {"format": _SCHEMA_MARK, "version": 1, "codec": codec, "fields": entries,
+           "names": dict(names)}
+    atomic_write_bytes(Path(root) / SCHEMA_FILE, _json_bytes(obj), durable=False)
+
+
+def read_schema_file(folder: Path, codec: str) -> tuple[tuple[Field, ...], dict[str, str]] | None:
+    """(fields, names) from the ``schema.json`` our ``codec`` sink left in ``folder``,
+    or None when there is none (or it is someone else's file).
+
+    Raises:
+        FormatError: it is ours but malformed (names the file and what is wrong).
+    """
+    path = Path(folder) / SCHEMA_FILE
+    if not os.path.lexists(path):
+        return None
+    try:
+        raw = read_small_file(path, _MAX_SCHEMA_FILE, "schema file")
+    except OSError as exc:
+        raise FormatError(f"unreadable schema file ({exc.strerror})", path=path) from None
+    obj = parse_json(raw, path=path, what="schema file", error=FormatError,
+                     max_bytes=_MAX_SCHEMA_FILE)
+    if not isinstance(obj, dict) or obj.get("format") != _SCHEMA_MARK:
+        return None
+    if obj.get("version") != 1:
+        raise FormatError("schema file of an unknown version", path=path,
+                          found=obj.get("version"), expected=1)
+    if obj.get("codec") != codec:
+        return None  # written beside another format's shards
+    entries, names = obj.get("fields"), obj.get("names")
+    if not isinstance(entries, list) or not isinstance(names, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
+        raise FormatError("schema file: 'fields' must be a list and 'names' an object of "
+                          "strings", path=path)
+    try:
+        fields = tuple(Field.from_json(e) for e in entries)
+    except SchemaError as exc:
+        raise FormatError(f"schema file: {exc}", path=path) from None
+    if len({f.name for f in fields}) != len(fields) or set(names) - {f.name for f in fields}:
+        raise FormatError("schema file: field names repeat, or 'names' names an unknown "
+                          "field", path=path)
+    return fields, names
