@@ -2,10 +2,24 @@
 
 A sample is the run of consecutive tar members sharing a key: the member path up
 to the first dot of its last component (``a/b.seg.png`` -> key ``a/b``, extension
-``seg.png``), as ``webdataset`` groups them. Extensions map to fields: ``jpg``/
-``jpeg``/``png``/``webp`` -> ``image``; ``cls`` -> ``label`` (int); ``json`` -> json;
-``txt`` -> str; anything else -> bytes under the extension's name. The key is the
-``key`` field.
+``seg.png``), as ``webdataset`` groups them.
+
+Tars from elsewhere: extensions map to fields. A sample's one image member, whatever
+its extension (:data:`IMAGE_EXTS`: ``jpg``, ``png``, ``webp``, ``tif``...), is the
+``image`` field, so JPEGs and PNGs may mix; when the first sample holds several
+image members, each extension is a field of its own. ``cls`` -> ``label`` (int);
+``json`` -> json; ``txt`` -> str; anything else -> bytes under the extension's name.
+The WebDataset key is the ``key`` field.
+
+Tars we wrote (``schema.json`` beside them, see :mod:`formats.paths`): the exact
+record key is the member ``<key>.key.txt`` (the WebDataset key must lose the
+extension and dots of the record key's last component: ``bird/img_02.jpg`` is
+the sample ``bird/img_02``, and ``key.txt`` says ``bird/img_02.jpg``); ``image``
+is ``.jpg``, ``.png``... as each payload's bytes are (never PNG bytes under
+``.jpg``); ``label`` is ``.cls``; every other field is ``.<name>``: ints and floats
+as decimal text (``repr``, so a float reads back bit for bit), str as UTF-8, json
+as JSON text, ndarrays as ``.npy`` (``<name>.npy``). The source reads each back as
+the type ``schema.json`` records.
 
 Reading never extracts: member names are only parsed, and absolute names, ``..``
 components, links and members over ``max_member_bytes`` are refused from the header
@@ -13,7 +27,8 @@ alone. Extended headers (pax, GNU long names) are bounded too (``_MAX_TAR_HEADER
 bytes before any member), so no header makes the reader buffer gigabytes. A tar
 must end with its end-of-archive marker: one that stops before it, or inside a
 member, is reported as truncated (an interrupted download, the commonest bad
-input there is) with the byte offset and the last whole member.
+input there is) with the byte offset and the last whole member. An ``.npy``
+member's header is checked against its size before any array is made.
 Written tars are deterministic: GNU format (no pax timestamps), mtime 0,
 uid/gid 0, members of a sample sorted by name, samples in record order.
 """
@@ -42,15 +57,31 @@ from .bounded import (
 from .errors import FormatError, SchemaError, UnsafePathError
 from .fields import Field
 from .outputs import AtomicFile, prepare_output_dir
-from .paths import canonical_order, expand_inputs, read_classes_file, write_classes_file
-from .sniff import image_type, sniff
+from .paths import (
+    CLASSES_FILE,
+    SCHEMA_FILE,
+    ImageKinds,
+    canonical_order,
+    expand_inputs,
+    read_classes_file,
+    read_schema_file,
+    write_classes_file,
+    write_schema_file,
+)
+from .sniff import sniff
 
-__all__ = ["WebDatasetSink", "WebDatasetSource", "split_key"]
+__all__ = ["IMAGE_EXTS", "KEY_MEMBER", "WebDatasetSink", "WebDatasetSource", "split_key"]
 
 SUFFIXES = (".tar", ".tar.gz", ".tgz")
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+#: Extensions of encoded images (``img``: what our sink names a format it cannot tell).
+IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm",
+                        "pgm", "pbm", "pnm", "jp2", "j2k", "avif", "heic", "jxl", "img"})
 LABEL_EXTS = ("cls", "cls2", "class", "label", "index")
-_IMAGE_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "gif": "gif", "bmp": "bmp"}
+#: The member holding a record's exact key in tars we write.
+KEY_MEMBER = "key.txt"
+_ANY_IMAGE = "*"  # schema.json: this field is the sample's image member, any extension
+_IMAGE_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "gif": "gif", "bmp": "bmp",
+              "tiff": "tif"}
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 #: The most bytes of extended headers (pax records, GNU long names) before one member.
 _MAX_TAR_HEADERS = 1 << 20
@@ -65,16 +96,52 @@ def split_key(name: str) -> tuple[str, str] | None:
 
 
 def _field_for(ext: str, data: bytes) -> Field:
+    """The field a member of a tar from elsewhere becomes (see the module docstring)."""
     e = ext.lower()
     if e in IMAGE_EXTS:
-        return Field("image", image_type(data))
+        # Provisional when the first is a JPEG (writers type a field by what it holds).
+        return Field("image", "jpeg" if sniff(data) == "jpeg" else "image")
     if e in LABEL_EXTS:
         return Field("label", "int")
     if e == "json":
         return Field("json", "json")
     if e == "txt":
         return Field("txt", "str")
-    return Field(e, "bytes")
+    return Field(ext, "bytes")
+
+
+def _read_npy(f: Field, data: bytes, path: Path, key: str) -> np.ndarray:
+    """The array of an ``.npy`` member, its header checked against its size (no
+    header makes numpy allocate what the member does not hold) and ``f``."""
+    buf = io.BytesIO(data)
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(buf)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(buf)
+        elif version == (2, 0):
+            shape, fortran, dtype = fmt.read_array_header_2_0(buf)
+        else:
+            raise ValueError(f"npy version {version} is not read")
+    except (ValueError, EOFError, SyntaxError, TypeError) as exc:
+        raise SchemaError(f"sample {key!r}: field {f.name!r} is not a valid .npy ({exc})",
+                          path=path) from None
+    want = np.dtype(f.dtype)
+    if dtype.hasobject or dtype != want:
+        raise SchemaError(f"sample {key!r}: field {f.name!r} holds another dtype", path=path,
+                          found=str(dtype), expected=want.str)
+    if len(shape) != len(f.shape) or any(
+            d is not None and d != n for d, n in zip(f.shape, shape, strict=True)):
+        raise SchemaError(f"sample {key!r}: field {f.name!r} holds another shape", path=path,
+                          found=list(shape), expected=list(f.shape))
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(data) - buf.tell() != count * dtype.itemsize:
+        raise SchemaError(f"sample {key!r}: field {f.name!r}: .npy size does not match its "
+                          "header", path=path, found=len(data) - buf.tell(),
+                          expected=count * dtype.itemsize)
+    arr = np.frombuffer(data, dtype, count, buf.tell()).reshape(shape, order="F" if fortran
+                                                                 else "C")
+    return np.ascontiguousarray(arr)
 
 
 def _check_name(tar_path: Path, info: tarfile.TarInfo) -> None:
@@ -156,8 +223,11 @@ class WebDatasetSource:
         max_member_bytes: refuse members that claim more than this (from the header).
         max_bytes: the most a ``.tar.gz`` may expand to.
 
+    The fields are those ``schema.json`` beside the tars records, when our sink
+    wrote them; otherwise the first sample's (see the module docstring).
+
     Raises (while iterating) SchemaError naming the tar and key when a sample's
-    fields or types differ from the first sample's.
+    fields differ from the schema's, or a member is not a valid value of its type.
     """
 
     def __init__(self, path: str | Path, *, max_member_bytes: int = DEFAULT_MAX_VALUE,
@@ -167,17 +237,37 @@ class WebDatasetSource:
         self.max_member_bytes = max_member_bytes
         self.max_bytes = max_bytes
         self.classes = read_classes_file(self.files[0].parent)
+        ours = read_schema_file(self.files[0].parent, "webdataset")
+        #: ext -> field name; the field any image extension maps to; the key's field
+        self._by_ext: dict[str, str] = {}
+        self._image: str | None = None
+        self._key: str | None = "key"
+        if ours is not None:
+            fields, names = ours
+            self._key = next((n for n, e in names.items() if e == KEY_MEMBER), None)
+            self._image = next((n for n, e in names.items() if e == _ANY_IMAGE), None)
+            self._by_ext = {e: n for n, e in names.items() if e not in (KEY_MEMBER, _ANY_IMAGE)}
+            if set(names) != {f.name for f in fields}:
+                raise FormatError("schema file: not every field has a member name",
+                                  path=self.files[0].parent / SCHEMA_FILE)
+            self.fields = fields
+            self._ours = True
+            return
+        self._ours = False
         first = next(self._samples(), None)
         if first is None:
             raise FormatError("no samples in any tar", path=self.files[0])
         tar, key, members = first
-        self._ext_field = {}
+        images = [e for e, _ in members if e.lower() in IMAGE_EXTS]
+        if len(images) == 1:
+            self._image = "image"
         fields = [Field("key", "str")]
         for ext, data in members:
             f = _field_for(ext, data)
             if any(g.name == f.name for g in fields):
-                f = Field(ext.lower(), f.type)  # e.g. both .jpg and .png: keep the second by ext
-            self._ext_field[ext] = f
+                f = Field(ext, f.type)  # e.g. both .jpg and .png: keep the second by ext
+            if f.name != self._image:
+                self._by_ext[ext] = f.name
             fields.append(f)
         if len({f.name for f in fields}) != len(fields):
             raise SchemaError(f"{tar.name} key {key!r}: two members map to one field",
@@ -264,37 +354,49 @@ class WebDatasetSource:
             if members:
                 yield path, key, members
 
+    def _field_of(self, ext: str) -> str | None:
+        name = self._by_ext.get(ext)
+        if name is None and self._image is not None and ext.lower() in IMAGE_EXTS:
+            return self._image
+        if name is None and self._ours and ext == KEY_MEMBER:
+            return self._key
+        return name
+
     def __iter__(self) -> Iterator[Record]:
-        want = set(self._ext_field)
+        by_name = {f.name: f for f in self.fields}
+        want = set(by_name)
         for path, key, members in self._samples():
-            exts = {e for e, _ in members}
-            if exts != want:
-                raise SchemaError(
-                    f"sample {key!r} has other members than the first sample",
-                    path=path, found=sorted(exts), expected=sorted(want))
-            values = {"key": key}
+            values = {} if self._ours else {"key": key}
             for ext, data in members:
-                f = self._ext_field[ext]
-                values[f.name] = self._value(f, ext, data, path, key)
+                name = self._field_of(ext)
+                if name is None or name in values:
+                    raise SchemaError(
+                        f"sample {key!r} has other members than the first sample"
+                        + (" (schema.json)" if self._ours else "")
+                        + f": .{ext} is {'another member for ' + repr(name) if name else 'no field'}",
+                        path=path, found=sorted(e for e, _ in members), expected=sorted(want))
+                values[name] = self._value(by_name[name], ext, data, path, key)
+            if set(values) != want:
+                raise SchemaError(
+                    f"sample {key!r} has other members than the first sample"
+                    + (" (schema.json)" if self._ours else "") + ": no member for "
+                    + ", ".join(sorted(want - set(values))), path=path,
+                    found=sorted(e for e, _ in members), expected=sorted(want))
             yield Record(values, {}, f"{path.name}:{key}")
 
-    @staticmethod
-    def _value(f: Field, ext: str, data: bytes, path: Path, key: str):
-        if f.type in ("jpeg", "png"):
-            found = image_type(data)
-            if found != f.type:
-                raise SchemaError(f"sample {key!r}: .{ext} holds {found}, but the field "
-                                  f"{f.name!r} is {f.type} (mixed types in one dataset)",
-                                  path=path, found=found, expected=f.type)
-            return data
+    def _value(self, f: Field, ext: str, data: bytes, path: Path, key: str):
         if f.type == "json":
             return parse_json(data, path=path, what=f"sample {key!r}: .{ext}")
+        if f.type == "ndarray":
+            return _read_npy(f, data, path, key)
         try:
             if f.type == "int":
                 value = int(data.decode("ascii").strip())
                 if not _INT64[0] <= value <= _INT64[1]:
                     raise ValueError("beyond int64")
                 return value
+            if f.type == "float":
+                return float(data.decode("ascii").strip())
             if f.type == "str":
                 return data.decode("utf-8")
         except (UnicodeDecodeError, ValueError):
@@ -303,27 +405,56 @@ class WebDatasetSource:
         return data
 
 
-def _ext_and_bytes(f: Field, value) -> tuple[str, bytes]:
+def _member_names(fields) -> dict[str, str]:
+    """Field -> member extension for the sink (``*``: the image's own, per payload).
+
+    Raises:
+        SchemaError: a field the tar cannot hold apart from the others (two fields
+            on one extension, a name with ``/``, a ``key`` that is not text).
+    """
+    names: dict[str, str] = {}
+    for f in fields:
+        if f.name == "key":
+            if f.type != "str":
+                raise SchemaError("webdataset sink: field 'key' names the sample and must be "
+                                  "str", found=f.type, expected="str")
+            names[f.name] = KEY_MEMBER
+        elif f.name == "image" and f.type in ("jpeg", "png", "image"):
+            names[f.name] = _ANY_IMAGE
+        elif f.name == "label" and f.type == "int":
+            names[f.name] = "cls"
+        elif f.type == "ndarray" and not f.name.endswith("npy"):
+            names[f.name] = f"{f.name}.npy"
+        else:
+            names[f.name] = f.name
+    taken = [e for e in names.values() if e != _ANY_IMAGE]
+    if _ANY_IMAGE in names.values():
+        taken += sorted(IMAGE_EXTS)
+    for name, ext in names.items():
+        if "/" in ext or "\x00" in ext or taken.count(ext) > 1 or (
+                ext == KEY_MEMBER and name != "key"):
+            raise SchemaError(f"webdataset sink cannot hold field {name!r}: its member "
+                              f"extension {ext!r} holds a '/' or is another field's (or an image "
+                              "extension)", found=ext)
+    return names
+
+
+def _member(f: Field, value) -> bytes:
     t = f.type
-    if f.name == "image":
-        kind = t if t in ("jpeg", "png") else sniff(value)
-        return _IMAGE_EXT.get(kind, "img"), bytes(value)
-    if f.name == "label" and t == "int":
-        return "cls", str(int(value)).encode("ascii")
-    ext = f.name.lower()
     if t == "int":
-        return ext, str(int(value)).encode("ascii")
+        return str(int(value)).encode("ascii")
     if t == "float":
-        return ext, repr(float(value)).encode("ascii")
+        return repr(float(value)).encode("ascii")
     if t == "str":
-        return ext, value.encode("utf-8")
+        return value.encode("utf-8")
     if t == "json":
-        return ext, json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        return json.dumps(value, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False).encode("utf-8")
     if t == "ndarray":
         buf = io.BytesIO()
         np.save(buf, np.asarray(value), allow_pickle=False)
-        return ext if ext.endswith("npy") else f"{ext}.npy", buf.getvalue()
-    return ext, bytes(value)
+        return buf.getvalue()
+    return bytes(value)
 
 
 def _tar_key(key: str, fallback: str) -> str:
@@ -340,18 +471,27 @@ class WebDatasetSink:
 
     Args:
         path: the output folder.
-        fields: the schema; ``key`` names the sample, ``image`` becomes ``.jpg``/
-            ``.png``, ``label`` ``.cls``, other fields ``.<name>``.
+        fields: the schema; ``key`` names the sample (and is kept exactly in
+            ``.key.txt``), ``image`` becomes ``.jpg``/``.png``/... as its bytes are,
+            ``label`` ``.cls``, other fields ``.<name>`` (see the module docstring).
         classes: class names, written to ``classes.json`` beside the tars.
         shard_size: start a new tar after this many bytes.
         records_per_shard: or after this many samples.
         overwrite: replace tars of an earlier run.
+
+    ``schema.json`` (the field types, see :mod:`formats.paths`) is written beside
+    the tars when the sink closes without an error.
+
+    Raises:
+        SchemaError: at open, a field the tars cannot hold (see :func:`_member_names`).
     """
 
     def __init__(self, path: str | Path, fields, classes=None, *, shard_size: int | None = 256 << 20,
                  records_per_shard: int | None = None, overwrite: bool = False) -> None:
-        self.root = prepare_output_dir(path, overwrite=overwrite, owned=("shard-", "classes.json"))
         self.fields = tuple(fields)
+        self._names = _member_names(self.fields)
+        self.root = prepare_output_dir(path, overwrite=overwrite,
+                                       owned=("shard-", CLASSES_FILE, SCHEMA_FILE))
         self.classes = classes
         write_classes_file(self.root, classes)
         self.shard_size, self.records_per_shard = shard_size, records_per_shard
@@ -360,15 +500,24 @@ class WebDatasetSink:
         self._tar: tarfile.TarFile | None = None
         self._count = 0
         self._last_key = None
+        self._kinds = ImageKinds(self.fields)
 
     def write(self, record: Record) -> None:
         fallback = f"{self._count:08d}"
-        key = _tar_key(str(record.fields.get("key", fallback)), fallback)
+        values = record.fields
+        key = _tar_key(values["key"], fallback) if "key" in self._names else fallback
         if key == self._last_key:  # consecutive equal keys would merge into one sample
             key = f"{key}_{self._count:08d}"
         self._last_key = key
-        members = sorted(_ext_and_bytes(f, record.fields[f.name])
-                         for f in self.fields if f.name != "key")
+        members = []
+        for f in self.fields:
+            ext, value = self._names[f.name], values[f.name]
+            if f.type in ("jpeg", "png", "image"):
+                kind = self._kinds.note(f.name, value)
+                if ext == _ANY_IMAGE:
+                    ext = _IMAGE_EXT.get(kind, "img")
+            members.append((ext, _member(f, value)))
+        members.sort()
         if self._tar is None:
             self._file = AtomicFile(self.root / f"shard-{len(self.files):05d}.tar")
             self._tar = tarfile.TarFile(fileobj=self._file.file, mode="w", format=tarfile.GNU_FORMAT)
@@ -395,10 +544,11 @@ class WebDatasetSink:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self._file is None:
+        if exc_type is not None:
+            if self._file is not None:
+                self._tar = None
+                self._file.abort()
             return
-        if exc_type is None:
+        if self._file is not None:
             self._seal()
-        else:
-            self._tar = None
-            self._file.abort()
+        write_schema_file(self.root, "webdataset", self._kinds.typed(self.fields), self._names)

@@ -27,12 +27,20 @@ class CodecConformance:
             return value.encode("utf-8")
         return value
 
+    def same(self, f: Field, got, value) -> bool:
+        want = self.expect(f, value)
+        if f.type == "ndarray":
+            return (isinstance(got, np.ndarray) and got.dtype == want.dtype
+                    and np.array_equal(got, want))
+        return type(got) is type(want) and got == want
+
     def records(self, rng):
         recs = make_records(rng, 11)
         for i, r in enumerate(recs):
             for f in self.extra_fields:
-                r[f.name] = {"str": f"caption {i} é", "float": i / 4,
-                             "json": {"i": i, "tags": ["a", "b"]}, "bytes": bytes([i]) * 5}[f.type]
+                r[f.name] = {"str": f"caption {i} é", "float": i / 4, "int": -(i << 40),
+                             "json": {"i": i, "tags": ["a", "b"]}, "bytes": bytes([i]) * 5,
+                             "ndarray": np.arange(3, dtype=np.float32) * i}[f.type]
         return recs
 
     def roundtrip(self, tmp_path, rng, **sink_options):
@@ -52,7 +60,7 @@ class CodecConformance:
             assert bytes(g.fields["image"]) == r["image"]
             assert g.fields["label"] == r["label"]
             for f in self.extra_fields:
-                assert g.fields[f.name] == self.expect(f, r[f.name]), f.name
+                assert self.same(f, g.fields[f.name], r[f.name]), f.name
 
     def test_schema_types(self, tmp_path, rng):
         _, src = self.roundtrip(tmp_path, rng)
@@ -123,7 +131,9 @@ class TestTFRecord(CodecConformance):
 
 class TestWebDataset(CodecConformance):
     name = "webdataset"
-    extra_fields = (Field("txt", "str"), Field("json", "json"), Field("bin", "bytes"))
+    extra_fields = (Field("txt", "str"), Field("json", "json"), Field("bin", "bytes"),
+                    Field("score", "float"), Field("n", "int"),
+                    Field("emb", "ndarray", dtype="<f4", shape=(3,)))
 
     def test_tars_are_deterministic(self, tmp_path, rng):
         recs = self.records(rng)
@@ -137,7 +147,8 @@ class TestWebDataset(CodecConformance):
         with tarfile.open(tmp_path / "a" / "shard-00000.tar") as t:
             infos = t.getmembers()
         assert all(i.mtime == 0 and i.uid == 0 and i.gid == 0 and not i.pax_headers for i in infos)
-        assert [i.name for i in infos[:3]] == ["cat/000.cls", "cat/000.jpg", "dog/001.cls"]
+        assert [i.name for i in infos[:4]] == ["cat/000.cls", "cat/000.jpg", "cat/000.key.txt",
+                                               "dog/001.cls"]
 
 
 class TestParquet(CodecConformance):
