@@ -1,6 +1,6 @@
 """Reading foreign inputs with a ceiling: no input expands, allocates or blocks past a stated bound.
 
-Every compressed foreign input (gzip TFRecords, zstd/gzip MDS shards, gzip tars)
+Every compressed foreign input (gzip or zlib TFRecords, zstd/gzip MDS shards, gzip tars)
 is read through these helpers, so a small file that claims or expands to a huge
 size fails with a :class:`DecompressionError` naming the file instead of filling
 memory. Bounds are checked before the bytes are produced, not after.
@@ -222,6 +222,41 @@ def parse_json(data, *, path: str | Path | None = None, record: int | None = Non
                 offset=offset, expected=f"<= {max_depth} levels")
 
 
+class _ZlibStream(io.RawIOBase):
+    """One zlib stream (RFC 1950: what TensorFlow writes for ``compression_type="ZLIB"``)
+    decompressed as it is read, never more than the caller asks for at once."""
+
+    def __init__(self, raw, path: str | Path) -> None:
+        super().__init__()
+        self._raw = raw
+        self._path = str(path)
+        self._d = zlib.decompressobj()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while True:
+            if self._d.eof:
+                if self._d.unused_data or self._raw.read(1):
+                    raise DecompressionError("data after the end of the zlib stream",
+                                             path=self._path)
+                return 0
+            src = self._d.unconsumed_tail or self._raw.read(1 << 16)
+            if not src:
+                raise EOFError
+            out = self._d.decompress(src, len(buf))
+            if out:
+                buf[:len(out)] = out
+                return len(out)
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+
 def open_input(path: str | Path, *, compression: str | None = "auto",
                max_bytes: int = DEFAULT_MAX_STREAM) -> io.BufferedReader:
     """Open a foreign input file for reading, transparently gunzipping it.
@@ -229,11 +264,12 @@ def open_input(path: str | Path, *, compression: str | None = "auto",
     Args:
         path: the file.
         compression: ``"auto"`` (gzip when the file starts with the gzip magic),
-            ``"gzip"``, or ``None``.
-        max_bytes: the most bytes a gzip file may expand to.
+            ``"gzip"``, ``"zlib"`` (one zlib stream; never guessed here: a zlib
+            header is two bytes any format may start with), or ``None``.
+        max_bytes: the most bytes a compressed file may expand to.
 
     Returns:
-        A buffered binary stream; for gzip files every read is bounded.
+        A buffered binary stream; for compressed files every read is bounded.
 
     Raises:
         OSError: the file cannot be opened.
@@ -244,11 +280,14 @@ def open_input(path: str | Path, *, compression: str | None = "auto",
         compression = "gzip" if f.peek(2)[:2] == _GZIP_MAGIC else None
     if compression is None:
         return f
-    if compression != "gzip":
+    if compression == "gzip":
+        stream = gzip.GzipFile(fileobj=f, mode="rb")
+    elif compression == "zlib":
+        stream = _ZlibStream(f, path)
+    else:
         f.close()
-        raise ValueError(f"unknown compression {compression!r} (gzip or None)")
-    return io.BufferedReader(BoundedReader(gzip.GzipFile(fileobj=f, mode="rb"), max_bytes, path),
-                             buffer_size=1 << 20)
+        raise ValueError(f"unknown compression {compression!r} (gzip, zlib or None)")
+    return io.BufferedReader(BoundedReader(stream, max_bytes, path), buffer_size=1 << 20)
 
 
 def read_exact(stream, n: int, path: str | Path, what: str, offset: int) -> bytes:

@@ -6,15 +6,29 @@ Framing of each record (little-endian)::
 
 with ``masked(c) = ((c >> 15) | (c << 17)) + 0xa282ead8 (mod 2**32)``. Both CRCs are
 verified on read; the length is trusted only after its CRC matched, and never
-beyond ``max_record_bytes``. Files may be gzip-compressed (detected by magic).
-DALI-style index files hold one ``offset size`` line per record, ``size`` being
-the whole framed record.
+beyond ``max_record_bytes``. Files may be compressed as TensorFlow writes them:
+``GZIP`` (magic ``1f 8b``) or ``ZLIB`` (one zlib stream: ``78 01``/``5e``/``9c``/``da``,
+taken as zlib only when the first 12 bytes are not a valid frame header), read
+within ``max_bytes``. DALI-style index files (``tfrecord2idx``'s bytes) hold one
+``offset size`` line per record, ``size`` being the whole framed record; the sink
+writes one beside each uncompressed file by default.
+
+Types: an Example holds byte strings, int64 and float32 lists only. The sink
+writes ``int`` as a one-number Int64List, ``float`` as a one-number FloatList
+(float32: a value float32 does not hold exactly is refused, never rounded),
+``ndarray`` flattened (C order) as an Int64List (bool and integer dtypes; uint64
+by its bits), a FloatList (float16/32, and float64 whose values float32 holds
+exactly) or one byte string of the little-endian array bytes (other dtypes);
+str and json as UTF-8 byte strings. It records the field types and feature names
+in ``schema.json`` (see :mod:`formats.paths`) and the source reads every value
+back as its type from it; files from elsewhere are typed from their first record.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,16 +40,28 @@ from .bounded import (
     DEFAULT_MAX_STREAM,
     DEFAULT_MAX_VALUE,
     open_input,
+    open_regular,
     parse_json,
     read_exact,
     refuse_special_file,
 )
 from .checksum import crc32c
 from .errors import CorruptRecordError, FormatError, SchemaError
-from .fields import Field
+from .fields import IMAGE_TYPES, Field
+from .files import atomic_write_bytes
 from .outputs import AtomicFile, prepare_output_dir
-from .paths import canonical_order, expand_inputs, read_classes_file, write_classes_file
-from .sniff import image_type
+from .paths import (
+    CLASSES_FILE,
+    SCHEMA_FILE,
+    ImageKinds,
+    canonical_order,
+    expand_inputs,
+    read_classes_file,
+    read_schema_file,
+    write_classes_file,
+    write_schema_file,
+)
+from .sniff import sniff
 from .tfexample import ExampleError, decode_example, encode_example
 
 __all__ = [
@@ -45,6 +71,7 @@ __all__ = [
     "looks_like_tfrecord",
     "masked_crc",
     "parse_feature_map",
+    "tfrecord_compression",
 ]
 
 SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz", ".tfrec.gz")
@@ -68,14 +95,36 @@ def masked_crc(data) -> int:
     return ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+def _is_frame_header(head: bytes) -> bool:
+    return len(head) == 12 and masked_crc(head[:8]) == _HEAD.unpack(head)[1]
+
+
+def tfrecord_compression(path: str | Path) -> str | None:
+    """``"gzip"``, ``"zlib"`` or None (uncompressed, or not a TFRecord at all), from
+    the first bytes of ``path``.
+
+    Raises:
+        OSError, FormatError: as for :func:`formats.bounded.open_regular`.
+    """
+    with open_regular(path) as f:
+        head = f.read(12)
+    if _is_frame_header(head):
+        return None  # a first record of 376 bytes starts 78 01, one of 35615 1f 8b
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if len(head) >= 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "zlib"
+    return None
+
+
 def looks_like_tfrecord(path: str | Path) -> bool:
-    """Whether ``path`` starts with a valid TFRecord frame header (gzip allowed)."""
+    """Whether ``path`` starts with a valid TFRecord frame header (gzip or zlib allowed)."""
     try:
-        with open_input(path) as f:
+        with open_input(path, compression=tfrecord_compression(path)) as f:
             head = f.read(12)
     except (OSError, ValueError, EOFError):
         return False
-    return len(head) == 12 and masked_crc(head[:8]) == _HEAD.unpack(head)[1]
+    return _is_frame_header(head)
 
 
 def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | None = "auto",
@@ -83,12 +132,15 @@ def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | 
                 max_bytes: int = DEFAULT_MAX_STREAM) -> Iterator[tuple[int, int, bytes]]:
     """Yield (record index, byte offset, data) of every record in one file.
 
-    Offsets are in the uncompressed stream. Raises CorruptRecordError (a CRC does
-    not match), DecompressionError (truncated or over a bound) or FormatError (a
-    record length over ``max_record_bytes``, or not a regular file), naming the
-    file, record and offset.
+    ``compression`` is ``"auto"`` (see :func:`tfrecord_compression`), ``"gzip"``,
+    ``"zlib"`` or None. Offsets are in the uncompressed stream. Raises
+    CorruptRecordError (a CRC does not match), DecompressionError (truncated or over
+    a bound) or FormatError (a record length over ``max_record_bytes``, or not a
+    regular file), naming the file, record and offset.
     """
     try:
+        if compression == "auto":
+            compression = tfrecord_compression(path)
         f = open_input(path, compression=compression, max_bytes=max_bytes)
     except OSError as exc:
         raise FormatError(f"cannot read TFRecord file ({exc.strerror})", path=path) from None
@@ -102,7 +154,9 @@ def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | 
                 read_exact(f, 12 - len(head), path, f"the header of record {index}", offset)
             length, length_crc = _HEAD.unpack(head)
             if check_crc and masked_crc(head[:8]) != length_crc:
-                raise CorruptRecordError("TFRecord length checksum mismatch", path=path,
+                hint = "" if index or compression else (
+                    " (not a TFRecord file, or compressed some other way than GZIP or ZLIB)")
+                raise CorruptRecordError("TFRecord length checksum mismatch" + hint, path=path,
                                          record=index, offset=offset,
                                          found=f"0x{masked_crc(head[:8]):08x}",
                                          expected=f"0x{length_crc:08x}")
@@ -154,8 +208,42 @@ def _infer(name: str, field_spec: str, value, *, where: str) -> Field:
     if fname == "key":
         return Field(fname, "str")
     if fname == "image":
-        return Field(fname, image_type(value[0] if value else b""))
+        # Provisional when the first is a JPEG (writers type a field by what it holds).
+        return Field(fname, "jpeg" if value and sniff(value[0]) == "jpeg" else "image")
     return Field(fname, "bytes")
+
+
+def _shape_for(shape: tuple, size: int) -> tuple[int, ...] | None:
+    """``shape`` with its one varying dimension (if any) filled in for ``size``
+    values, or None when ``size`` values cannot have that shape."""
+    known = math.prod(d for d in shape if d is not None)
+    varying = shape.count(None)
+    if varying == 0:
+        return shape if known == size else None
+    if varying == 1 and known > 0 and size % known == 0:
+        return tuple(size // known if d is None else d for d in shape)
+    return None
+
+
+def _array(f: Field, value, path, index, offset) -> np.ndarray:
+    """An ndarray field's value from its feature (a number list, or one byte string
+    of the array's bytes), in the field's dtype and shape."""
+    dt = np.dtype(f.dtype)
+    if isinstance(value, np.ndarray):
+        ok = (value.dtype.kind == "f") == (dt.kind == "f") and dt.kind in "biuf"
+        flat = value.astype(dt) if ok else None
+    elif len(value) == 1 and len(value[0]) % dt.itemsize == 0:
+        flat = np.frombuffer(value[0], dt)
+    else:
+        flat = None
+    shape = None if flat is None else _shape_for(f.shape, flat.size)
+    if shape is None:
+        found = (f"{value.size} {value.dtype} numbers" if isinstance(value, np.ndarray)
+                 else f"{len(value)} byte strings")
+        raise SchemaError(f"feature for field {f.name!r} is not an array of {dt.str}, shape "
+                          f"{list(f.shape)}", path=path, record=index, offset=offset,
+                          found=found)
+    return flat.reshape(shape)
 
 
 class TFRecordSource:
@@ -170,8 +258,10 @@ class TFRecordSource:
         max_record_bytes: refuse records longer than this.
         max_bytes: the most a gzip file may expand to.
 
-    Int64/float lists of length 1 in the first record become ``int``/``float``
-    fields, longer ones ``ndarray`` fields; later records must agree.
+    With ``schema.json`` beside the files (our sink wrote them) and no
+    ``features``, the fields are the ones it records, each value read back as its
+    type. Otherwise int64/float lists of length 1 in the first record become
+    ``int``/``float`` fields, longer ones ``ndarray`` fields; later records must agree.
     """
 
     def __init__(self, path: str | Path, *, features: str | Mapping[str, str] | None = None,
@@ -193,6 +283,8 @@ class TFRecordSource:
         self.classes = read_classes_file(self.files[0].parent)
         self._explicit = parse_feature_map(features)
         self._map: dict[str, str] = {}
+        self._ours = None if features is not None else read_schema_file(self.files[0].parent,
+                                                                        "tfrecord")
         self.fields = self._schema()
 
     def _frames(self, path: Path):
@@ -211,6 +303,14 @@ class TFRecordSource:
             for index, offset, data in self._frames(path):
                 example = self._decode(path, index, offset, data)
                 where = f"{path.name} record {index}"
+                if self._ours is not None:
+                    fields, names = self._ours
+                    self._map = {names.get(f.name, f.name): f.name for f in fields}
+                    missing = sorted(set(self._map) - set(example))
+                    if missing:
+                        raise SchemaError(f"{where}: features {missing} of schema.json not "
+                                          "found", found=sorted(example))
+                    return fields
                 if self._explicit is not None:
                     missing = sorted(set(self._explicit) - set(example))
                     if missing:
@@ -256,10 +356,7 @@ class TFRecordSource:
                                   found=getattr(value, "size", "bytes"), expected=1)
             return int(value[0]) if kind == "int" else float(value[0])
         if kind == "ndarray":
-            if not isinstance(value, np.ndarray):
-                raise SchemaError(f"field {f.name!r} expects numbers, found bytes", path=path,
-                                  record=index, offset=offset)
-            return value
+            return _array(f, value, path, index, offset)
         if isinstance(value, np.ndarray) or len(value) > 1:
             raise SchemaError(f"field {f.name!r} expects one byte string", path=path, record=index,
                               offset=offset)
@@ -276,23 +373,54 @@ class TFRecordSource:
         return raw
 
 
-def _feature_value(f: Field, value):
+def _lossy(f: Field, count: int, value) -> SchemaError:
+    return SchemaError(f"tfrecord sink: field {f.name!r} ({f.type}) of record {count} holds "
+                       "a value float32 does not hold exactly; a TFRecord float list is float32, "
+                       "and the value is never rounded", found=value, expected="a float32 value")
+
+
+def _numbers(f: Field, value, count: int):
+    """An ndarray value as its feature (see the module docstring)."""
+    dt = np.dtype(f.dtype)
+    arr = np.asarray(value)
+    if arr.dtype != dt:
+        if not np.can_cast(arr.dtype, dt, casting="same_kind"):
+            raise SchemaError(f"tfrecord sink: field {f.name!r} of record {count}: dtype "
+                              f"{arr.dtype} does not cast safely", found=str(arr.dtype),
+                              expected=dt.str)
+        arr = arr.astype(dt)
+    if _shape_for(f.shape, arr.size) is None or arr.ndim != len(f.shape):
+        raise SchemaError(f"tfrecord sink: field {f.name!r} of record {count}: shape",
+                          found=list(arr.shape), expected=list(f.shape))
+    flat = arr.reshape(-1)
+    if dt.kind in "biu":
+        return flat.astype(np.int64)  # uint64 by its bits: the source casts back
+    if dt.kind == "f" and dt.itemsize <= 8:
+        out = flat.astype(np.float32)
+        if dt.itemsize == 8 and not np.array_equal(out, flat, equal_nan=True):
+            bad = flat[out != flat]
+            raise _lossy(f, count, float(bad[~np.isnan(bad)][0]))
+        return out
+    return [np.ascontiguousarray(flat).tobytes()]
+
+
+def _feature_value(f: Field, value, count: int):
     t = f.type
     if t == "int":
         return np.array([int(value)], np.int64)
     if t == "float":
-        return np.array([float(value)], np.float32)
+        v = float(value)
+        with np.errstate(over="ignore"):
+            if not (math.isnan(v) or float(np.float32(v)) == v):
+                raise _lossy(f, count, v)
+        return np.array([v], np.float32)
     if t == "ndarray":
-        arr = np.asarray(value).reshape(-1)
-        if arr.dtype.kind in "iub":
-            return arr.astype(np.int64)
-        if arr.dtype.kind == "f":
-            return arr.astype(np.float32)
-        return [arr.tobytes()]
+        return _numbers(f, value, count)
     if t == "str":
         return [value.encode("utf-8")]
     if t == "json":
-        return [json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")]
+        return [json.dumps(value, sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False).encode("utf-8")]
     return [bytes(value)]
 
 
@@ -309,33 +437,56 @@ class TFRecordSink:
         shard_size: start a new file after this many bytes.
         records_per_shard: or after this many records.
         compression: ``None`` or ``"gzip"``.
-        index: also write DALI-style ``shard-NNNNN.idx`` files (uncompressed only).
+        index: write a DALI index ``shard-NNNNN.idx`` beside each file (the bytes
+            ``tfrecord2idx`` writes; DALI's reader needs them). By default (None)
+            for uncompressed files; ``False`` opts out; ``True`` with gzip is
+            refused (an index locates records in the uncompressed file).
         overwrite: replace files of an earlier run.
 
-    ``float`` fields are written as FloatList, i.e. float32.
+    Types as in the module docstring; ``schema.json`` records them when the sink
+    closes without an error.
+
+    Raises:
+        SchemaError: at open, a field an Example cannot hold (an ndarray with more
+            than one varying dimension: lists are flat); at write, a float value
+            float32 does not hold exactly.
     """
 
     def __init__(self, path: str | Path, fields, classes=None, *,
                  features: Mapping[str, str] | None = None, shard_size: int | None = 256 << 20,
                  records_per_shard: int | None = None, compression: str | None = None,
-                 index: bool = False, overwrite: bool = False) -> None:
+                 index: bool | None = None, overwrite: bool = False) -> None:
         if compression not in (None, "gzip"):
             raise SchemaError("TFRecord compression must be None or 'gzip'", found=compression)
         if index and compression:
             raise SchemaError("index files describe uncompressed TFRecords only")
-        self.root = prepare_output_dir(path, overwrite=overwrite, owned=("shard-", "classes.json"))
         self.fields = tuple(fields)
-        self.classes = classes
-        write_classes_file(self.root, classes)
+        for f in self.fields:
+            if f.type == "ndarray" and f.shape.count(None) and _shape_for(
+                    f.shape, math.prod(d or 1 for d in f.shape)) is None:
+                raise SchemaError(f"tfrecord sink cannot hold field {f.name!r}: an ndarray of "
+                                  "shape {list(f.shape)} (a flat list keeps one varying "
+                                  "dimension at most)", found=list(f.shape))
         names = dict(DEFAULT_SINK_FEATURES)
         names.update(features or {})
         self._names = {f.name: names.get(f.name, f.name) for f in self.fields}
+        if len(set(self._names.values())) != len(self._names):
+            raise SchemaError("tfrecord sink: two fields on one feature name",
+                              found=self._names)
+        self.root = prepare_output_dir(path, overwrite=overwrite,
+                                       owned=("shard-", CLASSES_FILE, SCHEMA_FILE))
+        self.classes = classes
+        write_classes_file(self.root, classes)
         self.shard_size, self.records_per_shard = shard_size, records_per_shard
-        self.compression, self.index = compression, index
+        self.compression = compression
+        self.index = not compression if index is None else index
         self.files: list[Path] = []
         self._file: AtomicFile | None = None
         self._gz = None
         self._offsets: list[tuple[int, int]] = []
+        self._count = 0
+        self._kinds = ImageKinds(self.fields)
+        self._images = [f.name for f in self.fields if f.type in IMAGE_TYPES]
 
     def _open(self) -> None:
         suffix = ".tfrecord.gz" if self.compression else ".tfrecord"
@@ -346,7 +497,12 @@ class TFRecordSink:
         self._offsets = []
 
     def write(self, record: Record) -> None:
-        feats = {self._names[f.name]: _feature_value(f, record.fields[f.name]) for f in self.fields}
+        values = record.fields
+        feats = {self._names[f.name]: _feature_value(f, values[f.name], self._count)
+                 for f in self.fields}
+        for name in self._images:
+            self._kinds.note(name, values[name])
+        self._count += 1
         data = encode_example(feats)
         if self._file is None:
             self._open()
@@ -372,18 +528,20 @@ class TFRecordSink:
         self.files.append(self._file.path)
         if self.index:
             text = "".join(f"{o} {n}\n" for o, n in self._offsets)
-            self._file.path.with_name(self._file.path.name.split(".")[0] + ".idx").write_text(text)
+            atomic_write_bytes(self._file.path.with_name(self._file.path.name.split(".")[0]
+                                                         + ".idx"), text.encode(), durable=False)
         self._file = None
 
     def __enter__(self) -> TFRecordSink:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self._file is None:
+        if exc_type is not None:
+            if self._file is not None:
+                if self._gz is not None:
+                    self._gz.close()
+                self._file.abort()
             return
-        if exc_type is None:
+        if self._file is not None:
             self._seal()
-        else:
-            if self._gz is not None:
-                self._gz.close()
-            self._file.abort()
+        write_schema_file(self.root, "tfrecord", self._kinds.typed(self.fields), self._names)

@@ -97,10 +97,19 @@ class CodecConformance:
 
 class TestTFRecord(CodecConformance):
     name = "tfrecord"
-    # A BytesList does not say whether it holds text: it reads back as bytes
-    # (``features="caption=caption:str"`` asks for text).
-    read_back_as: ClassVar[dict[str, str]] = {"str": "bytes"}
-    extra_fields = (Field("caption", "str"), Field("score", "float"), Field("blob", "bytes"))
+    # A BytesList does not say whether it holds text: schema.json beside the files does.
+    extra_fields = (Field("caption", "str"), Field("score", "float"), Field("blob", "bytes"),
+                    Field("n", "int"), Field("meta", "json"),
+                    Field("emb", "ndarray", dtype="<f4", shape=(3,)))
+
+    def test_str_without_schema_file_reads_back_as_bytes(self, tmp_path, rng):
+        """A file from elsewhere says nothing of text (``features=...:str`` asks for it)."""
+        recs, _ = self.roundtrip(tmp_path, rng)
+        (tmp_path / "out" / "schema.json").unlink()
+        src = open_source("tfrecord", tmp_path / "out")
+        types = {f.name: f.type for f in src.fields}
+        assert types["caption"] == "bytes" and types["emb"] == "ndarray"
+        assert next(iter(src)).fields["caption"] == recs[0]["caption"].encode()
 
     def test_gzip_and_index(self, tmp_path, rng):
         recs, src = self.roundtrip(tmp_path, rng, compression="gzip")
@@ -110,7 +119,7 @@ class TestTFRecord(CodecConformance):
             open_sink("tfrecord", tmp_path / "x", IMAGE_FIELDS, compression="gzip", index=True)
 
     def test_index_lines_point_at_frames(self, tmp_path, rng):
-        recs, _src = self.roundtrip(tmp_path, rng, index=True, records_per_shard=100)
+        recs, _src = self.roundtrip(tmp_path, rng, records_per_shard=100)  # index by default
         data = (tmp_path / "out" / "shard-00000.tfrecord").read_bytes()
         lines = (tmp_path / "out" / "shard-00000.idx").read_text().splitlines()
         assert len(lines) == len(recs)
