@@ -162,7 +162,8 @@ class TestWebDataset(CodecConformance):
 
 class TestParquet(CodecConformance):
     name = "parquet"
-    extra_fields = (Field("caption", "str"), Field("score", "float"), Field("meta", "json"))
+    extra_fields = (Field("caption", "str"), Field("score", "float"), Field("meta", "json"),
+                    Field("n", "int"), Field("emb", "ndarray", dtype="<f4", shape=(3,)))
 
     def test_hf_metadata_written(self, tmp_path, rng):
         import json
