@@ -1,4 +1,6 @@
-"""Full verification of a dataset: every file checksum, every index entry, every field CRC.
+"""Full verification of a dataset: every file checksum, every index entry, every field CRC,
+and that every payload of a ``jpeg`` or ``png`` field is an image of that format
+(sniffed from its first bytes: a field's type is a promise to readers that decode it).
 
 Unlike reading, verification does not stop at the first problem: it collects one
 :class:`Problem` per damaged file or record, so a user sees the extent of the damage.
@@ -14,12 +16,18 @@ from pathlib import Path
 import numpy as np
 
 from .checksum import crc32c, fd_crc32c
+from .decoding import FieldDecoder, load_dictionaries
 from .errors import ShardpackError
 from .files import open_regular
 from .manifest import read_manifest
 from .shard import ShardReader
+from .sniff import sniff
 
 __all__ = ["Problem", "verify_dataset"]
+
+#: Records of one field in one shard reported by name for holding another format;
+#: the rest are counted in one more problem.
+_MAX_TYPE_PROBLEMS = 100
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,11 @@ def verify_dataset(path: str | Path, progress: Callable[[int], None] | None = No
     root = Path(path)
     manifest = read_manifest(root, follow_symlinks=follow_symlinks)
     problems: list[Problem] = []
+    try:
+        decoder = FieldDecoder(manifest.fields, manifest.max_raw_size,
+                               load_dictionaries(root, manifest, follow_symlinks))
+    except ShardpackError:  # reported below, by file; compressed images go unsniffed
+        decoder = None
     for field, (name, crc) in manifest.dictionaries.items():
         problems.extend(_check_file(root, name, None, crc, follow_symlinks, field=field))
     for entry in manifest.shards:
@@ -84,6 +97,7 @@ def verify_dataset(path: str | Path, progress: Callable[[int], None] | None = No
             continue
         try:
             problems.extend(_check_records(shard, manifest.fields))
+            problems.extend(_check_image_formats(shard, manifest.fields, decoder))
         finally:
             shard.close()
         if progress is not None:
@@ -136,4 +150,38 @@ def _check_records(shard: ShardReader, fields) -> list[Problem]:
         for r in bad[:100].tolist():
             problems.append(Problem(shard.data_path.name, "scalar payload is not 8 bytes",
                                     record=r, field=fields[j].name, offset=offsets[r][j]))
+    return problems
+
+
+def _check_image_formats(shard: ShardReader, fields, decoder: FieldDecoder | None) -> list[Problem]:
+    """Every non-empty payload of a ``jpeg``/``png`` field, sniffed."""
+    problems = []
+    view = shard.view
+    for j, f in enumerate(fields):
+        if f.type not in ("jpeg", "png") or (f.compression != "none" and decoder is None):
+            continue
+        starts = shard.offsets[:, j].tolist()
+        ends = (shard.offsets[:, j] + shard.lengths[:, j]).tolist()
+        bad = 0
+        for r, (o, e) in enumerate(zip(starts, ends, strict=True)):
+            if o == e:
+                continue  # an empty payload is allowed (FORMAT.md, section 5)
+            if f.compression == "none":
+                head = view[o:min(e, o + 32)]
+            else:
+                try:
+                    head = decoder.decode(j, view[o:e])[:32]
+                except ShardpackError:
+                    continue  # damaged: its checksum problem is already reported
+            kind = sniff(head)
+            if kind != f.type:
+                bad += 1
+                if bad <= _MAX_TYPE_PROBLEMS:
+                    problems.append(Problem(shard.data_path.name,
+                                            f"payload is {kind}, but the field is {f.type}",
+                                            record=r, field=f.name, offset=o))
+        if bad > _MAX_TYPE_PROBLEMS:
+            problems.append(Problem(shard.data_path.name,
+                                    f"{bad - _MAX_TYPE_PROBLEMS} more records hold payloads that "
+                                    f"are not {f.type}", field=f.name))
     return problems
