@@ -2,6 +2,32 @@
 
 Conversion is "a source of one format, a sink of another" (:func:`convert`).
 Each codec module is imported only when its name is used.
+
+Which sink holds which field types. A sink refuses at open, with a SchemaError
+naming the field and the sink, a field it cannot hold; it never degrades a value.
+Images are carried byte for byte whatever their format, and typed by what they
+hold; class names keep their order (label i is name i), unnamed classes write none.
+
+* ``shards``: every type (FORMAT.md, section 5).
+* ``tfrecord``: every type. int as an Int64List; float as a FloatList, which is
+  float32 (a value float32 does not hold exactly is refused when written);
+  ndarray flattened into an Int64List (bool, integer), a FloatList (float16/32,
+  float64 holding float32 values) or the array's bytes, at most one dimension
+  varying; str, json, bytes and images as byte strings. Types, feature names
+  and the shapes are kept in ``schema.json``; class names in ``classes.json``.
+* ``webdataset``: every type, one tar member per field: ``.cls`` and decimal
+  text for ints, ``repr`` text for floats, UTF-8, JSON, ``.npy``, images under
+  the extension of their format; the exact key in ``.key.txt``. Refused: a
+  ``key`` that is not str, two fields on one member extension (or a field named
+  like an image extension), a field name holding ``/``. Types in ``schema.json``,
+  class names in ``classes.json``.
+* ``parquet`` (the Hugging Face ``datasets`` layout): int, float, str, json,
+  bytes, images, and ndarray of bool, integer and float dtypes (nested list
+  columns). Refused: no ``image`` field, a ``key`` that is not str (it is the
+  image's path), other ndarray dtypes. Types in the files' ``shardpack``
+  metadata, class names as a ``ClassLabel``.
+* ``imagefolder``: the ``image`` (a file), ``label`` (its folder) and ``key``
+  (its name); other fields are not written (see :mod:`formats.folder_sink`).
 """
 
 from __future__ import annotations
