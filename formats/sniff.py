@@ -1,29 +1,66 @@
-"""Telling encoded images apart by their first bytes (never by trusting a file name)."""
+"""Telling encoded images apart by their first bytes (never by trusting a file name),
+and reading an image's size from its header without decoding a pixel.
+
+This module holds the project's one table of magic bytes; the packer, the sinks and
+``inspect-shards`` all ask it. Header rules, per format (all integers unsigned):
+
+====  ==========================================================================
+png   signature, then the IHDR chunk: length 13, width and height big-endian u32
+      at bytes 16 and 20, its CRC-32 checked; complete when the IEND chunk is in
+      the last 4 KiB
+gif   width and height little-endian u16 at bytes 6 and 8
+bmp   ``BM``, DIB header size (12, 40, 52, 56, 64, 108 or 124) at byte 14; width
+      and height at 18 (u16 for the 12-byte core header, else i32; a negative
+      height means top-down rows)
+webp  RIFF ``WEBP``, then ``VP8 `` (the frame's 14-bit sizes after its start
+      code ``9d 01 2a``), ``VP8L`` (14-bit sizes minus one after the byte 0x2f) or
+      ``VP8X`` (24-bit canvas sizes minus one at bytes 24 and 27)
+tiff  the first IFD's ImageWidth (256) and ImageLength (257) entries, SHORT or
+      LONG, in the file's byte order
+====  ==========================================================================
+
+JPEG sizes come from :func:`simplejpeg.decode_jpeg_header` (its SOF parser).
+"""
 
 from __future__ import annotations
 
-__all__ = ["image_type", "sniff"]
+import struct
+import zlib
+
+__all__ = ["IMAGE_KINDS", "image_kind", "image_size", "image_type", "is_gray", "looks_complete",
+           "sniff"]
+
+#: The encoded image formats the project recognizes (what :func:`image_kind` returns).
+IMAGE_KINDS = frozenset({"jpeg", "png", "webp", "gif", "bmp", "tiff"})
 
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
     (b"GIF87a", "gif"), (b"GIF89a", "gif"),
-    (b"BM", "bmp"),
+    (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"),
     (b"\x93NUMPY", "npy"),
     (b"\x1f\x8b", "gzip"),
     (b"\x28\xb5\x2f\xfd", "zstd"),
     (b"PAR1", "parquet"),
 )
+# "BM" alone is two letters of text: a BMP also needs a known DIB header size.
+_BMP_HEADERS = frozenset({12, 40, 52, 56, 64, 108, 124})
+# How far from the end a format's end marker may sit (the padding some writers append).
+_TAIL = 4096
 
 
 def sniff(data) -> str:
-    """A short name for the content of ``data``: jpeg, png, webp, gif, json, text or bytes."""
-    head = bytes(data[:16])
+    """A short name for the content of ``data``: an image kind (jpeg, png, webp, gif,
+    bmp, tiff), npy, gzip, zstd, parquet, json, text or bytes."""
+    head = bytes(data[:32])
     for magic, name in _MAGIC:
         if head.startswith(magic):
             return name
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "webp"
+    if head[:2] == b"BM" and len(head) >= 18 and \
+            int.from_bytes(head[14:18], "little") in _BMP_HEADERS:
+        return "bmp"
     try:
         text = bytes(data[:256]).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -36,7 +73,134 @@ def sniff(data) -> str:
     return "text" if text or not head else "bytes"
 
 
+def image_kind(data) -> str | None:
+    """The image format of ``data`` (one of :data:`IMAGE_KINDS`), or None."""
+    if data[:3] == b"\xff\xd8\xff":  # the common case first: one slice, one compare
+        return "jpeg"
+    kind = sniff(data)
+    return kind if kind in IMAGE_KINDS else None
+
+
 def image_type(data) -> str:
     """The field type for an encoded image: ``jpeg``, ``png`` or (any other) ``image``."""
     kind = sniff(data)
     return kind if kind in ("jpeg", "png") else "image"
+
+
+def image_size(data, kind: str) -> tuple[int, int]:
+    """``(width, height)`` of an image of format ``kind`` (as :func:`image_kind` named
+    it), read from its header alone.
+
+    Raises:
+        ValueError: the header is short, inconsistent or names a zero size (the
+            message says which).
+    """
+    if kind not in ("tiff", "jpeg"):  # their headers may sit anywhere in the file
+        data = bytes(data[:_HEADER_BYTES])
+    try:
+        width, height = _SIZE[kind](data)
+    except (struct.error, IndexError):
+        raise ValueError("header is cut short") from None
+    except KeyError:
+        raise ValueError(f"no header rule for {kind!r}") from None
+    if width <= 0 or height <= 0:
+        raise ValueError(f"header says {width}x{height} pixels")
+    return width, height
+
+
+def is_gray(data, kind: str) -> bool:
+    """Whether the header says gray samples: a PNG of colour type 0 (gray) or 4 (gray
+    and alpha). False for other formats, whose decoders give one channel when gray."""
+    return kind == "png" and len(data) > 25 and data[25] in (0, 4)
+
+
+def looks_complete(data, kind: str) -> bool:
+    """False when ``data`` (a ``kind`` image) provably lacks its end: a JPEG without
+    its end-of-image marker, a PNG without IEND, a RIFF (WebP) or BMP shorter than
+    its header says. True for formats with no cheap check (GIF, TIFF)."""
+    n = len(data)
+    if kind == "jpeg":
+        # FF D9 cannot occur inside entropy-coded data (FF is stuffed or a restart
+        # marker there), so its absence near the end means truncation.
+        return bytes(data[max(2, n - _TAIL):]).rfind(b"\xff\xd9") >= 0
+    if kind == "png":
+        return bytes(data[max(8, n - _TAIL):]).rfind(b"IEND\xaeB`\x82") >= 0
+    if kind == "webp":
+        return n >= 8 + int.from_bytes(bytes(data[4:8]), "little")
+    if kind == "bmp":
+        return n >= int.from_bytes(bytes(data[2:6]), "little")
+    return True
+
+
+# -- one header rule per format ----------------------------------------------------------
+
+_HEADER_BYTES = 64  # enough for every rule but TIFF's (whose IFD may sit anywhere)
+
+
+def _png(d: bytes) -> tuple[int, int]:
+    if d[8:16] != b"\x00\x00\x00\x0dIHDR":
+        raise ValueError("first chunk is not a 13-byte IHDR")
+    if len(d) < 33 or zlib.crc32(d[12:29]) != int.from_bytes(d[29:33], "big"):
+        raise ValueError("IHDR checksum mismatch")
+    return struct.unpack_from(">II", d, 16)
+
+
+def _gif(d: bytes) -> tuple[int, int]:
+    return struct.unpack_from("<HH", d, 6)
+
+
+def _bmp(d: bytes) -> tuple[int, int]:
+    (header,) = struct.unpack_from("<I", d, 14)
+    if header == 12:
+        return struct.unpack_from("<HH", d, 18)
+    width, height = struct.unpack_from("<ii", d, 18)
+    return width, abs(height)
+
+
+def _webp(d: bytes) -> tuple[int, int]:
+    chunk = d[12:16]
+    if chunk == b"VP8 ":
+        if d[23:26] != b"\x9d\x01\x2a":
+            raise ValueError("VP8 frame has no start code")
+        width, height = struct.unpack_from("<HH", d, 26)
+        return width & 0x3FFF, height & 0x3FFF
+    if chunk == b"VP8L":
+        if d[20] != 0x2F:
+            raise ValueError("VP8L chunk has no signature byte")
+        (bits,) = struct.unpack_from("<I", d, 21)
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if chunk == b"VP8X":
+        return (int.from_bytes(d[24:27], "little") + 1,
+                int.from_bytes(d[27:30], "little") + 1)
+    raise ValueError(f"unknown first WebP chunk {chunk!r}")
+
+
+def _tiff(d) -> tuple[int, int]:
+    order = "<" if bytes(d[:2]) == b"II" else ">"
+    (ifd,) = struct.unpack_from(order + "I", d, 4)
+    (count,) = struct.unpack_from(order + "H", d, ifd)
+    found: dict[int, int] = {}
+    for i in range(count):
+        tag, type_ = struct.unpack_from(order + "HH", d, ifd + 2 + 12 * i)
+        if tag in (256, 257):
+            if type_ == 3:    # SHORT
+                (found[tag],) = struct.unpack_from(order + "H", d, ifd + 10 + 12 * i)
+            elif type_ == 4:  # LONG
+                (found[tag],) = struct.unpack_from(order + "I", d, ifd + 10 + 12 * i)
+            else:
+                raise ValueError(f"TIFF tag {tag} has type {type_}, not SHORT or LONG")
+            if len(found) == 2:
+                break
+    if len(found) != 2:
+        raise ValueError("first IFD has no ImageWidth and ImageLength")
+    return found[256], found[257]
+
+
+def _jpeg(d: bytes) -> tuple[int, int]:
+    import simplejpeg
+
+    height, width, _, _ = simplejpeg.decode_jpeg_header(bytes(d))
+    return width, height
+
+
+_SIZE = {"png": _png, "gif": _gif, "bmp": _bmp, "webp": _webp, "tiff": _tiff, "jpeg": _jpeg}
