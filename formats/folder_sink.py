@@ -1,25 +1,50 @@
-"""An ImageFolder as output: ``DST/<class name>/<file name>``, one image per record.
+"""An ImageFolder as output: ``DST/<class folder>/<file name>``, one image per record.
 
-Class folder names come from the class names (or the label number), file names
-from the record's ``key``; both are sanitized, and every path is checked to lie
-inside DST before anything is written, whatever the input said.
+torchvision's ``ImageFolder`` (``find_classes``) labels the sub-folders of its root
+by their place in ``sorted()`` order, empty ones included. This sink names the
+folders so that the order gives back every label (:func:`class_folders`):
+
+* every class gets a folder, empty ones too (classes without names: labels 0 to
+  the largest one seen);
+* classes without names: zero-padded label numbers, ``000``, ``001``, ... (three
+  digits, more when there are over 1,000 classes);
+* named classes: the names themselves when each is a valid folder name as it is
+  (unchanged by :func:`safe_name`, not ``classes.json``), no two are equal ignoring
+  case (a case-insensitive file system would merge them) and they are already in
+  sorted order;
+* otherwise every folder is ``NNN-<safe name>`` (``000-dog``, ``001-b_c``; ``NNN``
+  alone when nothing of the name survives): equal-width numbers sort in label
+  order, so sanitizing never merges or moves a class.
+
+``DST/classes.json`` (a JSON list of names, index = label; written on a clean
+exit, as the TFRecord and WebDataset sinks write theirs) records the label order;
+for classes without names it lists the folder names. ``pack-dataset`` reading
+such a folder back takes the names from it (``packer.listing``).
+
+File names come from the record's ``key``, sanitized; every path is checked to
+lie inside DST before anything is written, whatever the input said.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from .base import Record
 from .errors import SchemaError, UnsafePathError
 from .fields import Field
+from .paths import CLASSES_FILE, write_classes_file
 from .sniff import sniff
 
-__all__ = ["ImageFolderSink", "safe_name"]
+__all__ = ["ImageFolderSink", "class_folders", "safe_name"]
 
 _BAD = re.compile(r"[\x00-\x1f/\\:*?\"<>|]")
-_EXT = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "gif": ".gif", "bmp": ".bmp"}
+_EXT = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "gif": ".gif", "bmp": ".bmp",
+        "tiff": ".tif"}
+_SAME_EXT = {".jpg": ".jpeg", ".tif": ".tiff"}  # the other spelling a key may already end in
 _MAX_NAME = 200
+_MIN_DIGITS = 3
 
 
 def safe_name(text: str, fallback: str) -> str:
@@ -33,6 +58,32 @@ def safe_name(text: str, fallback: str) -> str:
     return name if name and name not in (".", "..") else fallback
 
 
+def _numbers(count: int) -> list[str]:
+    width = max(_MIN_DIGITS, len(str(count - 1)))
+    return [f"{i:0{width}d}" for i in range(count)]
+
+
+def class_folders(classes: Sequence[str] | int) -> tuple[str, ...]:
+    """The folder name of each class, index = label, by the rule in the module
+    docstring: ``sorted()`` of the result is the result itself.
+
+    Args:
+        classes: the class names, or the number of classes when they have none.
+    """
+    if isinstance(classes, int):
+        return tuple(_numbers(classes))
+    names = list(classes)
+    folded = [n.casefold() for n in names]
+    if (all(safe_name(n, "") == n and n != CLASSES_FILE for n in names)
+            and len(set(folded)) == len(names) and names == sorted(names)):
+        return tuple(names)
+    out = []
+    for num, n in zip(_numbers(len(names)), names, strict=True):
+        safe = safe_name(n, "")
+        out.append(f"{num}-{safe}" if safe else num)
+    return tuple(out)
+
+
 class ImageFolderSink:
     """Writes the ``image`` field of each record as a file in its class folder.
 
@@ -40,9 +91,14 @@ class ImageFolderSink:
         path: the output folder (created; files already there are kept, and a
             name taken by an earlier file gets a numbered suffix).
         fields: the schema; needs ``image``; ``label`` picks the folder (without
-            it, files go straight into DST); ``key`` the file name.
-        classes: class names, index = label.
+            it, files go straight into DST and no ``classes.json`` is written);
+            ``key`` the file name.
+        classes: class names, index = label (None: the classes have no names).
         overwrite: replace files of the same name instead of adding a suffix.
+
+    Raises:
+        SchemaError: (from :meth:`write`) a label with no class name, or a negative
+            label: no folder can hold it.
 
     Other fields are not written (an ImageFolder has no place for them).
     """
@@ -62,17 +118,30 @@ class ImageFolderSink:
         self.count = 0
         self._folders: dict[int, Path] = {}
         self._used: set[Path] = set()
+        if self.has_label and self.classes is not None:
+            # Every class folder up front, empty ones too: a missing one would shift
+            # every later label as torchvision counts them.
+            for label, name in enumerate(class_folders(self.classes)):
+                self._folders[label] = self._mkdir(name)
+
+    def _mkdir(self, name: str) -> Path:
+        folder = self._inside(self.root / name)
+        folder.mkdir(exist_ok=True)
+        return folder
 
     def _folder(self, label: int) -> Path:
         folder = self._folders.get(label)
-        if folder is None:
-            if self.classes is not None and 0 <= label < len(self.classes):
-                name = safe_name(self.classes[label], f"class_{label}")
-            else:
-                name = str(label)
-            folder = self._inside(self.root / name)
-            folder.mkdir(exist_ok=True)
-            self._folders[label] = folder
+        if folder is not None:
+            return folder
+        if self.classes is not None:
+            raise SchemaError(f"record {self.count}: label {label} has no class name "
+                              f"({len(self.classes)} classes): no folder can hold it",
+                              found=label, expected=f"0 to {len(self.classes) - 1}")
+        if label < 0:
+            raise SchemaError(f"record {self.count}: a negative label has no folder in an "
+                              "image folder", found=label)
+        # Three digits now; more, by renaming, at the end if a label reaches 1,000.
+        self._folders[label] = folder = self._mkdir(f"{label:0{_MIN_DIGITS}d}")
         return folder
 
     def _inside(self, p: Path) -> Path:
@@ -92,7 +161,7 @@ class ImageFolderSink:
         if isinstance(key, str) and key:
             stem = safe_name(PurePosixPath(key.replace("\\", "/")).name, stem)
         ext = _EXT.get(sniff(data), ".bin")
-        if Path(stem).suffix.lower() not in (ext, ".jpeg" if ext == ".jpg" else ext):
+        if Path(stem).suffix.lower() not in (ext, _SAME_EXT.get(ext, ext)):
             stem += ext
         path = self._inside(folder / stem)
         if path in self._used or (not self.overwrite and path.exists()):
@@ -103,8 +172,28 @@ class ImageFolderSink:
             f.write(data)
         self.count += 1
 
+    def _finish(self) -> None:
+        """Folders for unnamed classes at their final width, gaps filled; classes.json."""
+        if not self.has_label:
+            return
+        if self.classes is None:
+            count = max(self._folders, default=-1) + 1
+            folders = class_folders(count)
+            # Renames are safe in any order: a wider name starts with a zero, which
+            # no three-digit-or-natural-width name written so far does (or is its own).
+            for label, folder in sorted(self._folders.items()):
+                if folder.name != folders[label]:
+                    folder.rename(self._inside(self.root / folders[label]))
+            for name in folders:
+                self._mkdir(name)
+            names = list(folders)
+        else:
+            names = list(self.classes)
+        write_classes_file(self.root, names)
+
     def __enter__(self) -> ImageFolderSink:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        return None
+        if exc_type is None:
+            self._finish()

@@ -9,9 +9,14 @@ Rules (also in ``pack-dataset --help``):
 
 * Names starting with ``.`` (files and folders) are ignored and not counted.
 * ``imagefolder``: every non-hidden sub-folder of SRC is a class; label = index
-  of the class name in sorted order; files directly in SRC (README, LICENSE...)
-  are ignored. Class folders are walked recursively. An empty class folder
-  keeps its label (the summary names it).
+  of the folder name in sorted order (torchvision's ``ImageFolder`` rule); files
+  directly in SRC (README, LICENSE...) are ignored. Class folders are walked
+  recursively. An empty class folder keeps its label (the summary names it).
+  A ``classes.json`` in SRC (a JSON list of class names, index = label, as
+  ``--to imagefolder`` writes it) gives the class names; it must agree with the
+  folders, which ``formats.folder_sink.class_folders`` derives from the names
+  (for example ``000-b_c`` for a class ``b/c``). On object storage, which has no
+  empty folders, a class it names may have none (the class keeps its label).
 * ``files``: every non-hidden file under SRC, recursively; no label.
 * ``filelist``: a ``.csv``, ``.tsv`` or ``.jsonl``/``.ndjson`` file with a
   ``path`` column; relative paths are resolved against the list's folder. A
@@ -38,7 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from formats import Field
-from formats.errors import UnsafePathError
+from formats.bounded import parse_json
+from formats.errors import FormatError, UnsafePathError
+from formats.folder_sink import class_folders
+from formats.paths import CLASSES_FILE, read_classes_file
 
 from .errors import PackError, UsageError
 
@@ -61,6 +69,7 @@ OTHER_IMAGE_EXTENSIONS = frozenset({".png", ".webp", ".gif", ".bmp", ".tif", ".t
 LIST_EXTENSIONS = frozenset({".csv", ".tsv", ".jsonl", ".ndjson"})
 _RESERVED = ("image", "key")
 _LIST_LIMIT = 1 << 30  # a file list read from object storage
+_CLASSES_LIMIT = 64 << 20  # an image folder's classes.json there (as formats.paths reads one)
 
 
 @dataclass
@@ -215,16 +224,17 @@ def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
             if not _utf8(name):
                 raise PackError("class folder name is not valid UTF-8 (class names are stored "
                                 "as text); rename it", path=src / name)
+        names = _local_class_names(src, classes)
         labels: list[int] = []
         empty = []
         for label, name in enumerate(classes):
             before = len(found)
             _walk(src / name, name, found, frozenset({_ident(src), _ident(src / name)}))
             if len(found) == before:
-                empty.append(name)
+                empty.append(names[label])
             labels += [label] * (len(found) - before)
         return _finish(kind, src, found, {"label": labels}, [Field("label", "int")], to_jpeg,
-                       classes, empty)
+                       names, empty)
     if kind == "filelist":
         if not src.is_file():
             raise UsageError("--from filelist needs a .csv, .tsv or .jsonl file", path=src)
@@ -258,12 +268,62 @@ def list_remote(kind: str, location, *, to_jpeg: bool = False,
         return _finish(kind, location.uri, [(n, n, None) for n in names], {}, [], to_jpeg,
                        location=location)
     nested = [n for n in names if "/" in n]
-    classes = sorted({n.split("/", 1)[0] for n in nested})
-    index = {c: i for i, c in enumerate(classes)}
+    folders = sorted({n.split("/", 1)[0] for n in nested})
+    classes, empty = folders, []
+    if CLASSES_FILE in names:
+        present = set(folders)
+        classes, folders = _remote_class_names(location, folders)
+        empty = [c for c, f in zip(classes, folders, strict=True) if f not in present]
+    index = {c: i for i, c in enumerate(folders)}
     found = [(n, n, None) for n in nested]
     labels = [index[n.split("/", 1)[0]] for n in nested]
     return _finish(kind, location.uri, found, {"label": labels}, [Field("label", "int")],
-                   to_jpeg, classes, location=location)
+                   to_jpeg, classes, empty, location=location)
+
+
+def _check_class_names(names, folders: list[str], where, *, missing_ok: bool) -> tuple[str, ...]:
+    """The folders ``names`` (from ``where``, a classes.json) gives, checked against the
+    ``folders`` found (all of them; or, with ``missing_ok``, some of them)."""
+    expected = class_folders(names)
+    extra = sorted(set(folders) - set(expected))
+    missing = [] if missing_ok else sorted(set(expected) - set(folders))
+    if extra or missing:
+        said = [f"no folder for {len(missing)} class(es) it names, {missing[:3]}"] if missing \
+            else []
+        said += [f"{len(extra)} folder(s) it does not name, {extra[:3]}"] if extra else []
+        raise PackError(f"{CLASSES_FILE} does not match the class folders: {'; '.join(said)} "
+                        f"(its names give the folders {list(expected[:4])}"
+                        f"{'...' if len(expected) > 4 else ''}; rule in "
+                        "formats.folder_sink); fix or move it to label by folder names",
+                        path=where)
+    return expected
+
+
+def _local_class_names(src: Path, folders: list[str]) -> list[str]:
+    """Class names for the (sorted) class ``folders`` of ``src``: from its classes.json
+    when there is one (which must agree with them), else the folder names."""
+    path = src / CLASSES_FILE
+    if not path.is_file():  # a folder of that name would be a class like any other
+        return folders
+    try:
+        names = read_classes_file(src)
+    except FormatError as exc:
+        raise PackError(f"{exc.message} (an image folder's {CLASSES_FILE} names its classes, "
+                        "index = label); fix or move it", path=path) from None
+    _check_class_names(names, folders, path, missing_ok=False)
+    return list(names)
+
+
+def _remote_class_names(location, folders: list[str]) -> tuple[list[str], list[str]]:
+    """(class names, every class's folder) from classes.json beside the class folders."""
+    where = location.uri_of(CLASSES_FILE)
+    names = parse_json(location.read_bytes(CLASSES_FILE, _CLASSES_LIMIT), path=where,
+                       what="class names", error=PackError, max_bytes=_CLASSES_LIMIT)
+    if not isinstance(names, list) or not all(isinstance(c, str) for c in names):
+        raise PackError(f"class names must be a JSON list of strings (an image folder's "
+                        f"{CLASSES_FILE} names its classes, index = label); fix or move it",
+                        path=where)
+    return names, list(_check_class_names(names, folders, where, missing_ok=True))
 
 
 def detect_remote(names: list[str]) -> str:
