@@ -14,11 +14,12 @@ import sys
 
 from formats.errors import ShardpackError
 from formats.storage import URIError
+from formats.version import package_version
 
 from .errors import PackInterrupted, UsageError
 from .options import DEFAULT_TASK_RECORDS, ENGINES, ON_ERROR, PackOptions, parse_size
 from .report import PackProgress, format_summary
-from .run import pack, package_version
+from .run import pack
 
 __all__ = ["main"]
 

@@ -16,13 +16,14 @@ from typing import Any
 from formats.checksum import crc32c
 from formats.errors import FormatError
 from formats.paths import expand_inputs
+from formats.version import package_version
 
 from .errors import UsageError
 from .listing import Listing
 from .options import PackOptions
 from .work import WorkOptions
 
-__all__ = ["check_paths", "created_by", "listing_fingerprint", "package_version", "pattern_files",
+__all__ = ["check_paths", "created_by", "listing_fingerprint", "pattern_files",
            "shuffle_order", "source_fingerprint", "work_options"]
 
 
@@ -36,15 +37,6 @@ def check_paths(src: Path | None, dst: Path) -> None:
     rs, rd = (src or dst).resolve(), dst.resolve()
     if src is not None and src.is_dir() and (rd == rs or rs in rd.parents):
         raise UsageError("DST is inside SRC; it would pack itself", path=dst)
-
-
-def package_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("shardpack")
-    except Exception:  # not installed: a source checkout
-        return "0+unknown"
 
 
 def shuffle_order(n: int, seed: int) -> list[int]:

@@ -29,7 +29,6 @@ from .options import PackOptions
 from .plan import (
     check_paths,
     created_by,
-    package_version,
     pattern_files,
     shuffle_order,
     source_fingerprint,
@@ -38,7 +37,7 @@ from .plan import (
 from .report import PackProgress, PackSummary
 from .resolve import check_names, detect_source, open_source
 
-__all__ = ["SKIPPED_NAME", "pack", "package_version"]
+__all__ = ["SKIPPED_NAME", "pack"]
 
 SKIPPED_NAME = ownership.SKIPPED_NAME
 SHUFFLE_PASS = ownership.SHUFFLE_PASS_DIR  # inside the folder a pack writes (docstring)

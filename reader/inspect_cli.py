@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 from formats import ShardpackError, UnsafePathError
 from formats.storage import is_uri
+from formats.version import package_version
 
 from .dataset import open_dataset
 from .inspect_commands import (
@@ -48,16 +49,6 @@ from .inspect_commands import (
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 _DST_HELP = "the dataset folder, or its URI (s3://...)"
-
-
-def _version() -> str:
-    """The installed shardpack's version (as ``pack-dataset --version`` says it)."""
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-
-        return version("shardpack")
-    except PackageNotFoundError:  # not installed: a source checkout
-        return "0+unknown"
 
 
 def _conf_none(p: argparse.ArgumentParser) -> None:
@@ -122,7 +113,7 @@ def build_parser(command_first: bool = False) -> argparse.ArgumentParser:
         prog="inspect-shards",
         description="Look into a shardpack dataset: summary, checksums, records, statistics.",
         usage="%(prog)s [-h] [--version] DST COMMAND ... (or: %(prog)s COMMAND DST ...)")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     if not command_first:
         parser.add_argument("dst", metavar="DST", help=_DST_HELP)
     common = argparse.ArgumentParser(add_help=False)

@@ -246,4 +246,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_monitor_report(args: argparse.Namespace) -> int:
     from .monitor_report import monitor_report_command
 
+    if getattr(args, "plot", None):
+        args.plot = _out_path(args.plot)  # missing folders made, as for stats --plot
     return monitor_report_command(args)

@@ -115,9 +115,18 @@ def test_handler_fits_a_parent_parser_with_dst(records, capsys):
 
 
 def test_inspect_shards_monitor_report_command(records, capsys):
-    from scripts.inspect_shards import main
+    from reader.inspect_cli import main
 
     assert main([str(records[0]), "monitor-report", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["batches"] == 400
     assert main([str(records[0]), "monitor-report"]) == 0
     assert "train" in capsys.readouterr().out
+
+
+def test_inspect_shards_monitor_report_plot_makes_missing_folders(records, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib")
+    from reader.inspect_cli import main
+
+    png = tmp_path / "new" / "dir" / "t.png"
+    assert main([str(records[0]), "monitor-report", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,6 @@ import pytest
 
 import formats
 from packer import (
-    PackInputError,
     PackInterrupted,
     PackOptions,
     PackProgress,
