@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the Ray cluster to join (default: start one here); --engine ray")
     p.add_argument("--task-records", type=_positive_int, default=None, metavar="N",
                    help=f"records per Ray task (default {DEFAULT_TASK_RECORDS:,}); --engine ray")
+    p.add_argument("--image-root", metavar="DIR", default=None,
+                   help="--from parquet: image columns holding file paths may lead into DIR "
+                        "(default: only inside the Parquet file's own folder)")
     p.add_argument("--no-tfrecord-index", dest="tfrecord_index", action="store_false",
                    help="--to tfrecord: no DALI .idx file beside each TFRecord file (they "
                         "are written by default; DALI's reader needs them)")
@@ -240,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             on_error=args.on_error, resume=args.resume, overwrite=args.overwrite,
             shuffle=args.shuffle, seed=args.seed or 0, engine=args.engine,
             ray_address=args.ray_address, task_records=args.task_records,
-            tfrecord_index=args.tfrecord_index)
+            tfrecord_index=args.tfrecord_index, image_root=args.image_root)
         summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))
     except (UsageError, URIError) as exc:  # a URI that cannot be understood is usage too
         parser.print_usage(sys.stderr)

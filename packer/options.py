@@ -77,6 +77,8 @@ class PackOptions:
             :data:`DEFAULT_TASK_RECORDS`).
         tfrecord_index: with ``sink="tfrecord"``, write a DALI ``.idx`` file beside
             each TFRecord file (False: none; refused for other sinks).
+        image_root: with ``source="parquet"``, the folder that image paths in the
+            Parquet files may lead into, besides the Parquet file's own folder.
     """
 
     source: str | None = None
@@ -97,6 +99,7 @@ class PackOptions:
     ray_address: str | None = None
     task_records: int | None = None
     tfrecord_index: bool = True
+    image_root: str | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
@@ -115,6 +118,9 @@ class PackOptions:
             raise UsageError(f"workers must be >= 0, not {self.workers}")
         if not 1 <= self.quality <= 100:
             raise UsageError(f"quality must be in 1..100, not {self.quality}")
+        if self.image_root is not None and self.source != "parquet":
+            raise UsageError("--image-root is for --from parquet only (image columns "
+                             "holding paths)")
         if not self.tfrecord_index and self.sink != "tfrecord":
             raise UsageError("--no-tfrecord-index is for --to tfrecord only")
         if self.resume and self.overwrite:
@@ -139,7 +145,8 @@ class PackOptions:
         pack records neither (its manifest is as before engines existed).
         """
         out = asdict(self)
-        for k in ("workers", "resume", "overwrite", "durable", "ray_address", "tfrecord_index"):
+        for k in ("workers", "resume", "overwrite", "durable", "ray_address", "tfrecord_index",
+                  "image_root"):
             del out[k]
         if self.engine == "local":
             del out["engine"], out["task_records"]

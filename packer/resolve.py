@@ -94,7 +94,10 @@ def open_source(name: str, src: Path, options: PackOptions) -> Listing | Any:
     if reg is None or not hasattr(reg, "open_source"):
         raise _not_available(name, "source")
     try:
-        return reg.open_source(name, src, _codec_options(options))
+        codec = dict(_codec_options(options))
+        if options.image_root is not None:  # PackOptions allows it for parquet only
+            codec["image_root"] = options.image_root
+        return reg.open_source(name, src, codec)
     except KeyError:
         raise _not_available(name, "source") from None
 

@@ -94,3 +94,25 @@ def test_tfrecord_output_carries_dali_indexes_unless_refused(tmp_path, packed, c
     assert not list((tmp_path / "bare").glob("*.idx"))
     assert cli.main([str(src), str(tmp_path / "x"), "--no-tfrecord-index", "--quiet"]) == 2
     assert "--to tfrecord only" in capsys.readouterr().err
+
+
+def test_image_root_reaches_the_parquet_source_and_nothing_else(tmp_path, rng, capsys,
+                                                                monkeypatch):
+    datasets = pytest.importorskip("datasets", reason="needs the datasets package")
+    from tests.helpers_codecs import make_jpeg
+
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "0.jpg").write_bytes(make_jpeg(rng))
+    monkeypatch.chdir(tmp_path / "imgs")
+    features = datasets.Features({"image": datasets.Image()})
+    (tmp_path / "meta").mkdir()
+    datasets.Dataset.from_dict({"image": ["../imgs/0.jpg"]}, features=features).to_parquet(
+        str(tmp_path / "meta" / "a.parquet"))
+    src = str(tmp_path / "meta" / "a.parquet")
+    assert cli.main([src, str(tmp_path / "no"), "--quiet"]) == 1
+    assert "leads outside" in capsys.readouterr().err
+    assert cli.main([src, str(tmp_path / "yes"), "--quiet", "--from", "parquet",
+                     "--image-root", str(tmp_path)]) == 0
+    assert len(open_shards(tmp_path / "yes")) == 1
+    assert cli.main([src, str(tmp_path / "x"), "--quiet", "--image-root", str(tmp_path)]) == 2
+    assert "--from parquet only" in capsys.readouterr().err
