@@ -26,7 +26,9 @@ __all__ = ["main"]
 _EPILOG = """\
 sources (--from; detected when omitted):
   imagefolder  SRC/<class>/**/<file>; label = index of the sorted class name;
-               files directly in SRC are ignored; an empty class keeps its label
+               files directly in SRC are ignored; an empty class keeps its label;
+               a classes.json in SRC (as --to imagefolder writes it) names the
+               classes and must match the folders
   files        every file under SRC, recursively; no label
   filelist     a .csv/.tsv/.jsonl file with a 'path' column (relative to the
                list's folder; absolute and '..' paths allowed: it is your own
@@ -43,11 +45,22 @@ inputs:
 
 image field:
   images are recognized by content, never by name, and stored byte for byte
-  (JPEGs re-encoded only with --max-side; other formats converted to JPEG only
-  with --to-jpeg). The field is typed by what it holds: 'jpeg' when every image
+  unless --max-side shrinks them (a JPEG stays a JPEG, another format becomes a
+  PNG) or --to-jpeg converts them. The field is typed by what it holds: 'jpeg' when every image
   is a JPEG, 'png' when every one is a PNG, else 'image' (readers sniff each
   record). This holds for every source: a TFRecord, WebDataset, Parquet or MDS
   source's image payloads are checked, re-encoded and skipped like files.
+  Sizes are read from headers; no Pillow needed. With --to-jpeg: 16-bit samples
+  are scaled (v/257), an alpha channel is dropped (as PIL's convert('RGB') does),
+  grayscale stays gray, a GIF gives its first frame. Kinds: corrupt, truncated
+  (no end marker, or shorter than its header says), unsupported (float samples,
+  over 268M pixels, a GIF before OpenCV 4.11).
+
+--to imagefolder:
+  a folder per class, empty ones too, named so that sorted order is the label
+  order (000.. when unnamed; the names if valid, unique and sorted; else
+  NNN-<name>); DST/classes.json lists the names. torchvision's ImageFolder reads
+  the same labels (it needs allow_empty=True for empty classes, and skips .gif).
 
 options for every source:
   --shuffle/--seed, --max-side, --to-jpeg, --on-error and --resume apply to
@@ -160,12 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes for decoding/re-encoding (default: all cores; 0: none)")
     p.add_argument("--max-side", type=_positive_int, default=None,
-                   help="re-encode JPEGs whose longer side exceeds N to exactly N")
+                   help="shrink images whose longer side exceeds N to exactly N (JPEGs "
+                        "re-encoded; other formats stored as PNG unless --to-jpeg)")
     p.add_argument("--quality", type=_positive_int, default=None,
                    help="JPEG quality when re-encoding with --max-side or --to-jpeg "
                         "(default 90)")
     p.add_argument("--to-jpeg", action="store_true",
-                   help="convert non-JPEG images (PNG, WebP, GIF...) to JPEG (needs Pillow)")
+                   help="convert non-JPEG images (PNG, WebP, GIF, BMP, TIFF) to JPEG with "
+                        "OpenCV: 16-bit scaled to 8, alpha dropped, gray kept")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="fail: stop at the first bad input (default); skip: list it in skipped.jsonl")
     p.add_argument("--resume", action="store_true",

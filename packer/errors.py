@@ -26,7 +26,8 @@ class PackInputError(PackError):
     Args:
         path: the file.
         kind: the skip kind (``missing``, ``unreadable``, ``empty``,
-            ``not-an-image``, ``not-a-jpeg``, ``corrupt``, ``truncated``, ``bad-name``).
+            ``not-an-image``, ``not-a-jpeg``, ``corrupt``, ``truncated``, ``unsupported``,
+            ``bad-name``).
         reason: what is wrong, in words.
     """
 

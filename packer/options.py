@@ -60,9 +60,10 @@ class PackOptions:
         workers: processes reading and parsing files; ``0`` reads in the calling
             process; ``None`` means all cores. With the ``ray`` engine: ranges
             packed at once (``None``: one per CPU of the cluster).
-        max_side: re-encode JPEGs whose longer side exceeds this, to exactly it.
+        max_side: shrink images whose longer side exceeds this to exactly it (JPEGs
+            re-encoded; other formats stored as PNG unless ``to_jpeg``).
         quality: JPEG quality for re-encoded images.
-        to_jpeg: convert non-JPEG images (PNG, WebP, GIF...) to JPEG (needs Pillow).
+        to_jpeg: convert non-JPEG images (PNG, WebP, GIF, BMP, TIFF) to JPEG (OpenCV).
         on_error: ``fail`` stops at the first bad input; ``skip`` lists it in
             ``skipped.jsonl`` and goes on.
         resume: keep the shards an interrupted run of the same pack sealed.
