@@ -37,7 +37,7 @@ from .manifest import MANIFEST_NAME, Manifest, read_manifest
 
 __all__ = ["JOURNAL_NAME", "LEDGER_NAME", "LOCK_NAME", "RAY_STATE_DIR", "SHUFFLE_PASS_DIR",
            "SKIPPED_NAME", "SKIPPED_PARTIAL_NAME", "STAGING_MARKER", "Survey", "dataset_files",
-           "is_our_shard_name", "remove_ours", "survey", "write_ledger"]
+           "is_our_shard_name", "output_entries", "remove_ours", "survey", "write_ledger"]
 
 JOURNAL_NAME = "_journal.jsonl"
 SKIPPED_NAME = "skipped.jsonl"
@@ -179,7 +179,7 @@ def survey(root: str | Path) -> Survey:
         if s.ledger is not None:
             ours.add(LEDGER_NAME)
             ours |= {n for n in s.ledger if "/" not in n}
-            nested = [n for n in s.ledger if "/" in n]
+            nested = [n for n in s.ledger if "/" in n]  # "x/" (a folder) is nested too
     ours |= {LOCK_NAME, STAGING_MARKER}
     for n in names:
         m = _TEMP.match(n)
@@ -193,12 +193,29 @@ def survey(root: str | Path) -> Survey:
             continue
         if n in listed_dirs and (root / n).is_dir() and not (root / n).is_symlink():
             inside = {f for f in nested if f.startswith(n + "/")}
-            found = _files_under(root, n)
+            found = _entries_under(root, n)
             s.foreign += [f for f in found if f not in inside]
             s.ours += sorted(f for f in found if f in inside)
         else:
             s.foreign.append(n)
     return s
+
+
+def output_entries(root: str | Path, *, skip=()) -> list[str]:
+    """Everything under ``root`` as a ledger lists it: files, and folders as ``name/``
+    (an empty one, such as an image folder's empty class, is part of an output too);
+    top-level names in ``skip`` left out."""
+    root = Path(root)
+    out = []
+    for top in sorted(os.listdir(root)):
+        if top in skip:
+            continue
+        p = root / top
+        if p.is_dir() and not p.is_symlink():
+            out += _entries_under(root, top)
+        else:
+            out.append(top)
+    return sorted(out)
 
 
 def _is_file(path: Path) -> bool:
@@ -208,12 +225,14 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def _files_under(root: Path, top: str) -> list[str]:
-    out = []
+def _entries_under(root: Path, top: str) -> list[str]:
+    """``top/`` itself, the files (and links) under it, and its sub-folders as ``rel/``."""
+    out = [f"{top}/"]
     for dirpath, dirnames, filenames in os.walk(root / top):
         rel = Path(dirpath).relative_to(root).as_posix()
         out += [f"{rel}/{f}" for f in filenames]
         out += [f"{rel}/{d}" for d in dirnames if (Path(dirpath) / d).is_symlink()]
+        out += [f"{rel}/{d}/" for d in dirnames if not (Path(dirpath) / d).is_symlink()]
     return out
 
 
@@ -230,7 +249,10 @@ def remove_ours(root: str | Path, paths, *, keep=()) -> None:
         if rel in keep:
             continue
         p = root / rel
-        if p.is_dir() and not p.is_symlink():
+        if rel.endswith("/"):  # a folder an output ledger lists: it goes once it is empty
+            rel = rel.rstrip("/")
+            parents.add(rel)
+        elif p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
             p.unlink(missing_ok=True)

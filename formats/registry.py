@@ -43,7 +43,7 @@ from typing import Any
 from .base import Record, Sink, Source
 from .bounded import open_input
 from .fields import Field
-from .ownership import LEDGER_NAME, survey, write_ledger
+from .ownership import LEDGER_NAME, output_entries, survey, write_ledger
 from .paths import expand_braces
 
 __all__ = ["SINKS", "SOURCES", "UnknownFormatError", "convert", "detect", "open_sink",
@@ -218,8 +218,7 @@ def convert(src_name: str, src: str | Path, dst_name: str, dst: str | Path, *,
 
 
 def _files_not_ours(root: Path) -> set[str]:
-    """Files under ``root`` (relative paths) that no ledger of ours lists."""
+    """Entries under ``root`` (as a ledger names them) that no ledger of ours lists."""
     if not root.is_dir():
         return set()
-    listed = set(survey(root).ledger or ())
-    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - listed
+    return set(output_entries(root)) - set(survey(root).ledger or ())

@@ -49,6 +49,7 @@ from formats.ownership import (
     LOCK_NAME,
     STAGING_MARKER,
     Survey,
+    output_entries,
     remove_ours,
     survey,
     write_ledger,
@@ -300,12 +301,7 @@ class Destination:
         self._delete_old(old)
 
     def _output_files(self) -> list[str]:
-        out = []
-        for dirpath, _, filenames in os.walk(self.staging):
-            rel = Path(dirpath).relative_to(self.staging)
-            out += [(rel / f).as_posix() for f in filenames
-                    if not (rel == Path(".") and f in (LOCK_NAME, STAGING_MARKER, LEDGER_NAME))]
-        return out
+        return output_entries(self.staging, skip=(LOCK_NAME, STAGING_MARKER, LEDGER_NAME))
 
     def abandon(self) -> None:
         """A failed staged pack of a foreign sink: nothing of it is worth keeping."""

@@ -133,9 +133,9 @@ def test_a_foreign_sink_output_is_listed_in_its_ledger(tmp_path, rng, sink):
     dst = tmp_path / "out"
     assert pack(src, dst, opts(sink=sink)).complete
     ledger = json.loads((dst / LEDGER_NAME).read_text())["files"]
-    on_disk = sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*")
-                     if p.is_file() and p.name != LEDGER_NAME)
-    assert ledger == on_disk and on_disk
+    on_disk = sorted(p.relative_to(dst).as_posix() + ("/" if p.is_dir() else "")
+                     for p in dst.rglob("*") if p.name != LEDGER_NAME)
+    assert ledger == on_disk and on_disk  # folders too (as name/), empty ones included
 
 
 def test_a_damaged_manifest_is_never_replaced(tmp_path, rng):
@@ -432,3 +432,27 @@ def test_an_image_field_is_typed_by_what_it_holds_across_a_resume(tmp_path, rng)
                          durable=False)
     only.write({"image": jpeg(rng)})
     assert only.close().fields[0].type == "jpeg"  # all JPEG: the fast path
+
+
+def test_an_image_folder_output_with_an_empty_class_is_replaced_whole(tmp_path, rng):
+    """Empty class folders are part of the output (its ledger lists folders too), so a
+    replace neither trips over them nor leaves them behind; a user's file inside a
+    class folder stays."""
+    from formats import DatasetWriter
+    from tests.helpers_codecs import CLASSES, IMAGE_FIELDS
+
+    recs = [r for r in make_records(rng, 6) if r["label"] != 1]  # class 'dog' stays empty
+    src = tmp_path / "src"
+    with DatasetWriter(src, IMAGE_FIELDS, classes=CLASSES, records_per_shard=4,
+                       durable=False) as w:
+        for r in recs:
+            w.write({f.name: r[f.name] for f in IMAGE_FIELDS})
+    dst = tmp_path / "out"
+    assert pack(src, dst, opts(sink="imagefolder")).complete
+    assert (dst / "dog").is_dir() and not any((dst / "dog").iterdir())
+    (dst / "cat" / "mine.txt").write_text("mine")
+    for _ in range(2):
+        assert pack(src, dst, opts(sink="imagefolder", overwrite=True)).complete
+    assert (dst / "cat" / "mine.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]
+    assert survey(dst).foreign == ["cat/mine.txt"]
