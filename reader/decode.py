@@ -17,7 +17,8 @@ This is the per-sample CPU path of the loader workers. For a JPEG it runs:
    ``out``; the flip is an in-place mirror of ``out`` (``cv2.flip``, 4 µs).
 4. User callables, in place when they return their input.
 
-Other formats (PNG, WebP, ...) take a slow but correct path through Pillow.
+Other formats (PNG, WebP, ...) take a slower, correct path through OpenCV's
+``imdecode`` (Pillow only where OpenCV cannot decode them).
 
 Resize backend, measured on this machine (``python -m scripts.bench_decode``: one
 core, 300 synthetic 95 KB JPEGs of 300-500 px, RandomResizedCrop(224); Pillow 13,
@@ -55,6 +56,8 @@ from typing import Literal
 import numpy as np
 import simplejpeg
 
+from formats.sniff import image_kind
+from formats.sniff import image_size as header_size
 from reader.transforms import ImagePipeline, Plan
 
 __all__ = ["DecodeError", "Decoder", "decode_full", "image_size"]
@@ -74,10 +77,20 @@ def _describe(data: memoryview | bytes) -> str:
     return f"{len(data)} bytes starting {head!r}"
 
 
-def _pil_decode(data: memoryview | bytes) -> np.ndarray:
-    """Decode anything Pillow knows, as RGB (alpha dropped, like torchvision's loader)."""
-    from PIL import Image
+def _other_decode(data: memoryview | bytes) -> np.ndarray:
+    """Decode a non-JPEG image as RGB, alpha dropped like torchvision's loader: OpenCV
+    (a core dependency: PNG, WebP, BMP, TIFF, GIF from 4.11), else Pillow when it is
+    installed; 16-bit samples come out as their high bytes."""
+    import cv2
 
+    arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if arr is not None:
+        return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
+    try:
+        from PIL import Image
+    except ImportError:
+        raise DecodeError(f"cannot decode image ({_describe(data)}): OpenCV cannot, and "
+                          "Pillow (pip install pillow) is not installed to try") from None
     try:
         with Image.open(io.BytesIO(data)) as im:
             return np.asarray(im.convert("RGB"))
@@ -101,7 +114,7 @@ def decode_full(data: memoryview | bytes) -> np.ndarray:
     """Decode a whole image to RGB, for users who want it untransformed.
 
     Args:
-        data: Encoded image (JPEG fast; anything Pillow reads, slowly).
+        data: Encoded image (JPEG fast; PNG, WebP, BMP, TIFF... through OpenCV).
 
     Returns:
         A new ``(height, width, 3)`` uint8 array.
@@ -110,7 +123,7 @@ def decode_full(data: memoryview | bytes) -> np.ndarray:
         DecodeError: If the bytes are not a decodable image.
     """
     if not _is_jpeg(data):
-        return _pil_decode(data)
+        return _other_decode(data)
     _jpeg_header(data)
     try:
         return simplejpeg.decode_jpeg(data, colorspace="RGB")
@@ -122,7 +135,14 @@ def image_size(data: memoryview | bytes) -> tuple[int, int]:
     """``(height, width)`` of an encoded image, from its header alone when it is a JPEG."""
     if _is_jpeg(data):
         return _jpeg_header(data)
-    return _pil_decode(data).shape[:2]
+    kind = image_kind(data)
+    if kind is not None:
+        try:
+            width, height = header_size(data, kind)
+            return height, width
+        except ValueError:
+            pass  # a header we cannot read: decoding says what is wrong
+    return _other_decode(data).shape[:2]
 
 
 def _dct_factor(plan: Plan) -> int:
@@ -204,7 +224,7 @@ class Decoder:
             plan = self.pipeline.plan(height, width, rng)
             image = self._decode_scaled(data, height, width, _dct_factor(plan))
         else:
-            image = _pil_decode(data)
+            image = _other_decode(data)
             height, width = image.shape[:2]
             plan = self.pipeline.plan(height, width, rng)
         # libjpeg rounds scaled sides up, so use the actual ratio, not 1/factor.

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from formats import ShardDataset
-from formats.fields import BYTES_TYPES
+from formats.fields import BYTES_TYPES, IMAGE_TYPES
 
 from .cache import CacheOptions
 from .dataset import open_dataset
@@ -37,9 +37,6 @@ from .worker import BatchSpec, WorkerPool
 __all__ = ["CpuSink", "Loader"]
 
 log = logging.getLogger(__name__)
-
-IMAGE_TYPES = ("jpeg", "image")
-
 
 class Loader:
     """Batches of a dataset as dicts of field -> numpy array (or list, for bytes/str fields).

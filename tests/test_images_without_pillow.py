@@ -296,3 +296,27 @@ def test_a_gif_this_opencv_cannot_decode_is_refused_naming_the_version(rng, monk
     assert got.kind == "unsupported" and "4.11" in got.reason and cv2.__version__ in got.reason
     stored = prepare(gif, "a.gif", WorkOptions(image_type="image"))  # no decode needed
     assert stored.kind is None and stored.data == gif
+
+
+def test_the_loader_reads_a_png_dataset_without_pillow(tmp_path, rng):
+    import reader
+    from reader.decode import decode_full, image_size as decoded_size
+    from reader.transforms import CenterCrop, Resize
+
+    images = [colour(rng, 20 + i, 30 - i) for i in range(4)]
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for i, arr in enumerate(images):  # arrays are RGB; OpenCV writes BGR
+        (src / f"{i}.png").write_bytes(encode(".png", cv2.cvtColor(arr, cv2.COLOR_RGB2BGR)))
+    pack(tmp_path / "src", tmp_path / "ds", opts())
+    ds = formats.open_shards(tmp_path / "ds")
+    assert ds.fields[0].type == "png"
+    for i, arr in enumerate(images):
+        data = bytes(ds[i]["image"])
+        assert np.array_equal(decode_full(data), arr)  # lossless, RGB order kept
+        assert decoded_size(data) == arr.shape[:2]
+    loader = reader.Loader(tmp_path / "ds", batch_size=2, num_workers=0,
+                           transform=[Resize(16), CenterCrop(16)])
+    with loader:
+        shapes = [b["image"].shape for b in loader]
+    assert shapes == [(2, 16, 16, 3), (2, 16, 16, 3)]
