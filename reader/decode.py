@@ -83,7 +83,10 @@ def _other_decode(data: memoryview | bytes) -> np.ndarray:
     installed; 16-bit samples come out as their high bytes."""
     import cv2
 
-    arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    try:
+        arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) if len(data) else None
+    except cv2.error:  # OpenCV asserts on some damaged inputs instead of returning None
+        arr = None
     if arr is not None:
         return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
     try:
