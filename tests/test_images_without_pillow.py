@@ -300,7 +300,8 @@ def test_a_gif_this_opencv_cannot_decode_is_refused_naming_the_version(rng, monk
 
 def test_the_loader_reads_a_png_dataset_without_pillow(tmp_path, rng):
     import reader
-    from reader.decode import decode_full, image_size as decoded_size
+    from reader.decode import decode_full
+    from reader.decode import image_size as decoded_size
     from reader.transforms import CenterCrop, Resize
 
     images = [colour(rng, 20 + i, 30 - i) for i in range(4)]
