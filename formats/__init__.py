@@ -1,11 +1,12 @@
 """Byte layouts: our shard format (FORMAT.md) and, as codecs, the formats we convert.
 
-This is the only package that knows how bytes sit on disk.
+This is the only package that knows how bytes sit on disk. ``formats.shard`` holds
+our format; ``formats.codecs`` the foreign ones (a source and a sink each) and the
+registry that names them; the modules at this level are what both share (errors,
+fields, checksums, bounded reads, image sniffing, object storage, the version).
 """
 
 from .base import Record, Sink, Source
-from .dataset import ShardDataset, open_shards, read_metadata
-from .dataset_writer import DatasetWriter
 from .errors import (
     CorruptRecordError,
     DecompressionError,
@@ -18,8 +19,10 @@ from .errors import (
     VersionError,
 )
 from .fields import Field
-from .manifest import Manifest, ShardEntry, read_manifest
-from .verify import Problem, verify_dataset
+from .shard.dataset import ShardDataset, open_shards, read_metadata
+from .shard.dataset_writer import DatasetWriter
+from .shard.manifest import Manifest, ShardEntry, read_manifest
+from .shard.verify import Problem, verify_dataset
 
 __all__ = [
     "CorruptRecordError",

@@ -10,12 +10,12 @@ progress callback, summary), ``resolve`` (``--from``/``--to`` lookup),
 ``ray`` extra, imported only then) and ``ranges`` (its ranges, shard names and
 done-markers in DST).
 
-Plugging in codecs (``formats/registry.py``)
+Plugging in codecs (``formats/codecs/registry.py``)
 -------------------------------------------
 ``--from X`` / ``--to Y`` are resolved by :mod:`packer.resolve`: the built-in
 sources ``imagefolder``, ``files``, ``filelist`` first, and the sink ``shards``
 (our :class:`formats.DatasetWriter`); every other name is asked of the module
-``formats.registry``, imported lazily (when it is missing, the user is told
+``formats.codecs.registry``, imported lazily (when it is missing, the user is told
 "format X not available"). It may define:
 
 ``open_source(name: str, path: pathlib.Path, options: Mapping[str, Any]) -> formats.Source``

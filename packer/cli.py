@@ -34,7 +34,7 @@ sources (--from; detected when omitted):
                list's folder; absolute and '..' paths allowed: it is your own
                list); other columns become int/float/str fields; a str 'label'
                column becomes class indices
-  other names (tfrecord, webdataset, parquet, shards...) come from formats.registry
+  other names (tfrecord, webdataset, parquet, shards...) come from formats.codecs.registry
 
 inputs:
   names starting with '.' are ignored and not counted. Every other listed file
@@ -163,9 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="image folder, folder of files, file list, or their URI (s3://...)")
     p.add_argument("dst", metavar="DST", help="output folder, or its URI (s3://bucket/ds)")
     p.add_argument("--from", dest="source", metavar="KIND",
-                   help="imagefolder | files | filelist | a formats.registry codec (default: detect)")
+                   help="imagefolder | files | filelist | a formats.codecs.registry codec (default: detect)")
     p.add_argument("--to", dest="sink", default="shards", metavar="KIND",
-                   help="shards (default) | a formats.registry codec")
+                   help="shards (default) | a formats.codecs.registry codec")
     p.add_argument("--shard-size", type=_size, default=None,
                    help="seal a shard at this data size, e.g. 64MB, 1GiB (default 256MB)")
     p.add_argument("--records-per-shard", type=_positive_int, default=None,

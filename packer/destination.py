@@ -9,7 +9,7 @@ Claiming DST (the protocol; cited as "claiming DST" where it is used)
    is checked to still be the one at that path: a replace moves folders, and the
    holder deletes the file before it unlocks, so a lock on a file that moved
    away guards nothing. A finished pack leaves no lock file behind.
-2. **Survey** (:mod:`formats.ownership`). Refused: a ``manifest.json`` that is
+2. **Survey** (:mod:`formats.shard.ownership`). Refused: a ``manifest.json`` that is
    not ours (never replaced); a complete dataset or output without
    ``--overwrite``; entries we cannot prove are ours without ``--overwrite``
    (a resume goes on beside the entries its interrupted run accepted).
@@ -44,7 +44,7 @@ import stat
 from pathlib import Path
 
 from formats.files import atomic_write_bytes, fsync_dir
-from formats.ownership import (
+from formats.shard.ownership import (
     LEDGER_NAME,
     LOCK_NAME,
     STAGING_MARKER,

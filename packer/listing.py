@@ -14,7 +14,7 @@ Rules (also in ``pack-dataset --help``):
   recursively. An empty class folder keeps its label (the summary names it).
   A ``classes.json`` in SRC (a JSON list of class names, index = label, as
   ``--to imagefolder`` writes it) gives the class names; it must agree with the
-  folders, which ``formats.folder_sink.class_folders`` derives from the names
+  folders, which ``formats.codecs.imagefolder.class_folders`` derives from the names
   (for example ``000-b_c`` for a class ``b/c``). On object storage, which has no
   empty folders, a class it names may have none (the class keeps its label).
 * ``files``: every non-hidden file under SRC, recursively; no label.
@@ -44,9 +44,9 @@ from typing import Any
 
 from formats import Field
 from formats.bounded import parse_json
+from formats.codecs.imagefolder import class_folders
+from formats.codecs.paths import CLASSES_FILE, read_classes_file
 from formats.errors import FormatError, UnsafePathError
-from formats.folder_sink import class_folders
-from formats.paths import CLASSES_FILE, read_classes_file
 
 from .errors import PackError, UsageError
 
@@ -69,7 +69,7 @@ OTHER_IMAGE_EXTENSIONS = frozenset({".png", ".webp", ".gif", ".bmp", ".tif", ".t
 LIST_EXTENSIONS = frozenset({".csv", ".tsv", ".jsonl", ".ndjson"})
 _RESERVED = ("image", "key")
 _LIST_LIMIT = 1 << 30  # a file list read from object storage
-_CLASSES_LIMIT = 64 << 20  # an image folder's classes.json there (as formats.paths reads one)
+_CLASSES_LIMIT = 64 << 20  # an image folder's classes.json there (as formats.codecs.paths reads one)
 
 
 @dataclass
@@ -294,7 +294,7 @@ def _check_class_names(names, folders: list[str], where, *, missing_ok: bool) ->
         raise PackError(f"{CLASSES_FILE} does not match the class folders: {'; '.join(said)} "
                         f"(its names give the folders {list(expected[:4])}"
                         f"{'...' if len(expected) > 4 else ''}; rule in "
-                        "formats.folder_sink); fix or move it to label by folder names",
+                        "formats.codecs.imagefolder); fix or move it to label by folder names",
                         path=where)
     return expected
 

@@ -29,9 +29,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from formats import DatasetWriter, Record, ownership
+from formats import DatasetWriter, Record
 from formats.fields import IMAGE_TYPES
 from formats.files import fsync_dir
+from formats.shard import ownership
 
 from .errors import PackError, PackInputError
 from .listing import Listing

@@ -52,9 +52,9 @@ class PackOptions:
     """How to pack. Every field has a default; the CLI maps one flag to each.
 
     Args:
-        source: ``imagefolder``, ``files``, ``filelist``, a ``formats.registry``
+        source: ``imagefolder``, ``files``, ``filelist``, a ``formats.codecs.registry``
             codec name, or ``None`` to detect it from SRC.
-        sink: ``shards`` (our format) or a ``formats.registry`` codec name.
+        sink: ``shards`` (our format) or a ``formats.codecs.registry`` codec name.
         shard_size: seal a shard once its data file holds this many bytes.
         records_per_shard: or once it holds this many records.
         workers: processes reading and parsing files; ``0`` reads in the calling

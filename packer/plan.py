@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from formats.checksum import crc32c
+from formats.codecs.paths import expand_inputs
 from formats.errors import FormatError
-from formats.paths import expand_inputs
 from formats.version import package_version
 
 from .errors import UsageError

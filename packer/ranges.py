@@ -36,8 +36,8 @@ from typing import Any
 from formats import ShardEntry
 from formats.checksum import parse_crc
 from formats.files import atomic_write_bytes, fsync_dir
-from formats.manifest import MANIFEST_NAME
-from formats.ownership import (
+from formats.shard.manifest import MANIFEST_NAME
+from formats.shard.ownership import (
     JOURNAL_NAME,
     RAY_STATE_DIR,
     SKIPPED_NAME,
@@ -55,7 +55,7 @@ STATE_DIR = RAY_STATE_DIR
 PLAN_NAME = f"{STATE_DIR}/plan.json"
 _MARKER = re.compile(r"^\.ray/range-(\d{12})-(\d{12})\.json$")
 _MARKER_LIMIT = 64 << 20  # a marker holds a range's skip lines: generous, yet bounded
-# What a pack of either engine writes into DST, by exact name (formats.ownership);
+# What a pack of either engine writes into DST, by exact name (formats.shard.ownership);
 # cleared before a fresh pack. A local DST was claimed (packer.destination) before this,
 # so only our files are there; on object storage the names are all we have.
 _OURS_NAMES = (JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME)

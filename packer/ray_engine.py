@@ -46,10 +46,10 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from formats import ownership
 from formats.errors import ShardpackError
 from formats.fields import IMAGE_TYPES, stored_image_type
-from formats.manifest import MANIFEST_NAME, Manifest, manifest_bytes, read_manifest
+from formats.shard import ownership
+from formats.shard.manifest import MANIFEST_NAME, Manifest, manifest_bytes, read_manifest
 from formats.storage import display_uri, is_uri
 
 from .errors import PackError, PackInterrupted, UsageError

@@ -28,8 +28,8 @@ from typing import Any
 
 from formats.errors import ManifestError, StorageError
 from formats.files import try_lock
-from formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest, read_manifest
-from formats.ownership import dataset_files
+from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest, read_manifest
+from formats.shard.ownership import dataset_files
 from formats.storage import (
     Location,
     default_cache_folder,
@@ -194,7 +194,7 @@ def _publish_stage(stage: Path, location: Location, overwrite: bool) -> None:
     replacing = stage / _REPLACING
     if overwrite and not replacing.exists():
         # What the old dataset holds, read before its manifest goes: only those objects
-        # are ever deleted (formats.ownership: a user's objects beside it stay).
+        # are ever deleted (formats.shard.ownership: a user's objects beside it stay).
         replacing.write_text(json.dumps(sorted(_dataset_objects(location))))
     replaced = json.loads(replacing.read_text()) if replacing.exists() else None
     publish(stage, location, replace=replaced)

@@ -1,4 +1,4 @@
-"""``--from X`` / ``--to Y``: built-in folder sources first, then ``formats.registry``.
+"""``--from X`` / ``--to Y``: built-in folder sources first, then ``formats.codecs.registry``.
 
 The codec side is described in the package docstring (:mod:`packer`). The
 registry module is imported lazily, on first need, so the packer works (for
@@ -18,11 +18,11 @@ from .options import PackOptions
 
 __all__ = ["check_names", "choices", "detect_source", "open_sink", "open_source", "registry"]
 
-_REGISTRY = "formats.registry"
+_REGISTRY = "formats.codecs.registry"
 
 
 def registry():
-    """The ``formats.registry`` module, or None while it does not exist."""
+    """The ``formats.codecs.registry`` module, or None while it does not exist."""
     try:
         return importlib.import_module(_REGISTRY)
     except ModuleNotFoundError as exc:
@@ -86,7 +86,7 @@ def open_source(name: str, src: Path, options: PackOptions) -> Listing | Any:
     """A :class:`~packer.listing.Listing` for built-in kinds, else a registry Source.
 
     Raises:
-        UsageError: ``name`` is neither built in nor known to ``formats.registry``.
+        UsageError: ``name`` is neither built in nor known to ``formats.codecs.registry``.
     """
     if name in BUILTIN_SOURCES:
         return list_source(name, src, to_jpeg=options.to_jpeg)
@@ -106,7 +106,7 @@ def open_sink(name: str, dst: Path, fields, classes, options: PackOptions):
     """A registry Sink for ``--to name`` (``shards`` is handled by the packer itself).
 
     Raises:
-        UsageError: ``name`` is unknown to ``formats.registry``.
+        UsageError: ``name`` is unknown to ``formats.codecs.registry``.
     """
     reg = registry()
     if reg is None or not hasattr(reg, "open_sink"):

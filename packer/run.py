@@ -16,9 +16,10 @@ import shutil
 import time
 from pathlib import Path
 
-from formats import DatasetWriter, open_shards, ownership
+from formats import DatasetWriter, open_shards
 from formats.base import Record
 from formats.fields import IMAGE_TYPES
+from formats.shard import ownership
 from formats.storage import display_uri, is_uri
 
 from .destination import claim
@@ -49,7 +50,7 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
 
     Args:
         src: an image folder, a folder of files, a file list, anything
-            ``formats.registry`` reads, or a glob/brace pattern of such files.
+            ``formats.codecs.registry`` reads, or a glob/brace pattern of such files.
         dst: the output folder, or an object-store URI.
         options: how to pack (defaults: ``PackOptions()``).
         progress: called as inputs are done (tqdm lives in the CLI, not here).

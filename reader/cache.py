@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from formats.manifest import ShardEntry
+from formats.shard.manifest import ShardEntry
 from formats.storage import Location, default_cache_folder
 
 __all__ = ["ORPHAN_S", "CacheOptions", "Pin", "ShardCache", "default_cache_folder"]

@@ -1,4 +1,4 @@
-"""inspect-shards: look into a shardpack dataset (the console script over formats.summary).
+"""inspect-shards: look into a shardpack dataset (the console script over formats.shard.summary).
 
 ``inspect-shards DST COMMAND [options]`` and ``inspect-shards COMMAND DST [options]``
 are the same command. When the first word is a command name and the second is

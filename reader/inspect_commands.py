@@ -1,7 +1,7 @@
 """The handlers of ``inspect-shards`` (:mod:`reader.inspect_cli`) and their tables.
 
 Each ``cmd_*`` takes the parsed arguments and returns an exit status: 0 ok, 1
-damaged or bad data, 2 usage. The figures come from :mod:`formats.summary` and
+damaged or bad data, 2 usage. The figures come from :mod:`formats.shard.summary` and
 :func:`formats.verify_dataset`; this module only formats them (a table for
 people, ``--json`` for scripts). Names come from files that may hold anything:
 what cannot be printed as is (a lone surrogate) is printed escaped (``\\udc80``).
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from formats import verify_dataset
-from formats.summary import (
+from formats.shard.summary import (
     dataset_info,
     dataset_stats,
     describe_record,

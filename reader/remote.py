@@ -24,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 
 from formats import ShardDataset
-from formats.dataset import default_max_open, read_metadata
 from formats.errors import FormatError
 from formats.files import atomic_write_bytes
-from formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest
-from formats.shard import ShardReader
+from formats.shard.dataset import default_max_open, read_metadata
+from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest
+from formats.shard.shard import ShardReader
 from formats.storage import Location, open_location
 
 from .cache import CacheOptions, Pin

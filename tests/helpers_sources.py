@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from formats.registry import convert
+from formats.codecs.registry import convert
 from tests.helpers_codecs import make_dataset, make_records
 from tests.helpers_packer import image_folder
 from tests.test_codec_mds import write_mds

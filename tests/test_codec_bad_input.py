@@ -21,8 +21,8 @@ from formats import (
     SchemaError,
     UnsafePathError,
 )
-from formats.registry import convert, open_sink, open_source
-from formats.tfrecord import masked_crc
+from formats.codecs.registry import convert, open_sink, open_source
+from formats.codecs.tfrecord import masked_crc
 from tests.helpers_codecs import CLASSES, IMAGE_FIELDS, make_jpeg, make_records
 
 
@@ -102,7 +102,7 @@ def test_tfrecord_gzip_bomb(tmp_path):
 
 
 def test_tfrecord_schema_drift(tmp_path, rng):
-    from formats.tfexample import encode_example
+    from formats.codecs.tfexample import encode_example
     img = make_jpeg(rng)
     frames = [_frame(encode_example({"image": [img], "label": np.array([1])})),
               _frame(encode_example({"image": [img], "label": np.array([1, 2])}))]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from formats import Field, Record, open_shards
-from formats.registry import SINKS, SOURCES, convert, detect, open_sink, open_source
+from formats.codecs.registry import SINKS, SOURCES, convert, detect, open_sink, open_source
 from tests.helpers_codecs import CLASSES, IMAGE_FIELDS, make_dataset, make_records
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from formats.registry import detect, open_source
+from formats.codecs.registry import detect, open_source
 
 DATA = Path(__file__).parent / "data" / "codecs"
 EXPECTED = json.loads((DATA / "expected.json").read_text())

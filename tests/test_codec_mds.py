@@ -16,7 +16,7 @@ import pytest
 import zstandard
 
 from formats import DecompressionError, SchemaError
-from formats.registry import convert, detect, open_source
+from formats.codecs.registry import convert, detect, open_source
 from tests.helpers_codecs import make_records
 
 FIXED = {"int": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2,

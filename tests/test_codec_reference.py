@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from formats import Field, Record
-from formats.registry import convert, open_sink, open_source
+from formats.codecs.registry import convert, open_sink, open_source
 from tests.helpers_codecs import CLASSES, IMAGE_FIELDS, make_records
 
 # -- TFRecord ----------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_tfrecord_reference_gzip(tmp_path, rng):
 def test_unpacked_repeated_fields(rng):
     """proto2-style writers emit repeated scalars unpacked; the decoder takes both."""
     pytest.importorskip("google.protobuf", reason="needs protobuf to write unpacked fields")
-    from formats.tfexample import decode_example
+    from formats.codecs.tfexample import decode_example
 
     def varint(v):
         v &= (1 << 64) - 1

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from formats import DatasetWriter, Field, Record, SchemaError, open_shards, verify_dataset
+from formats.codecs.registry import convert, open_sink, open_source
 from formats.errors import DecompressionError, FormatError, UnsafePathError
 from formats.fields import BYTES_TYPES
-from formats.registry import convert, open_sink, open_source
 from tests.helpers_codecs import make_jpeg
 
 FOREIGN = ("tfrecord", "webdataset", "parquet")

@@ -1,4 +1,4 @@
-"""``pack-dataset SRC DST --from X --to Y`` through formats.registry, every direction."""
+"""``pack-dataset SRC DST --from X --to Y`` through formats.codecs.registry, every direction."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from formats import open_shards
-from formats.registry import open_source
+from formats.codecs.registry import open_source
 from tests.helpers_codecs import make_dataset, make_records
 
 cli = pytest.importorskip("packer.cli", reason="the packer CLI is not there yet")

@@ -22,7 +22,7 @@ from formats import (
     VersionError,
     open_shards,
 )
-from formats.layout import index_sections
+from formats.shard.layout import index_sections
 
 FIELDS = [Field("image", "jpeg"), Field("label", "int"), Field("key", "str"),
           Field("meta", "json", "zstd")]

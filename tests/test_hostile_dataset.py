@@ -30,9 +30,9 @@ from hostile import run_case
 from formats import DatasetWriter, Field, open_shards
 from formats.checksum import crc32c, format_crc
 from formats.errors import FormatError, ManifestError, ShardpackError, UnsafePathError
-from formats.layout import index_sections
-from formats.manifest import MAX_MANIFEST_BYTES
-from formats.shard_writer import META_SCHEMA
+from formats.shard.layout import index_sections
+from formats.shard.manifest import MAX_MANIFEST_BYTES
+from formats.shard.shard_writer import META_SCHEMA
 
 FIELDS = [Field("data", "bytes"), Field("label", "int"), Field("key", "str"),
           Field("doc", "json", "zstd")]

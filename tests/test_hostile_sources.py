@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 import pytest
 from hostile import run_case
 
-from formats.tfexample import _put_len, encode_example
-from formats.tfrecord import masked_crc
+from formats.codecs.tfexample import _put_len, encode_example
+from formats.codecs.tfrecord import masked_crc
 
 MB = 1 << 20
 _BIG = 300 * MB  # over every per-value cap (256 MiB), under the child's address space
@@ -48,7 +48,7 @@ def run(func: str, *args, label: str):
 # -- what the child runs ---------------------------------------------------------------
 
 def iterate(kind: str, path: str, options: dict | None = None) -> None:
-    from formats.registry import open_source
+    from formats.codecs.registry import open_source
 
     for _ in open_source(kind, path, options or {}):
         pass

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 import formats
 from formats import DatasetWriter, Field
 from formats.base import Record
+from formats.codecs.imagefolder import ImageFolderSink, class_folders, safe_name
 from formats.errors import SchemaError
-from formats.folder_sink import ImageFolderSink, class_folders, safe_name
 from packer import PackOptions, pack
 from packer.errors import PackError
 from packer.listing import list_source

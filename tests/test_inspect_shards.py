@@ -194,7 +194,7 @@ def test_ls_label_name_on_a_dataset_without_classes_is_a_usage_error(tmp_path, r
 
 
 def test_class_name_wins_over_a_number(tmp_path, rng):
-    from formats.summary import list_records, resolve_label
+    from formats.shard.summary import list_records, resolve_label
 
     assert resolve_label(["7", "3"], "3") == 1
     assert resolve_label(["7", "3"], "0") == 0

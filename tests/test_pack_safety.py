@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import formats
-from formats.ownership import LEDGER_NAME, survey
-from formats.registry import convert, open_source
+from formats.codecs.registry import convert, open_source
+from formats.shard.ownership import LEDGER_NAME, survey
 from packer import PackError, PackOptions, UsageError, pack
 from packer.cli import main
 from packer.destination import _lock, claim
@@ -280,7 +280,7 @@ def test_cli_refusals_are_usage_errors_that_name_dst(tmp_path, rng, capsys):
 def test_a_full_disk_names_dst_and_how_to_finish(tmp_path, rng, capsys, monkeypatch):
     import errno
 
-    from formats import shard_writer
+    from formats.shard import shard_writer
 
     src = make_source("imagefolder", tmp_path / "in", rng)
     args = [str(src), str(tmp_path / "out"), "--quiet", "--records-per-shard", "2",
@@ -359,7 +359,7 @@ def test_a_resume_with_other_shard_options_names_the_one_that_differs(tmp_path):
 
 
 def test_hostile_classes_file_and_fifo_source_are_typed_errors(tmp_path, rng):
-    from formats.paths import expand_inputs, read_classes_file
+    from formats.codecs.paths import expand_inputs, read_classes_file
 
     (tmp_path / "classes.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(formats.FormatError, match="class names"):
@@ -374,7 +374,7 @@ def test_hostile_classes_file_and_fifo_source_are_typed_errors(tmp_path, rng):
 def test_an_old_dataset_half_deleted_by_a_kill_is_still_ours(tmp_path, rng):
     """A replace killed while deleting the old folder: what remains must still be
     provable (the manifest goes last), so the next pack finishes the job."""
-    from formats.ownership import remove_ours
+    from formats.shard.ownership import remove_ours
 
     a = make_source("imagefolder", tmp_path / "a", rng, n=9)
     old = tmp_path / ".out.shardpack-new"
@@ -401,7 +401,8 @@ def test_an_old_dataset_half_deleted_by_a_kill_is_still_ours(tmp_path, rng):
 
 
 def test_the_writer_refuses_what_no_reader_would_open(tmp_path, monkeypatch):
-    from formats import DatasetWriter, Field, SchemaError, dataset_writer
+    from formats import DatasetWriter, Field, SchemaError
+    from formats.shard import dataset_writer
 
     with pytest.raises(SchemaError, match="at least one field"):
         DatasetWriter(tmp_path / "none", [], records_per_shard=1)

@@ -335,7 +335,7 @@ def test_a_misspelt_format_names_the_closest_and_every_choice(tmp_path, rng, cap
 
 
 def test_registry_source_and_sink_plug_in(tmp_path, rng, monkeypatch):
-    """A stand-in formats.registry: the interface documented in packer's docstring."""
+    """A stand-in formats.codecs.registry: the interface documented in packer's docstring."""
     import packer.resolve as resolve
 
     written = []

@@ -11,12 +11,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .base import Record
-from .dataset import open_shards
-from .dataset_writer import DatasetWriter
-from .errors import SchemaError
-from .fields import BYTES_TYPES, SCALAR_TYPES, Field
-from .layout import DEFAULT_ALIGNMENT
+from ..base import Record
+from ..errors import SchemaError
+from ..fields import BYTES_TYPES, SCALAR_TYPES, Field
+from ..shard.dataset import open_shards
+from ..shard.dataset_writer import DatasetWriter
+from ..shard.layout import DEFAULT_ALIGNMENT
 
 __all__ = ["ShardsSink", "ShardsSource", "with_compression"]
 

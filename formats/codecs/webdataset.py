@@ -11,7 +11,7 @@ image members, each extension is a field of its own. ``cls`` -> ``label`` (int);
 ``json`` -> json; ``txt`` -> str; anything else -> bytes under the extension's name.
 The WebDataset key is the ``key`` field.
 
-Tars we wrote (``schema.json`` beside them, see :mod:`formats.paths`): the exact
+Tars we wrote (``schema.json`` beside them, see :mod:`formats.codecs.paths`): the exact
 record key is the member ``<key>.key.txt`` (the WebDataset key must lose the
 extension and dots of the record key's last component: ``bird/img_02.jpg`` is
 the sample ``bird/img_02``, and ``key.txt`` says ``bird/img_02.jpg``); ``image``
@@ -45,8 +45,8 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from .base import Record
-from .bounded import (
+from ..base import Record
+from ..bounded import (
     DEFAULT_MAX_STREAM,
     DEFAULT_MAX_VALUE,
     BoundedReader,
@@ -54,8 +54,9 @@ from .bounded import (
     parse_json,
     refuse_special_file,
 )
-from .errors import FormatError, SchemaError, UnsafePathError
-from .fields import Field
+from ..errors import FormatError, SchemaError, UnsafePathError
+from ..fields import Field
+from ..sniff import sniff
 from .outputs import AtomicFile, prepare_output_dir
 from .paths import (
     CLASSES_FILE,
@@ -68,7 +69,6 @@ from .paths import (
     write_classes_file,
     write_schema_file,
 )
-from .sniff import sniff
 
 __all__ = ["IMAGE_EXTS", "KEY_MEMBER", "WebDatasetSink", "WebDatasetSource", "split_key"]
 
@@ -479,7 +479,7 @@ class WebDatasetSink:
         records_per_shard: or after this many samples.
         overwrite: replace tars of an earlier run.
 
-    ``schema.json`` (the field types, see :mod:`formats.paths`) is written beside
+    ``schema.json`` (the field types, see :mod:`formats.codecs.paths`) is written beside
     the tars when the sink closes without an error.
 
     Raises:

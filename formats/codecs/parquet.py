@@ -45,20 +45,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .base import Record
-from .bounded import (
+from ..base import Record
+from ..bounded import (
     DEFAULT_MAX_VALUE,
     open_regular,
     parse_json,
     read_small_file,
     refuse_special_file,
 )
-from .errors import FormatError, SchemaError, UnsafePathError
-from .fields import IMAGE_TYPES, Field
-from .files import temp_name
+from ..errors import FormatError, SchemaError, UnsafePathError
+from ..fields import IMAGE_TYPES, Field
+from ..files import temp_name
+from ..sniff import sniff
 from .outputs import prepare_output_dir
 from .paths import ImageKinds, expand_inputs
-from .sniff import sniff
 
 __all__ = ["ParquetSink", "ParquetSource"]
 

@@ -4,7 +4,7 @@ Opening reads the manifest and checks each shard's two files: O(shards), nothing
 per record. A global index maps to (shard, record) through prefix sums; a batch
 of indices is located with one ``searchsorted`` and gathered shard by shard in
 numpy. Which shards are open, and checking them before each read, is
-:class:`formats.shard_set.ShardSet`'s: a batch reads one shard at a time, so it
+:class:`formats.shard.shard_set.ShardSet`'s: a batch reads one shard at a time, so it
 never needs more open at once than that allows. The object pickles without its
 maps (worker processes reopen them lazily).
 """
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..errors import CorruptRecordError, SchemaError
+from ..fields import BYTES_TYPES, SCALAR_TYPES, Field
 from .decoding import FieldDecoder, load_dictionaries
-from .errors import CorruptRecordError, SchemaError
-from .fields import BYTES_TYPES, SCALAR_TYPES, Field
 from .metadata import read_metadata
 from .shard_set import ShardSet, default_max_open
 

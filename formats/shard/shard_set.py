@@ -23,9 +23,9 @@ import logging
 from collections import OrderedDict
 from pathlib import Path
 
-from .checksum import crc32c
-from .errors import FormatError, ManifestError
-from .files import FD_EXHAUSTED
+from ..checksum import crc32c
+from ..errors import FormatError, ManifestError
+from ..files import FD_EXHAUSTED
 from .manifest import MANIFEST_NAME, Manifest, decode_manifest, read_manifest_bytes
 from .shard import ShardReader
 

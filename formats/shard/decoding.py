@@ -11,10 +11,10 @@ from typing import Any
 
 import zstandard
 
-from .checksum import crc32c
-from .errors import CorruptRecordError, DecompressionError, FormatError, SchemaError
-from .fields import Field, decode_value
-from .files import read_regular, safe_child
+from ..checksum import crc32c
+from ..errors import CorruptRecordError, DecompressionError, FormatError, SchemaError
+from ..fields import Field, decode_value
+from ..files import read_regular, safe_child
 from .manifest import Manifest
 
 __all__ = ["MAX_DICTIONARY_BYTES", "FieldDecoder", "load_dictionaries"]

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .checksum import crc32c, fd_crc32c
+from ..checksum import crc32c, fd_crc32c
+from ..errors import ShardpackError
+from ..files import open_regular
+from ..sniff import sniff
 from .decoding import FieldDecoder, load_dictionaries
-from .errors import ShardpackError
-from .files import open_regular
 from .manifest import read_manifest
 from .shard import ShardReader
-from .sniff import sniff
 
 __all__ = ["Problem", "verify_dataset"]
 

@@ -32,7 +32,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from .errors import ShardpackError
+from ..errors import ShardpackError
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 
 __all__ = ["JOURNAL_NAME", "LEDGER_NAME", "LOCK_NAME", "RAY_STATE_DIR", "SHUFFLE_PASS_DIR",
@@ -270,7 +270,7 @@ def remove_ours(root: str | Path, paths, *, keep=()) -> None:
 def write_ledger(root: str | Path, files: list[str], *, durable: bool = True) -> None:
     """Record the files of a complete foreign-format output (what a later
     ``--overwrite`` may delete)."""
-    from .files import atomic_write_bytes
+    from ..files import atomic_write_bytes
 
     data = json.dumps({"files": sorted(files), "tool": "shardpack"}, indent=0).encode()
     atomic_write_bytes(Path(root) / LEDGER_NAME, data, durable=durable)

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .checksum import crc32c
-from .errors import FormatError, SchemaError
-from .files import open_regular, read_regular
+from ..checksum import crc32c
+from ..errors import FormatError, SchemaError
+from ..files import open_regular, read_regular
 from .manifest import Manifest, ShardEntry, read_manifest
 from .shard_writer import META_SCHEMA
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import FormatError
-from .files import temp_name
-from .ownership import remove_ours, survey
+from ..errors import FormatError
+from ..files import temp_name
+from ..shard.ownership import remove_ours, survey
 
 __all__ = ["AtomicFile", "prepare_output_dir"]
 
@@ -15,7 +15,7 @@ __all__ = ["AtomicFile", "prepare_output_dir"]
 def prepare_output_dir(root: str | Path, *, overwrite: bool, owned: tuple[str, ...]) -> Path:
     """Create ``root``; with ``overwrite``, delete the output an earlier run completed.
 
-    Only files :mod:`formats.ownership` proves ours (listed in the output ledger that
+    Only files :mod:`formats.shard.ownership` proves ours (listed in the output ledger that
     ``pack-dataset`` writes) are ever deleted; a file of a name this sink writes that
     is not provably ours is never replaced.
 

@@ -29,11 +29,11 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from .bounded import parse_json, read_small_file, refuse_special_file
-from .errors import FormatError, SchemaError
-from .fields import IMAGE_TYPES, Field, stored_image_type
-from .files import atomic_write_bytes
-from .sniff import sniff
+from ..bounded import parse_json, read_small_file, refuse_special_file
+from ..errors import FormatError, SchemaError
+from ..fields import IMAGE_TYPES, Field, stored_image_type
+from ..files import atomic_write_bytes
+from ..sniff import sniff
 
 __all__ = ["CLASSES_FILE", "SCHEMA_FILE", "ImageKinds", "canonical_order", "expand_braces",
            "expand_inputs", "read_classes_file", "read_schema_file", "write_classes_file",

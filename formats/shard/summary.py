@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
+from ..fields import BYTES_TYPES
+from ..sniff import sniff
 from .dataset import ShardDataset, read_metadata
-from .fields import BYTES_TYPES
 from .layout import MAJOR
 from .manifest import read_manifest
-from .sniff import sniff
 
 __all__ = ["dataset_info", "dataset_stats", "describe_record", "field_bytes", "list_records",
            "resolve_label"]

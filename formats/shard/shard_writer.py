@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .checksum import crc32c, file_crc32c
-from .fields import Field
-from .files import temp_name
+from ..checksum import crc32c, file_crc32c
+from ..fields import Field
+from ..files import temp_name
 from .layout import (
     DATA_HEADER,
     DATA_MAGIC,

@@ -35,11 +35,11 @@ import re
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from .base import Record
-from .errors import SchemaError, UnsafePathError
-from .fields import Field
+from ..base import Record
+from ..errors import SchemaError, UnsafePathError
+from ..fields import Field
+from ..sniff import sniff
 from .paths import CLASSES_FILE, write_classes_file
-from .sniff import sniff
 
 __all__ = ["ImageFolderSink", "class_folders", "safe_name"]
 

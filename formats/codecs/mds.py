@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import Record
-from .bounded import (
+from ..base import Record
+from ..bounded import (
     DEFAULT_MAX_MEMBER,
     DEFAULT_MAX_VALUE,
     gunzip_bounded,
@@ -38,9 +38,9 @@ from .bounded import (
     read_small_file,
     unzstd_bounded,
 )
-from .errors import FormatError, SchemaError
-from .fields import Field
-from .files import safe_child
+from ..errors import FormatError, SchemaError
+from ..fields import Field
+from ..files import safe_child
 
 __all__ = ["MDS_TYPES", "MDSSource"]
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import zstandard
 
-from .checksum import crc32c
-from .errors import ManifestError, SchemaError
-from .fields import IMAGE_TYPES, Field, encode_value, stored_image_type
-from .files import atomic_write_bytes, fsync_dir
+from ..checksum import crc32c
+from ..errors import ManifestError, SchemaError
+from ..fields import IMAGE_TYPES, Field, encode_value, stored_image_type
+from ..files import atomic_write_bytes, fsync_dir
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry, write_manifest
 from .ownership import (
@@ -62,7 +62,7 @@ class DatasetWriter:
         dictionaries: trained zstd dictionaries by field name (zstd fields only).
         overwrite: replace an existing dataset in ``root`` (its files are deleted
             first: not atomic; ``packer.pack`` builds the new one beside the old
-            one instead). Only files :mod:`formats.ownership` proves ours are
+            one instead). Only files :mod:`formats.shard.ownership` proves ours are
             ever deleted; anything else in ``root`` stays.
         resume: keep the shards a previous, interrupted writer sealed with the same
             schema and options; :attr:`resumed` holds their ``progress`` values.

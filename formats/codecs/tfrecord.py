@@ -20,7 +20,7 @@ writes ``int`` as a one-number Int64List, ``float`` as a one-number FloatList
 by its bits), a FloatList (float16/32, and float64 whose values float32 holds
 exactly) or one byte string of the little-endian array bytes (other dtypes);
 str and json as UTF-8 byte strings. It records the field types and feature names
-in ``schema.json`` (see :mod:`formats.paths`) and the source reads every value
+in ``schema.json`` (see :mod:`formats.codecs.paths`) and the source reads every value
 back as its type from it; files from elsewhere are typed from their first record.
 """
 
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import Record
-from .bounded import (
+from ..base import Record
+from ..bounded import (
     DEFAULT_MAX_STREAM,
     DEFAULT_MAX_VALUE,
     open_input,
@@ -45,10 +45,11 @@ from .bounded import (
     read_exact,
     refuse_special_file,
 )
-from .checksum import crc32c
-from .errors import CorruptRecordError, FormatError, SchemaError
-from .fields import IMAGE_TYPES, Field
-from .files import atomic_write_bytes
+from ..checksum import crc32c
+from ..errors import CorruptRecordError, FormatError, SchemaError
+from ..fields import IMAGE_TYPES, Field
+from ..files import atomic_write_bytes
+from ..sniff import sniff
 from .outputs import AtomicFile, prepare_output_dir
 from .paths import (
     CLASSES_FILE,
@@ -61,7 +62,6 @@ from .paths import (
     write_classes_file,
     write_schema_file,
 )
-from .sniff import sniff
 from .tfexample import ExampleError, decode_example, encode_example
 
 __all__ = [

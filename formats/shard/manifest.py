@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bounded import parse_json
-from .checksum import format_crc, parse_crc
-from .errors import ManifestError, SchemaError, VersionError
-from .fields import Field
-from .files import atomic_write_bytes, check_plain_name, read_regular
+from ..bounded import parse_json
+from ..checksum import format_crc, parse_crc
+from ..errors import ManifestError, SchemaError, VersionError
+from ..fields import Field
+from ..files import atomic_write_bytes, check_plain_name, read_regular
 from .layout import FORMAT_NAME, MAJOR, MAX_ALIGNMENT, MIN_ALIGNMENT, MINOR, index_sections
 
 __all__ = ["MANIFEST_NAME", "MAX_MANIFEST_BYTES", "Manifest", "ShardEntry", "decode_manifest",

@@ -27,7 +27,7 @@ hold; class names keep their order (label i is name i), unnamed classes write no
   image's path), other ndarray dtypes. Types in the files' ``shardpack``
   metadata, class names as a ``ClassLabel``.
 * ``imagefolder``: the ``image`` (a file), ``label`` (its folder) and ``key``
-  (its name); other fields are not written (see :mod:`formats.folder_sink`).
+  (its name); other fields are not written (see :mod:`formats.codecs.imagefolder`).
 """
 
 from __future__ import annotations
@@ -40,28 +40,28 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .base import Record, Sink, Source
-from .bounded import open_input
-from .fields import Field
-from .ownership import LEDGER_NAME, output_entries, survey, write_ledger
+from ..base import Record, Sink, Source
+from ..bounded import open_input
+from ..fields import Field
+from ..shard.ownership import LEDGER_NAME, output_entries, survey, write_ledger
 from .paths import expand_braces
 
 __all__ = ["SINKS", "SOURCES", "UnknownFormatError", "convert", "detect", "open_sink",
            "open_source"]
 
 _SOURCES = {
-    "tfrecord": ("formats.tfrecord", "TFRecordSource"),
-    "webdataset": ("formats.webdataset", "WebDatasetSource"),
-    "parquet": ("formats.parquet_codec", "ParquetSource"),
-    "mds": ("formats.mds", "MDSSource"),
-    "shards": ("formats.shards_codec", "ShardsSource"),
+    "tfrecord": ("formats.codecs.tfrecord", "TFRecordSource"),
+    "webdataset": ("formats.codecs.webdataset", "WebDatasetSource"),
+    "parquet": ("formats.codecs.parquet", "ParquetSource"),
+    "mds": ("formats.codecs.mds", "MDSSource"),
+    "shards": ("formats.codecs.shards", "ShardsSource"),
 }
 _SINKS = {
-    "shards": ("formats.shards_codec", "ShardsSink"),
-    "tfrecord": ("formats.tfrecord", "TFRecordSink"),
-    "webdataset": ("formats.webdataset", "WebDatasetSink"),
-    "parquet": ("formats.parquet_codec", "ParquetSink"),
-    "imagefolder": ("formats.folder_sink", "ImageFolderSink"),
+    "shards": ("formats.codecs.shards", "ShardsSink"),
+    "tfrecord": ("formats.codecs.tfrecord", "TFRecordSink"),
+    "webdataset": ("formats.codecs.webdataset", "WebDatasetSink"),
+    "parquet": ("formats.codecs.parquet", "ParquetSink"),
+    "imagefolder": ("formats.codecs.imagefolder", "ImageFolderSink"),
 }
 SOURCES: tuple[str, ...] = tuple(_SOURCES)
 SINKS: tuple[str, ...] = tuple(_SINKS)

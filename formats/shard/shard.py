@@ -14,7 +14,7 @@ that is mapped even after a rename replaced the name. A truncation racing the
 read between check and access is not covered; one before it always is.
 
 An open shard holds two descriptors (Python's ``mmap`` keeps a duplicate of
-each file's); :class:`formats.shard_set.ShardSet` bounds how many shards a
+each file's); :class:`formats.shard.shard_set.ShardSet` bounds how many shards a
 process keeps open.
 """
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .checksum import crc32c
-from .errors import CorruptRecordError, FormatError, VersionError
-from .files import FD_EXHAUSTED, open_regular
+from ..checksum import crc32c
+from ..errors import CorruptRecordError, FormatError, VersionError
+from ..files import FD_EXHAUSTED, open_regular
 from .layout import (
     DATA_HEADER,
     DATA_MAGIC,
