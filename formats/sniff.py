@@ -27,11 +27,14 @@ from __future__ import annotations
 import struct
 import zlib
 
-__all__ = ["IMAGE_KINDS", "image_kind", "image_size", "image_type", "is_gray", "looks_complete",
+__all__ = ["IMAGE_EXTENSION", "IMAGE_KINDS", "image_kind", "image_size", "image_type", "is_gray", "looks_complete",
            "sniff"]
 
 #: The encoded image formats the project recognizes (what :func:`image_kind` returns).
 IMAGE_KINDS = frozenset({"jpeg", "png", "webp", "gif", "bmp", "tiff"})
+# The file extension (no dot) an image of each kind is written under.
+IMAGE_EXTENSION = {"jpeg": "jpg", "png": "png", "webp": "webp", "gif": "gif", "bmp": "bmp",
+                   "tiff": "tif"}
 
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),

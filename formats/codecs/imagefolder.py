@@ -38,14 +38,12 @@ from pathlib import Path, PurePosixPath
 from ..base import Record
 from ..errors import SchemaError, UnsafePathError
 from ..fields import Field
-from ..sniff import sniff
+from ..sniff import IMAGE_EXTENSION, sniff
 from .paths import CLASSES_FILE, write_classes_file
 
 __all__ = ["ImageFolderSink", "class_folders", "safe_name"]
 
 _BAD = re.compile(r"[\x00-\x1f/\\:*?\"<>|]")
-_EXT = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "gif": ".gif", "bmp": ".bmp",
-        "tiff": ".tif"}
 _SAME_EXT = {".jpg": ".jpeg", ".tif": ".tiff"}  # the other spelling a key may already end in
 _MAX_NAME = 200
 _MIN_DIGITS = 3
@@ -164,7 +162,8 @@ class ImageFolderSink:
         stem = f"{self.count:08d}"
         if isinstance(key, str) and key:
             stem = safe_name(PurePosixPath(key.replace("\\", "/")).name, stem)
-        ext = _EXT.get(sniff(data), ".bin")
+        kind = sniff(data)
+        ext = f".{IMAGE_EXTENSION[kind]}" if kind in IMAGE_EXTENSION else ".bin"
         if Path(stem).suffix.lower() not in (ext, _SAME_EXT.get(ext, ext)):
             stem += ext
         path = self._inside(folder / stem)

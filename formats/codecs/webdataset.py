@@ -56,7 +56,7 @@ from ..bounded import (
 )
 from ..errors import FormatError, SchemaError, UnsafePathError
 from ..fields import Field
-from ..sniff import sniff
+from ..sniff import IMAGE_EXTENSION, sniff
 from .outputs import AtomicFile, prepare_output_dir
 from .paths import (
     CLASSES_FILE,
@@ -80,8 +80,6 @@ LABEL_EXTS = ("cls", "cls2", "class", "label", "index")
 #: The member holding a record's exact key in tars we write.
 KEY_MEMBER = "key.txt"
 _ANY_IMAGE = "*"  # schema.json: this field is the sample's image member, any extension
-_IMAGE_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "gif": "gif", "bmp": "bmp",
-              "tiff": "tif"}
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 #: The most bytes of extended headers (pax records, GNU long names) before one member.
 _MAX_TAR_HEADERS = 1 << 20
@@ -515,7 +513,7 @@ class WebDatasetSink:
             if f.type in ("jpeg", "png", "image"):
                 kind = self._kinds.note(f.name, value)
                 if ext == _ANY_IMAGE:
-                    ext = _IMAGE_EXT.get(kind, "img")
+                    ext = IMAGE_EXTENSION.get(kind, "img")
             members.append((ext, _member(f, value)))
         members.sort()
         if self._tar is None:
