@@ -27,9 +27,9 @@ Rules (also in ``pack-dataset --help``):
   must agree; a ``str`` ``label`` column becomes class indices (classes sorted).
 * Every listed file counts as an input: one that turns out not to be an image
   is skipped (kind ``not-an-image``) or fails the pack, per ``--on-error``.
-* The image field is typed ``jpeg`` unless the listing holds non-JPEG image
-  extensions (.png .webp .gif .bmp .tif .tiff) and ``--to-jpeg`` is off: then
-  ``image`` (any encoded image; readers sniff the magic).
+* The image field's type here is provisional (``image`` when the names include
+  non-JPEG extensions, else ``jpeg``): the writer types it by what the files hold
+  (``formats.DatasetWriter``: ``jpeg``, ``png`` or ``image``).
 """
 
 from __future__ import annotations
