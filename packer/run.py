@@ -7,11 +7,13 @@ same way, ``--on-error`` is applied to bad items in one place, and a ``--resume`
 must match the plan's fingerprint. ``--shuffle`` for a container source: our
 shards are read in the shuffled order directly (random access); the others are
 first copied as they come into a hidden dataset inside the output folder
-(``.shardpack-shuffle``, resumable), which is then read in the shuffled order.
+(``.shardpack-shuffle``, kept for a resume once complete), which is then read in
+the shuffled order.
 """
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 from pathlib import Path
@@ -166,8 +168,6 @@ def _pack_source(source, root: Path | None, dst: Path, options: PackOptions,
             if shards:
                 writer.abort()
             raise
-    import itertools
-
     records = itertools.islice(iter(source), start.get("next", 0), None)
     items = record_items(records, fields, work_options(options), options.num_workers)
     write_items(items, writer, shards=shards, total=total, start=start, plan=plan, dst=dst,
@@ -201,7 +201,8 @@ def _shuffled(source, root: Path | None, kind: str, dst: Path, options: PackOpti
         n = len(source)
         return _InOrder(root, shuffle_order(n, options.seed), source.fields, source.classes), n
     # The first pass: the records as they come, into a hidden dataset of ours beside
-    # the output (resumable like any pack; reused when complete and of this plan).
+    # the output; a resume reuses it when it is complete and of this plan (an
+    # interrupted first pass is done again).
     scratch = dst / SHUFFLE_PASS
     done = (scratch / "manifest.json").exists() and \
         open_shards(scratch).manifest.created_by.get("plan") == plan
