@@ -66,7 +66,8 @@ options for every source:
   --shuffle/--seed, --max-side, --to-jpeg, --on-error and --resume apply to
   container sources (tfrecord, webdataset, parquet, mds, shards) as to folders.
   --shuffle reads our shards in the shuffled order; other containers are first
-  copied as they come into DST/.shardpack-shuffle (resumable; removed at the end).
+  copied as they come into DST/.shardpack-shuffle (kept for a resume once
+  complete; removed at the end).
   --on-error skip skips records whose image is bad; a damaged container file
   (a truncated tar, a bad TFRecord checksum) stops the pack, naming it.
 
