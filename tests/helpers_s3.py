@@ -8,7 +8,7 @@ import pytest
 
 from scripts.local_s3 import CREDENTIALS, new_bucket, s3_server, s3_uri
 
-__all__ = ["CREDENTIALS", "moto_server", "new_bucket", "s3_uri"]
+__all__ = ["CREDENTIALS", "moto_server", "new_bucket", "s3_endpoint", "s3_uri"]
 
 
 @contextmanager
@@ -17,6 +17,25 @@ def moto_server():
     pytest.importorskip("flask", reason="needs moto[server] (the dev extra) for a local S3")
     with s3_server() as endpoint:
         yield endpoint
+
+
+@contextmanager
+def s3_endpoint():
+    """The local S3 server's URL, with its credentials in the environment meanwhile
+    (what a module-scoped ``endpoint`` fixture yields)."""
+    import os
+
+    saved = {k: os.environ.get(k) for k in CREDENTIALS}
+    os.environ.update(CREDENTIALS)
+    try:
+        with moto_server() as url:
+            yield url
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class DroppingProxy:

@@ -245,19 +245,10 @@ def test_a_folder_named_classes_json_is_a_class_like_any_other(tmp_path, rng):
 
 @pytest.fixture(scope="module")
 def endpoint():
-    from helpers_s3 import CREDENTIALS, moto_server
+    from helpers_s3 import s3_endpoint
 
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    try:
-        with moto_server() as url:
-            yield url
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with s3_endpoint() as url:
+        yield url
 
 
 def test_a_remote_image_folder_takes_names_and_labels_from_classes_json(endpoint, tmp_path, rng):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from helpers_packer import image_folder
 from helpers_reader import CropPipeline, make_dataset
-from helpers_s3 import CREDENTIALS, DroppingProxy, moto_server, new_bucket, s3_uri
+from helpers_s3 import DroppingProxy, new_bucket, s3_endpoint, s3_uri
 
 from formats import StorageError, open_shards
 from formats.storage import Location, Retry, open_location
@@ -28,17 +28,8 @@ from reader.remote import RemoteDataset
 
 @pytest.fixture(scope="module")
 def endpoint():
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    try:
-        with moto_server() as url:
-            yield url
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with s3_endpoint() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,12 @@ The end-to-end case packs to a real S3 server on loopback (moto's server mode)."
 
 from __future__ import annotations
 
-import os
 from urllib.parse import quote
 
 import numpy as np
 import pytest
 from helpers_packer import image_folder
-from helpers_s3 import CREDENTIALS, moto_server, new_bucket
+from helpers_s3 import CREDENTIALS, new_bucket, s3_endpoint
 
 from formats import ShardpackError
 from formats.storage import URIError, display_uri, open_location, parse_uri
@@ -131,17 +130,8 @@ def test_an_unknown_scheme_is_a_typed_error_not_an_import_error():
 
 @pytest.fixture(scope="module")
 def endpoint():
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    try:
-        with moto_server() as url:
-            yield url
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with s3_endpoint() as url:
+        yield url
 
 
 def _every_key(endpoint: str) -> list[str]:
