@@ -163,10 +163,11 @@ def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | 
             if length > max_record_bytes:
                 raise FormatError("TFRecord record longer than the limit", path=path, record=index,
                                   offset=offset, found=length, expected=f"<= {max_record_bytes}")
-            body = read_exact(f, length + 4, path, f"record {index}", offset)
-            data = body[:length]
+            # Payload and its CRC read apart: slicing one read would copy every payload.
+            data = read_exact(f, length, path, f"record {index}", offset)
+            tail = read_exact(f, 4, path, f"the checksum of record {index}", offset)
             if check_crc:
-                want = _CRC.unpack_from(body, length)[0]
+                want = _CRC.unpack(tail)[0]
                 got = masked_crc(data)
                 if got != want:
                     raise CorruptRecordError("TFRecord data checksum mismatch", path=path,
