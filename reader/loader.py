@@ -17,6 +17,7 @@ import multiprocessing as mp
 import sys
 import weakref
 from collections.abc import Iterator
+from copy import copy as shallow_copy
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,8 @@ class Loader:
         transform: image pipeline or list of transform specs (see :class:`DecodeOptions`).
         decode: ``False`` for raw-bytes mode (in-process, no workers).
         on_error: ``"fail"`` or ``"skip"`` corrupt images.
+        check_crc: verify every record's checksums as it is read (default; see
+            :class:`DecodeOptions`).
         copy: return owned arrays instead of views of the shared ring.
         device: ``"cpu"`` or ``"cuda"`` (handled by :mod:`reader.device`).
         rank, world_size: distributed partitioning; ``None`` reads ``$RANK`` and
@@ -77,6 +80,7 @@ class Loader:
                  num_workers: int | str = "auto", prefetch: int | str = "auto",
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
                  transform: Any = None, decode: bool = True, on_error: str = "fail",
+                 check_crc: bool = True,
                  copy: bool = False, device: str = "cpu", rank: int | None = None,
                  world_size: int | None = None, cache: CacheOptions | None = None,
                  monitor: Any = None, timeout: float | None = None,
@@ -85,13 +89,23 @@ class Loader:
                  decode_options: DecodeOptions | None = None,
                  worker_options: WorkerOptions | None = None,
                  device_options: Any = None) -> None:
+        self.decode_options = decode_options or DecodeOptions(
+            transform=transform, decode=decode, on_error=on_error, check_crc=check_crc)
+        check = self.decode_options.check_crc
         self._owns_dataset = not isinstance(source, ShardDataset)
-        self.dataset = open_dataset(source, cache=cache) if self._owns_dataset else source
+        if self._owns_dataset:
+            self.dataset = open_dataset(source, cache=cache, check_crc=check)
+        elif source.check_crc != check:
+            # The loader's own copy (the maps are reopened, never the user's object
+            # changed), checking as this loader was told to.
+            self.dataset = shallow_copy(source)
+            self.dataset.check_crc = check
+            self._owns_dataset = True
+        else:
+            self.dataset = source
         self.batch_size = int(batch_size)
         self.sampler_options = sampler_options or SamplerOptions(
             shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size)
-        self.decode_options = decode_options or DecodeOptions(
-            transform=transform, decode=decode, on_error=on_error)
         self.worker_options = worker_options or WorkerOptions(
             num_workers=num_workers, prefetch=prefetch, timeout=timeout, copy=copy,
             persistent_workers=persistent_workers)
