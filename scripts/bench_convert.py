@@ -140,19 +140,9 @@ def _make_sources(folder: Path, root: Path, cores: int, n: int) -> Sources:
 
 
 def _copy_limit(files: list[Path], out: Path) -> tuple[int, int]:
-    total = 0
-    fd = os.open(out / "copy.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for path in files:
-            f = os.open(path, os.O_RDONLY)
-            try:
-                data = os.read(f, os.fstat(f).st_size)
-            finally:
-                os.close(f)
-            total += os.write(fd, data)
-    finally:
-        os.close(fd)
-    return len(files), total
+    from scripts.bench import copy_limit
+
+    return len(files), copy_limit(files, out / "copy.bin")
 
 
 def _ours(src, out: Path, cores: int, **kw) -> tuple[int, int]:

@@ -55,17 +55,9 @@ def _warm(samples) -> int:
 
 
 def _copy_limit(samples, out: Path) -> None:
-    fd = os.open(out / "copy.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for path, _, _ in samples:
-            f = os.open(path, os.O_RDONLY)
-            try:
-                data = os.read(f, os.fstat(f).st_size)
-            finally:
-                os.close(f)
-            os.write(fd, data)
-    finally:
-        os.close(fd)
+    from scripts.bench import copy_limit
+
+    copy_limit([path for path, _, _ in samples], out / "copy.bin")
 
 
 def _pack(src: Path, out: Path, **kw) -> None:

@@ -123,6 +123,20 @@ def write_classes_file(root: Path, classes) -> None:
         atomic_write_bytes(Path(root) / CLASSES_FILE, _json_bytes(list(classes)), durable=False)
 
 
+def _read_json_file(path: Path, limit: int, what: str):
+    """The JSON in a small file of ours beside foreign shards, read within ``limit``
+    bytes and nesting bounds.
+
+    Raises:
+        FormatError: unreadable, too large, too deep or not JSON (names the file).
+    """
+    try:
+        raw = read_small_file(path, limit, what)
+    except OSError as exc:
+        raise FormatError(f"unreadable {what} ({exc.strerror})", path=path) from None
+    return parse_json(raw, path=path, what=what, error=FormatError, max_bytes=limit)
+
+
 def read_classes_file(folder: Path) -> tuple[str, ...] | None:
     """The class names :func:`write_classes_file` left in ``folder``, if any.
 
@@ -132,12 +146,7 @@ def read_classes_file(folder: Path) -> tuple[str, ...] | None:
     path = Path(folder) / CLASSES_FILE
     if not os.path.lexists(path):
         return None
-    try:
-        raw = read_small_file(path, _MAX_CLASSES_FILE, "class names file")
-    except OSError as exc:
-        raise FormatError(f"unreadable class names ({exc.strerror})", path=path) from None
-    obj = parse_json(raw, path=path, what="class names", error=FormatError,
-                     max_bytes=_MAX_CLASSES_FILE)
+    obj = _read_json_file(path, _MAX_CLASSES_FILE, "class names")
     if not isinstance(obj, list) or not all(isinstance(c, str) for c in obj):
         raise FormatError("class names must be a JSON list of strings", path=path)
     return tuple(obj)
@@ -185,12 +194,7 @@ def read_schema_file(folder: Path, codec: str) -> tuple[tuple[Field, ...], dict[
     path = Path(folder) / SCHEMA_FILE
     if not os.path.lexists(path):
         return None
-    try:
-        raw = read_small_file(path, _MAX_SCHEMA_FILE, "schema file")
-    except OSError as exc:
-        raise FormatError(f"unreadable schema file ({exc.strerror})", path=path) from None
-    obj = parse_json(raw, path=path, what="schema file", error=FormatError,
-                     max_bytes=_MAX_SCHEMA_FILE)
+    obj = _read_json_file(path, _MAX_SCHEMA_FILE, "schema file")
     if not isinstance(obj, dict) or obj.get("format") != _SCHEMA_MARK:
         return None
     if obj.get("version") != 1:
