@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .errors import SchemaError
+from .sniff import sniff
 
 __all__ = [
     "BYTES_TYPES",
@@ -23,6 +24,7 @@ __all__ = [
     "IMAGE_TYPES",
     "SCALAR_TYPES",
     "Field",
+    "ImageKinds",
     "decode_value",
     "encode_value",
     "stored_image_type",
@@ -38,6 +40,37 @@ def stored_image_type(seen) -> str:
     ``png``, anything else): one format of its own type, else ``image``."""
     seen = set(seen)
     return seen.pop() if len(seen) == 1 and seen <= {"jpeg", "png"} else "image"
+
+
+class ImageKinds:
+    """What the image fields of the records written hold, payload by payload, so every
+    writer (ours and the foreign sinks) types each field by what it held, never as a
+    source guessed it (:func:`stored_image_type`)."""
+
+    def __init__(self, fields) -> None:
+        self._seen: dict[str, set[str]] = {f.name: set() for f in fields if f.type in IMAGE_TYPES}
+        self.names = tuple(self._seen)
+
+    def note(self, name: str, value) -> str:
+        """Record one payload of image field ``name``; returns its sniffed kind."""
+        kind = sniff(value)
+        self._seen[name].add(kind if kind in ("jpeg", "png") else "other")
+        return kind
+
+    def typed(self, fields) -> tuple[Field, ...]:
+        """``fields`` with each image field typed by what it held (unchanged if nothing)."""
+        return tuple(replace(f, type=stored_image_type(self._seen[f.name]))
+                     if self._seen.get(f.name) else f for f in fields)
+
+    def state(self) -> dict[str, list[str]]:
+        """What was seen, as JSON (a resume journal carries it)."""
+        return {k: sorted(v) for k, v in self._seen.items()}
+
+    def restore(self, state) -> None:
+        """Take back what :meth:`state` said (unknown names and values ignored)."""
+        for k, v in (state or {}).items():
+            if k in self._seen and isinstance(v, list):
+                self._seen[k] = {x for x in v if x in ("jpeg", "png", "other")}
 SCALAR_TYPES = frozenset({"int", "float"})
 FIELD_TYPES = BYTES_TYPES | SCALAR_TYPES | {"str", "json", "ndarray"}
 COMPRESSIONS = frozenset({"none", "zstd"})

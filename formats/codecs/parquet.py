@@ -54,11 +54,11 @@ from ..bounded import (
     refuse_special_file,
 )
 from ..errors import FormatError, SchemaError, UnsafePathError
-from ..fields import IMAGE_TYPES, Field
+from ..fields import IMAGE_TYPES, Field, ImageKinds
 from ..files import temp_name
 from ..sniff import sniff
 from .outputs import prepare_output_dir
-from .paths import ImageKinds, expand_inputs
+from .paths import expand_inputs
 
 __all__ = ["ParquetSink", "ParquetSource"]
 

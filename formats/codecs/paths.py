@@ -31,11 +31,10 @@ from pathlib import Path
 
 from ..bounded import parse_json, read_small_file, refuse_special_file
 from ..errors import FormatError, SchemaError
-from ..fields import IMAGE_TYPES, Field, stored_image_type
+from ..fields import Field
 from ..files import atomic_write_bytes
-from ..sniff import sniff
 
-__all__ = ["CLASSES_FILE", "SCHEMA_FILE", "ImageKinds", "canonical_order", "expand_braces",
+__all__ = ["CLASSES_FILE", "SCHEMA_FILE", "canonical_order", "expand_braces",
            "expand_inputs", "read_classes_file", "read_schema_file", "write_classes_file",
            "write_schema_file"]
 
@@ -150,26 +149,6 @@ def read_classes_file(folder: Path) -> tuple[str, ...] | None:
     if not isinstance(obj, list) or not all(isinstance(c, str) for c in obj):
         raise FormatError("class names must be a JSON list of strings", path=path)
     return tuple(obj)
-
-
-class ImageKinds:
-    """What the image fields of the records written hold, payload by payload, so a
-    sink records each field's type as its payloads are (the rule
-    :class:`formats.DatasetWriter` applies), never as the source guessed it."""
-
-    def __init__(self, fields) -> None:
-        self._seen: dict[str, set[str]] = {f.name: set() for f in fields if f.type in IMAGE_TYPES}
-
-    def note(self, name: str, value) -> str:
-        """Record one payload of image field ``name``; returns its sniffed kind."""
-        kind = sniff(value)
-        self._seen[name].add(kind if kind in ("jpeg", "png") else "other")
-        return kind
-
-    def typed(self, fields) -> tuple[Field, ...]:
-        """``fields`` with each image field typed by what it held (unchanged if nothing)."""
-        return tuple(Field(f.name, stored_image_type(self._seen[f.name]))
-                     if self._seen.get(f.name) else f for f in fields)
 
 
 def write_schema_file(root: Path, codec: str, fields, names: dict[str, str]) -> None:

@@ -47,14 +47,13 @@ from ..bounded import (
 )
 from ..checksum import crc32c
 from ..errors import CorruptRecordError, FormatError, SchemaError
-from ..fields import IMAGE_TYPES, Field
+from ..fields import IMAGE_TYPES, Field, ImageKinds
 from ..files import atomic_write_bytes
 from ..sniff import sniff
 from .outputs import AtomicFile, prepare_output_dir
 from .paths import (
     CLASSES_FILE,
     SCHEMA_FILE,
-    ImageKinds,
     canonical_order,
     expand_inputs,
     read_classes_file,

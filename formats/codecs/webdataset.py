@@ -55,13 +55,12 @@ from ..bounded import (
     refuse_special_file,
 )
 from ..errors import FormatError, SchemaError, UnsafePathError
-from ..fields import Field
+from ..fields import Field, ImageKinds
 from ..sniff import IMAGE_EXTENSION, sniff
 from .outputs import AtomicFile, prepare_output_dir
 from .paths import (
     CLASSES_FILE,
     SCHEMA_FILE,
-    ImageKinds,
     canonical_order,
     expand_inputs,
     read_classes_file,

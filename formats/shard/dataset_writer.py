@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import zstandard
 
 from ..checksum import crc32c
 from ..errors import ManifestError, SchemaError
-from ..fields import IMAGE_TYPES, Field, encode_value, stored_image_type
+from ..fields import Field, ImageKinds, encode_value
 from ..files import atomic_write_bytes, fsync_dir
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry, write_manifest
@@ -35,8 +34,6 @@ from .shard_writer import ShardWriter, entry_matches_files
 
 __all__ = ["JOURNAL_NAME", "DatasetWriter", "shard_name"]
 
-_JPEG = b"\xff\xd8\xff"
-_PNG = b"\x89PNG\r\n\x1a\n"
 # The shard list's share of the manifest (the rest: schema, classes, created_by).
 _MANIFEST_SHARD_BUDGET = MAX_MANIFEST_BYTES - (2 << 20)
 
@@ -108,8 +105,7 @@ class DatasetWriter:
         self._names = [f.name for f in self.fields]
         self._max_raw = {f.name: 0 for f in self.fields if f.compression != "none"}
         # Image fields are typed by what they hold (see close()): the formats seen.
-        self._images = [(i, f.name) for i, f in enumerate(self.fields) if f.type in IMAGE_TYPES]
-        self._formats: dict[str, set[str]] = {name: set() for _, name in self._images}
+        self._kinds = ImageKinds(self.fields)
 
         self.root.mkdir(parents=True, exist_ok=True)
         if (self.root / MANIFEST_NAME).exists() and not overwrite:
@@ -189,7 +185,7 @@ class DatasetWriter:
     def _written(self) -> dict:
         """What the sealed shards hold that the manifest reports (for the journal)."""
         return {"max_raw": dict(self._max_raw),
-                "formats": {k: sorted(v) for k, v in self._formats.items()}}
+                "formats": self._kinds.state()}
 
     def _restore(self, written: Any) -> None:
         if not isinstance(written, dict):
@@ -197,9 +193,7 @@ class DatasetWriter:
         for k, v in (written.get("max_raw") or {}).items():
             if k in self._max_raw and isinstance(v, int):
                 self._max_raw[k] = v
-        for k, v in (written.get("formats") or {}).items():
-            if k in self._formats and isinstance(v, list):
-                self._formats[k] = {x for x in v if x in ("jpeg", "png", "other")}
+        self._kinds.restore(written.get("formats"))
 
     def _clear(self, found, keep: set[str]) -> None:
         """Delete what earlier writers of ours left, except the sealed shards kept
@@ -267,10 +261,8 @@ class DatasetWriter:
             extra = [n for n in record if n not in self._names]
             raise SchemaError("record does not match the schema", record=self.records_written,
                               found=f"missing {missing}, unknown {extra}", expected=self._names)
-        for _, name in self._images:
-            head = bytes(record[name][:8])
-            self._formats[name].add("jpeg" if head[:3] == _JPEG else
-                                    "png" if head == _PNG else "other")
+        for name in self._kinds.names:
+            self._kinds.note(name, record[name])
         payloads = []
         for f, comp in zip(self.fields, self._compressors, strict=True):
             payload = encode_value(f, record[f.name])
@@ -339,11 +331,7 @@ class DatasetWriter:
         """The schema as stored: an image field is ``jpeg`` (or ``png``) when every
         payload written is one, else ``image`` (readers sniff each record); the type
         declared is only where writing started. A field with no payload yet keeps it."""
-        out = list(self.fields)
-        for i, name in self._images:
-            if self._formats[name]:
-                out[i] = replace(out[i], type=stored_image_type(self._formats[name]))
-        return tuple(out)
+        return self._kinds.typed(self.fields)
 
     def abort(self) -> None:
         """Drop the unfinished shard; sealed shards and the journal stay for resume."""
