@@ -234,6 +234,9 @@ class CudaSink:
         self._timings: deque = deque()
         self._last_h2d: tuple[float, int] | None = None
 
+    def attach(self, ring) -> None:
+        pass  # the ring is read through the loader, page-locked at the first delivery
+
     def deliver(self, slot: int, batch: dict, timing):
         st, cp = self.state, self.state.cp
         ring = self.loader.ring

@@ -33,11 +33,23 @@ ring has no name, so a loader killed with SIGKILL leaves nothing behind; the
 ``shm`` ring (spawn) is named by owner pid and reclaimed by the next loader.
 Every wait in the main process is a ``get`` with a timeout followed by a
 liveness check of every worker, so a dead worker raises within about
-``POLL_S`` seconds instead of hanging.
+``POLL_S`` seconds instead of hanging. A live worker that makes no progress is
+noticed too: past ``timeout`` (or, by default, past ``LATE_FACTOR`` times the
+slowest batch so far) the workers' states are read from ``/proc``; a stopped
+worker (SIGSTOP, a debugger) raises :class:`LoaderTimeoutError` naming it, slow
+(using CPU) or blocked (asleep, using none) ones are named in a warning, and an
+explicit ``timeout`` raises whatever their state, with the same description.
+
+A process forked from the main one (``os.fork``, a library's subprocess helper)
+inherits the loader's objects but never its workers: at the fork the child
+disowns every pool (``reader.worker``), so neither its exit (multiprocessing's
+atexit handler terminates the children it knows of) nor its garbage collection
+stops, drains or signals the parent's workers.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import queue
@@ -53,6 +65,8 @@ from formats.fields import BYTES_TYPES
 
 from .dataset import main_fields
 from .errors import LoaderTimeoutError, WorkerDiedError, WorkerError
+from .leases import MAX_LEASED, SlotLeases
+from .proc import describe, process_state
 from .timing import BatchTiming
 from .worker import BatchBuilder, batch_rng
 
@@ -61,9 +75,17 @@ if TYPE_CHECKING:
 
 __all__ = ["CpuSink", "Epoch", "RawEpoch"]
 
+log = logging.getLogger(__name__)
+
 POLL_S = 0.1
 JOIN_S = 2.0
 DRAIN_S = 5.0  # persistent workers: longest wait for an abandoned epoch's batches in progress
+# With timeout=None, a wait longer than LATE_FACTOR x the slowest batch so far (at least
+# LATE_MIN_S; LATE_FIRST_S before any batch) looks at the workers: a stopped one raises,
+# slow or blocked ones are reported and waited for.
+LATE_FIRST_S = 60.0
+LATE_MIN_S = 10.0
+LATE_FACTOR = 20.0
 AUTO_SHRINK_AFTER = 32  # batches in a row without waiting before auto prefetch shrinks
 WAITED_S = 1e-3  # a wait longer than this counts as the consumer waiting
 
@@ -81,38 +103,53 @@ def _truncated_file(ds) -> Path | None:
 
 
 class CpuSink:
-    """Hands slot views to the user; a slot comes back when the next batch is requested.
+    """Hands slot views to the user, leased: a slot comes back once nothing refers to it.
 
     The slot-release protocol every sink follows (a GPU sink in :mod:`reader.device`
-    implements the same three members):
+    implements the same members):
 
     * ``hold``: how many slots the consumer may hold at once (extra ring slots);
+    * ``attach(ring)``: called once the epoch's ring exists, before any delivery;
     * ``deliver(slot, batch, timing) -> (batch, timing)``: turn the slot's views
-      into what the user gets (here: the views, or copies with ``copy=True``);
+      into what the user gets (here: leased views, see :mod:`reader.leases`, or
+      copies with ``copy=True`` or when the consumer already holds ``hold`` batches);
     * ``reclaim() -> list[int]``: called at the start of every ``next()``; the
-      slots that may be refilled now (here: the one delivered last time).
+      slots that may be refilled now.
     """
 
-    hold = 1
+    hold = MAX_LEASED
 
     def __init__(self, copy: bool = False) -> None:
         self.copy = copy
-        self._held: list[int] = []
+        self.leases: SlotLeases | None = None
+        self.fields: tuple[str, ...] = ()
+        self._back: list[int] = []
+
+    def attach(self, ring) -> None:
+        self.leases = ring.leases
+        self.fields = tuple(f.name for f in ring.layout.fields)
 
     def deliver(self, slot: int, batch: dict, timing: BatchTiming | None):
-        if self.copy:
-            batch = {k: (v.copy() if isinstance(v, np.ndarray) else
-                         [bytes(x) if isinstance(x, memoryview) else x for x in v])
-                     for k, v in batch.items()}
-        self._held.append(slot)
+        if not self.copy:
+            leases = self.leases
+            self._back += leases.collect()  # so that full() counts only live batches
+            if not leases.full():
+                return leases.lease(slot, batch, self.fields), timing
+            leases.note_copied()
+        batch = {k: (v.copy() if isinstance(v, np.ndarray) else
+                     [bytes(x) if isinstance(x, memoryview) else x for x in v])
+                 for k, v in batch.items()}
+        self._back.append(slot)  # nothing refers to it any more
         return batch, timing
 
     def reclaim(self) -> list[int]:
-        out, self._held = self._held, []
+        out, self._back = self._back, []
+        if self.leases is not None:
+            out += self.leases.collect()
         return out
 
     def close(self) -> None:
-        self._held = []
+        self._back = []  # the next epoch starts from the ring's leases, not from us
 
 
 class RawEpoch:
@@ -180,11 +217,17 @@ class Epoch:
         self.sink = loader._make_sink()
         self.lo_depth, self.depth, self.hi_depth = loader._depths(self.sink.hold)
         self.ring = loader._ensure_ring(self.hi_depth + self.sink.hold)
-        self.free = list(range(self.ring.num_slots))
+        self.sink.attach(self.ring)
+        leases = self.ring.leases
+        leases.collect()
+        # A batch of an earlier epoch the consumer still holds keeps its slot.
+        self.free = [s for s in range(self.ring.num_slots) if s not in leases.held]
         self.ready: dict[int, tuple] = {}
         self.issued_at: dict[int, float] = {}
         self.slot_of: dict[int, int] = {}
         self.calm = 0
+        self.slowest = 0.0  # longest issue-to-done time of a batch so far (s)
+        self.pid = os.getpid()
         self.pool = None
         self.workers: list = []
         self.closed = False
@@ -209,6 +252,10 @@ class Epoch:
         t_call = time.perf_counter()
         if self.closed:
             raise StopIteration
+        if self.pid != os.getpid():
+            raise RuntimeError(f"this epoch's workers belong to process {self.pid}, which "
+                               "forked this one: call iter(loader) again here for workers "
+                               "of this process")
         try:
             self.free.extend(self.sink.reclaim())
             k = self.next_deliver
@@ -271,22 +318,55 @@ class Epoch:
     def _wait_for(self, k: int) -> tuple:
         timeout = self.loader.worker_options.timeout
         since = time.perf_counter()
+        late_at = since + (timeout if timeout is not None else self._late_after())
+        states = self._worker_states()
         while True:
             try:
                 msg = self.done_q.get(timeout=POLL_S)
             except queue.Empty:
                 self._check_workers()
-                if timeout is not None and time.perf_counter() - since > timeout:
-                    raise LoaderTimeoutError(
-                        f"no batch for {timeout} s although all {len(self.workers)} workers are "
-                        f"alive (waiting for batch {k} of epoch {self.epoch})") from None
+                now = time.perf_counter()
+                if now > late_at:
+                    self._late(k, now - since, states, timeout)
+                    states = self._worker_states()
+                    late_at = now + max(now - since, LATE_MIN_S)  # warn again at twice the wait
                 continue
             since = time.perf_counter()
+            late_at = since + (timeout if timeout is not None else self._late_after())
+            states = self._worker_states()
             # Errors wait their turn like batches, so the same record fails first
             # whatever the number of workers.
             if msg[1] == k:
                 return msg
             self.ready[msg[1]] = msg
+
+    def _late_after(self) -> float:
+        """With no ``timeout``: how long a wait is normal, from the slowest batch so far."""
+        if self.slowest == 0.0:
+            return LATE_FIRST_S
+        return max(LATE_MIN_S, LATE_FACTOR * self.slowest)
+
+    def _worker_states(self) -> list:
+        return [(time.perf_counter(), process_state(p.pid)) for p in self.workers]
+
+    def _late(self, k: int, waited: float, before: list, timeout: float | None) -> None:
+        """No batch for too long: raise (a timeout, or a stopped worker) or warn (slow ones)."""
+        now = self._worker_states()
+        words = [f"worker {i} (pid {p.pid}) is {describe(b, n, t1 - t0)}"
+                 for i, (p, (t0, b), (t1, n)) in enumerate(zip(self.workers, before, now, strict=True))]
+        stopped = [p.pid for p, (_, n) in zip(self.workers, now, strict=True) if n is not None and n.stopped]
+        what = (f"no batch for {waited:.1f} s (waiting for batch {k} of epoch {self.epoch}): "
+                + "; ".join(words))
+        if timeout is not None:
+            raise LoaderTimeoutError(f"{what}; the timeout is {timeout} s") from None
+        if stopped:
+            raise LoaderTimeoutError(
+                f"{what}. A stopped worker never finishes its batch: continue it "
+                f"(kill -CONT {' '.join(map(str, stopped))}) and run again, or pass timeout= "
+                "to choose how long a batch may take") from None
+        slowest = f"{self.slowest:.2f} s" if self.slowest else "none delivered yet"
+        log.warning("%s (slowest batch so far: %s); still waiting, pass timeout= to fail instead",
+                    what, slowest)
 
     def _check_workers(self) -> None:
         for i, p in enumerate(self.workers):
@@ -336,9 +416,11 @@ class Epoch:
         if t[7]:
             lo.skipped += t[7]
         timing = None
+        # t[8] is the builder's perf_counter at the end of the build (see reader.timing).
+        latency = t[8] - self.issued_at[k]
+        if latency > self.slowest:
+            self.slowest = latency
         if lo.monitor is not None:
-            # t[8] is the builder's perf_counter at the end of the build (see reader.timing).
-            latency = t[8] - self.issued_at[k]
             timing = BatchTiming(k, self.epoch, wid, nrec, t[5], t[7], t[0], t[1], t[2], t[3],
                                  t[4], waited, latency if latency > 0.0 else 0.0, 0.0, in_flight)
         self.issued_at.pop(k, None)

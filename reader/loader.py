@@ -4,8 +4,9 @@ Batch ``k`` of an epoch is issued to the workers as ``(k, slot, epoch, indices,
 generation)``; a worker writes it into ``slot`` of the :class:`~reader.slots.SlotRing`
 and answers ``("ok", k, slot, worker, pid, timing)``. Batches are delivered in order
 of ``k`` whatever order workers finish in. The consumer (a *sink*) says when a
-slot may be reused: on CPU when the next batch is requested, on a GPU when the
-copy out of it has completed (see :class:`reader.epoch.CpuSink`).
+slot may be reused: on CPU once no array of its batch is alive (a lease, see
+:mod:`reader.leases`), on a GPU when the copy out of it has completed (see
+:class:`reader.epoch.CpuSink`).
 
 The epoch machinery and its shutdown protocol live in :mod:`reader.epoch`.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import sys
 import weakref
 from collections.abc import Iterator
@@ -42,8 +44,9 @@ log = logging.getLogger(__name__)
 class Loader:
     """Batches of a dataset as dicts of field -> numpy array (or list, for bytes/str fields).
 
-    Batches on CPU are views into a shared-memory slot, valid until the next batch
-    is requested; pass ``copy=True`` to get owned arrays. The loader is a cursor:
+    Batches on CPU are leased views into a shared-memory slot: the slot is reused
+    only once nothing refers to the batch (:mod:`reader.leases`); pass ``copy=True``
+    to get owned arrays. The loader is a cursor:
     a new ``iter()`` continues where the last one stopped (``state_dict()`` says
     where); the end of an epoch moves it to the next epoch's first batch.
 
@@ -132,6 +135,7 @@ class Loader:
         self._pool: WorkerPool | None = None  # persistent_workers only
         self._active: weakref.ref | None = None
         self._closed = False
+        self._pid = os.getpid()
 
     # -- planning ----------------------------------------------------------------------
 
@@ -264,6 +268,11 @@ class Loader:
     def __iter__(self) -> Iterator[dict]:
         if self._closed:
             raise RuntimeError("this Loader is closed")
+        if self._pid != os.getpid():
+            # A forked child: the ring and the workers are the parent's (its workers write
+            # into that ring); this process gets its own, and leaves those alone.
+            self._ring = self._pool = self._active = None
+            self._pid = os.getpid()
         self._stop_active()
         it = RawEpoch(self) if self.raw else Epoch(self)
         self._active = weakref.ref(it)

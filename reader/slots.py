@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .leases import SlotLeases
+
 __all__ = ["PAGE", "FieldLayout", "SlotLayout", "SlotRing", "reclaim_stale_segments"]
 
 PAGE = 4096
@@ -133,6 +135,7 @@ class SlotRing:
         self.backend = backend
         self.name: str | None = None
         self._owner = os.getpid()
+        self.leases = SlotLeases()  # the slots the consumer still holds (main process only)
         if backend == "anon":
             self._mm = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         elif backend == "shm":

@@ -7,7 +7,7 @@ Directly, which is the fast way::
         images, labels = batch["image"], batch["label"]   # torch tensors
 
 Tensors are made with ``torch.from_numpy`` and share memory with the batch slot
-(valid until the next batch, like the numpy batch); with ``channels_first`` or a
+(leased like the numpy batch: the slot is reused only once no tensor refers to it); with ``channels_first`` or a
 ``dtype`` the conversion makes a new tensor.
 
 Inside ``torch.utils.data.DataLoader``, for code that must keep one: wrap the

@@ -10,12 +10,14 @@ starts and stops a set of workers.
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import pickle
 import queue
 import signal
 import time
 import traceback
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,6 +216,7 @@ class WorkerPool:
         self.generation = ctx.RawValue("q", 0)  # an aligned int64: read without a lock
         self.processes: list = []
         self.stopped = False
+        _pools.add(self)
         try:
             for i in range(num_workers):
                 p = ctx.Process(target=worker_loop, name=f"shardpack-worker-{i}", daemon=True,
@@ -229,6 +232,14 @@ class WorkerPool:
         """Every worker is running (and the pool was not stopped)."""
         return bool(self.processes) and all(p.exitcode is None for p in self.processes)
 
+    def disown(self) -> None:
+        """In a forked child: forget the workers (the parent's) without touching them."""
+        self.stopped = True
+        for p in self.processes:
+            # Else multiprocessing's atexit handler in this child would terminate them.
+            multiprocessing.process._children.discard(p)
+        self.processes = []
+
     def drain(self, outstanding: int, deadline_s: float) -> bool:
         """Cancel queued tasks and collect the answers of ``outstanding`` issued ones.
 
@@ -237,6 +248,8 @@ class WorkerPool:
             within ``deadline_s``: no task can touch a slot any more and the
             pool may serve another epoch. False otherwise (then stop it).
         """
+        if self.stopped:
+            return False
         self.generation.value += 1
         deadline = time.monotonic() + deadline_s
         while outstanding > 0:
@@ -283,3 +296,14 @@ class WorkerPool:
             self.stop()
         except Exception:
             pass
+
+
+_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+def _disown_after_fork() -> None:
+    for pool in list(_pools):
+        pool.disown()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)

@@ -1,0 +1,112 @@
+"""Leased zero-copy batches: a ring slot is refilled only once nothing refers to it.
+
+A CPU batch is a set of views into one slot of the shared ring. Reusing the slot
+while the consumer still holds one of those views would change data it already
+has (``list(loader)``, ``zip``, "keep the last batch for logging", an autograd
+graph holding its inputs) without a word. So every array handed out is made
+from a small *handle* object whose ``base`` chain ends in one :class:`_Lease`
+per delivered batch; when the last array, slice or tensor made from the batch
+is freed, the lease's ``__del__`` puts the slot on the ring's return queue, and
+the next ``next()`` collects it. Nothing scans or polls: CPython frees the lease
+the moment its last reference goes (a reference cycle holding a batch delays
+that until the garbage collector runs; the slot stays leased meanwhile, which
+is safe).
+
+The consumer may hold at most :data:`MAX_LEASED` batches as views: the one a
+``for`` loop's variable still refers to while ``next()`` runs, and the one
+being delivered. A consumer that holds more gets later batches copied out of the
+ring (the slot goes back at once), with one warning naming ``copy=True``: the
+ring never runs dry and nothing is overwritten, whatever the consumer keeps.
+
+A lease outlives ``Loader.close()`` safely: its arrays keep the ring's mapping
+alive (the unmap is refused while they exist; a named segment is unlinked all
+the same), so held batches stay readable and nothing is left in ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import deque
+
+import numpy as np
+
+__all__ = ["MAX_LEASED", "SlotLeases"]
+
+MAX_LEASED = 2
+
+
+class _Lease:
+    """Alive while any array of one delivered batch is; returns its slot when freed."""
+
+    __slots__ = ("returned", "slot")
+
+    def __init__(self, slot: int, returned: deque) -> None:
+        self.slot = slot
+        self.returned = returned
+
+    def __del__(self) -> None:
+        self.returned.append(self.slot)  # deque.append is atomic: safe from any thread
+
+
+class _Handle:
+    """Exposes one slot view through ``__array_interface__`` and keeps its lease alive.
+
+    ``np.asarray(handle)`` makes an array whose ``base`` is the handle, so every
+    view of that array keeps the handle, hence the lease, alive. ``view`` keeps
+    the ring's mapping exported (not unmappable) for as long as the handle lives.
+    """
+
+    __slots__ = ("__array_interface__", "lease", "view")
+
+    def __init__(self, view: np.ndarray, lease: _Lease) -> None:
+        self.__array_interface__ = view.__array_interface__
+        self.lease = lease
+        self.view = view
+
+
+class SlotLeases:
+    """The slots of one ring that the consumer holds, and those it has let go of.
+
+    Args:
+        limit: the most batches held as views at once (see :data:`MAX_LEASED`).
+    """
+
+    def __init__(self, limit: int = MAX_LEASED) -> None:
+        self.limit = limit
+        self.held: set[int] = set()
+        self._returned: deque[int] = deque()
+        self.copied = 0  # batches delivered as copies because too many were held
+        self._warned = False
+
+    def collect(self) -> list[int]:
+        """Slots whose batches were freed since the last call."""
+        out = []
+        returned, held = self._returned, self.held
+        while returned:
+            slot = returned.popleft()
+            held.discard(slot)
+            out.append(slot)
+        return out
+
+    def full(self) -> bool:
+        """The consumer already holds ``limit`` batches: the next one must be copied."""
+        return len(self.held) >= self.limit
+
+    def lease(self, slot: int, batch: dict, fields) -> dict:
+        """``batch`` with its arrays in ``fields`` (those in the slot) made leased views."""
+        lease = _Lease(slot, self._returned)
+        self.held.add(slot)
+        for name in fields:
+            batch[name] = np.asarray(_Handle(batch[name], lease))
+        return batch
+
+    def note_copied(self) -> None:
+        self.copied += 1
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"the consumer holds {len(self.held)} earlier batches of this Loader, the most "
+                "it may hold as zero-copy views of the shared ring: later batches are copied "
+                "out of it (correct, but slower). Pass copy=True to the Loader when batches "
+                "are kept (list(loader), a log of past batches, tensors saved for later).",
+                RuntimeWarning, stacklevel=5)

@@ -1,0 +1,97 @@
+"""What the reader's safety checks cost (DESIGN.md: safe by default when it costs < 2 %).
+
+In one run, page cache warm, the same packed JPEGs read by ``reader.Loader`` with each
+check on (the default) and off, alternated, best of ``--repeat``:
+
+* checksums: ``check_crc=True`` ÷ ``check_crc=False``, on the full pipeline (decode +
+  RandomResizedCrop(224) + flip, workers = cores; target >= 0.98) and on the raw path
+  (no decode: bytes and labels only, where a check costs the most relative to the
+  work);
+* leases (:mod:`reader.leases`): the batches handed out as leased views ÷ the same
+  views handed out bare, their slot reused at the next ``next()`` (the sink the Loader
+  had before leases, rebuilt here for the comparison; target >= 0.99), on the full
+  pipeline and on a light one (64 px crops, batch 32: the per-batch cost is largest
+  against the work).
+
+Usage: ``python -m scripts.bench_safety [--count 2000] [--repeat 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from reader.epoch import CpuSink
+
+__all__ = ["main"]
+
+
+class BareSink(CpuSink):
+    """The CPU sink without leases: bare views, the slot back at the next ``next()``."""
+
+    def deliver(self, slot, batch, timing):
+        self._back.append(slot)
+        return batch, timing
+
+
+def _epoch(ds_path: Path, *, check: bool = True, leases: bool = True, decode: bool = True,
+           side: int = 224, batch_size: int = 128, workers: int = 1) -> float:
+    import reader
+    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
+
+    transform = [RandomResizedCrop(side), RandomHorizontalFlip()] if decode else None
+    with reader.Loader(ds_path, batch_size=batch_size, num_workers=workers if decode else 0,
+                       shuffle=True, seed=0, transform=transform, decode=decode,
+                       check_crc=check) as lo:
+        if not leases:
+            lo._make_sink = BareSink
+        t = time.perf_counter()
+        n = 0
+        for batch in lo:
+            n += len(batch["label"])
+        return n / (time.perf_counter() - t)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardpack-bench")
+    p.add_argument("--count", type=int, default=2000)
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args(argv)
+    from packer import PackOptions, pack
+    from scripts.bench_pack import _dataset
+
+    src, _ = _dataset(args.data, args.count)
+    ds_path = args.data / f"checksums-{src.name}"
+    if not (ds_path / "manifest.json").exists():
+        pack(src, ds_path, PackOptions(shard_size=64_000_000, overwrite=True))
+    workers = os.cpu_count() or 1
+    print(f"{args.count} JPEGs, best of {args.repeat}, alternated, page cache warm; "
+          f"pipelines: {workers} workers")
+    print(f"{'check':9} {'path':50} {'on':>9} {'off':>9} {'on ÷ off':>9}  target")
+    full = {"workers": workers}
+    rows = (
+        ("checksums", "full pipeline (decode + RRC 224 + flip) img/s, batch 128", "check",
+         full, ">= 0.98"),
+        ("checksums", "raw bytes + labels, main process, rec/s, batch 128", "check",
+         {"decode": False}, "(no decode: the worst case)"),
+        ("leases", "full pipeline (decode + RRC 224 + flip) img/s, batch 128", "leases",
+         full, ">= 0.99"),
+        ("leases", "light pipeline (decode + RRC 64 + flip) img/s, batch 32", "leases",
+         {**full, "side": 64, "batch_size": 32}, ">= 0.99"),
+    )
+    for check, label, key, kw, target in rows:
+        best = {True: 0.0, False: 0.0}
+        for _ in range(args.repeat):
+            for on in (True, False):
+                best[on] = max(best[on], _epoch(ds_path, **kw, **{key: on}))
+        print(f"{check:9} {label:50} {best[True]:9,.0f} {best[False]:9,.0f} "
+              f"{best[True] / best[False]:9.3f}  {target}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
