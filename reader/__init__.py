@@ -3,7 +3,11 @@
 ``open_dataset(path)`` gives random access; ``Loader(path, batch_size, ...)`` gives
 batches (dict of field -> numpy array) built by worker processes straight into a
 ring of shared-memory slots (see :mod:`reader.loader` for the protocol).
+``reader.__version__`` is the installed shardpack's version, the one
+``pack-dataset --version`` and ``inspect-shards --version`` print.
 """
+
+from formats.version import package_version
 
 from .cache import CacheOptions
 from .dataset import open_dataset, read_many
@@ -13,6 +17,8 @@ from .options import DecodeOptions, SamplerOptions, WorkerOptions
 from .sampler import Sampler
 from .slots import FieldLayout, SlotLayout, SlotRing
 from .timing import BatchTiming
+
+__version__ = package_version()  # "0+unknown" in a source checkout that is not installed
 
 __all__ = [
     "BatchTiming",
@@ -30,6 +36,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerOptions",
+    "__version__",
     "disable_monitor",
     "enable_monitor",
     "open_dataset",

@@ -2,13 +2,15 @@
 
 Opening maps each shard and reads the manifest: the cost grows with the number of
 shards, never with the number of records. ``ds[i]`` gives field -> value with
-bytes fields as zero-copy memoryviews; :func:`read_many` reads many records at
-once (one vectorized index lookup per field); ``ds.metadata()`` reads only the
-small per-shard parquet tables.
+bytes fields as zero-copy memoryviews, and ``ds[key]`` (``ds.index_of(key)``)
+finds a record by its key; :func:`read_many` reads many records at once (one
+vectorized index lookup per field); ``ds.metadata()`` reads only the small
+per-shard parquet tables.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +38,24 @@ def open_dataset(path: str | Path, *, check_crc: bool = False, cache: CacheOptio
     with a :class:`reader.Loader`, hand it the dataset opened here.
 
     Raises:
+        formats.shard.dataset.DatasetNotFoundError: a local ``path`` does not exist
+            or is not a folder (a ``ManifestError`` and a ``FileNotFoundError``;
+            the message suggests close names in its parent folder).
         formats.ManifestError, formats.FormatError, formats.VersionError: the
             dataset is incomplete, damaged, or of an unknown major version.
         formats.StorageError: a remote dataset's storage failed (names the object).
         formats.UnsafePathError: a file is a symlink out of the dataset folder.
         ValueError: ``follow_symlinks`` for a remote dataset (its cache holds no links).
+        TypeError: ``path`` is not a str or path, ``cache`` not a ``CacheOptions``.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike (a dataset folder or URI), "
+                        f"not {type(path).__name__} ({path!r})")
+    if cache is not None and not isinstance(cache, CacheOptions):
+        raise TypeError(f"cache must be a reader.CacheOptions or None, not {type(cache).__name__}")
+    for name, flag in (("check_crc", check_crc), ("follow_symlinks", follow_symlinks)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, not {flag!r}")
     if is_uri(path) or filesystem is not None:
         from .remote import RemoteDataset
 

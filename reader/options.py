@@ -3,17 +3,130 @@
 The common knobs (batch size, workers, prefetch, shuffle, seed, drop_last, rank,
 world_size) are keywords of :class:`reader.Loader` itself; these frozen
 dataclasses hold the rest and can be passed whole.
+
+Every option is checked where it is made (``__post_init__``), so a wrong one
+fails at construction with a message naming it and its value, never later in a
+worker. The type rules: ``bool`` is not an int (``num_workers=True`` is refused),
+a ``str`` is never a number (``batch_size="32"`` is refused), numpy integers and
+booleans count as ints and bools and are stored as Python ones.
+:func:`check_batch_size` and :func:`check_fields` are the checks the Loader
+applies to what is not in these groups: the batch size, and field names against
+a dataset's schema.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
+import numbers
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["DecodeOptions", "SamplerOptions", "WorkerOptions", "resolve_num_workers"]
+import numpy as np
+
+__all__ = ["DecodeOptions", "SamplerOptions", "WorkerOptions", "check_batch_size",
+           "check_fields", "resolve_num_workers"]
 
 SHUFFLE_MODES = (False, "block", "full")
+
+
+def _int(name: str, value: Any, minimum: int | None = None, extra: str = "") -> int:
+    """``value`` as an int (``bool`` and ``str`` refused), at least ``minimum``;
+    ``extra`` completes "must be an int" in messages (e.g. " or 'auto'")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        what = "an int" + (f" >= {minimum}" if minimum is not None else "") + extra
+        raise TypeError(f"{name} must be {what}, not {type(value).__name__} {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}{extra}, not {value}")
+    return value
+
+
+def _int_or_auto(name: str, value: Any, minimum: int) -> int | str:
+    if isinstance(value, str):
+        if value == "auto":
+            return value
+        raise ValueError(f"{name} must be an int >= {minimum} or 'auto', not {value!r}")
+    return _int(name, value, minimum, " or 'auto'")
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, not {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        options = ", ".join(map(repr, allowed))
+        raise (ValueError if isinstance(value, str) else TypeError)(
+            f"{name} must be one of {options}, not {value!r}")
+    return value
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)  # frozen dataclasses: normalized in __post_init__
+
+
+def check_batch_size(value: Any) -> int:
+    """The Loader's ``batch_size`` as an int >= 1.
+
+    Raises:
+        TypeError: not an int (a ``bool``, a ``str`` such as ``"32"``, a float).
+        ValueError: an int below 1.
+    """
+    return _int("batch_size", value, 1)
+
+
+def check_fields(options: DecodeOptions, dataset_fields: Mapping[str, str],
+                 dataset: str | Path) -> None:
+    """Refuse field names in ``options`` (``fields`` and ``image_field``) that the
+    dataset does not have.
+
+    Args:
+        options: the decode options to check.
+        dataset_fields: the dataset's schema, field name -> type name
+            (``{f.name: f.type for f in ds.fields}``), in schema order.
+        dataset: names the dataset in messages (its folder or URI).
+
+    Raises:
+        ValueError: names the unknown field, the dataset, the fields it has (with
+            their types) and the closest name, if one is close.
+    """
+    asked = [("fields", n) for n in options.fields or ()]
+    if options.image_field is not None:
+        asked.append(("image_field", options.image_field))
+    for arg, name in asked:
+        if name not in dataset_fields:
+            close = difflib.get_close_matches(name, list(dataset_fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            has = ", ".join(f"{n} ({t})" for n, t in dataset_fields.items())
+            raise ValueError(f"{arg}: no field {name!r} in the dataset {str(dataset)!r}, "
+                             f"whose fields are {has}{hint}")
+
+
+def _check_transform(value: Any) -> None:
+    """None, a worker pipeline (``output_shape`` and ``run``), an ImagePipeline, a
+    transform spec or callable, or a list or tuple of specs and callables."""
+    from .transforms import _GEOMETRIC, ImagePipeline
+
+    def usable(t: Any) -> bool:
+        return isinstance(t, _GEOMETRIC) or (callable(t) and not isinstance(t, type))
+
+    if value is None or isinstance(value, ImagePipeline) or (
+            hasattr(value, "output_shape") and hasattr(value, "run")):
+        return
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for i, t in enumerate(items):
+        if not usable(t):
+            where = f"transform[{i}]" if isinstance(value, (list, tuple)) else "transform"
+            raise TypeError(
+                f"{where} must be a transform spec from reader.transforms (e.g. "
+                f"RandomResizedCrop(224)) or a callable on images, not "
+                f"{type(t).__name__} {t!r}")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -56,20 +169,23 @@ class SamplerOptions:
     window: int = 4096
 
     def __post_init__(self) -> None:
-        shuffle = "full" if self.shuffle is True else self.shuffle
-        if shuffle not in SHUFFLE_MODES:
-            raise ValueError(f"shuffle must be False, True, 'block' or 'full', not {self.shuffle!r}")
-        object.__setattr__(self, "shuffle", shuffle)
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative int, not {self.seed!r}")
-        if self.rank is None:
-            object.__setattr__(self, "rank", _env_int("RANK", 0))
-        if self.world_size is None:
-            object.__setattr__(self, "world_size", _env_int("WORLD_SIZE", 1))
-        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1, not {self.window}")
+        shuffle = self.shuffle
+        if isinstance(shuffle, (bool, np.bool_)):
+            shuffle = "full" if shuffle else False
+        elif not isinstance(shuffle, str) or shuffle not in SHUFFLE_MODES:
+            raise (ValueError if isinstance(shuffle, str) else TypeError)(
+                f"shuffle must be False, True, 'block' or 'full', not {shuffle!r}")
+        _set(self, "shuffle", shuffle)
+        _set(self, "seed", _int("seed", self.seed, 0))
+        _set(self, "drop_last", _bool("drop_last", self.drop_last))
+        world_size = (_env_int("WORLD_SIZE", 1) if self.world_size is None
+                      else _int("world_size", self.world_size, 1))
+        rank = _env_int("RANK", 0) if self.rank is None else _int("rank", self.rank)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        _set(self, "rank", rank)
+        _set(self, "world_size", world_size)
+        _set(self, "window", _int("window", self.window, 1))
 
 
 @dataclass(frozen=True)
@@ -102,10 +218,30 @@ class DecodeOptions:
     check_crc: bool = True
 
     def __post_init__(self) -> None:
-        if self.on_error not in ("fail", "skip"):
-            raise ValueError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
+        _check_transform(self.transform)
+        _set(self, "decode", _bool("decode", self.decode))
+        _set(self, "check_crc", _bool("check_crc", self.check_crc))
+        _choice("on_error", self.on_error, ("fail", "skip"))
+        if self.image_field is not None and not isinstance(self.image_field, str):
+            raise TypeError(f"image_field must be a field name (str) or None, "
+                            f"not {type(self.image_field).__name__} {self.image_field!r}")
         if self.fields is not None:
-            object.__setattr__(self, "fields", tuple(self.fields))
+            if isinstance(self.fields, (str, bytes)) or not hasattr(self.fields, "__iter__"):
+                raise TypeError(f"fields must be a tuple of field names or None, not "
+                                f"{type(self.fields).__name__} {self.fields!r}"
+                                + (f" (one field: fields=({self.fields!r},))"
+                                   if isinstance(self.fields, str) else ""))
+            fields = tuple(self.fields)
+            bad = [f for f in fields if not isinstance(f, str)]
+            if bad:
+                raise TypeError(f"fields must be field names (str), not {bad[0]!r} "
+                                f"({type(bad[0]).__name__})")
+            if not fields:
+                raise ValueError("fields must name at least one field (None: all of them)")
+            twice = sorted({f for f in fields if fields.count(f) > 1})
+            if twice:
+                raise ValueError(f"fields names {twice[0]!r} more than once: {fields!r}")
+            _set(self, "fields", fields)
 
 
 @dataclass(frozen=True)
@@ -147,12 +283,24 @@ class WorkerOptions:
     persistent_workers: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_workers != "auto" and (not isinstance(self.num_workers, int) or self.num_workers < 0):
-            raise ValueError(f"num_workers must be an int >= 0 or 'auto', not {self.num_workers!r}")
-        if self.prefetch != "auto" and (not isinstance(self.prefetch, int) or self.prefetch < 1):
-            raise ValueError(f"prefetch must be an int >= 1 or 'auto', not {self.prefetch!r}")
-        if self.start_method not in (None, "fork", "spawn", "forkserver"):
-            raise ValueError(f"start_method must be 'fork', 'spawn' or 'forkserver', not {self.start_method!r}")
+        _set(self, "num_workers", _int_or_auto("num_workers", self.num_workers, 0))
+        # At least one batch in flight: 0 could never deliver one.
+        _set(self, "prefetch", _int_or_auto("prefetch", self.prefetch, 1))
+        if self.max_prefetch is not None:
+            _set(self, "max_prefetch", _int("max_prefetch", self.max_prefetch, 1))
+        _set(self, "max_ring_bytes", _int("max_ring_bytes", self.max_ring_bytes, 1))
+        if self.timeout is not None:
+            t = self.timeout
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real):
+                raise TypeError(f"timeout must be a number of seconds > 0 or None, "
+                                f"not {type(t).__name__} {t!r}")
+            if math.isnan(t) or t <= 0:
+                raise ValueError(f"timeout must be a number of seconds > 0 or None, not {t!r}")
+            _set(self, "timeout", float(t))
+        if self.start_method is not None:
+            _choice("start_method", self.start_method, ("fork", "spawn", "forkserver"))
+        _set(self, "copy", _bool("copy", self.copy))
+        _set(self, "persistent_workers", _bool("persistent_workers", self.persistent_workers))
 
 
 def resolve_num_workers(value: int | str) -> int:

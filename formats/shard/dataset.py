@@ -7,24 +7,81 @@ numpy. Which shards are open, and checking them before each read, is
 :class:`formats.shard.shard_set.ShardSet`'s: a batch reads one shard at a time, so it
 never needs more open at once than that allows. The object pickles without its
 maps (worker processes reopen them lazily).
+
+A record is also found by its key (``ds.index_of(key)``, ``ds[key]``) through the
+metadata tables' ``key`` column, never the data files: the first lookup reads the
+column and sorts it (:class:`formats.shard.metadata.KeyIndex`, about 1 s and
+41 MB for a million keys of 25 bytes), later ones bisect it (about 10 us).
 """
 
 from __future__ import annotations
 
 import bisect
+import difflib
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ..errors import CorruptRecordError, SchemaError
+from ..errors import CorruptRecordError, ManifestError, SchemaError, ShardpackError
 from ..fields import BYTES_TYPES, SCALAR_TYPES, Field
 from .decoding import FieldDecoder, load_dictionaries
-from .metadata import read_metadata
+from .manifest import MANIFEST_NAME
+from .metadata import KeyIndex, read_metadata
 from .shard_set import ShardSet, default_max_open
 
-__all__ = ["ShardDataset", "default_max_open", "open_shards", "read_metadata"]
+__all__ = ["DatasetNotFoundError", "DuplicateKeyError", "KeyLookupError", "ShardDataset",
+           "UnknownKeyError", "check_dataset_path", "default_max_open", "open_shards",
+           "read_metadata"]
+
+# Entries of a missing dataset's parent folder compared for a "did you mean".
+_SIBLINGS_SCANNED = 2000
+
+
+class DatasetNotFoundError(ManifestError, FileNotFoundError):
+    """The dataset path does not exist, or is not a folder (also a ``FileNotFoundError``)."""
+
+    def __init__(self, message: str, **kwargs) -> None:
+        super().__init__(message, **kwargs)
+        self.errno, self.strerror, self.filename = errno.ENOENT, message, self.path
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class KeyLookupError(ShardpackError, KeyError):
+    """A lookup by key found no single record (also a ``KeyError``).
+
+    Attributes:
+        key: the key looked up.
+        matches: indices of the records with that key (for :class:`DuplicateKeyError`),
+            or the closest keys the dataset has (for :class:`UnknownKeyError`).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, matches: tuple = (),
+                 **kwargs) -> None:
+        self.key = key
+        self.matches = tuple(matches)
+        super().__init__(message, **kwargs)
+
+    def __str__(self) -> str:  # KeyError's own str() would quote the whole message
+        return self.args[0]
+
+    def __reduce__(self):
+        rebuild, (cls, message, kwargs) = super().__reduce__()
+        return rebuild, (cls, message, {**kwargs, "key": self.key, "matches": self.matches})
+
+
+class UnknownKeyError(KeyLookupError):
+    """No record has this key; the message names the dataset and the closest keys."""
+
+
+class DuplicateKeyError(KeyLookupError):
+    """Several records have this key, so it names no single record
+    (:meth:`ShardDataset.indices_of` gives them all)."""
 
 
 def open_shards(path: str | Path, *, check_crc: bool = False, follow_symlinks: bool = False,
@@ -46,6 +103,8 @@ class ShardDataset(ShardSet):
         max_open: shards this process keeps open (default: :func:`default_max_open`).
 
     Raises:
+        DatasetNotFoundError: ``path`` does not exist or is not a folder (a
+            ``ManifestError`` and a ``FileNotFoundError``).
         ManifestError, VersionError, FormatError: the dataset is incomplete,
             damaged, or of an unknown major version.
         UnsafePathError: a file is a symlink out of the folder.
@@ -53,6 +112,7 @@ class ShardDataset(ShardSet):
 
     def __init__(self, path: str | Path, *, check_crc: bool = False, follow_symlinks: bool = False,
                  max_open: int | None = None) -> None:
+        check_dataset_path(path)
         super().__init__(path, follow_symlinks=follow_symlinks, max_open=max_open)
         self.check_crc = check_crc
         self.fields: tuple[Field, ...] = self.manifest.fields
@@ -67,6 +127,7 @@ class ShardDataset(ShardSet):
         self._starts_list = self.starts.tolist()
         self._decoder = FieldDecoder(self.fields, self.manifest.max_raw_size,
                                      load_dictionaries(self.root, self.manifest, follow_symlinks))
+        self._keys: KeyIndex | None = None  # built by the first lookup by key
         self._open_all()
 
     # -- shape -------------------------------------------------------------------------
@@ -105,8 +166,11 @@ class ShardDataset(ShardSet):
         j = self.field_index[field]
         return self._decode(s, r, j, self._ready(s).payload(r, j, self.check_crc))
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        """All fields of one record: bytes fields as zero-copy memoryviews."""
+    def __getitem__(self, index: int | str) -> dict[str, Any]:
+        """All fields of one record, by global index or by key (a ``str``, see
+        :meth:`index_of`): bytes fields as zero-copy memoryviews."""
+        if isinstance(index, str):
+            index = self.index_of(index)
         s, r = self.locate(int(index))
         shard = self._ready(s)
         # One row of the index as Python ints, then a slice per field: the per-record
@@ -264,9 +328,113 @@ class ShardDataset(ShardSet):
                                      record=int(local[i]), found=int(lengths[i]), expected=8)
         return out
 
+    # -- records by key ---------------------------------------------------------------
+
+    def index_of(self, key: str) -> int:
+        """The global index of the record whose metadata ``key`` is ``key``.
+
+        Keys are the values of the ``str`` field named ``key`` (FORMAT.md, §6.4),
+        read from the metadata tables, not the data files. The first lookup
+        builds the index (:meth:`key_index`); later ones cost a bisection.
+
+        Raises:
+            UnknownKeyError: no record has ``key`` (a ``KeyError``; the message
+                names the dataset and up to three close matches).
+            DuplicateKeyError: several records have ``key`` (a ``KeyError``
+                naming their indices; :meth:`indices_of` gives them all).
+            SchemaError: the dataset has no keys at all.
+            TypeError: ``key`` is not a ``str``.
+        """
+        found = self.indices_of(key)
+        if found.size == 1:
+            return int(found[0])
+        if found.size == 0:
+            close = self._keys.close_matches(key)
+            hint = f"; close matches: {', '.join(map(repr, close))}" if close else ""
+            raise UnknownKeyError(f"no record with key {key!r} among its {self._keys.size} "
+                                  f"keys{hint}", path=self.root, key=key, matches=close)
+        shown = found[:5].tolist()
+        raise DuplicateKeyError(
+            f"{found.size} records have key {key!r}: records {shown}"
+            + (" ..." if found.size > len(shown) else "")
+            + "; ds.indices_of(key) gives them all", path=self.root, key=key,
+            matches=found.tolist())
+
+    def indices_of(self, key: str) -> np.ndarray:
+        """The global indices of every record with ``key``, ascending (int64; empty if none).
+
+        Raises:
+            SchemaError: the dataset has no keys at all.
+            TypeError: ``key`` is not a ``str``.
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"a record key is a str, not {type(key).__name__} ({key!r})")
+        return self.key_index().find(key)
+
+    def key_index(self) -> KeyIndex:
+        """The dataset's keys, sorted (built on first use, then kept; not pickled).
+
+        Raises:
+            SchemaError: no record has a key (the dataset has no ``str`` field
+                named ``key``, and none was given as metadata when it was packed).
+        """
+        if self._keys is None:
+            keys = KeyIndex(self.metadata(["key"]).column("key"))
+            if keys.size == 0 and len(self):
+                has = ", ".join(f"{f.name}: {f.type}" for f in self.fields)
+                raise SchemaError(
+                    "no record keys: lookup by key needs a str field named 'key' "
+                    f"(this dataset's fields: {has}); use integer indices", path=self.root)
+            self._keys = keys
+        return self._keys
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_keys"] = None  # rebuilt where it is used, never shipped to workers
+        return state
+
     # -- metadata ---------------------------------------------------------------------
 
     def metadata(self, columns: list[str] | None = None) -> pa.Table:
         """The per-record metadata table of all shards (see :func:`read_metadata`)."""
         return read_metadata(self.root, columns, self.manifest,
                              follow_symlinks=self.follow_symlinks)
+
+
+def check_dataset_path(path: str | Path) -> None:
+    """Refuse a ``path`` that does not exist or is not a folder, saying so (with the
+    closest names in its parent folder), before anything looks for ``manifest.json``.
+
+    Raises:
+        DatasetNotFoundError: as above.
+    """
+    p = Path(path)
+    if p.is_dir():
+        return
+    if p.exists():
+        hint = (f"; pass its folder, {str(p.parent)!r}" if p.name == MANIFEST_NAME else "")
+        raise DatasetNotFoundError(f"not a folder: a dataset is a folder holding {MANIFEST_NAME}"
+                                   + hint, path=p)
+    raise DatasetNotFoundError("the path does not exist" + _did_you_mean(p), path=p)
+
+
+def _did_you_mean(p: Path) -> str:
+    """``"; did you mean 'x'?"`` from the names in ``p``'s parent (at most
+    :data:`_SIBLINGS_SCANNED` of them), or what part of the path is missing."""
+    parent = p.parent
+    if not parent.is_dir():
+        missing = parent
+        while not missing.parent.is_dir() and missing.parent != missing:
+            missing = missing.parent
+        return f" ({str(missing)!r} does not exist either)"
+    names = []
+    try:
+        with os.scandir(parent) as it:
+            for entry in it:
+                names.append(entry.name)
+                if len(names) >= _SIBLINGS_SCANNED:
+                    break
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(p.name, names, n=3)
+    return f"; did you mean {' or '.join(repr(str(parent / c)) for c in close)}?" if close else ""
