@@ -32,7 +32,14 @@ from .cache import CacheOptions
 from .dataset import open_dataset
 from .epoch import CpuSink, Epoch, RawEpoch
 from .imaging import make_pipeline
-from .options import DecodeOptions, SamplerOptions, WorkerOptions, resolve_num_workers
+from .options import (
+    DecodeOptions,
+    SamplerOptions,
+    WorkerOptions,
+    check_batch_size,
+    check_fields,
+    resolve_num_workers,
+)
 from .sampler import Sampler
 from .slots import SlotLayout, SlotRing
 from .worker import BatchSpec, WorkerPool
@@ -106,7 +113,7 @@ class Loader:
             self._owns_dataset = True
         else:
             self.dataset = source
-        self.batch_size = int(batch_size)
+        self.batch_size = check_batch_size(batch_size)
         self.sampler_options = sampler_options or SamplerOptions(
             shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size)
         self.worker_options = worker_options or WorkerOptions(
@@ -141,10 +148,8 @@ class Loader:
 
     def _plan_fields(self) -> None:
         ds, opts = self.dataset, self.decode_options
+        check_fields(opts, {f.name: f.type for f in ds.fields}, ds.root)
         names = opts.fields or tuple(f.name for f in ds.fields)
-        for n in names:
-            if n not in ds.field_index:
-                raise ValueError(f"no field {n!r} in {ds.root} (fields: {list(ds.field_index)})")
         types = {f.name: f for f in ds.fields}
         self.fields = names
         self.raw = not opts.decode

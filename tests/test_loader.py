@@ -232,6 +232,24 @@ def test_options_and_errors(ds_path):
     assert reader.options.resolve_num_workers("auto") >= 1
 
 
+@pytest.mark.parametrize(("kw", "error", "words"), [
+    ({"batch_size": "32"}, TypeError, "batch_size must be an int >= 1, not str '32'"),
+    ({"batch_size": True}, TypeError, "not bool True"),
+    ({"batch_size": 0}, ValueError, "batch_size must be an int >= 1, not 0"),
+    ({"decode_options": reader.DecodeOptions(image_field="img", transform=CropPipeline())},
+     ValueError, "image_field: no field 'img'.*did you mean 'image'"),
+    ({"decode_options": reader.DecodeOptions(fields=("lable",), transform=CropPipeline())},
+     ValueError, "fields: no field 'lable'.*did you mean 'label'"),
+    ({"shuffle": "yes"}, ValueError, "shuffle"),
+    ({"timeout": "5"}, TypeError, "timeout"),
+    ({"device": "gpu"}, ValueError, "device must be 'cpu' or 'cuda'"),
+])
+def test_every_loader_argument_is_checked_naming_it(ds_path, kw, error, words):
+    kw = {"batch_size": 8, "transform": CropPipeline(), **kw}
+    with pytest.raises(error, match=words):
+        Loader(ds_path, **kw)
+
+
 def test_spawn_start_method_uses_a_named_ring(ds_path):
     with Loader(ds_path, 50, num_workers=1, transform=CropPipeline(),
                 worker_options=reader.WorkerOptions(num_workers=1, start_method="spawn")) as lo:
