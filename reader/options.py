@@ -11,7 +11,8 @@ a ``str`` is never a number (``batch_size="32"`` is refused), numpy integers and
 booleans count as ints and bools and are stored as Python ones.
 :func:`check_batch_size` and :func:`check_fields` are the checks the Loader
 applies to what is not in these groups: the batch size, and field names against
-a dataset's schema.
+a dataset's schema; :func:`group_options` makes a group from the Loader's
+keywords or takes the one passed whole, refusing both at once.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ import math
 import numbers
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 __all__ = ["DecodeOptions", "SamplerOptions", "WorkerOptions", "check_batch_size",
-           "check_fields", "resolve_num_workers"]
+           "check_fields", "group_options", "resolve_num_workers"]
 
 SHUFFLE_MODES = (False, "block", "full")
 
@@ -106,6 +108,37 @@ def check_fields(options: DecodeOptions, dataset_fields: Mapping[str, str],
             has = ", ".join(f"{n} ({t})" for n, t in dataset_fields.items())
             raise ValueError(f"{arg}: no field {name!r} in the dataset {str(dataset)!r}, "
                              f"whose fields are {has}{hint}")
+
+
+def group_options(cls: type, group: Any, name: str, **keywords: Any) -> Any:
+    """The option group ``cls`` a Loader uses: ``group`` when one is passed whole,
+    else one made from the Loader's ``keywords`` of that group.
+
+    A keyword of the group given a value other than its default together with
+    ``group`` is refused: one of the two would be dropped silently.
+
+    Args:
+        cls: :class:`SamplerOptions`, :class:`DecodeOptions` or :class:`WorkerOptions`.
+        group: the instance passed whole (the Loader's ``name`` argument), or None.
+        name: that argument's name, for messages (``"decode_options"``).
+        keywords: the Loader's keywords that belong to ``cls`` (same names).
+
+    Raises:
+        TypeError: ``group`` is not a ``cls``; a keyword has the wrong type.
+        ValueError: a keyword was set as well as ``group``; a keyword's value is wrong.
+    """
+    if group is None:
+        return cls(**keywords)
+    if not isinstance(group, cls):
+        raise TypeError(f"{name} must be a reader.{cls.__name__} or None, "
+                        f"not {type(group).__name__} {group!r}")
+    defaults = {f.name: f.default for f in dataclass_fields(cls) if f.default is not MISSING}
+    for key, value in keywords.items():
+        default = defaults[key]
+        if not (value is default or (type(value) is type(default) and value == default)):
+            raise ValueError(f"{key}={value!r} and {name} were both given: pass {key} "
+                             f"inside {name} (reader.{cls.__name__}({key}=...)) or not at all")
+    return group
 
 
 def _check_transform(value: Any) -> None:

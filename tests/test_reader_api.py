@@ -16,7 +16,7 @@ from formats.shard.dataset import DatasetNotFoundError, DuplicateKeyError, Unkno
 from formats.shard.metadata import CLOSE_MATCH_ALL, KeyIndex
 from formats.version import package_version
 from reader import DecodeOptions, Loader, SamplerOptions, WorkerOptions
-from reader.options import check_batch_size, check_fields
+from reader.options import check_batch_size, check_fields, group_options
 from reader.transforms import RandomResizedCrop
 
 
@@ -267,6 +267,23 @@ def test_check_fields_names_the_unknown_field_the_dataset_and_its_fields(ds_path
     with pytest.raises(ValueError, match="no field 'zzz'") as info:
         check_fields(DecodeOptions(fields=("zzz",)), schema, ds.root)
     assert "did you mean" not in str(info.value)
+
+
+def test_an_option_group_or_its_keywords_never_both():
+    made = group_options(WorkerOptions, None, "worker_options", num_workers=2, timeout=None)
+    assert made == WorkerOptions(num_workers=2)
+    whole = DecodeOptions(transform=CropPipeline(), fields=("image",))
+    assert group_options(DecodeOptions, whole, "decode_options", transform=None, decode=True,
+                         on_error="fail", check_crc=True) is whole
+    with pytest.raises(ValueError, match=r"on_error='skip' and decode_options were both given"):
+        group_options(DecodeOptions, whole, "decode_options", transform=None, on_error="skip")
+    with pytest.raises(ValueError, match=r"seed=0\.0 and sampler_options"):
+        group_options(SamplerOptions, SamplerOptions(), "sampler_options", seed=0.0)
+    with pytest.raises(TypeError, match=r"worker_options must be a reader\.WorkerOptions or None, "
+                                        r"not dict"):
+        group_options(WorkerOptions, {"num_workers": 2}, "worker_options")
+    with pytest.raises(TypeError, match="num_workers"):
+        group_options(WorkerOptions, None, "worker_options", num_workers=2.0)
 
 
 # -- version ---------------------------------------------------------------------------
