@@ -62,6 +62,9 @@ def open_dataset(path: str | Path, *, check_crc: bool = False, cache: CacheOptio
         if follow_symlinks:
             raise ValueError("follow_symlinks applies to local datasets only")
         return RemoteDataset(str(path), cache=cache, filesystem=filesystem, check_crc=check_crc)
+    if cache is not None:
+        raise ValueError(f"cache= applies to datasets on object storage (s3://...) only; "
+                         f"{path} is a local folder, read in place")
     return open_shards(path, check_crc=check_crc, follow_symlinks=follow_symlinks)
 
 

@@ -38,6 +38,7 @@ from .options import (
     WorkerOptions,
     check_batch_size,
     check_fields,
+    group_options,
     resolve_num_workers,
 )
 from .sampler import Sampler
@@ -82,7 +83,8 @@ class Loader:
             and ``stats()``, or a number: report every that many seconds via
             ``reader.monitor.Monitor``.
         sampler_options, decode_options, worker_options: whole option groups; each
-            replaces the keywords of its group.
+            replaces the keywords of its group (setting one of those keywords as well
+            is refused, never silently dropped).
         device_options: ``reader.device.DeviceOptions`` for ``device="cuda"``.
     """
 
@@ -99,8 +101,22 @@ class Loader:
                  decode_options: DecodeOptions | None = None,
                  worker_options: WorkerOptions | None = None,
                  device_options: Any = None) -> None:
-        self.decode_options = decode_options or DecodeOptions(
-            transform=transform, decode=decode, on_error=on_error, check_crc=check_crc)
+        # Argument errors first, before anything is opened.
+        self.batch_size = check_batch_size(batch_size)
+        self.decode_options = group_options(
+            DecodeOptions, decode_options, "decode_options", transform=transform, decode=decode,
+            on_error=on_error, check_crc=check_crc)
+        self.sampler_options = group_options(
+            SamplerOptions, sampler_options, "sampler_options", shuffle=shuffle, seed=seed,
+            drop_last=drop_last, rank=rank, world_size=world_size)
+        self.worker_options = group_options(
+            WorkerOptions, worker_options, "worker_options", num_workers=num_workers,
+            prefetch=prefetch, timeout=timeout, copy=copy, persistent_workers=persistent_workers)
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+        if device_options is not None and device != "cuda":
+            raise ValueError("device_options apply to device='cuda' only; this Loader has "
+                             f"device={device!r}")
         check = self.decode_options.check_crc
         self._owns_dataset = not isinstance(source, ShardDataset)
         if self._owns_dataset:
@@ -113,14 +129,6 @@ class Loader:
             self._owns_dataset = True
         else:
             self.dataset = source
-        self.batch_size = check_batch_size(batch_size)
-        self.sampler_options = sampler_options or SamplerOptions(
-            shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size)
-        self.worker_options = worker_options or WorkerOptions(
-            num_workers=num_workers, prefetch=prefetch, timeout=timeout, copy=copy,
-            persistent_workers=persistent_workers)
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
         self.device = device
         self.device_options = device_options
         if device == "cuda":

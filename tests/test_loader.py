@@ -222,11 +222,10 @@ def test_options_and_errors(ds_path):
     with pytest.raises(ValueError, match="transform"):
         Loader(ds_path, 8)
     with pytest.raises(ValueError, match="no field"):
-        Loader(ds_path, 8, decode=False, decode_options=reader.DecodeOptions(fields=("nope",)))
+        Loader(ds_path, 8, decode_options=reader.DecodeOptions(decode=False, fields=("nope",)))
     with pytest.raises(ValueError, match="num_workers"):
         Loader(ds_path, 8, num_workers=-1, transform=CropPipeline())
-    with Loader(ds_path, 8, transform=CropPipeline(),
-                decode_options=reader.DecodeOptions(transform=CropPipeline(),
+    with Loader(ds_path, 8, decode_options=reader.DecodeOptions(transform=CropPipeline(),
                                                     fields=("image", "label"))) as lo:
         assert set(next(iter(lo))) == {"image", "label"}
     assert reader.options.resolve_num_workers("auto") >= 1
@@ -243,15 +242,25 @@ def test_options_and_errors(ds_path):
     ({"shuffle": "yes"}, ValueError, "shuffle"),
     ({"timeout": "5"}, TypeError, "timeout"),
     ({"device": "gpu"}, ValueError, "device must be 'cpu' or 'cuda'"),
+    ({"device_options": object()}, ValueError, "device_options apply to device='cuda' only"),
+    ({"decode_options": reader.DecodeOptions(transform=CropPipeline()), "on_error": "skip"},
+     ValueError, "on_error='skip' and decode_options were both given"),
+    ({"seed": 3, "sampler_options": reader.SamplerOptions(seed=4)}, ValueError,
+     "seed=3 and sampler_options were both given"),
+    ({"copy": True, "worker_options": reader.WorkerOptions()}, ValueError,
+     "copy=True and worker_options"),
+    ({"worker_options": {"num_workers": 2}}, TypeError, "worker_options must be"),
 ])
 def test_every_loader_argument_is_checked_naming_it(ds_path, kw, error, words):
-    kw = {"batch_size": 8, "transform": CropPipeline(), **kw}
+    kw = {"batch_size": 8, **kw}
+    if "decode_options" not in kw:
+        kw["transform"] = CropPipeline()
     with pytest.raises(error, match=words):
         Loader(ds_path, **kw)
 
 
 def test_spawn_start_method_uses_a_named_ring(ds_path):
-    with Loader(ds_path, 50, num_workers=1, transform=CropPipeline(),
+    with Loader(ds_path, 50, transform=CropPipeline(),
                 worker_options=reader.WorkerOptions(num_workers=1, start_method="spawn")) as lo:
         labels = np.concatenate([b["label"].copy() for b in lo])
         assert lo.ring.backend == "shm" and lo.ring.name.startswith("shardpack_")
@@ -396,3 +405,8 @@ def test_persistent_worker_dead_between_epochs_is_replaced(ds_path):
         victim.join(5)
         assert len(collect(lo)) == n
         assert victim.pid not in _pids(lo) and len(_pids(lo)) == 2
+
+
+def test_a_shard_cache_for_a_local_dataset_is_refused(ds_path, tmp_path):
+    with pytest.raises(ValueError, match="object storage"):
+        Loader(ds_path, 8, decode=False, cache=reader.CacheOptions(folder=tmp_path))
