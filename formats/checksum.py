@@ -7,12 +7,16 @@ buffer (memoryview slices of an mmap) without a copy.
 
 from __future__ import annotations
 
+import itertools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from crc32c import crc32c as _crc32c
 
-__all__ = ["crc32c", "fd_crc32c", "file_crc32c", "format_crc", "parse_crc"]
+__all__ = ["crc32c", "crc32c_many", "crc32c_words", "fd_crc32c", "file_crc32c", "format_crc",
+           "parse_crc"]
 
 _CHUNK = 8 << 20
 
@@ -20,6 +24,79 @@ _CHUNK = 8 << 20
 def crc32c(data, value: int = 0) -> int:
     """CRC32C of a bytes-like object, continuing from ``value``."""
     return _crc32c(data, value)
+
+
+# A batch smaller than this is checked in the calling thread: handing work to a thread
+# costs tens of microseconds, a 4 MB pass about half a millisecond.
+PARALLEL_MIN_BYTES = 4 << 20
+_pool: ThreadPoolExecutor | None = None
+
+
+def _thread_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                   thread_name_prefix="shardpack-crc")
+    return _pool
+
+
+def _forget_pool() -> None:
+    global _pool
+    _pool = None  # a forked child has none of the parent's threads
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _crcs(views) -> list[int]:
+    return list(map(_crc32c, views))
+
+
+def crc32c_many(views, threads: int = 1) -> np.ndarray:
+    """CRC32C of each buffer in ``views``.
+
+    Args:
+        views: a list of bytes-like objects.
+        threads: spread a batch of at least :data:`PARALLEL_MIN_BYTES` over this many
+            threads (the ``crc32c`` package releases the GIL on buffers of 32 KiB and
+            more). For a process whose cores are otherwise idle, such as the main
+            process reading raw bytes; worker processes that already keep every core
+            busy pass 1.
+    """
+    n = len(views)
+    if threads > 1 and n > 1 and sum(map(len, views)) >= PARALLEL_MIN_BYTES:
+        k = min(threads, n)
+        bounds = [n * i // k for i in range(k + 1)]
+        pool = _thread_pool()
+        futures = [pool.submit(_crcs, views[a:b]) for a, b in itertools.pairwise(bounds[1:])]
+        first = _crcs(views[: bounds[1]])  # this thread takes the first part itself
+        return np.fromiter(itertools.chain(first, *(f.result() for f in futures)),
+                           np.uint32, n)
+    return np.fromiter(map(_crc32c, views), np.uint32, n)
+
+
+def _table() -> np.ndarray:
+    poly = np.uint32(0x82F63B78)  # CRC32C, reflected
+    t = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        t = np.where(t & 1, (t >> 1) ^ poly, t >> 1).astype(np.uint32)
+    return t
+
+
+_TABLE = _table()
+
+
+def crc32c_words(words: np.ndarray) -> np.ndarray:
+    """CRC32C of each 8-byte little-endian word of ``words`` (an int64/float64/uint64 array).
+
+    The checksum of many 8-byte scalar payloads at once, in numpy: eight table
+    steps over the whole array, instead of one call per record.
+    """
+    b = np.ascontiguousarray(words).view("<u8").view(np.uint8).reshape(-1, 8)
+    crc = np.full(len(b), 0xFFFFFFFF, np.uint32)
+    for i in range(8):
+        crc = _TABLE[(crc ^ b[:, i]) & 0xFF] ^ (crc >> 8)
+    return crc ^ np.uint32(0xFFFFFFFF)
 
 
 def file_crc32c(path: str | Path, progress=None) -> int:

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -67,6 +68,14 @@ def test_bit_flip_in_payload_caught_by_crc_and_verify(tmp_path):
     assert "shard-00001.rec" in str(err.value) and "record 2" in str(err.value)
     assert f"at byte {int(offsets[0])}" in str(err.value)
     assert "checksum" in str(err.value)
+    # The batch path (one CRC pass over the batch) names the same record, wherever it sits.
+    batched = open_shards(root, check_crc=True)
+    batched.payloads([0, 5, 9], "image")  # no damaged record: no error
+    with pytest.raises(CorruptRecordError) as err:
+        batched.payloads([3, 17, 10, 11], "image")
+    assert "shard-00001.rec" in str(err.value) and "record 2" in str(err.value)
+    assert f"at byte {int(offsets[0])}" in str(err.value)
+    batched.close()
 
     problems = formats.verify_dataset(root)
     kinds = {(p.file, p.record, p.field) for p in problems}
@@ -357,3 +366,38 @@ def test_bit_flip_in_a_scalar_caught_by_batched_reads(tmp_path):
         open_shards(root, check_crc=True).scalars([4, 5], "label")
     with pytest.raises(CorruptRecordError, match="record 5"):
         open_shards(root, check_crc=True).payloads([5], "label")
+
+
+def test_checksums_of_many_payloads_match_one_at_a_time(monkeypatch):
+    from formats import checksum
+    from formats.checksum import crc32c, crc32c_many, crc32c_words
+
+    rng = np.random.default_rng(3)
+    words = rng.integers(-2**63, 2**63 - 1, 300, dtype=np.int64)
+    assert crc32c_words(words).tolist() == [crc32c(w.tobytes()) for w in words]
+    floats = rng.random(50) * 1e9
+    assert crc32c_words(floats).tolist() == [crc32c(f.tobytes()) for f in floats]
+    assert crc32c_words(np.zeros(0, np.int64)).shape == (0,)
+    blobs = [rng.bytes(int(n)) for n in rng.integers(0, 5000, 20)]
+    assert crc32c_many(blobs).tolist() == [crc32c(b) for b in blobs]
+    monkeypatch.setattr(checksum, "PARALLEL_MIN_BYTES", 1)  # spread over threads
+    for threads in (2, 3, 64):
+        assert crc32c_many(blobs, threads).tolist() == [crc32c(b) for b in blobs]
+    assert crc32c_many(blobs[:1], 4).tolist() == [crc32c(blobs[0])]
+
+
+def test_a_damaged_record_is_found_on_the_parallel_path(tmp_path, monkeypatch):
+    from formats import checksum
+
+    root = make(tmp_path)
+    ds = open_shards(root)
+    _, offsets, _ = ds.spans([10], "image")
+    ds.close()
+    shard_file = root / "shard-00001.rec"
+    data = bytearray(shard_file.read_bytes())
+    data[int(offsets[0]) + 3] ^= 0x01
+    shard_file.write_bytes(data)
+    monkeypatch.setattr(checksum, "PARALLEL_MIN_BYTES", 1)
+    with open_shards(root, check_crc=True) as ds, \
+            pytest.raises(CorruptRecordError, match=r"shard-00001.rec.*record 2"):
+        ds.payloads(list(range(4, 16)), "image", threads=2)
