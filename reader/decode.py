@@ -15,7 +15,8 @@ This is the per-sample CPU path of the loader workers. For a JPEG it runs:
    buffer that only grows, so steady state allocates nothing.
 3. One resample of the box (a numpy view; crop *before* resize) straight into
    ``out``; the flip is an in-place mirror of ``out`` (``cv2.flip``, 4 µs).
-4. User callables, in place when they return their input.
+4. User callables, in place when they return their input. :meth:`Decoder.decode_timed`
+   times them apart from steps 1-3: the monitor's ``transform`` stage, not ``decode``.
 
 Other formats (PNG, WebP, ...) take a slower, correct path through OpenCV's
 ``imdecode`` (Pillow only where OpenCV cannot decode them).
@@ -51,6 +52,7 @@ from __future__ import annotations
 import io
 import math
 import struct
+import time
 from typing import Literal
 
 import numpy as np
@@ -217,6 +219,35 @@ class Decoder:
             DecodeError: If the bytes are not a decodable image.
             ValueError: If ``out`` has the wrong shape or dtype.
         """
+        self._apply_user(self._decode_resample(data, out, rng), out, rng)
+        return out
+
+    def decode_timed(
+        self, data: memoryview | bytes, out: np.ndarray, rng: np.random.Generator
+    ) -> tuple[float, float]:
+        """:meth:`decode_into`, timed as ``(decode_s, transform_s)``.
+
+        ``decode_s`` is the fused decode, crop, resize and flip (steps 1-3 of the
+        module docstring: they cannot be told apart, the DCT scale does part of the
+        resize); ``transform_s`` is the user callables that run on the result
+        (step 4), and exactly 0 when there are none. The loader's monitor reports
+        the two as its ``decode`` and ``transform`` stages.
+
+        Raises:
+            DecodeError, ValueError: as :meth:`decode_into`.
+        """
+        t0 = time.perf_counter()
+        target = self._decode_resample(data, out, rng)
+        if not self.pipeline.user and target is out:
+            return time.perf_counter() - t0, 0.0
+        t1 = time.perf_counter()
+        self._apply_user(target, out, rng)
+        return t1 - t0, time.perf_counter() - t1
+
+    def _decode_resample(
+        self, data: memoryview | bytes, out: np.ndarray, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Steps 1-3: decode and resample into ``out`` (or the staging buffer); returns it."""
         if out.shape != self.pipeline.output_shape or out.dtype != np.uint8:
             raise ValueError(
                 f"out must be uint8 {self.pipeline.output_shape}, got {out.dtype} {out.shape}"
@@ -234,14 +265,16 @@ class Decoder:
         sy, sx = image.shape[0] / height, image.shape[1] / width
         x0, y0, x1, y1 = plan.box
         self._resample(image, (x0 * sx, y0 * sy, x1 * sx, y1 * sy), target, plan.flip)
-        result = target
+        return target
+
+    def _apply_user(self, result: np.ndarray, out: np.ndarray, rng: np.random.Generator) -> None:
+        """Step 4: the user callables on the resampled image, the result left in ``out``."""
         for transform in self.pipeline.user:
             result = transform(result, rng)
         if result is not out:
             if result.shape != out.shape:
                 raise ValueError(f"user transforms returned {result.shape}, expected {out.shape}")
             np.copyto(out, result)
-        return out
 
     def _decode_scaled(
         self, data: memoryview | bytes, height: int, width: int, factor: int

@@ -15,16 +15,32 @@ report then shows the stall (the interval's wall time grows, samples/s drops).
 A loader that hangs outright is the loader watchdog's job, not the monitor's.
 
 Interval figures are differences of cumulative totals, so one set of sums
-serves both the "current" (last interval) and "mean" (whole run) columns.
+serves both the "current" (last interval) and "mean" (whole run) columns. The
+names of the figures are the same in ``stats()``, the printed table, the JSONL
+records and ``monitor-report`` (see :data:`reader.monitor_report.METRICS`).
 
-Figures (keys of ``stats()["current"]`` / ``["mean"]``): wall time runs from
-the consumer's first ``next()``. ``queue_wait_pct`` is the share of wall time
-the consumer spent inside ``next()`` (blocked on a batch, or building it when
-there are no workers). Stage shares (``io``, ``decode``, ``transform``,
-``assemble``) are of the workers' busy time; ``worker_busy_pct`` is busy time
-over ``num_workers`` x wall. ``read_mb_s`` is bytes over IO time (the storage
-rate while reading), ``mb_per_s``/``samples_per_s`` are over wall time.
-``h2d_*`` are None on CPU.
+A stable verdict: each interval is diagnosed on its own figures, with the
+limits biased towards the verdict shown (``Thresholds.hysteresis``), and the
+verdict shown changes only when the last ``window`` intervals all agree on a
+new one. So one odd interval, or figures that alternate around a limit, leave
+it alone, and no verdict is ever shown that no interval had. The first
+``window`` intervals are judged each on its own, without bias: the first holds
+the workers' start-up, which must not become the verdict that is held. (Judging the figures of
+several intervals summed does invent one: half an interval of a healthy run
+and half of a CPU-bound one average to a sync-bound one.)
+
+Figures: wall time runs from the consumer's first ``next()``.
+``queue_wait_pct`` is the share of wall time the consumer spent inside
+``next()`` (blocked on a batch, or building it when there are no workers).
+Stage shares (``io``, ``decode``, ``transform``, ``assemble``) are of the
+workers' busy time; ``decode`` is the fused decode + crop + resize + flip,
+``transform`` what runs after it (user callables). ``worker_busy_pct`` is busy
+time over ``num_workers`` x wall. ``read_mb_s`` is bytes over IO time (the
+storage rate while reading), ``mb_per_s``/``samples_per_s`` are over wall time.
+``h2d_*`` are None on CPU. ``loader_cpu_pct``, ``other_cpu_pct`` and
+``idle_cpu_pct`` split the machine's CPU time (all cores = 100) between this
+process with its child processes (the workers), every other process, and
+idle; they come from ``/proc`` (see :class:`ProcCpu`) and are None without it.
 
 Switching on: ``reader.enable_monitor(interval=5)`` for every Loader created
 afterwards in the process (they call :func:`resolve_monitor`), or
@@ -35,20 +51,24 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from reader.diagnosis import Diagnosis, Thresholds, diagnose
 from reader.monitor_report import format_table
 
 __all__ = [
+    "CpuTicks",
     "Diagnosis",
     "Monitor",
     "MonitorConfig",
+    "ProcCpu",
     "Thresholds",
     "default_monitor",
     "diagnose",
@@ -59,6 +79,80 @@ __all__ = [
 ]
 
 _STAGES = ("io", "decode", "transform", "assemble")
+
+
+class CpuTicks(NamedTuple):
+    """Cumulative CPU time in clock ticks, summed over all cores.
+
+    Attributes:
+        busy: the machine's non-idle time (everything but idle and iowait).
+        total: the machine's time, busy and idle.
+        loader: this process's time, its reaped children's, and its live
+            children's (the loader's workers).
+    """
+
+    busy: int
+    total: int
+    loader: int
+
+
+def _worker_pids() -> list[int]:
+    # The loader's workers are this process's multiprocessing children; the list
+    # also reaps finished ones, as every Process.start() does.
+    return [p.pid for p in multiprocessing.active_children() if p.pid is not None]
+
+
+class ProcCpu:
+    """Reads :class:`CpuTicks` from ``/proc`` (Linux); returns None where it cannot.
+
+    The machine's time is the first line of ``/proc/stat``. The loader's is
+    ``utime + stime + cutime + cstime`` of ``/proc/<own pid>/stat`` plus
+    ``utime + stime`` of each live child's: a worker that exits and is reaped
+    moves from the second sum to the first, so the total never drops. Children
+    that are not the loader's (a training script's own subprocesses started
+    with multiprocessing) count as the loader's.
+
+    Args:
+        pids: returns the child processes to count (default: this process's
+            live multiprocessing children).
+        root: the proc file system's mount point.
+    """
+
+    def __init__(self, pids: Callable[[], Iterable[int]] | None = None, root: str = "/proc") -> None:
+        self.pids = pids or _worker_pids
+        self.root = root
+
+    def _process(self, pid: int, children: bool) -> int | None:
+        try:
+            with open(f"{self.root}/{pid}/stat", "rb") as fh:
+                text = fh.read()
+            # Fields after the command name, which may hold spaces and ')': field 3 on.
+            rest = text[text.rindex(b")") + 2 :].split()
+            return sum(int(v) for v in rest[11:15 if children else 13])
+        except (OSError, ValueError, IndexError):
+            return None  # gone, or not readable
+
+    def __call__(self) -> CpuTicks | None:
+        """The ticks now, or None without a readable ``/proc``."""
+        try:
+            with open(f"{self.root}/stat", "rb") as fh:
+                head = fh.readline().split()
+            if not head or head[0] != b"cpu":
+                return None
+            # user nice system idle iowait irq softirq steal (guest time is inside user).
+            ticks = [int(v) for v in head[1:9]]
+        except (OSError, ValueError):
+            return None
+        own = self._process(os.getpid(), children=True)
+        if own is None:
+            return None
+        for pid in self.pids():
+            own += self._process(pid, children=False) or 0
+        total = sum(ticks)
+        return CpuTicks(total - ticks[3] - ticks[4], total, own)
+
+
+PROC_CPU = ProcCpu()
 
 
 class _Totals:
@@ -86,6 +180,16 @@ class _Totals:
         return other
 
 
+@dataclass(frozen=True)
+class _Mark:
+    """The state at one report (or the run's start): what later figures subtract."""
+
+    at: float
+    totals: _Totals
+    workers: dict[Any, tuple[float, int]]
+    cpu: CpuTicks | None
+
+
 def _ratio(num: float, den: float, scale: float = 1.0) -> float | None:
     return num / den * scale if den > 0 else None
 
@@ -94,9 +198,23 @@ def _capped(pct: float | None) -> float | None:
     return None if pct is None else min(pct, 100.0)
 
 
+def _cpu_figures(a: CpuTicks | None, b: CpuTicks | None) -> dict[str, float | None]:
+    total = b.total - a.total if a is not None and b is not None else 0
+    if total <= 0:
+        return {"loader_cpu_pct": None, "other_cpu_pct": None, "idle_cpu_pct": None}
+    busy, own = b.busy - a.busy, b.loader - a.loader
+
+    def pct(ticks: float) -> float:
+        return min(max(100.0 * ticks / total, 0.0), 100.0)
+
+    return {"loader_cpu_pct": pct(own), "other_cpu_pct": pct(busy - own),
+            "idle_cpu_pct": pct(total - busy)}  # fmt: skip
+
+
 def _figures(
-    t: _Totals, wall: float, max_latency: float, num_workers: int, busy_by_worker: dict
-) -> dict[str, Any]:
+    t: _Totals, wall: float, max_latency: float, num_workers: int, busy_by_worker: dict,
+    cpu: dict[str, float | None],
+) -> dict[str, Any]:  # fmt: skip
     """Turn sums over some batches and the wall time they span into the reported figures."""
     n = t.batches
     fig: dict[str, Any] = {
@@ -126,6 +244,7 @@ def _figures(
         h2d_share_pct=_ratio(t.h2d, wall, 100.0) if t.h2d_batches else None,
         prefetch_depth=_ratio(t.prefetch, n),
         skipped=t.skipped,
+        **cpu,
         per_worker={
             str(w): {"batches": b, "busy_pct": _capped(_ratio(s, wall, 100.0))}
             for w, (s, b) in sorted(busy_by_worker.items(), key=lambda kv: str(kv[0]))
@@ -159,21 +278,27 @@ class MonitorConfig:
             a file path (appended to), or ``False`` for no printed report.
         record: a JSONL file path to append one line per interval to, or None.
         thresholds: the report's and the diagnosis' limits.
+        window: intervals that must agree on a new verdict before it is shown
+            (1: each interval's own verdict).
     """
 
     interval: float = 5.0
     output: Any = None
     record: str | os.PathLike | None = None
     thresholds: Thresholds = field(default_factory=Thresholds)
+    window: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.interval, (int, float)) or not self.interval > 0:
             raise ValueError(f"monitor interval: expected seconds > 0, found {self.interval!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"monitor window: expected intervals >= 1, found {self.window!r}")
 
     def build(self, num_workers: int | None = None, name: str | None = None) -> Monitor:
         """A Monitor with these settings."""
         return Monitor(self.interval, output=self.output, record=self.record,
-                       thresholds=self.thresholds, num_workers=num_workers, name=name)
+                       thresholds=self.thresholds, window=self.window,
+                       num_workers=num_workers, name=name)  # fmt: skip
 
 
 class Monitor:
@@ -187,11 +312,14 @@ class Monitor:
         output: see :class:`MonitorConfig`.
         record: see :class:`MonitorConfig`.
         thresholds: see :class:`MonitorConfig`.
+        window: see :class:`MonitorConfig`.
         num_workers: the loader's worker count (busy share is relative to it);
             when None, the number of distinct worker ids >= 0 seen so far
             (id -1 means built in the main process).
         name: shown in the report and the records, to tell loaders apart.
         clock: seconds, monotonic; replaceable for tests.
+        cpu: returns cumulative :class:`CpuTicks` (or None when unknown), read
+            at the start and at each report; None leaves the CPU figures out.
     """
 
     def __init__(
@@ -201,27 +329,31 @@ class Monitor:
         output: Any = None,
         record: str | os.PathLike | None = None,
         thresholds: Thresholds | None = None,
+        window: int = 2,
         num_workers: int | None = None,
         name: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        cpu: Callable[[], CpuTicks | None] | None = PROC_CPU,
     ) -> None:
-        self.config = MonitorConfig(interval, output, record, thresholds or Thresholds())
+        self.config = MonitorConfig(interval, output, record, thresholds or Thresholds(), window)
         self.num_workers = num_workers
         self.name = name
         # "remote": the loader reads through the shard cache (set by the Loader), so
         # reading time may be downloading and the diagnosis says what helps there.
         self.storage = "local"
         self._clock = clock
+        self._cpu = cpu
         self._total = _Totals()
-        self._base = _Totals()  # totals at the last report
         self._workers: dict[Any, list] = {}  # worker id -> [busy seconds, batches]
-        self._workers_base: dict[Any, tuple] = {}
-        self._max_latency = 0.0  # whole run
+        self._first: _Mark | None = None  # the run's start
+        self._mark: _Mark | None = None  # the last report (or the start)
+        self._max_latency = 0.0  # whole run, up to the last report
         self._interval_max_latency = 0.0
         self._start: float | None = None
-        self._mark = 0.0  # clock at the last report
         self._next = float("inf")
         self._last: dict[str, Any] | None = None  # figures of the last reported interval
+        self._recent: deque[Diagnosis] = deque(maxlen=window)  # the intervals' own verdicts
+        self._verdict: Diagnosis | None = None  # the verdict shown
         self.reports = 0
 
     def on_batch(self, timing: Any) -> None:
@@ -232,8 +364,9 @@ class Monitor:
         wait = timing.next_s if timing.next_s > timing.wait_s else timing.wait_s
         if self._start is None:
             # The run starts when the consumer first asked for a batch.
-            self._start = self._mark = now - wait
-            self._next = self._mark + self.config.interval
+            self._start = now - wait
+            self._first = self._mark = _Mark(self._start, _Totals(), {}, self._read_cpu())
+            self._next = self._start + self.config.interval
         t = self._total
         t.batches += 1
         t.samples += timing.records
@@ -261,62 +394,85 @@ class Monitor:
         if now >= self._next:
             self._report(now)
 
+    def _read_cpu(self) -> CpuTicks | None:
+        return self._cpu() if self._cpu is not None else None
+
     def _worker_count(self) -> int:
         """Workers as configured (0: batches built in the main process)."""
         if self.num_workers is not None:
             return self.num_workers
         return sum(1 for w in self._workers if not (isinstance(w, int) and w < 0))
 
-    def _interval_figures(self, now: float) -> dict[str, Any]:
-        delta = {
-            w: (s - self._workers_base.get(w, (0.0, 0))[0], b - self._workers_base.get(w, (0.0, 0))[1])
-            for w, (s, b) in self._workers.items()
-        }
-        fig = _figures(
-            self._total.minus(self._base),
-            now - self._mark,
-            self._interval_max_latency,
-            self._worker_count(),
-            delta,
-        )
+    def _since(self, mark: _Mark | None, now: float, max_latency: float,
+               cpu: CpuTicks | None) -> dict[str, Any]:  # fmt: skip
+        """Figures of the batches delivered since ``mark`` (the start when None)."""
+        if mark is None:
+            mark = _Mark(now, _Totals(), {}, None)
+        zero = (0.0, 0)
+        delta = {w: (s - mark.workers.get(w, zero)[0], b - mark.workers.get(w, zero)[1])
+                 for w, (s, b) in self._workers.items()}  # fmt: skip
+        fig = _figures(self._total.minus(mark.totals), now - mark.at, max_latency,
+                       self._worker_count(), delta, _cpu_figures(mark.cpu, cpu))  # fmt: skip
         fig["storage"] = self.storage
         return fig
-
-    def _mean_figures(self, now: float) -> dict[str, Any]:
-        return _figures(
-            self._total,
-            now - self._start if self._start is not None else 0.0,
-            max(self._max_latency, self._interval_max_latency),
-            self._worker_count(),
-            self._workers,
-        )
 
     def stats(self) -> dict[str, Any]:
         """The figures as a dict, at any time.
 
         Returns:
-            ``{"name", "interval_s", "elapsed_s", "reports", "current", "mean",
-            "diagnosis", "thresholds"}``. ``current`` is the last reported
-            interval (the interval in progress before the first report);
-            ``mean`` covers the whole run; ``diagnosis`` is
-            ``{"kind", "message"}`` for ``current``.
+            ``{"name", "interval_s", "window", "elapsed_s", "reports", "current",
+            "mean", "diagnosis", "interval_diagnosis", "thresholds"}``.
+            ``current`` is the last reported interval (the interval in progress
+            before the first report); ``mean`` covers the whole run up to now.
+            ``diagnosis`` is the verdict shown, ``{"kind", "message", "cause"}``
+            (see the module docstring: it changes only when ``window``
+            intervals agree); ``interval_diagnosis`` is ``current``'s own.
         """
         now = self._clock()
-        current = self._last if self._last is not None else self._interval_figures(now)
-        return self._stats(now, current)
+        cpu = self._read_cpu()
+        if self._last is not None and self._verdict is not None:
+            current, verdict, own = self._last, self._verdict, self._recent[-1]
+        else:
+            current = self._since(self._first, now, self._interval_max_latency, cpu)
+            verdict = own = diagnose(current, self.config.thresholds)
+        return self._stats(now, current, verdict, own, cpu)
 
-    def _stats(self, now: float, current: dict[str, Any]) -> dict[str, Any]:
-        th = self.config.thresholds
+    def _stats(self, now: float, current: dict, verdict: Diagnosis, own: Diagnosis,
+               cpu: CpuTicks | None) -> dict[str, Any]:  # fmt: skip
+        run_max = max(self._max_latency, self._interval_max_latency)
         return {
             "name": self.name,
             "interval_s": self.config.interval,
+            "window": self.config.window,
             "elapsed_s": now - self._start if self._start is not None else 0.0,
             "reports": self.reports,
             "current": current,
-            "mean": self._mean_figures(now),
-            "diagnosis": diagnose(current, th).to_dict(),
-            "thresholds": asdict(th),
+            "mean": self._since(self._first, now, run_max, cpu),
+            "diagnosis": verdict.to_dict(),
+            "interval_diagnosis": own.to_dict(),
+            "thresholds": asdict(self.config.thresholds),
         }
+
+    def _settled(self) -> bool:
+        """Whether a verdict has been shown long enough to be held (see the module docstring)."""
+        return (
+            len(self._recent) == self._recent.maxlen
+            and self._verdict is not None
+            and self._verdict.kind != "no-data"
+        )
+
+    def _settle(self, own: Diagnosis, settled: bool) -> Diagnosis:
+        """The verdict to show, given the latest interval's own (see the module docstring)."""
+        self._recent.append(own)
+        shown = self._verdict
+        if not settled or shown is None:
+            return own
+        same = (own.kind, own.cause)
+        if (shown.kind, shown.cause) == same or all(
+            (d.kind, d.cause) == same for d in self._recent
+        ):
+            return own  # this interval's figures in the message
+        return shown
 
     def diagnosis(self) -> Diagnosis:
         """The diagnosis of the current figures."""
@@ -324,18 +480,22 @@ class Monitor:
 
     def flush(self) -> None:
         """Report the interval in progress now, if it holds any batch (e.g. at epoch end)."""
-        if self._total.batches > self._base.batches:
+        if self._mark is not None and self._total.batches > self._mark.totals.batches:
             self._report(self._clock())
 
     def _report(self, now: float) -> None:
-        current = self._interval_figures(now)
-        stats = self._stats(now, current)
+        cpu = self._read_cpu()
+        current = self._since(self._mark, now, self._interval_max_latency, cpu)
+        settled = self._settled()
+        own = diagnose(current, self.config.thresholds,
+                       previous=self._verdict if settled else None)  # fmt: skip
+        self._verdict = self._settle(own, settled)
         self._last = current
-        self._base = self._total.copy()
-        self._workers_base = {w: (s, b) for w, (s, b) in self._workers.items()}
+        stats = self._stats(now, current, self._verdict, own, cpu)
+        self._mark = _Mark(now, self._total.copy(),
+                           {w: (s, b) for w, (s, b) in self._workers.items()}, cpu)
         self._max_latency = max(self._max_latency, self._interval_max_latency)
         self._interval_max_latency = 0.0
-        self._mark = now
         self._next = now + self.config.interval
         self.reports += 1
         _emit_text(self.config.output, format_table(stats, self.config.thresholds))
@@ -356,6 +516,7 @@ def enable_monitor(
     output: Any = None,
     record: str | os.PathLike | None = None,
     thresholds: Thresholds | None = None,
+    window: int = 2,
 ) -> MonitorConfig:
     """Monitor every Loader created from now on in this process.
 
@@ -365,12 +526,13 @@ def enable_monitor(
             path, or ``False`` (no printed report, e.g. with ``record``).
         record: a JSONL file to append one line per interval to.
         thresholds: limits for the report and the diagnosis.
+        window: intervals that must agree on a new verdict before it is shown.
 
     Returns:
         The configuration now in force.
     """
     global _default
-    _default = MonitorConfig(interval, output, record, thresholds or Thresholds())
+    _default = MonitorConfig(interval, output, record, thresholds or Thresholds(), window)
     return _default
 
 

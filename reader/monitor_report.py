@@ -17,12 +17,14 @@ import json
 import os
 import sys
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 from formats.errors import ShardpackError
 from reader.diagnosis import Thresholds
 
 __all__ = [
+    "METRICS",
+    "Metric",
     "MonitorRecordError",
     "add_monitor_report_arguments",
     "format_summary",
@@ -32,37 +34,65 @@ __all__ = [
     "monitor_report_command",
     "plot_records",
     "summarize_records",
+    "timeline_figure",
 ]
 
-# Figures summarized (min/mean/max/last over intervals), in display order.
-SUMMARY_KEYS = (
-    "load_latency_ms", "io_share_pct", "decode_share_pct", "transform_share_pct",
-    "assemble_share_pct", "queue_wait_pct", "worker_busy_pct", "h2d_gb_s", "samples_per_s",
-    "mb_per_s", "prefetch_depth",
+class Metric(NamedTuple):
+    """One reported figure: its one name everywhere, how it is shown, its limit.
+
+    Attributes:
+        key: the name in ``Monitor.stats()``, the printed table, the JSONL
+            records and ``monitor-report`` (and the plot's legends).
+        fmt: how the table prints it.
+        limit: the :class:`Thresholds` attribute it is checked against, or None.
+        op: ``"<"`` (must stay below the limit) or ``">"`` (above), or ``""``.
+        meaning: what it measures (``monitor-report --help`` and the README).
+    """
+
+    key: str
+    fmt: str
+    limit: str | None
+    op: str
+    meaning: str
+
+
+# The table's rows and monitor-report's figures, in display order.
+METRICS = (
+    Metric("load_latency_ms", "{:.1f}", "max_load_latency_ms", "<",
+           "mean time from a batch being requested to built"),
+    Metric("load_latency_max_ms", "{:.1f}", None, "", "longest such time"),
+    Metric("queue_wait_pct", "{:.1f}", "max_queue_wait_pct", "<",
+           "share of wall time the consumer waits inside next()"),
+    Metric("worker_busy_pct", "{:.1f}", None, "", "workers' busy time over workers x wall time"),
+    Metric("io_share_pct", "{:.1f}", "max_io_share_pct", "<",
+           "reading (paging in record bytes), share of worker busy time"),
+    Metric("decode_share_pct", "{:.1f}", "max_decode_share_pct", "<",
+           "decode (with the fused crop, resize, flip), share of worker busy time"),
+    Metric("transform_share_pct", "{:.1f}", None, "",
+           "transforms after the decode (user callables), share of worker busy time"),
+    Metric("assemble_share_pct", "{:.1f}", None, "",
+           "writing the other fields into the batch, share of worker busy time"),
+    Metric("read_mb_s", "{:.0f}", None, "", "bytes over reading time"),
+    Metric("h2d_gb_s", "{:.2f}", "min_h2d_gb_s", ">", "host-to-device copy bandwidth"),
+    Metric("samples_per_s", "{:.0f}", None, "", "samples delivered per second"),
+    Metric("mb_per_s", "{:.1f}", None, "", "stored bytes delivered per second"),
+    Metric("prefetch_depth", "{:.1f}", None, "", "batches in flight when one was requested"),
+    Metric("loader_cpu_pct", "{:.1f}", None, "",
+           "CPU time of this process and its workers, share of all cores"),
+    Metric("other_cpu_pct", "{:.1f}", "max_other_cpu_pct", "<",
+           "CPU time of every other process, share of all cores"),
+    Metric("idle_cpu_pct", "{:.1f}", None, "", "idle share of all cores"),
+    Metric("skipped", "{:d}", None, "", "records skipped as undecodable (a count)"),
 )  # fmt: skip
+
+# Figures summarized (min/mean/max/last over intervals): every metric but the count.
+SUMMARY_KEYS = tuple(m.key for m in METRICS if m.key != "skipped")
+
+_STAGE_SHARES = ("io_share_pct", "decode_share_pct", "transform_share_pct", "assemble_share_pct")
 
 
 class MonitorRecordError(ShardpackError):
     """A monitor record file is missing, empty, or has a malformed line."""
-
-
-# (label, figure key, threshold attribute, "<" or ">", format)
-_ROWS = (
-    ("load latency (ms)", "load_latency_ms", "max_load_latency_ms", "<", "{:.1f}"),
-    ("load latency max (ms)", "load_latency_max_ms", None, "", "{:.1f}"),
-    ("io share (%)", "io_share_pct", "max_io_share_pct", "<", "{:.1f}"),
-    ("decode share (%)", "decode_share_pct", "max_decode_share_pct", "<", "{:.1f}"),
-    ("transform share (%)", "transform_share_pct", None, "", "{:.1f}"),
-    ("assemble share (%)", "assemble_share_pct", None, "", "{:.1f}"),
-    ("read rate (MB/s)", "read_mb_s", None, "", "{:.0f}"),
-    ("transfer bandwidth (GB/s)", "h2d_gb_s", "min_h2d_gb_s", ">", "{:.2f}"),
-    ("queue wait (%)", "queue_wait_pct", "max_queue_wait_pct", "<", "{:.1f}"),
-    ("worker busy (%)", "worker_busy_pct", None, "", "{:.1f}"),
-    ("samples/s", "samples_per_s", None, "", "{:.0f}"),
-    ("throughput (MB/s)", "mb_per_s", None, "", "{:.1f}"),
-    ("prefetch depth", "prefetch_depth", None, "", "{:.1f}"),
-    ("skipped records", "skipped", None, "", "{:d}"),
-)
 
 
 def _cell(value: Any, fmt: str, limit: float | None, op: str) -> str:
@@ -76,7 +106,8 @@ def _cell(value: Any, fmt: str, limit: float | None, op: str) -> str:
 def format_table(stats: dict[str, Any], thresholds: Thresholds | None = None) -> str:
     """Render a ``Monitor.stats()`` dict as the interval report.
 
-    Values outside their threshold are prefixed with ``!``.
+    Values outside their threshold are prefixed with ``!``. When the verdict
+    shown is held against the last interval's own, a line says so.
 
     Args:
         stats: as returned by :meth:`Monitor.stats`.
@@ -92,14 +123,13 @@ def format_table(stats: dict[str, Any], thresholds: Thresholds | None = None) ->
         f"batches {mean['batches']} (+{cur['batches']})  workers {mean['num_workers']}"
     )
     rows = [("metric", "current", "mean", "threshold")]
-    for label, key, attr, op, fmt in _ROWS:
-        limit = getattr(th, attr) if attr else None
+    for m in METRICS:
+        limit = getattr(th, m.limit) if m.limit else None
         rows.append(
             (
-                label,
-                _cell(cur.get(key), fmt, limit, op),
-                _cell(mean.get(key), fmt, limit, op),
-                f"{op} {limit:g}" if limit is not None else "",
+                m.key,
+                *(_cell(f.get(m.key), m.fmt, limit, m.op) for f in (cur, mean)),
+                f"{m.op} {limit:g}" if limit is not None else "",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -107,6 +137,7 @@ def format_table(stats: dict[str, Any], thresholds: Thresholds | None = None) ->
     for r in rows:
         lines.append(
             f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}"
+            .rstrip()
         )
     per_worker = cur.get("per_worker") or {}
     if per_worker:
@@ -116,8 +147,14 @@ def format_table(stats: dict[str, Any], thresholds: Thresholds | None = None) ->
             for w, v in shown
         )
         more = f"  (+{len(per_worker) - 16} more)" if len(per_worker) > 16 else ""
-        lines.append(f"worker busy by worker (%): {busy}{more}")
+        lines.append(f"worker_busy_pct by worker: {busy}{more}")
     lines.append(f"diagnosis: {stats['diagnosis']['message']}")
+    own = stats.get("interval_diagnosis") or stats["diagnosis"]
+    if (own.get("kind"), own.get("cause")) != (stats["diagnosis"]["kind"],
+                                               stats["diagnosis"].get("cause")):  # fmt: skip
+        lines.append(f"  (held: this interval alone reads {own['kind']}"
+                     f"{' (' + own['cause'] + ')' if own.get('cause') else ''}; the verdict "
+                     f"changes when {stats.get('window', 1)} intervals in a row agree)")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -184,18 +221,27 @@ def summarize_records(path: str | os.PathLike) -> dict[str, Any]:
         ``{"path", "intervals", "loaders", "duration_s", "batches", "samples",
         "skipped", "figures": {key: {"min","mean","max","last"} or None},
         "diagnoses": {kind: intervals}, "bottleneck": most frequent kind,
-        "last_diagnosis": message}``. Counts are summed over intervals, and
+        "bottleneck_cause": its most frequent cause, "bottleneck_message": the
+        last message of that kind, "last_diagnosis": message}``. ``figures``
+        has the :data:`METRICS` names. Counts are summed over intervals, and
         ``duration_s`` is the sum of interval wall times (summed per loader).
 
     Raises:
         MonitorRecordError: see :func:`load_records`.
     """
-    records = load_records(path)
+    return _summary(load_records(path), path)
+
+
+def _summary(records: list[dict[str, Any]], path: str | os.PathLike) -> dict[str, Any]:
     currents = [r["current"] for r in records]
     figures = {
         key: _spread([c[key] for c in currents if c.get(key) is not None]) for key in SUMMARY_KEYS
     }
-    kinds = Counter(r.get("diagnosis", {}).get("kind", "unknown") for r in records)
+    verdicts = [r.get("diagnosis") or {} for r in records]
+    kinds = Counter(d.get("kind", "unknown") for d in verdicts)
+    bottleneck = kinds.most_common(1)[0][0]
+    of_kind = [d for d in verdicts if d.get("kind", "unknown") == bottleneck]
+    causes = Counter(d.get("cause") or "" for d in of_kind)
     return {
         "path": str(path),
         "intervals": len(records),
@@ -206,9 +252,17 @@ def summarize_records(path: str | os.PathLike) -> dict[str, Any]:
         "skipped": sum(c.get("skipped") or 0 for c in currents),
         "figures": figures,
         "diagnoses": dict(kinds.most_common()),
-        "bottleneck": kinds.most_common(1)[0][0],
-        "last_diagnosis": records[-1].get("diagnosis", {}).get("message", ""),
+        "bottleneck": bottleneck,
+        "bottleneck_cause": causes.most_common(1)[0][0],
+        "bottleneck_message": of_kind[-1].get("message", ""),
+        "last_diagnosis": verdicts[-1].get("message", ""),
     }
+
+
+def _bottleneck_text(summary: dict[str, Any]) -> str:
+    cause = f" ({summary['bottleneck_cause']})" if summary.get("bottleneck_cause") else ""
+    n = summary["diagnoses"].get(summary["bottleneck"], 0)
+    return f"{summary['bottleneck']}{cause} in {n} of {summary['intervals']} intervals"
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -229,13 +283,99 @@ def format_summary(summary: dict[str, Any]) -> str:
             )
     kinds = ", ".join(f"{k} {n}" for k, n in summary["diagnoses"].items())
     lines.append(f"diagnoses (intervals): {kinds}")
-    lines.append(f"bottleneck: {summary['bottleneck']}")
+    lines.append(f"bottleneck: {_bottleneck_text(summary)}")
+    if summary.get("bottleneck_message") and summary["bottleneck_message"] != summary["last_diagnosis"]:
+        lines.append(f"  {summary['bottleneck_message']}")
     lines.append(f"last: {summary['last_diagnosis']}")
     return "\n".join(lines)
 
 
+# Verdict colours of the plot's bottom strip.
+_KIND_COLOURS = {
+    "healthy": "tab:green", "cpu-bound": "tab:red", "io-bound": "tab:blue",
+    "sync-bound": "tab:orange", "transfer-bound": "tab:purple", "no-data": "lightgrey",
+}  # fmt: skip
+
+
+def timeline_figure(records: list[dict[str, Any]], path: str | os.PathLike = ""):
+    """A matplotlib Figure of monitor records over time.
+
+    Panels, sharing the time axis: stage shares of worker time (stacked, the
+    :data:`METRICS` names as labels); waiting and CPU shares; samples/s; load
+    latency; and a strip coloured by each interval's verdict. The title names
+    the file and the bottleneck; every legend sits right of its panel, outside
+    the data.
+
+    Args:
+        records: as returned by :func:`load_records`.
+        path: the file they came from, for the title.
+
+    Raises:
+        ImportError: matplotlib is not installed (with an install hint).
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError(
+            "plotting monitor records needs matplotlib: pip install matplotlib"
+        ) from exc
+    summary = _summary(records, path)
+    t, elapsed = [], 0.0
+    for r in records:
+        # Intervals of several loaders interleave; their own clocks are used when present.
+        elapsed = r.get("elapsed_s", elapsed + (r["current"].get("wall_s") or 0.0))
+        t.append(elapsed)
+
+    def series(key: str) -> list[float]:
+        return [r["current"].get(key) or 0.0 for r in records]
+
+    def present(key: str) -> bool:
+        return any(r["current"].get(key) is not None for r in records)
+
+    fig = Figure(figsize=(11, 9), layout="constrained")
+    shares, waits, rate, latency, strip = fig.subplots(
+        5, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2.5, 2, 2, 0.6]}
+    )
+    shares.stackplot(t, [series(k) for k in _STAGE_SHARES], labels=list(_STAGE_SHARES), alpha=0.8)
+    shares.set_ylim(0, 100)
+    shares.set_ylabel("% of worker time")
+    for key in ("queue_wait_pct", "worker_busy_pct", "loader_cpu_pct", "other_cpu_pct"):
+        if present(key):
+            waits.plot(t, series(key), label=key)
+    waits.set_ylim(0, 105)
+    waits.set_ylabel("%")
+    rate.plot(t, series("samples_per_s"), color="tab:green", label="samples_per_s")
+    rate.set_ylabel("samples/s")
+    latency.plot(t, series("load_latency_ms"), color="black", label="load_latency_ms")
+    if present("load_latency_max_ms"):
+        latency.plot(t, series("load_latency_max_ms"), color="grey", linestyle=":",
+                     label="load_latency_max_ms")  # fmt: skip
+    latency.set_ylabel("ms")
+    seen: dict[str, Any] = {}
+    for r, end in zip(records, t, strict=True):
+        kind = (r.get("diagnosis") or {}).get("kind", "unknown")
+        wall = r["current"].get("wall_s") or 0.0
+        bar = strip.broken_barh([(end - wall, wall)], (0, 1),
+                                color=_KIND_COLOURS.get(kind, "grey"))  # fmt: skip
+        seen.setdefault(kind, bar)
+    strip.set_yticks([])
+    strip.set_ylabel("verdict", rotation=0, ha="right", va="center")
+    strip.set_xlabel("seconds")
+    for ax in (shares, waits, rate, latency):
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                  fontsize="small")  # fmt: skip
+        ax.grid(alpha=0.3)
+    strip.legend(list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                 borderaxespad=0.0, fontsize="small", ncols=2)  # fmt: skip
+    name = os.path.basename(str(path)) or "monitor records"
+    loaders = f" ({', '.join(summary['loaders'])})" if summary["loaders"] else ""
+    fig.suptitle(f"shardpack monitor: {name}{loaders}\nbottleneck: {_bottleneck_text(summary)}",
+                 fontsize="medium")  # fmt: skip
+    return fig
+
+
 def plot_records(path: str | os.PathLike, png: str | os.PathLike) -> None:
-    """Draw a PNG timeline: stage time per batch (stacked) and throughput.
+    """Draw :func:`timeline_figure` of a record file as a PNG.
 
     Args:
         path: the JSONL file.
@@ -245,43 +385,8 @@ def plot_records(path: str | os.PathLike, png: str | os.PathLike) -> None:
         ImportError: matplotlib is not installed (with an install hint).
         MonitorRecordError: see :func:`load_records`.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display needed; must precede pyplot
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ImportError(
-            "plotting monitor records needs matplotlib: pip install matplotlib"
-        ) from exc
-    records = load_records(path)
-    t, elapsed = [], 0.0
-    for r in records:
-        # Intervals of several loaders interleave; their own clocks are used when present.
-        elapsed = r.get("elapsed_s", elapsed + (r["current"].get("wall_s") or 0.0))
-        t.append(elapsed)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    stages = ("io", "decode", "transform", "assemble")
-    stacks = [[r["current"].get(f"{s}_ms") or 0.0 for r in records] for s in stages]
-    top.stackplot(t, stacks, labels=[f"{s} ms" for s in stages], alpha=0.8)
-    latency = [r["current"].get("load_latency_ms") or 0.0 for r in records]
-    top.plot(t, latency, color="black", label="load latency ms")
-    top.set_ylabel("ms per batch")
-    top.legend(loc="upper left", fontsize="small")
-    bottom.plot(t, [r["current"].get("samples_per_s") or 0.0 for r in records], label="samples/s")
-    bottom.set_ylabel("samples/s")
-    right = bottom.twinx()
-    right.plot(
-        t, [r["current"].get("queue_wait_pct") or 0.0 for r in records], color="tab:red",
-        label="queue wait %",
-    )  # fmt: skip
-    right.set_ylabel("queue wait %")
-    bottom.set_xlabel("seconds")
-    bottom.legend(loc="upper left", fontsize="small")
-    right.legend(loc="upper right", fontsize="small")
-    fig.tight_layout()
+    fig = timeline_figure(load_records(path), path)
     fig.savefig(png, dpi=100)
-    plt.close(fig)
 
 
 def add_monitor_report_arguments(

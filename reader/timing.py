@@ -44,9 +44,13 @@ class BatchTiming:
         bytes: stored bytes brought in from the shards (sum of payload lengths).
         skipped: records that failed to decode and were skipped (``on_error="skip"``).
         io_s: time to page in the records' bytes (touching each page before decoding).
-        decode_s: JPEG decode time (with the transform when the pipeline fuses them;
-            then ``transform_s`` is what the pipeline reports as the split, or 0).
-        transform_s: transform time after decoding.
+        decode_s: decode time, as the pipeline reports it: for
+            ``reader.imaging.DecoderPipeline`` the fused decode, crop, resize and
+            flip (they cannot be timed apart: the DCT scale does part of the resize).
+        transform_s: what runs on the decoded image after that: user callables
+            and any augmentation a pipeline applies after decoding (0 when none).
+            The monitor's ``transform`` stage; counting it as ``decode_s`` would
+            make the monitor advise re-packing for a slow augmentation.
         assemble_s: writing scalar fields, the valid mask and indices into the slot.
         busy_s: wall time of the whole batch in the worker.
 

@@ -3,7 +3,8 @@
 Two measurements:
 
 1. ``on_batch`` alone: microseconds per call (hot path, and amortized with the
-   interval reports), set against realistic per-batch times of the loader.
+   interval reports, which read the machine's CPU figures from ``/proc``), set
+   against realistic per-batch times of the loader; and the ``/proc`` read alone.
 2. End to end, when ``reader.Loader`` exists: the same Loader over the same
    dataset, epochs alternating monitor off / on, best epoch of each.
 
@@ -21,7 +22,7 @@ import time
 
 import numpy as np
 
-from reader.monitor import Monitor
+from reader.monitor import Monitor, ProcCpu
 from reader.timing import BatchTiming
 
 
@@ -53,6 +54,20 @@ def bench_on_batch(calls: int = 200_000, interval: float = 0.05) -> dict[str, fl
             best = min(best, (time.perf_counter() - t0) / calls)
         out[label] = best
     return out
+
+
+def bench_proc_cpu(reads: int = 2000) -> float | None:
+    """Seconds per :class:`ProcCpu` read (one per report), or None without ``/proc``."""
+    cpu = ProcCpu()
+    if cpu() is None:
+        return None
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reads):
+            cpu()
+        best = min(best, (time.perf_counter() - t0) / reads)
+    return best
 
 
 def _make_dataset(root: str, records: int, side: int) -> str:
@@ -147,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     for label, s in costs.items():
         print(f"{label:<34}{s * 1e6:>10.2f}")
     worst = max(costs.values())
+    proc = bench_proc_cpu()
+    if proc is None:
+        print("/proc CPU read: no readable /proc, CPU figures off")
+    else:
+        print(f"{'/proc CPU read (once per report)':<34}{proc * 1e6:>10.2f}"
+              f"  = {proc / 5.0:.1e} of a 5 s interval")  # fmt: skip
     print()
     print("on_batch cost vs realistic batch times (1 - cost/batch time = throughput ratio bound)")
     print(f"{'batch':<44}{'batch ms':>10}{'ratio':>10}{'limit':>8}")

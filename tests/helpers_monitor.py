@@ -1,8 +1,10 @@
-"""Synthetic batch timings for monitor tests: a fake clock and a pipeline model."""
+"""Synthetic batch timings for monitor tests: a fake clock, fake CPU ticks, a pipeline model."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from reader.monitor import CpuTicks
 
 try:
     from reader.timing import BatchTiming
@@ -21,6 +23,34 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class FakeCpu:
+    """CPU ticks that advance with a :class:`FakeClock`, for ``Monitor(cpu=...)``.
+
+    Between two calls the machine's ``cores`` spend ``loader_pct`` of their time
+    in the loader and ``other_pct`` in other processes (all cores = 100); change
+    them between intervals to model a competing program that starts or stops.
+    """
+
+    HZ = 100
+
+    def __init__(self, clock: FakeClock, cores: int = 2, loader_pct: float = 50.0,
+                 other_pct: float = 0.0) -> None:  # fmt: skip
+        self.clock = clock
+        self.cores = cores
+        self.loader_pct = loader_pct
+        self.other_pct = other_pct
+        self._at = clock.now
+        self._busy = self._total = self._loader = 0.0
+
+    def __call__(self) -> CpuTicks:
+        ticks = (self.clock.now - self._at) * self.HZ * self.cores
+        self._at = self.clock.now
+        self._total += ticks
+        self._loader += ticks * self.loader_pct / 100
+        self._busy += ticks * (self.loader_pct + self.other_pct) / 100
+        return CpuTicks(round(self._busy), round(self._total), round(self._loader))
 
 
 @dataclass(frozen=True)
@@ -72,5 +102,12 @@ IO_BOUND = Pattern(io=0.030, decode=0.006, transform=0.002, assemble=0.002, step
 # Workers are quick (10 ms) but held back by one batch in flight; the consumer waits.
 SYNC_BOUND = Pattern(io=0.001, decode=0.006, transform=0.002, assemble=0.001, step=0.012,
                      wait=0.008, latency=0.010, prefetch=1)  # fmt: skip
+# CPU_BOUND with a user transform as the cost: 32 ms of it per batch, 4 ms decoding.
+TRANSFORM_BOUND = Pattern(io=0.002, decode=0.004, transform=0.032, assemble=0.002, step=0.005,
+                          wait=0.015, latency=0.040)  # fmt: skip
+# Workers starved of CPU by other programs: busy only 50% although 4 batches are queued
+# for 2 workers (without the machine's figures this reads as a slow main process).
+STARVED = Pattern(io=0.001, decode=0.015, transform=0.002, assemble=0.002, step=0.005,
+                  wait=0.015, latency=0.060, prefetch=4)  # fmt: skip
 # 8 MB copied in 10 ms: 0.8 GB/s, a third of the wall time.
 TRANSFER_BOUND = Pattern(step=0.020, wait=0.0, h2d=0.010, h2d_bytes=8_000_000)

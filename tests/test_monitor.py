@@ -3,29 +3,36 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 
 import pytest
 
 from reader import monitor as monitor_mod
-from reader.diagnosis import Thresholds, diagnose
+from reader.diagnosis import Diagnosis, Thresholds, diagnose
 from reader.monitor import (
+    CpuTicks,
     Monitor,
     MonitorConfig,
+    ProcCpu,
     default_monitor,
     disable_monitor,
     enable_monitor,
     format_table,
     resolve_monitor,
 )
+from reader.monitor_report import METRICS
 from tests.helpers_monitor import (
     CPU_BOUND,
     HEALTHY,
     IO_BOUND,
+    STARVED,
     SYNC_BOUND,
     TRANSFER_BOUND,
+    TRANSFORM_BOUND,
     FakeClock,
+    FakeCpu,
     Pattern,
     feed,
 )
@@ -34,10 +41,14 @@ pytest.importorskip("reader.timing", reason="reader/timing.py (BatchTiming) not 
 
 
 def make(interval: float = 1.0, **kwargs) -> tuple[Monitor, FakeClock, io.StringIO]:
+    """A Monitor on a fake clock; no CPU figures unless ``cpu`` is given (the real
+    machine's would make the synthetic cases depend on what else runs)."""
     clock = FakeClock()
     out = io.StringIO()
     kwargs.setdefault("output", out)
-    return Monitor(interval, clock=clock, num_workers=2, **kwargs), clock, out
+    cpu = kwargs.pop("cpu", None)
+    cpu = cpu(clock) if callable(cpu) and not isinstance(cpu, ProcCpu) else cpu
+    return Monitor(interval, clock=clock, num_workers=2, cpu=cpu, **kwargs), clock, out
 
 
 @pytest.mark.parametrize(
@@ -45,11 +56,12 @@ def make(interval: float = 1.0, **kwargs) -> tuple[Monitor, FakeClock, io.String
     [
         (HEALTHY, "healthy", "training step"),
         (CPU_BOUND, "cpu-bound", "--max-side"),
+        (TRANSFORM_BOUND, "cpu-bound", "the transform is the cost"),
         (IO_BOUND, "io-bound", "larger shards"),
         (SYNC_BOUND, "sync-bound", "prefetch"),
         (TRANSFER_BOUND, "transfer-bound", "pinned"),
     ],
-    ids=["healthy", "cpu", "io", "sync", "transfer"],
+    ids=["healthy", "cpu", "transform", "io", "sync", "transfer"],
 )
 def test_synthetic_patterns_are_diagnosed(pattern, kind, words):
     mon, clock, out = make()
@@ -59,6 +71,122 @@ def test_synthetic_patterns_are_diagnosed(pattern, kind, words):
     assert stats["diagnosis"]["kind"] == kind, stats["diagnosis"]["message"]
     assert words in stats["diagnosis"]["message"]
     assert f"diagnosis: {stats['diagnosis']['message']}" in out.getvalue()
+
+
+def test_transform_time_is_blamed_on_the_transform_not_the_decode():
+    mon, clock, _ = make()
+    feed(mon, clock, TRANSFORM_BOUND, 200)
+    stats = mon.stats()
+    assert stats["current"]["transform_share_pct"] == pytest.approx(80.0)
+    assert stats["current"]["decode_share_pct"] == pytest.approx(10.0)
+    d = stats["diagnosis"]
+    assert d["cause"] == "transform" and "transform takes 80%" in d["message"]
+    assert "--max-side" not in d["message"] and "GPU" in d["message"]
+
+
+@pytest.mark.parametrize(
+    ("other", "loader", "cause"),
+    [(60.0, 39.0, "other-processes"), (10.0, 50.0, "dispatch"), (None, None, "dispatch")],
+    ids=["starved", "idle-cores", "no-proc"],
+)
+def test_other_processes_taking_the_cores_are_named(other, loader, cause):
+    """Workers idle although work is queued: a slow main process, unless other programs
+    hold the cores; without CPU figures (no /proc) the old rule stands."""
+    cpu = None if other is None else (lambda c: FakeCpu(c, loader_pct=loader, other_pct=other))
+    mon, clock, _ = make(cpu=cpu)
+    feed(mon, clock, STARVED, 300)
+    stats = mon.stats()
+    d = stats["diagnosis"]
+    assert d["cause"] == cause, d["message"]
+    if other is None:
+        assert stats["current"]["other_cpu_pct"] is None
+        assert d["kind"] == "sync-bound"
+    else:
+        assert stats["current"]["other_cpu_pct"] == pytest.approx(other, abs=0.5)
+        assert stats["current"]["loader_cpu_pct"] == pytest.approx(loader, abs=0.5)
+        assert stats["current"]["idle_cpu_pct"] == pytest.approx(100 - other - loader, abs=0.5)
+    if cause == "other-processes":
+        assert d["kind"] == "cpu-bound"
+        assert "other processes use 60% of the cores" in d["message"]
+        assert "main process" not in d["message"]
+
+
+def test_all_cores_busy_means_more_workers_will_not_help():
+    mon, clock, _ = make(cpu=lambda c: FakeCpu(c, loader_pct=98.0, other_pct=1.0))
+    feed(mon, clock, TRANSFORM_BOUND, 200)
+    d = mon.stats()["diagnosis"]
+    assert d["cause"] == "transform" and "more workers will not help" in d["message"]
+    mon, clock, _ = make(cpu=lambda c: FakeCpu(c, loader_pct=50.0))
+    feed(mon, clock, TRANSFORM_BOUND, 200)
+    assert "add workers" in mon.stats()["diagnosis"]["message"]
+
+
+def _hovering(clock, mon, intervals: int, busy_pcts: tuple[float, ...]) -> list[str]:
+    """Steady work whose worker busy share takes ``busy_pcts`` in turn, one interval
+    each (1 s = 50 batches of 20 ms); returns the verdict after each report."""
+    kinds = []
+    for i in range(intervals):
+        busy = busy_pcts[i % len(busy_pcts)] / 100 * 2 * 0.020  # 2 workers
+        p = Pattern(io=0.1 * busy, decode=0.8 * busy, transform=0.05 * busy,
+                    assemble=0.05 * busy, step=0.005, wait=0.015, prefetch=4)  # fmt: skip
+        before = mon.reports
+        feed(mon, clock, p, 50, start=50 * i)
+        if mon.reports > before:
+            kinds.append(mon.stats()["diagnosis"]["kind"])
+    return kinds
+
+
+def test_verdict_is_stable_when_figures_hover_at_a_limit():
+    """Worker busy alternating 72% / 78% around the 75% limit (sync- vs CPU-bound)."""
+    alternating = (72.0, 78.0)
+    # Judged one interval at a time with no band, the verdict flips every report...
+    mon, clock, _ = make(window=1, thresholds=Thresholds(hysteresis=0.0))
+    kinds = _hovering(clock, mon, 12, alternating)
+    flips = sum(a != b for a, b in itertools.pairwise(kinds))
+    assert set(kinds) == {"sync-bound", "cpu-bound"} and flips >= 8, kinds
+    # ...by default it holds still once the first `window` (2) intervals, judged each
+    # on its own, are past.
+    mon, clock, _ = make()
+    kinds = _hovering(clock, mon, 12, alternating)
+    assert len(kinds) >= 10 and len(set(kinds[2:])) == 1, kinds
+    # Two intervals each way (a slower wobble) is held by the band alone.
+    mon, clock, _ = make()
+    kinds = _hovering(clock, mon, 16, (72.0, 72.0, 78.0, 78.0))
+    assert len(set(kinds[2:])) == 1, kinds
+
+
+def _until_report(mon, clock, p: Pattern) -> None:
+    """Deliver batches of ``p`` until the monitor reports."""
+    reports = mon.reports
+    while mon.reports == reports:
+        feed(mon, clock, p, 1)
+
+
+def test_one_odd_interval_does_not_change_the_verdict():
+    mon, clock, out = make()
+    for _ in range(5):
+        _until_report(mon, clock, CPU_BOUND)
+    _until_report(mon, clock, HEALTHY)  # one interval in which the consumer did not wait
+    assert mon.stats()["current"]["queue_wait_pct"] < 5
+    assert mon.stats()["interval_diagnosis"]["kind"] == "healthy"
+    assert mon.stats()["diagnosis"]["kind"] == "cpu-bound"
+    assert "(held: this interval alone reads healthy (consumer)" in out.getvalue().splitlines()[-1]
+    for _ in range(2):  # it lasts: the verdict follows
+        _until_report(mon, clock, HEALTHY)
+    assert mon.stats()["diagnosis"]["kind"] == "healthy"
+
+
+def test_table_records_and_stats_share_metric_names(tmp_path):
+    path = tmp_path / "run.jsonl"
+    mon, clock, out = make(record=path, cpu=FakeCpu)
+    feed(mon, clock, CPU_BOUND, 60)
+    record = json.loads(path.read_text().splitlines()[-1])
+    rows = out.getvalue().split("[shardpack monitor")[-1].splitlines()[2:2 + len(METRICS)]
+    names = [row.split()[0] for row in rows]
+    assert names == [m.key for m in METRICS]
+    for span in ("current", "mean"):
+        assert set(names) <= set(record[span]) and set(names) <= set(mon.stats()[span])
+    assert record["current"]["loader_cpu_pct"] == pytest.approx(50.0, abs=0.5)
 
 
 def test_figures_add_up():
@@ -122,27 +250,23 @@ def test_table_rows_thresholds_and_marks():
     mon, clock, out = make(interval=1.0)
     feed(mon, clock, CPU_BOUND, 60)
     text = out.getvalue().split("[shardpack monitor")[-1]
-    for row in (
-        "load latency (ms)", "decode share (%)", "io share (%)", "transfer bandwidth (GB/s)",
-        "queue wait (%)", "samples/s", "worker busy (%)", "skipped records",
-    ):  # fmt: skip
-        assert row in text
-    lines = {line.split("  ")[0]: line for line in text.splitlines()}
-    assert "< 20" in lines["load latency (ms)"] and "! 40.0" in lines["load latency (ms)"]
-    assert "< 35" in lines["decode share (%)"] and "! 75.0" in lines["decode share (%)"]
-    assert "> 5" in lines["transfer bandwidth (GB/s)"]
-    assert lines["transfer bandwidth (GB/s)"].split()[-4:-2] == ["n/a", "n/a"]
-    assert "< 10" in lines["queue wait (%)"] and "!" in lines["queue wait (%)"]
-    assert "metric" in text and "current" in text and "mean" in text and "threshold" in text
+    lines = {line.split(" ")[0]: line for line in text.splitlines()}
+    assert "< 20" in lines["load_latency_ms"] and "! 40.0" in lines["load_latency_ms"]
+    assert "< 35" in lines["decode_share_pct"] and "! 75.0" in lines["decode_share_pct"]
+    assert "> 5" in lines["h2d_gb_s"]
+    assert lines["h2d_gb_s"].split()[1:3] == ["n/a", "n/a"]
+    assert "< 10" in lines["queue_wait_pct"] and "!" in lines["queue_wait_pct"]
+    assert lines["other_cpu_pct"].split()[1:3] == ["n/a", "n/a"]  # cpu=None
+    assert lines["metric"].split() == ["metric", "current", "mean", "threshold"]
 
 
 def test_healthy_table_marks_only_what_is_out_of_bounds():
     mon, clock, _ = make()
     feed(mon, clock, HEALTHY, 60)
-    lines = {line.split("  ")[0]: line for line in format_table(mon.stats()).splitlines()}
+    lines = {line.split(" ")[0]: line for line in format_table(mon.stats()).splitlines()}
     # Decode dominates worker time in a JPEG pipeline even when the loader keeps up.
-    assert "! 53.3" in lines["decode share (%)"]
-    for row in ("load latency (ms)", "queue wait (%)", "io share (%)", "samples/s"):
+    assert "! 53.3" in lines["decode_share_pct"]
+    for row in ("load_latency_ms", "queue_wait_pct", "io_share_pct", "samples_per_s"):
         assert "!" not in lines[row], lines[row]
 
 
@@ -155,6 +279,10 @@ def test_thresholds_are_configurable():
         Thresholds(max_decode_share_pct=150)
     with pytest.raises(ValueError, match="min_h2d_gb_s"):
         Thresholds(min_h2d_gb_s=-1)
+    with pytest.raises(ValueError, match="hysteresis"):
+        Thresholds(hysteresis=1.0)
+    with pytest.raises(ValueError, match="window"):
+        Monitor(1, window=0)
 
 
 def test_diagnose_is_a_pure_function_of_figures():
@@ -162,10 +290,15 @@ def test_diagnose_is_a_pure_function_of_figures():
             "worker_busy_pct": 95.0, "io_share_pct": 10.0, "decode_share_pct": 60.0,
             "transform_share_pct": 25.0, "assemble_share_pct": 5.0}  # fmt: skip
     assert diagnose(base).kind == "cpu-bound"
-    assert "decode takes 60%" in diagnose(base).message
-    assert diagnose({**base, "decode_share_pct": 10, "transform_share_pct": 70}).message.count(
-        "transform takes 70%"
-    )
+    assert "decode takes 60%" in diagnose(base).message and diagnose(base).cause == "decode"
+    transform = diagnose({**base, "decode_share_pct": 10, "transform_share_pct": 70})
+    assert transform.cause == "transform" and "transform takes 70%" in transform.message
+    assert "--max-side" not in transform.message
+    # Other programs hold the cores: named, whatever the stages say; idle cores: not.
+    busy_machine = {**base, "other_cpu_pct": 60.0, "loader_cpu_pct": 38.0, "idle_cpu_pct": 2.0}
+    assert diagnose(busy_machine).cause == "other-processes"
+    assert diagnose({**busy_machine, "idle_cpu_pct": 40.0}).cause == "decode"
+    assert diagnose({**busy_machine, "queue_wait_pct": 2}).kind == "healthy"
     assert diagnose({**base, "io_share_pct": 70, "decode_share_pct": 20}).kind == "io-bound"
     remote = diagnose({**base, "io_share_pct": 70, "decode_share_pct": 20, "storage": "remote"})
     assert remote.kind == "io-bound" and "CacheOptions(prefetch_shards" in remote.message
@@ -187,12 +320,29 @@ def test_diagnose_is_a_pure_function_of_figures():
     assert diagnose({"current": base, "mean": {}}).kind == "cpu-bound"
 
 
+def test_diagnose_keeps_the_previous_verdict_within_the_band():
+    figures = {"batches": 10, "num_workers": 2, "queue_wait_pct": 40.0, "worker_busy_pct": 72.0,
+               "prefetch_depth": 4.0, "io_share_pct": 5.0, "decode_share_pct": 90.0}  # fmt: skip
+    cpu = Diagnosis("cpu-bound", "", "decode")
+    sync = Diagnosis("sync-bound", "", "dispatch")
+    assert diagnose(figures).kind == "sync-bound"  # alone: 72 < 75
+    assert diagnose(figures, previous=cpu).kind == "cpu-bound"  # within 75 x (1 - 0.1)
+    assert diagnose({**figures, "worker_busy_pct": 65.0}, previous=cpu).kind == "sync-bound"
+    assert diagnose({**figures, "worker_busy_pct": 80.0}, previous=sync).kind == "sync-bound"
+    assert diagnose({**figures, "worker_busy_pct": 85.0}, previous=sync).kind == "cpu-bound"
+    healthy = Diagnosis("healthy", "", "consumer")
+    assert diagnose({**figures, "queue_wait_pct": 10.5}, previous=healthy).kind == "healthy"
+    assert diagnose({**figures, "queue_wait_pct": 9.5}, previous=sync).kind == "sync-bound"
+    strict = Thresholds(hysteresis=0.0)
+    assert diagnose({**figures, "queue_wait_pct": 9.5}, strict, previous=sync).kind == "healthy"
+
+
 def test_output_to_logger_and_path(tmp_path, caplog):
     logger = logging.getLogger("shardpack.test.monitor")
     mon, clock, _ = make(output=logger)
     with caplog.at_level(logging.INFO, logger=logger.name):
         feed(mon, clock, HEALTHY, 60)
-    assert any("queue wait (%)" in r.getMessage() for r in caplog.records)
+    assert any("queue_wait_pct" in r.getMessage() for r in caplog.records)
 
     path = tmp_path / "report.txt"
     mon, clock, _ = make(output=str(path))
@@ -201,10 +351,10 @@ def test_output_to_logger_and_path(tmp_path, caplog):
 
 
 def test_output_defaults_to_stderr(capsys):
-    mon = Monitor(0.5, clock=(clock := FakeClock()))
+    mon = Monitor(0.5, clock=(clock := FakeClock()), cpu=None)
     feed(mon, clock, HEALTHY, 60)
     err = capsys.readouterr().err
-    assert "load latency (ms)" in err and "diagnosis: healthy" in err
+    assert "load_latency_ms" in err and "diagnosis: healthy" in err
 
 
 def test_record_jsonl(tmp_path):
@@ -219,6 +369,8 @@ def test_record_jsonl(tmp_path):
     assert sum(r["current"]["batches"] for r in lines) <= 150
     assert lines[-1]["mean"]["batches"] == sum(r["current"]["batches"] for r in lines)
     assert lines[0]["thresholds"]["max_load_latency_ms"] == 20.0
+    assert all(r["window"] == 2 and r["interval_diagnosis"]["kind"] == "io-bound" for r in lines)
+    assert all(r["diagnosis"]["cause"] == "storage" for r in lines)
 
 
 def test_enable_disable_default():
@@ -248,7 +400,7 @@ def test_enable_disable_default():
 
 
 def test_stats_before_any_batch():
-    mon = Monitor(5)
+    mon = Monitor(5, cpu=None)
     stats = mon.stats()
     assert stats["diagnosis"]["kind"] == "no-data"
     assert stats["current"]["batches"] == 0
@@ -263,7 +415,7 @@ def test_in_process_build_time_counts_as_waiting():
     from tests.helpers_monitor import timing
 
     clock = FakeClock()
-    mon = Monitor(1000.0, clock=clock, output=False)  # worker count inferred
+    mon = Monitor(1000.0, clock=clock, output=False, cpu=None)  # worker count inferred
     p = Pattern(step=0.002)
     for i in range(50):
         clock.advance(p.step + p.busy)
@@ -274,3 +426,66 @@ def test_in_process_build_time_counts_as_waiting():
     assert f["worker_busy_pct"] == pytest.approx(f["queue_wait_pct"], rel=0.05)
     d = mon.stats()["diagnosis"]
     assert d["kind"] == "cpu-bound" and "num_workers=0" in d["message"]
+
+
+def _fake_proc(root, pid: int, children: dict[int, str]) -> None:
+    """A /proc with the machine's line, this process's stat and some children's."""
+    (root / "stat").write_text("cpu  600 10 200 1000 90 5 5 0 40 0\ncpu0 1 2 3 4\n")
+    for p, stat in {pid: "(python3) S 1 1 1 0 -1 0 0 0 0 0 70 30 25 5 20 0",
+                    **children}.items():  # fmt: skip
+        (root / str(p)).mkdir()
+        (root / str(p) / "stat").write_text(f"{p} {stat}\n")
+
+
+def test_proc_cpu_reads_machine_and_loader_ticks(tmp_path):
+    import os
+
+    pid = os.getpid()
+    _fake_proc(tmp_path, pid, {
+        # A worker whose name holds ") " : fields count from the last ')'.
+        7001: "(shardpack w) 0) R 1 1 1 0 -1 0 0 0 0 0 40 10 0 0 20 0",
+        7002: "(gone) Z",  # unparsable: skipped, not an error
+    })  # fmt: skip
+    ticks = ProcCpu(pids=lambda: [7001, 7002, 7003], root=str(tmp_path))()
+    # total = user..steal (guest is inside user); idle = idle + iowait.
+    assert ticks == CpuTicks(busy=820, total=1910, loader=70 + 30 + 25 + 5 + 40 + 10)
+
+
+def test_proc_cpu_degrades_to_none_without_proc(tmp_path):
+    assert ProcCpu(root=str(tmp_path / "missing"))() is None
+    (tmp_path / "stat").write_text("intr 1 2 3\n")
+    assert ProcCpu(root=str(tmp_path))() is None
+    clock = FakeClock()
+    mon = Monitor(1.0, clock=clock, output=False, num_workers=2,
+                  cpu=ProcCpu(root=str(tmp_path / "missing")))  # fmt: skip
+    feed(mon, clock, STARVED, 100)
+    stats = mon.stats()
+    assert stats["current"]["other_cpu_pct"] is None and stats["mean"]["idle_cpu_pct"] is None
+    assert stats["diagnosis"]["kind"] == "sync-bound"
+    assert "n/a" in format_table(stats)
+
+
+def test_proc_cpu_on_this_machine_counts_a_busy_child():
+    import multiprocessing
+    import time
+
+    cpu = ProcCpu()
+    before = cpu()
+    if before is None:
+        pytest.skip("no readable /proc on this machine")
+    child = multiprocessing.get_context("fork").Process(target=_spin, args=(0.3,))
+    child.start()
+    child.join()
+    after = cpu()
+    time.sleep(0)
+    assert after.total > before.total and after.busy >= before.busy
+    # The child's 0.3 s of CPU moved into this process's reaped-children time.
+    assert after.loader - before.loader >= 0.2 * FakeCpu.HZ
+
+
+def _spin(seconds: float) -> None:
+    import time
+
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass

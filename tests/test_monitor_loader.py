@@ -4,18 +4,26 @@ Each case runs a few hundred milliseconds of batches with a short report
 interval and judges the last complete interval (so worker start-up, which lands
 in the first batch's wait, does not colour it). The inductions use the loader's
 public surface: a pipeline object (``output_shape`` + ``run``), a
-``ShardDataset`` subclass as the source, and ``prefetch``.
+``ShardDataset`` subclass as the source, and ``prefetch``. They leave the
+machine's CPU figures out (``cpu=None``): the test machine is shared, and a
+busy neighbour would rightly turn any of them into "other processes"; one case
+starts such neighbours on purpose.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
 from formats import ShardDataset
-from reader.monitor import Monitor
+from reader.diagnosis import Thresholds
+from reader.monitor import Monitor, ProcCpu
+from reader.transforms import CenterCrop
 from tests.helpers_reader import CropPipeline, make_dataset
 
 reader = pytest.importorskip("reader")
@@ -27,9 +35,11 @@ N = 1000
 
 
 class Recorder(Monitor):
-    """A Monitor that also keeps every BatchTiming, to check the figures add up."""
+    """A Monitor that also keeps every BatchTiming, to check the figures add up
+    (no machine CPU figures unless ``cpu`` is given)."""
 
     def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("cpu", None)
         super().__init__(*args, **kwargs)
         self.timings = []
 
@@ -108,7 +118,10 @@ def test_slow_consumer_is_healthy(dataset):
     run(loader, mon, batches=30, step=0.04)
     kind, stats = last_interval(mon)
     assert kind == "healthy", stats["diagnosis"]["message"]
-    assert stats["current"]["queue_wait_pct"] < 10
+    # Below the limit, or within the band that keeps a healthy verdict (a shared
+    # machine's hiccup can push one 0.25 s interval just past it).
+    th = Thresholds()
+    assert stats["current"]["queue_wait_pct"] < th.max_queue_wait_pct * (1 + th.hysteresis)
 
 
 def test_cpu_heavy_decode_is_cpu_bound(dataset):
@@ -134,6 +147,55 @@ def test_in_process_cpu_heavy_is_cpu_bound(dataset):
     assert "num_workers=0" in stats["diagnosis"]["message"]
     assert stats["current"]["queue_wait_pct"] > 80
     assert {t.worker for t in mon.timings} == {-1}
+
+
+def spin(image):
+    """A user transform that spins for 3 ms per sample (an expensive augmentation)."""
+    end = time.perf_counter() + 0.003
+    while time.perf_counter() < end:
+        pass
+    return image
+
+
+def test_user_callable_time_is_transform_not_decode(dataset):
+    """The fused decode + crop stays ``decode``; the callable after it is ``transform``."""
+    mon = Recorder(0.25, output=False)
+    loader = reader.Loader(dataset, 8, num_workers=1, prefetch=4, transform=[CenterCrop(32), spin],
+                           monitor=mon)  # fmt: skip
+    run(loader, mon, batches=40)
+    kind, stats = last_interval(mon)
+    assert all(t.transform_s >= 8 * 0.003 * 0.9 for t in mon.timings)
+    # (The first batch's decode also builds the decoder: imports OpenCV.)
+    assert all(t.decode_s < t.transform_s for t in mon.timings[1:])
+    assert stats["current"]["transform_share_pct"] > 80
+    assert kind == "cpu-bound" and stats["diagnosis"]["cause"] == "transform", stats["diagnosis"]
+    assert "--max-side" not in stats["diagnosis"]["message"]
+
+
+def test_other_processes_taking_the_cores_are_named(dataset):
+    """Busy programs outside the loader (not its children by multiprocessing) hold every
+    core: the verdict names them instead of the loader's own stages."""
+    cpu = ProcCpu()
+    if cpu() is None:
+        pytest.skip("no readable /proc: the machine's CPU figures are not available")
+    cores = min(os.cpu_count() or 1, 16)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        time.sleep(0.2)  # let them start
+        mon = Recorder(0.25, output=False, cpu=cpu)
+        loader = reader.Loader(dataset, 8, num_workers=1, prefetch=4,
+                               transform=CropPipeline(sleep=0.001), monitor=mon)  # fmt: skip
+        run(loader, mon, batches=80)
+        kind, stats = last_interval(mon)
+    finally:
+        for p in burners:
+            p.kill()
+        for p in burners:
+            p.wait()
+    cur = stats["current"]
+    assert cur["other_cpu_pct"] > 40 and cur["idle_cpu_pct"] < 10, cur
+    assert kind == "cpu-bound" and stats["diagnosis"]["cause"] == "other-processes", stats
+    assert "other processes use" in stats["diagnosis"]["message"]
 
 
 def test_slow_storage_is_io_bound(dataset):
@@ -208,7 +270,7 @@ def test_enable_monitor_reaches_every_loader(dataset, capsys):
     err = capsys.readouterr().err
     names = {loader.monitor.name for loader in loaders}
     assert len(names) == 2 and all(f"[shardpack monitor {n}]" in err for n in names)
-    assert "queue wait (%)" in err and "diagnosis:" in err
+    assert "queue_wait_pct" in err and "diagnosis:" in err
 
 
 def test_loader_monitor_number(dataset):

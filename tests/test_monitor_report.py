@@ -8,13 +8,23 @@ import pytest
 
 from reader.monitor import Monitor
 from reader.monitor_report import (
+    METRICS,
     MonitorRecordError,
     format_summary,
+    load_records,
     main,
     plot_records,
     summarize_records,
+    timeline_figure,
 )
-from tests.helpers_monitor import CPU_BOUND, HEALTHY, FakeClock, feed
+from tests.helpers_monitor import (
+    CPU_BOUND,
+    HEALTHY,
+    TRANSFORM_BOUND,
+    FakeClock,
+    FakeCpu,
+    feed,
+)
 
 
 @pytest.fixture
@@ -22,7 +32,8 @@ def records(tmp_path):
     """A record file: ~4 s healthy then ~4 s CPU-bound, 1 s intervals."""
     path = tmp_path / "run.jsonl"
     clock = FakeClock()
-    mon = Monitor(1.0, output=False, record=path, clock=clock, num_workers=2, name="train")
+    mon = Monitor(1.0, output=False, record=path, clock=clock, num_workers=2, name="train",
+                  cpu=FakeCpu(clock))  # fmt: skip
     feed(mon, clock, HEALTHY, 200)
     feed(mon, clock, CPU_BOUND, 200, start=200)
     mon.flush()
@@ -44,8 +55,19 @@ def test_summary(records):
     assert wait["min"] == pytest.approx(0.0) and wait["max"] > 50
     assert wait["min"] <= wait["mean"] <= wait["max"]
     assert s["figures"]["h2d_gb_s"] is None
+    assert s["figures"]["loader_cpu_pct"]["mean"] == pytest.approx(50.0, abs=0.5)
     text = format_summary(s)
     assert "queue_wait_pct" in text and "bottleneck:" in text and "n/a" in text
+
+
+def test_summary_uses_the_table_and_record_names(records):
+    path, _ = records
+    names = [m.key for m in METRICS]
+    assert list(summarize_records(path)["figures"]) == [n for n in names if n != "skipped"]
+    current = load_records(path)[-1]["current"]
+    assert set(names) <= set(current)
+    rows = [line.split()[0] for line in format_summary(summarize_records(path)).splitlines()[2:]]
+    assert rows[: len(names) - 1] == names[:-1]
 
 
 def test_cli_text_and_json(records, capsys):
@@ -82,6 +104,32 @@ def test_plot(records, tmp_path):
     plot_records(path, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 5000
+
+
+def test_plot_has_a_title_naming_the_bottleneck_and_legends_off_the_data(tmp_path):
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib")
+    path = tmp_path / "aug.jsonl"
+    clock = FakeClock()
+    mon = Monitor(1.0, output=False, record=path, clock=clock, num_workers=2, name="aug",
+                  cpu=FakeCpu(clock))  # fmt: skip
+    feed(mon, clock, HEALTHY, 60)
+    feed(mon, clock, TRANSFORM_BOUND, 300, start=60)
+    fig = timeline_figure(load_records(path), path)
+    fig.draw_without_rendering()
+    title = fig.get_suptitle()
+    assert "aug.jsonl (aug)" in title
+    assert "bottleneck: cpu-bound (transform) in" in title
+    legends = [(ax, ax.get_legend()) for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) == len(fig.axes) == 5
+    labels = {t.get_text() for _, leg in legends for t in leg.get_texts()}
+    assert {"decode_share_pct", "transform_share_pct", "queue_wait_pct", "other_cpu_pct",
+            "samples_per_s", "load_latency_ms", "cpu-bound", "healthy"} <= labels  # fmt: skip
+    figure_box = fig.bbox
+    for _, legend in legends:
+        box = legend.get_window_extent()
+        # Off every panel's data area, and inside the image (not cut off).
+        assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes), labels
+        assert figure_box.x0 <= box.x0 and box.x1 <= figure_box.x1 + 1
 
 
 def test_plot_without_matplotlib_names_the_fix(records, tmp_path, monkeypatch):

@@ -224,3 +224,37 @@ def test_corrupt_input_raises_decode_error(jpeg, bad):
     with pytest.raises(DecodeError):
         decode_full(data)
     assert issubclass(DecodeError, ValueError)
+
+
+def test_decode_timed_splits_user_callables_from_the_fused_decode(jpeg):
+    """User callables are the monitor's ``transform`` stage; decode + crop + flip stay ``decode``."""
+    import time
+
+    from reader.imaging import make_pipeline
+
+    def slow_invert(x):
+        end = time.perf_counter() + 0.02
+        while time.perf_counter() < end:
+            pass
+        return 255 - x
+
+    specs = [RandomResizedCrop(64), RandomHorizontalFlip()]
+    plain, user = Decoder(ImagePipeline(specs)), Decoder(ImagePipeline([*specs, slow_invert]))
+    a, b = np.empty((64, 64, 3), np.uint8), np.empty((64, 64, 3), np.uint8)
+    decode_s, transform_s = plain.decode_timed(jpeg, a, np.random.default_rng(3))
+    assert decode_s > 0 and transform_s == 0.0
+    decode_s, transform_s = user.decode_timed(jpeg, b, np.random.default_rng(3))
+    assert transform_s >= 0.02 and decode_s < 0.02
+    np.testing.assert_array_equal(b, 255 - a)  # the same pixels as decode_into
+    # The worker-side adapter reports the same split.
+    pipeline = make_pipeline([*specs, slow_invert])
+    decode_s, transform_s = pipeline.run(memoryview(jpeg), b, np.random.default_rng(3))
+    assert transform_s >= 0.02 and decode_s < transform_s
+    np.testing.assert_array_equal(b, 255 - a)
+    # A callable that changes the shape: its copy into the slot is transform time too.
+    half = UserTransform(lambda x: np.ascontiguousarray(x[::2, ::2]), output_shape=(32, 32, 3))
+    small = np.empty((32, 32, 3), np.uint8)
+    _, transform_s = Decoder(ImagePipeline([*specs, half])).decode_timed(
+        jpeg, small, np.random.default_rng(3))  # fmt: skip
+    assert transform_s > 0
+    np.testing.assert_array_equal(small, a[::2, ::2])
