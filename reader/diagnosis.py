@@ -208,6 +208,10 @@ def diagnose(
             f"(< {th.max_queue_wait_pct:g}%); the training step, not the loader, sets the pace",
             "consumer",
         )
+    stage, share = max(
+        (("decode", decode), ("transform", transform), ("assemble", assemble), ("read", io)),
+        key=lambda item: item[1],
+    )
     starved = cause == "other-processes"
     keep = _keep(previous, starved, kind in _LOADER_KINDS and not starved)
     if (
@@ -222,7 +226,8 @@ def diagnose(
             f"CPU-bound: other processes use {other:.0f}% of the cores (this loader "
             f"{loader:.0f}%, idle {idle:.0f}%) while the consumer waits {wait:.0f}% of the "
             "time -> the workers are starved of CPU: stop or `nice` the other processes, or "
-            "run where cores are free; more workers will not help",
+            "run where cores are free; more workers will not help (of the workers' own time, "
+            f"{stage} takes {share:.0f}%)",
             "other-processes",
         )
     if _under(busy, th.min_worker_busy_pct, band,
@@ -264,10 +269,6 @@ def diagnose(
             f"decoding, load latency {latency:.1f} ms{rate_text} -> {fix}",
             "remote-storage" if remote else "storage",
         )
-    stage, share = max(
-        (("decode", decode), ("transform", transform), ("assemble", assemble), ("read", io)),
-        key=lambda item: item[1],
-    )
     who = (
         "the main process (num_workers=0) is"
         if workers == 0

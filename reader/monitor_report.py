@@ -46,7 +46,7 @@ class Metric(NamedTuple):
         fmt: how the table prints it.
         limit: the :class:`Thresholds` attribute it is checked against, or None.
         op: ``"<"`` (must stay below the limit) or ``">"`` (above), or ``""``.
-        meaning: what it measures (``monitor-report --help`` and the README).
+        meaning: what it measures, in a few words.
     """
 
     key: str

@@ -108,6 +108,7 @@ def test_other_processes_taking_the_cores_are_named(other, loader, cause):
     if cause == "other-processes":
         assert d["kind"] == "cpu-bound"
         assert "other processes use 60% of the cores" in d["message"]
+        assert "decode takes 75%" in d["message"]  # what the workers' own time goes to
         assert "main process" not in d["message"]
 
 
