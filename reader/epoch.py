@@ -102,6 +102,10 @@ def _truncated_file(ds) -> Path | None:
     return None
 
 
+def _worker_id(process) -> str:
+    return process.name.rsplit("-", 1)[-1]  # "shardpack-worker-<id>" (reader.worker)
+
+
 class CpuSink:
     """Hands slot views to the user, leased: a slot comes back once nothing refers to it.
 
@@ -229,6 +233,7 @@ class Epoch:
         self.slot_of: dict[int, int] = {}
         self.calm = 0
         self.slowest = 0.0  # longest issue-to-done time of a batch so far (s)
+        self.returned_at: float | None = None  # when next() last returned
         self.pid = os.getpid()
         self.pool = None
         self.workers: list = []
@@ -240,6 +245,8 @@ class Epoch:
         elif self.next_issue < self.n:
             self.pool = loader._acquire_pool(self.ring)
             self.workers = self.pool.processes
+            if loader._scaler is not None:
+                loader._scaler.mark(time.perf_counter(), [p.pid for p in self.workers])
             self.task_q, self.done_q = self.pool.task_q, self.pool.done_q
             self.generation = self.pool.generation.value
         # Started after the fork: a child must not inherit a download's lock descriptors.
@@ -354,9 +361,10 @@ class Epoch:
     def _late(self, k: int, waited: float, before: list, timeout: float | None) -> None:
         """No batch for too long: raise (a timeout, or a stopped worker) or warn (slow ones)."""
         now = self._worker_states()
-        words = [f"worker {i} (pid {p.pid}) is {describe(b, n, t1 - t0)}"
-                 for i, (p, (t0, b), (t1, n)) in enumerate(zip(self.workers, before, now, strict=True))]
-        stopped = [p.pid for p, (_, n) in zip(self.workers, now, strict=True) if n is not None and n.stopped]
+        words = [f"worker {_worker_id(p)} (pid {p.pid}) is {describe(b, n, t1 - t0)}"
+                 for p, (t0, b), (t1, n) in zip(self.workers, before, now, strict=False)]
+        stopped = [p.pid for p, (_, n) in zip(self.workers, now, strict=False)
+                   if n is not None and n.stopped]
         what = (f"no batch for {waited:.1f} s (waiting for batch {k} of epoch {self.epoch}): "
                 + "; ".join(words))
         if timeout is not None:
@@ -371,7 +379,10 @@ class Epoch:
                     what, slowest)
 
     def _check_workers(self) -> None:
-        for i, p in enumerate(self.workers):
+        if self.pool is not None:
+            self.pool.reap()  # workers retired by num_workers="auto" exit on purpose
+        for p in self.workers:
+            i = _worker_id(p)
             code = p.exitcode
             if code is not None:
                 how = (f"killed by signal {signal.Signals(-code).name}" if code < 0
@@ -430,6 +441,8 @@ class Epoch:
         batch, timing = self.sink.deliver(slot, batch, timing)
         lo._delivered(self.epoch, k)
         self._adapt(waited)
+        if lo._scaler is not None and self.pool is not None:
+            self._scale(t_call, waited, t[4])
         if timing is not None:
             timing.next_s = time.perf_counter() - t_call
             lo.monitor.on_batch(timing)
@@ -449,6 +462,22 @@ class Epoch:
             if self.calm >= AUTO_SHRINK_AFTER and len(self.ready) > 1:
                 self.depth = max(self.depth - 1, self.lo_depth)
                 self.calm = 0
+
+    def _scale(self, t_call: float, waited: float, busy_s: float) -> None:
+        """``num_workers="auto"``: feed the scaler; apply its decision once per window."""
+        lo, sc = self.loader, self.loader._scaler
+        now = time.perf_counter()
+        consumer = t_call - self.returned_at if self.returned_at is not None else 0.0
+        self.returned_at = now
+        sc.on_batch(waited, consumer, busy_s)
+        if not sc.due(now):
+            return
+        running = [p.pid for p in self.workers if p.exitcode is None][: self.pool.running]
+        n = sc.step(sc.window(now, running))
+        if n != self.pool.running:
+            self.pool.resize(n)
+            lo._workers_changed(n, sc.changes[-1])
+            sc.mark(time.perf_counter(), [p.pid for p in self.workers if p.exitcode is None])
 
     # -- shutdown (see "Shutdown protocol" in the module docstring) ---------------------
 

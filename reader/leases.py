@@ -13,8 +13,9 @@ that until the garbage collector runs; the slot stays leased meanwhile, which
 is safe).
 
 The consumer may hold at most :data:`MAX_LEASED` batches as views: the one a
-``for`` loop's variable still refers to while ``next()`` runs, and the one
-being delivered. A consumer that holds more gets later batches copied out of the
+``for`` loop's variable still refers to while ``next()`` runs, the one being
+delivered, and one more for a stray reference (the variable of an earlier loop
+over the same loader, which Python keeps bound after the loop). A consumer that holds more gets later batches copied out of the
 ring (the slot goes back at once), with one warning naming ``copy=True``: the
 ring never runs dry and nothing is overwritten, whatever the consumer keeps.
 
@@ -32,7 +33,7 @@ import numpy as np
 
 __all__ = ["MAX_LEASED", "SlotLeases"]
 
-MAX_LEASED = 2
+MAX_LEASED = 3
 
 
 class _Lease:
@@ -107,6 +108,7 @@ class SlotLeases:
             warnings.warn(
                 f"the consumer holds {len(self.held)} earlier batches of this Loader, the most "
                 "it may hold as zero-copy views of the shared ring: later batches are copied "
-                "out of it (correct, but slower). Pass copy=True to the Loader when batches "
-                "are kept (list(loader), a log of past batches, tensors saved for later).",
+                "out of it (correct, but slower). Something keeps them: a list of batches, "
+                "arrays or tensors saved for later, the variables of earlier loops over this "
+                "loader (del them). Pass copy=True to the Loader when batches are kept.",
                 RuntimeWarning, stacklevel=5)

@@ -28,6 +28,7 @@ import numpy as np
 from formats import ShardDataset
 from formats.fields import BYTES_TYPES, IMAGE_TYPES
 
+from .autoscale import WorkerScaler
 from .cache import CacheOptions
 from .dataset import open_dataset
 from .epoch import CpuSink, Epoch, RawEpoch
@@ -61,7 +62,9 @@ class Loader:
     Args:
         source: a dataset folder or an open ``ShardDataset``.
         batch_size: records per batch.
-        num_workers: worker processes, ``"auto"`` (one per core) or 0 (in-process).
+        num_workers: worker processes, 0 (in-process), or ``"auto"``: one per core to
+            start, then measured and adjusted while the loader runs (see
+            :mod:`reader.autoscale`; ``worker_changes`` lists each change and why).
         prefetch: batches in flight, or ``"auto"``.
         shuffle: ``False``, ``True``/``"full"`` or ``"block"`` (see :class:`SamplerOptions`).
         seed: seed of the order and of the random transforms.
@@ -140,6 +143,11 @@ class Loader:
                                self.sampler_options)
         self.num_workers = resolve_num_workers(self.worker_options.num_workers)
         self._plan_fields()
+        # num_workers="auto": measured and adjusted while the loader runs (reader.autoscale).
+        self._scaler = None
+        if self.worker_options.num_workers == "auto" and not self.raw and self.num_workers:
+            self._scaler = WorkerScaler(self.num_workers)
+            self.num_workers = self._scaler.start
         self.monitor = _make_monitor(monitor, self.num_workers)
         if self.monitor is not None and hasattr(self.dataset, "cache"):
             self.monitor.storage = "remote"  # a diagnosis that names the shard cache
@@ -215,7 +223,9 @@ class Loader:
         """(lowest, starting, highest) batches in flight; the ring has highest + hold slots."""
         w = self.worker_options
         nw = max(self.num_workers, 1)
-        hi = w.max_prefetch or max(2, 4 * nw)
+        # With num_workers="auto" the ring is sized once for the most workers it may get
+        # (only the slots in use are ever touched: free slots are taken last-in first-out).
+        hi = w.max_prefetch or max(2, 4 * (self._scaler.hi if self._scaler else nw))
         if w.prefetch != "auto":
             hi = max(hi, w.prefetch) if w.max_prefetch is None else w.max_prefetch
         hi = max(1, min(hi, w.max_ring_bytes // self.layout.slot_bytes - hold))
@@ -248,6 +258,22 @@ class Loader:
             if self.worker_options.persistent_workers:
                 self._pool = pool
         return pool
+
+    def _workers_changed(self, n: int, change) -> None:
+        """``num_workers="auto"`` moved to ``n`` workers; tell the monitor and the log."""
+        self.num_workers = n
+        log.info("workers %d -> %d: %s", change.before, change.after, change.reason)
+        if self.monitor is not None:
+            if hasattr(self.monitor, "num_workers"):
+                self.monitor.num_workers = n
+            note = getattr(self.monitor, "note", None)
+            if note is not None:
+                note(f"workers {change.before} -> {change.after}: {change.reason}")
+
+    @property
+    def worker_changes(self) -> list:
+        """Every change ``num_workers="auto"`` made: :class:`reader.autoscale.ScaleChange`."""
+        return list(self._scaler.changes) if self._scaler is not None else []
 
     def _drop_pool(self, pool: WorkerPool | None = None) -> None:
         """Stop ``pool`` (default: the persistent one), forgetting it if it is that one."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["ProcState", "describe", "process_state"]
+__all__ = ["MachineCpu", "ProcState", "describe", "machine_cpu", "process_state"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -65,3 +65,27 @@ def describe(before: ProcState | None, now: ProcState | None, seconds: float) ->
     else:
         kind = "asleep or blocked"
     return f"{kind} ({used:.1f} s of CPU in the last {seconds:.1f} s)"
+
+
+@dataclass(frozen=True)
+class MachineCpu:
+    """Cumulative CPU time of the whole machine, in clock ticks summed over all cores:
+    ``busy`` is everything but idle and iowait."""
+
+    busy: int
+    total: int
+
+
+def machine_cpu() -> MachineCpu | None:
+    """The first line of ``/proc/stat``, or None where there is none."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            head = f.readline().split()
+        if not head or head[0] != b"cpu":
+            return None
+        # user nice system idle iowait irq softirq steal (guest time is inside user)
+        ticks = [int(v) for v in head[1:9]]
+    except (OSError, ValueError):
+        return None
+    total = sum(ticks)
+    return MachineCpu(total - ticks[3] - ticks[4], total)

@@ -29,6 +29,7 @@ __all__ = ["BatchBuilder", "BatchSpec", "WorkerPool", "batch_rng", "worker_loop"
 
 PAGE_STRIDE = 4096
 IDLE_POLL_S = 1.0
+RETIRE = "retire"  # the task that makes one worker exit once its answers are sent
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     builder = BatchBuilder(ds, spec)
     pid = os.getpid()
+    retired = False
     try:
         while not done_event.is_set():
             try:
@@ -174,6 +176,9 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
                     break  # the parent died: nobody will read our results
                 continue
             if task is None:
+                break
+            if task == RETIRE:
+                retired = True  # the pool shrinks: flush our answers before exiting
                 break
             k, slot, epoch, indices, gen = task
             if generation is not None and gen != generation.value:
@@ -190,8 +195,9 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
     except KeyboardInterrupt:
         pass
     finally:
-        # Results still buffered matter to nobody once we stop; never block exit on them.
-        done_q.cancel_join_thread()
+        if not retired:
+            # Results still buffered matter to nobody once we stop; never block exit on them.
+            done_q.cancel_join_thread()
 
 
 class WorkerPool:
@@ -216,20 +222,54 @@ class WorkerPool:
         self.generation = ctx.RawValue("q", 0)  # an aligned int64: read without a lock
         self.processes: list = []
         self.stopped = False
+        self.retiring = 0  # workers told to exit (num_workers="auto" shrinking) not yet reaped
+        self._start = (ctx, ds, ring, spec)
+        self._next_id = 0
         _pools.add(self)
         try:
-            for i in range(num_workers):
-                p = ctx.Process(target=worker_loop, name=f"shardpack-worker-{i}", daemon=True,
-                                args=(i, ds, ring, spec, self.task_q, self.done_q,
-                                      self.done_event, os.getpid(), self.generation))
-                p.start()
-                self.processes.append(p)
+            for _ in range(num_workers):
+                self.add()
         except BaseException:
             self.stop()
             raise
 
+    def add(self) -> None:
+        """Start one more worker on the same queues and ring."""
+        ctx, ds, ring, spec = self._start
+        i, self._next_id = self._next_id, self._next_id + 1
+        p = ctx.Process(target=worker_loop, name=f"shardpack-worker-{i}", daemon=True,
+                        args=(i, ds, ring, spec, self.task_q, self.done_q,
+                              self.done_event, os.getpid(), self.generation))
+        p.start()
+        self.processes.append(p)
+
+    def retire(self) -> None:
+        """Have one worker exit once the tasks queued before now are taken."""
+        self.task_q.put(RETIRE)
+        self.retiring += 1
+
+    def resize(self, n: int) -> None:
+        """Grow or shrink to ``n`` running workers (those retiring not counted)."""
+        while len(self.processes) - self.retiring < n:
+            self.add()
+        while len(self.processes) - self.retiring > max(n, 1):
+            self.retire()
+
+    @property
+    def running(self) -> int:
+        return len(self.processes) - self.retiring
+
+    def reap(self) -> None:
+        """Forget workers that exited because they were retired (exit status 0)."""
+        for p in list(self.processes):
+            if self.retiring and p.exitcode == 0:
+                p.join()
+                self.processes.remove(p)
+                self.retiring -= 1
+
     def alive(self) -> bool:
         """Every worker is running (and the pool was not stopped)."""
+        self.reap()
         return bool(self.processes) and all(p.exitcode is None for p in self.processes)
 
     def disown(self) -> None:
