@@ -26,6 +26,7 @@ back as its type from it; files from elsewhere are typed from their first record
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 import math
@@ -42,11 +43,10 @@ from ..bounded import (
     open_input,
     open_regular,
     parse_json,
-    read_exact,
     refuse_special_file,
 )
 from ..checksum import crc32c
-from ..errors import CorruptRecordError, FormatError, SchemaError
+from ..errors import CorruptRecordError, DecompressionError, FormatError, SchemaError
 from ..fields import IMAGE_TYPES, Field, ImageKinds
 from ..files import atomic_write_bytes
 from ..sniff import sniff
@@ -61,7 +61,7 @@ from .paths import (
     write_classes_file,
     write_schema_file,
 )
-from .tfexample import ExampleError, decode_example, encode_example
+from .tfexample import ExampleError, decode_example, encode_example_parts
 
 __all__ = [
     "TFRecordSink",
@@ -89,9 +89,12 @@ DEFAULT_SINK_FEATURES = {"image": "image/encoded", "label": "image/class/label",
                          "key": "image/filename"}
 
 
-def masked_crc(data) -> int:
-    c = crc32c(data)
+def _mask(c: int) -> int:
     return ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def masked_crc(data) -> int:
+    return _mask(crc32c(data))
 
 
 def _is_frame_header(head: bytes) -> bool:
@@ -126,10 +129,19 @@ def looks_like_tfrecord(path: str | Path) -> bool:
     return _is_frame_header(head)
 
 
+def _short(path, index: int, offset: int, what: str, found: int, expected: int):
+    return DecompressionError(f"file ends inside {what} (truncated)", path=path, offset=offset,
+                              found=f"{found} bytes", expected=f"{expected} bytes")
+
+
 def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | None = "auto",
                 max_record_bytes: int = DEFAULT_MAX_VALUE,
-                max_bytes: int = DEFAULT_MAX_STREAM) -> Iterator[tuple[int, int, bytes]]:
+                max_bytes: int = DEFAULT_MAX_STREAM) -> Iterator[tuple[int, int, memoryview]]:
     """Yield (record index, byte offset, data) of every record in one file.
+
+    ``data`` is a read-only memoryview of a buffer of its own (never reused), which
+    one read filled with the payload, its checksum and the next record's header:
+    the payload is copied once, from the file, and checked where it lies.
 
     ``compression`` is ``"auto"`` (see :func:`tfrecord_compression`), ``"gzip"``,
     ``"zlib"`` or None. Offsets are in the uncompressed stream. Raises
@@ -145,12 +157,16 @@ def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | 
         raise FormatError(f"cannot read TFRecord file ({exc.strerror})", path=path) from None
     with f:
         index = offset = 0
+        head = f.read(12)
         while True:
-            head = f.read(12)
             if not head:
                 return
             if len(head) < 12:
-                read_exact(f, 12 - len(head), path, f"the header of record {index}", offset)
+                more = f.read(12 - len(head))
+                if len(more) != 12 - len(head):
+                    raise _short(path, index, offset, f"the header of record {index}",
+                                 len(more), 12 - len(head))
+                head += more
             length, length_crc = _HEAD.unpack(head)
             if check_crc and masked_crc(head[:8]) != length_crc:
                 hint = "" if index or compression else (
@@ -162,17 +178,23 @@ def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | 
             if length > max_record_bytes:
                 raise FormatError("TFRecord record longer than the limit", path=path, record=index,
                                   offset=offset, found=length, expected=f"<= {max_record_bytes}")
-            # Payload and its CRC read apart: slicing one read would copy every payload.
-            data = read_exact(f, length, path, f"record {index}", offset)
-            tail = read_exact(f, 4, path, f"the checksum of record {index}", offset)
+            chunk = f.read(length + 16)  # the payload, its CRC and the next header
+            if len(chunk) < length + 4:
+                if len(chunk) < length:
+                    raise _short(path, index, offset, f"record {index}", len(chunk), length)
+                raise _short(path, index, offset, f"the checksum of record {index}",
+                             len(chunk) - length, 4)
+            view = memoryview(chunk)
+            data = view[:length]
             if check_crc:
-                want = _CRC.unpack(tail)[0]
+                want = _CRC.unpack_from(chunk, length)[0]
                 got = masked_crc(data)
                 if got != want:
                     raise CorruptRecordError("TFRecord data checksum mismatch", path=path,
                                              record=index, offset=offset,
                                              found=f"0x{got:08x}", expected=f"0x{want:08x}")
             yield index, offset, data
+            head = chunk[length + 4:]
             index += 1
             offset += 16 + length
 
@@ -327,6 +349,11 @@ class TFRecordSource:
                 self._map = {n: f.name for n, f in zip(specs, fields, strict=True)}
                 return canonical_order(fields)
         raise FormatError("no records in any input file", path=self.files[0])
+
+    def parts(self) -> list:
+        """This source split by file: one source per file, the same schema, whose
+        records in turn are this source's (what a pack reads in worker processes)."""
+        return [_one_file(self, path) for path in self.files]
 
     def __iter__(self) -> Iterator[Record]:
         by_name = {f.name: f for f in self.fields}
@@ -503,18 +530,25 @@ class TFRecordSink:
         for name in self._images:
             self._kinds.note(name, values[name])
         self._count += 1
-        data = encode_example(feats)
+        # The Example in pieces, its byte strings uncopied: the CRC runs over the
+        # pieces and they are written in turn, never joined into one frame.
+        parts = encode_example_parts(feats)
+        n = crc = 0
+        for p in parts:
+            n += len(p)
+            crc = crc32c(p, crc)
         if self._file is None:
             self._open()
-        length = _HEAD.pack(len(data), 0)[:8]
-        frame = b"".join((length, _CRC.pack(masked_crc(length)), data, _CRC.pack(masked_crc(data))))
+        length = _HEAD.pack(n, 0)[:8]
+        parts[0] = length + _CRC.pack(masked_crc(length)) + parts[0]
+        parts[-1] = parts[-1] + _CRC.pack(_mask(crc))  # the first and last are short bytes
         start = self._file.nbytes
+        out = self._gz.write if self._gz is not None else self._file.write
+        for p in parts:
+            out(p)
         if self._gz is not None:
-            self._gz.write(frame)
-            self._file.nbytes += len(frame)
-        else:
-            self._file.write(frame)
-        self._offsets.append((start, len(frame)))
+            self._file.nbytes += n + 16
+        self._offsets.append((start, n + 16))
         self._file.records += 1
         if (self.records_per_shard and self._file.records >= self.records_per_shard) or (
                 self.shard_size and self._file.nbytes >= self.shard_size):
@@ -545,3 +579,9 @@ class TFRecordSink:
         if self._file is not None:
             self._seal()
         write_schema_file(self.root, "tfrecord", self._kinds.typed(self.fields), self._names)
+
+
+def _one_file(source, path: Path):
+    part = copy.copy(source)
+    part.files = [path]
+    return part

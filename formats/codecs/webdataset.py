@@ -31,10 +31,19 @@ input there is) with the byte offset and the last whole member. An ``.npy``
 member's header is checked against its size before any array is made.
 Written tars are deterministic: GNU format (no pax timestamps), mtime 0,
 uid/gid 0, members of a sample sorted by name, samples in record order.
+
+Speed: the headers writers emit (ustar or GNU, regular files and folders, octal
+numbers, no prefix, an unsigned checksum) are parsed by :func:`_plain_header`
+from the block itself; at the first header that is anything else, a truncation
+included, the file is read again by ``tarfile`` from its start, the members
+already given skipped, so every error and every odd archive is ``tarfile``'s to
+decide, as before. The sink writes each member's header (``TarInfo.tobuf``), its
+bytes and the end of the archive itself, without ``TarFile.addfile``'s copies.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import re
@@ -155,6 +164,51 @@ def _check_name(tar_path: Path, info: tarfile.TarInfo) -> None:
             len(info.name) > 1 and info.name[1] == ":"):
         raise UnsafePathError("tar member name is absolute or leaves the archive folder",
                               path=tar_path, offset=info.offset, found=info.name)
+
+
+_BLOCK = tarfile.BLOCKSIZE
+_ZERO_BLOCK = bytes(_BLOCK)
+#: A number field as tarfile's ``nti`` reads every plain one: octal digits between
+#: spaces, up to the first NUL.
+_OCTAL = re.compile(rb" *[0-7]* *")
+#: The number fields (mode, uid, gid, size, mtime, devmajor, devminor).
+_NUMBERS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (329, 337), (337, 345))
+
+
+class _Unusual(Exception):
+    """A header (or the end of a file) the fast reader leaves to tarfile."""
+
+
+def _number(block: bytes, start: int, end: int) -> int:
+    field = block[start:end]
+    cut = field.find(0)
+    digits = field if cut < 0 else field[:cut]
+    if not _OCTAL.fullmatch(digits):
+        raise _Unusual  # base-256, or what tarfile may refuse: its call
+    return int(digits.strip() or b"0", 8)
+
+
+def _plain_header(block: bytes) -> tuple[str, int, bool]:
+    """(name, size, is a folder) of a plain member header (module docstring), as
+    ``tarfile.TarInfo.frombuf`` reads it; anything else raises _Unusual."""
+    kind = block[156]
+    if kind not in (0x30, 0x00, 0x35) or block[345]:  # file, folder; a ustar prefix
+        raise _Unusual
+    if _number(block, 148, 156) != 256 + sum(block) - sum(block[148:156]):
+        raise _Unusual  # a bad (or signed) checksum
+    size = 0
+    for a, b in _NUMBERS:  # tarfile reads them all: any it refuses is unusual here
+        n = _number(block, a, b)
+        if a == 124:
+            size = n
+    raw = block[:100]
+    cut = raw.find(0)
+    try:
+        name = (raw if cut < 0 else raw[:cut]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Unusual from None
+    folder = kind == 0x35 or (kind == 0x00 and name.endswith("/"))
+    return (name.rstrip("/") if folder else name), size, folder
 
 
 class _TarInput:
@@ -293,6 +347,55 @@ class WebDatasetSource:
             raise
 
     def _members(self, path: Path) -> Iterator[tuple[str, str, bytes]]:
+        """(key, extension, bytes) of every file member with an extension, in order
+        (the fast reader, then tarfile from the first unusual header on)."""
+        given = 0
+        try:
+            for member in self._plain_members(path):
+                yield member
+                given += 1
+            return
+        except _Unusual:
+            pass
+        yield from self._tar_members(path, skip=given)
+
+    def _plain_members(self, path: Path) -> Iterator[tuple[str, str, bytes]]:
+        """:meth:`_members` while every header is plain; _Unusual at the first that
+        is not, or at anything tarfile would have to judge (module docstring)."""
+        try:
+            raw = open_regular(path)
+        except (OSError, FormatError):
+            raise _Unusual from None
+        with raw:
+            if raw.peek(2)[:2] == b"\x1f\x8b":
+                raise _Unusual  # gzip: tarfile's stream
+            read = raw.read
+            while True:
+                block = read(_BLOCK)
+                if len(block) != _BLOCK:
+                    raise _Unusual  # no end-of-archive marker: tarfile says where
+                if block == _ZERO_BLOCK:
+                    return
+                name, size, folder = _plain_header(block)
+                if name.startswith(("/", "\\")) or ".." in name.split("/") or (
+                        len(name) > 1 and name[1] == ":"):
+                    raise _Unusual  # refused by _check_name, with its words
+                if folder:
+                    continue  # tarfile skips no data after a folder
+                if size > self.max_member_bytes:
+                    raise _Unusual
+                pad = -size % _BLOCK
+                parts = split_key(name)
+                if parts is None or name.rpartition("/")[2].startswith("."):
+                    raw.seek(size + pad, 1)
+                    continue
+                data = read(size)
+                if len(data) != size or (pad and len(read(pad)) != pad):
+                    raise _Unusual
+                yield parts[0], parts[1], data
+
+    def _tar_members(self, path: Path, skip: int = 0) -> Iterator[tuple[str, str, bytes]]:
+        """:meth:`_members` read by tarfile, the first ``skip`` of them not given."""
         tar, src, raw = self._open_tar(path)
         last = None  # the last whole member, for messages about truncation
         try:
@@ -323,6 +426,10 @@ class WebDatasetSource:
                 parts = split_key(info.name)
                 if parts is None or info.name.rpartition("/")[2].startswith("."):
                     continue  # no extension, or a hidden file (e.g. macOS ._ files)
+                if skip:  # given by the fast reader already
+                    skip -= 1
+                    last = info.name
+                    continue
                 f = tar.extractfile(info)
                 try:
                     data = f.read() if f is not None else b""
@@ -359,6 +466,11 @@ class WebDatasetSource:
         if name is None and self._ours and ext == KEY_MEMBER:
             return self._key
         return name
+
+    def parts(self) -> list:
+        """This source split by file: one source per file, the same schema, whose
+        records in turn are this source's (what a pack reads in worker processes)."""
+        return [_one_file(self, path) for path in self.files]
 
     def __iter__(self) -> Iterator[Record]:
         by_name = {f.name: f for f in self.fields}
@@ -455,6 +567,29 @@ def _member(f: Field, value) -> bytes:
     return bytes(value)
 
 
+# The fixed fields of a member header as tarfile writes them in GNU format for
+# mode 0o644, uid/gid 0, mtime 0, no user or group names (TarInfo.tobuf).
+_HEAD_IDS = b"0000644\x00" + b"0000000\x00" * 2
+_HEAD_MTIME = b"00000000000\x00" + b" " * 8  # then the checksum, spaces while summed
+_HEAD_REST = b"0" + bytes(100) + tarfile.GNU_MAGIC + bytes(64 + 16 + 167)  # no device numbers
+
+
+def _member_header(name: str, size: int) -> bytes:
+    """The bytes ``TarInfo.tobuf(GNU_FORMAT)`` gives for a member of the sink (module
+    docstring), built directly when the name fits the header (100 bytes) and the
+    size 11 octal digits; through ``tobuf`` otherwise (a GNU long name)."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > 100 or size >= 8 ** 11:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = size, 0, 0o644
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+    head = b"".join((raw, bytes(100 - len(raw)), _HEAD_IDS, b"%011o\x00" % size, _HEAD_MTIME,
+                     _HEAD_REST))
+    return b"%s%06o\x00 %s" % (head[:148], sum(head), head[156:])
+
+
 def _tar_key(key: str, fallback: str) -> str:
     """A member-name prefix: relative, no ``..``, no dot in its last component."""
     parts = [p for p in PurePosixPath(key.replace("\\", "/")).parts if p not in ("", ".", "..", "/")]
@@ -495,7 +630,7 @@ class WebDatasetSink:
         self.shard_size, self.records_per_shard = shard_size, records_per_shard
         self.files: list[Path] = []
         self._file: AtomicFile | None = None
-        self._tar: tarfile.TarFile | None = None
+        self._offset = 0  # bytes of the open tar so far (headers and padded members)
         self._count = 0
         self._last_key = None
         self._kinds = ImageKinds(self.fields)
@@ -516,24 +651,29 @@ class WebDatasetSink:
                     ext = IMAGE_EXTENSION.get(kind, "img")
             members.append((ext, _member(f, value)))
         members.sort()
-        if self._tar is None:
+        if self._file is None:
             self._file = AtomicFile(self.root / f"shard-{len(self.files):05d}.tar")
-            self._tar = tarfile.TarFile(fileobj=self._file.file, mode="w", format=tarfile.GNU_FORMAT)
+            self._offset = 0
+        write = self._file.write
         for ext, data in members:
-            info = tarfile.TarInfo(f"{key}.{ext}")
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            self._tar.addfile(info, io.BytesIO(data))
+            head = _member_header(f"{key}.{ext}", len(data))
+            pad = -len(data) % _BLOCK
+            write(head)
+            write(data)
+            if pad:
+                write(_ZERO_BLOCK[:pad])
+            self._offset += len(head) + len(data) + pad
         self._file.records += 1
         self._count += 1
         if (self.records_per_shard and self._file.records >= self.records_per_shard) or (
-                self.shard_size and self._tar.offset >= self.shard_size):
+                self.shard_size and self._offset >= self.shard_size):
             self._seal()
 
     def _seal(self) -> None:
-        self._tar.close()
-        self._tar = None
+        # The end of the archive as TarFile.close writes it: two zero blocks, then
+        # zeros to a whole record.
+        end = 2 * _BLOCK + -(self._offset + 2 * _BLOCK) % tarfile.RECORDSIZE
+        self._file.write(bytes(end))
         self._file.commit()
         self.files.append(self._file.path)
         self._file = None
@@ -544,9 +684,14 @@ class WebDatasetSink:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             if self._file is not None:
-                self._tar = None
                 self._file.abort()
             return
         if self._file is not None:
             self._seal()
         write_schema_file(self.root, "webdataset", self._kinds.typed(self.fields), self._names)
+
+
+def _one_file(source, path: Path):
+    part = copy.copy(source)
+    part.files = [path]
+    return part
