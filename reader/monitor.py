@@ -51,24 +51,22 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from reader.diagnosis import Diagnosis, Thresholds, diagnose
 from reader.monitor_report import format_table
+from reader.proc import CpuTicks, ProcCpu
 
 __all__ = [
-    "CpuTicks",
     "Diagnosis",
     "Monitor",
     "MonitorConfig",
-    "ProcCpu",
     "Thresholds",
     "default_monitor",
     "diagnose",
@@ -79,77 +77,6 @@ __all__ = [
 ]
 
 _STAGES = ("io", "decode", "transform", "assemble")
-
-
-class CpuTicks(NamedTuple):
-    """Cumulative CPU time in clock ticks, summed over all cores.
-
-    Attributes:
-        busy: the machine's non-idle time (everything but idle and iowait).
-        total: the machine's time, busy and idle.
-        loader: this process's time, its reaped children's, and its live
-            children's (the loader's workers).
-    """
-
-    busy: int
-    total: int
-    loader: int
-
-
-def _worker_pids() -> list[int]:
-    # The loader's workers are this process's multiprocessing children; the list
-    # also reaps finished ones, as every Process.start() does.
-    return [p.pid for p in multiprocessing.active_children() if p.pid is not None]
-
-
-class ProcCpu:
-    """Reads :class:`CpuTicks` from ``/proc`` (Linux); returns None where it cannot.
-
-    The machine's time is the first line of ``/proc/stat``. The loader's is
-    ``utime + stime + cutime + cstime`` of ``/proc/<own pid>/stat`` plus
-    ``utime + stime`` of each live child's: a worker that exits and is reaped
-    moves from the second sum to the first, so the total never drops. Children
-    that are not the loader's (a training script's own subprocesses started
-    with multiprocessing) count as the loader's.
-
-    Args:
-        pids: returns the child processes to count (default: this process's
-            live multiprocessing children).
-        root: the proc file system's mount point.
-    """
-
-    def __init__(self, pids: Callable[[], Iterable[int]] | None = None, root: str = "/proc") -> None:
-        self.pids = pids or _worker_pids
-        self.root = root
-
-    def _process(self, pid: int, children: bool) -> int | None:
-        try:
-            with open(f"{self.root}/{pid}/stat", "rb") as fh:
-                text = fh.read()
-            # Fields after the command name, which may hold spaces and ')': field 3 on.
-            rest = text[text.rindex(b")") + 2 :].split()
-            return sum(int(v) for v in rest[11:15 if children else 13])
-        except (OSError, ValueError, IndexError):
-            return None  # gone, or not readable
-
-    def __call__(self) -> CpuTicks | None:
-        """The ticks now, or None without a readable ``/proc``."""
-        try:
-            with open(f"{self.root}/stat", "rb") as fh:
-                head = fh.readline().split()
-            if not head or head[0] != b"cpu":
-                return None
-            # user nice system idle iowait irq softirq steal (guest time is inside user).
-            ticks = [int(v) for v in head[1:9]]
-        except (OSError, ValueError):
-            return None
-        own = self._process(os.getpid(), children=True)
-        if own is None:
-            return None
-        for pid in self.pids():
-            own += self._process(pid, children=False) or 0
-        total = sum(ticks)
-        return CpuTicks(total - ticks[3] - ticks[4], total, own)
 
 
 PROC_CPU = ProcCpu()
@@ -354,7 +281,13 @@ class Monitor:
         self._last: dict[str, Any] | None = None  # figures of the last reported interval
         self._recent: deque[Diagnosis] = deque(maxlen=window)  # the intervals' own verdicts
         self._verdict: Diagnosis | None = None  # the verdict shown
+        self._notes: list[str] = []  # what the loader changed since the last report
         self.reports = 0
+
+    def note(self, text: str) -> None:
+        """Something the loader changed (e.g. its worker count, and why): shown under
+        the next report's table and recorded with it."""
+        self._notes.append(text)
 
     def on_batch(self, timing: Any) -> None:
         """Add one delivered batch's ``BatchTiming``; report if an interval has passed."""
@@ -498,9 +431,13 @@ class Monitor:
         self._interval_max_latency = 0.0
         self._next = now + self.config.interval
         self.reports += 1
-        _emit_text(self.config.output, format_table(stats, self.config.thresholds))
+        notes, self._notes = self._notes, []
+        text = format_table(stats, self.config.thresholds)
+        if notes:
+            text += "".join(f"\n  changed: {n}" for n in notes)
+        _emit_text(self.config.output, text)
         if self.config.record is not None:
-            line = {"time": time.time(), "interval": self.reports, **stats}
+            line = {"time": time.time(), "interval": self.reports, **stats, "notes": notes}
             with open(self.config.record, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(line, sort_keys=True) + "\n")
 

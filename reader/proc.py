@@ -1,15 +1,26 @@
-"""What the kernel says about a process: its scheduling state and CPU time (``/proc``).
+"""What the kernel says about CPU use: the machine's, a process's, and its scheduling state.
 
-Used to tell a stopped worker (SIGSTOP, a debugger, job control) from a slow one
-(running, using CPU) and from a blocked one (asleep, using none).
+Everything here reads ``/proc`` (Linux) and returns None where it cannot (another
+system, a process gone), so callers degrade to "unknown" instead of failing.
+
+* :func:`machine_cpu`: the machine's busy and total time (``/proc/stat``);
+* :func:`process_state`: a process's state letter and CPU time, to tell a stopped
+  worker (SIGSTOP, a debugger) from a slow one (using CPU) and a blocked one
+  (asleep, using none): :func:`describe` says which in words;
+* :class:`ProcCpu`: the machine's time and the loader's (this process and its
+  workers), from which the monitor derives the share other programs take.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["MachineCpu", "ProcState", "describe", "machine_cpu", "process_state"]
+__all__ = ["CpuTicks", "MachineCpu", "ProcCpu", "ProcState", "describe", "machine_cpu",
+           "process_state", "process_ticks"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -18,6 +29,52 @@ _STATES = {
     "T": "stopped (SIGSTOP or job control)", "t": "stopped by a debugger (traced)",
     "Z": "exited, not yet reaped", "X": "dead", "I": "idle",
 }
+
+
+@dataclass(frozen=True)
+class MachineCpu:
+    """Cumulative CPU time of the whole machine, in clock ticks summed over all cores:
+    ``busy`` is everything but idle and iowait."""
+
+    busy: int
+    total: int
+
+
+def machine_cpu(root: str = "/proc") -> MachineCpu | None:
+    """The first line of ``/proc/stat``, or None where there is none."""
+    try:
+        with open(f"{root}/stat", "rb") as f:
+            head = f.readline().split()
+        if not head or head[0] != b"cpu":
+            return None
+        # user nice system idle iowait irq softirq steal (guest time is inside user)
+        ticks = [int(v) for v in head[1:9]]
+    except (OSError, ValueError):
+        return None
+    total = sum(ticks)
+    return MachineCpu(total - ticks[3] - ticks[4], total)
+
+
+def _stat_fields(pid: int, root: str) -> list[bytes] | None:
+    """``/proc/PID/stat`` from field 3 (the state) on, or None."""
+    try:
+        with open(f"{root}/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
+    at = text.rfind(b")")
+    return text[at + 2:].split() if at >= 0 else None
+
+
+def process_ticks(pid: int, children: bool = False, root: str = "/proc") -> int | None:
+    """CPU time of ``pid`` in clock ticks (user + system; with ``children``, plus that of
+    its reaped children), or None."""
+    rest = _stat_fields(pid, root)
+    try:
+        return sum(int(v) for v in rest[11:15 if children else 13]) if rest else None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -32,17 +89,12 @@ class ProcState:
         return self.state in ("T", "t")
 
 
-def process_state(pid: int) -> ProcState | None:
+def process_state(pid: int, root: str = "/proc") -> ProcState | None:
     """The state of ``pid``, or None where ``/proc`` cannot say (not Linux, gone)."""
+    rest = _stat_fields(pid, root)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
-    rest = text[text.rfind(")") + 2:].split()
-    try:
-        return ProcState(rest[0], (int(rest[11]) + int(rest[12])) / _TICK)
+        return ProcState(rest[0].decode("ascii", "replace"),
+                         (int(rest[11]) + int(rest[12])) / _TICK) if rest else None
     except (IndexError, ValueError):
         return None
 
@@ -67,25 +119,53 @@ def describe(before: ProcState | None, now: ProcState | None, seconds: float) ->
     return f"{kind} ({used:.1f} s of CPU in the last {seconds:.1f} s)"
 
 
-@dataclass(frozen=True)
-class MachineCpu:
-    """Cumulative CPU time of the whole machine, in clock ticks summed over all cores:
-    ``busy`` is everything but idle and iowait."""
+class CpuTicks(NamedTuple):
+    """Cumulative CPU time in clock ticks, summed over all cores.
+
+    Attributes:
+        busy: the machine's non-idle time (everything but idle and iowait).
+        total: the machine's time, busy and idle.
+        loader: this process's time, its reaped children's, and its live
+            children's (the loader's workers).
+    """
 
     busy: int
     total: int
+    loader: int
 
 
-def machine_cpu() -> MachineCpu | None:
-    """The first line of ``/proc/stat``, or None where there is none."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            head = f.readline().split()
-        if not head or head[0] != b"cpu":
+def _worker_pids() -> list[int]:
+    # The loader's workers are this process's multiprocessing children; the list
+    # also reaps finished ones, as every Process.start() does.
+    return [p.pid for p in multiprocessing.active_children() if p.pid is not None]
+
+
+class ProcCpu:
+    """Reads :class:`CpuTicks` from ``/proc`` (Linux); returns None where it cannot.
+
+    The machine's time is the first line of ``/proc/stat``. The loader's is
+    ``utime + stime + cutime + cstime`` of ``/proc/<own pid>/stat`` plus
+    ``utime + stime`` of each live child's: a worker that exits and is reaped
+    moves from the second sum to the first, so the total never drops. Children
+    that are not the loader's (a training script's own subprocesses started
+    with multiprocessing) count as the loader's.
+
+    Args:
+        pids: returns the child processes to count (default: this process's
+            live multiprocessing children).
+        root: the proc file system's mount point.
+    """
+
+    def __init__(self, pids: Callable[[], Iterable[int]] | None = None, root: str = "/proc") -> None:
+        self.pids = pids or _worker_pids
+        self.root = root
+
+    def __call__(self) -> CpuTicks | None:
+        """The ticks now, or None without a readable ``/proc``."""
+        machine = machine_cpu(self.root)
+        own = process_ticks(os.getpid(), children=True, root=self.root)
+        if machine is None or own is None:
             return None
-        # user nice system idle iowait irq softirq steal (guest time is inside user)
-        ticks = [int(v) for v in head[1:9]]
-    except (OSError, ValueError):
-        return None
-    total = sum(ticks)
-    return MachineCpu(total - ticks[3] - ticks[4], total)
+        for pid in self.pids():
+            own += process_ticks(pid, root=self.root) or 0
+        return CpuTicks(machine.busy, machine.total, own)

@@ -22,7 +22,8 @@ import time
 
 import numpy as np
 
-from reader.monitor import Monitor, ProcCpu
+from reader.monitor import Monitor
+from reader.proc import ProcCpu
 from reader.timing import BatchTiming
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reader.monitor import CpuTicks
+from reader.proc import CpuTicks
 
 try:
     from reader.timing import BatchTiming

@@ -98,3 +98,24 @@ def test_fixed_worker_counts_are_never_changed(ds_path, short_windows):
     with Loader(ds_path, 8, num_workers=2, transform=CropPipeline()) as lo:
         labels_of(lo, consume_s=0.005)
         assert lo.worker_changes == [] and lo.num_workers == 2
+
+
+def test_the_monitor_shows_each_change_and_why(ds_path, short_windows, tmp_path):
+    import io
+    import json
+
+    from reader.monitor import Monitor
+
+    out = io.StringIO()
+    record = tmp_path / "mon.jsonl"
+    mon = Monitor(0.2, output=out, record=record)
+    with Loader(ds_path, 8, transform=CropPipeline(), monitor=mon) as lo:
+        labels_of(lo, consume_s=0.01)
+        mon.flush()
+        changes = lo.worker_changes
+    assert changes
+    text = out.getvalue()
+    assert f"changed: workers {changes[0].before} -> {changes[0].after}: seed rule" in text
+    notes = [n for line in record.read_text().splitlines() for n in json.loads(line)["notes"]]
+    assert notes[0].startswith(f"workers {changes[0].before} -> {changes[0].after}")
+    assert mon.num_workers == lo.num_workers

@@ -12,10 +12,8 @@ import pytest
 from reader import monitor as monitor_mod
 from reader.diagnosis import Diagnosis, Thresholds, diagnose
 from reader.monitor import (
-    CpuTicks,
     Monitor,
     MonitorConfig,
-    ProcCpu,
     default_monitor,
     disable_monitor,
     enable_monitor,
@@ -23,6 +21,7 @@ from reader.monitor import (
     resolve_monitor,
 )
 from reader.monitor_report import METRICS
+from reader.proc import CpuTicks, ProcCpu
 from tests.helpers_monitor import (
     CPU_BOUND,
     HEALTHY,

@@ -22,7 +22,8 @@ import pytest
 
 from formats import ShardDataset
 from reader.diagnosis import Thresholds
-from reader.monitor import Monitor, ProcCpu
+from reader.monitor import Monitor
+from reader.proc import ProcCpu
 from reader.transforms import CenterCrop
 from tests.helpers_reader import CropPipeline, make_dataset
 
