@@ -10,8 +10,9 @@ storage can feed. Here both rates are measured, not guessed:
   (``busy_s``);
 * **what kind of work**: the workers' CPU time ÷ their busy time. Near 1 the work
   is CPU-bound and more workers than cores only compete for them, so the rule is
-  capped at the cores; well below 1 the workers wait (storage, the network, a
-  ``sleep``) and up to twice the cores may run.
+  capped at the cores; well below 1 while cores stand idle the workers wait
+  (storage, the network, a ``sleep``) and up to twice the cores may run (below 1
+  with no idle core, they wait for the CPU itself: other programs take it).
 
 The rule sets the count once, after the first :data:`WINDOW_S` of batches. Then,
 once per window:
@@ -107,7 +108,10 @@ class WindowFigures:
 
 def seed_rule(w: WindowFigures, cores: int, hi: int) -> tuple[int, str]:
     """The seed's rule on measured rates: (worker count, the reason in words)."""
-    cpu_bound = w.cpu_per_busy is None or w.cpu_per_busy >= CPU_BOUND
+    # Workers that use little CPU for their busy time wait on something: storage while
+    # cores stand idle, or the CPU itself when other programs take it (then no idle core).
+    cpu_bound = (w.cpu_per_busy is None or w.cpu_per_busy >= CPU_BOUND
+                 or (w.idle_cores is not None and w.idle_cores < IDLE_CORES))
     cap = cores if cpu_bound else hi
     kind = "CPU-bound" if cpu_bound else "waiting on IO"
     if w.consumer_s <= 0.0 or w.busy_s <= 0.0:

@@ -151,6 +151,8 @@ class Loader:
         self.monitor = _make_monitor(monitor, self.num_workers)
         if self.monitor is not None and hasattr(self.dataset, "cache"):
             self.monitor.storage = "remote"  # a diagnosis that names the shard cache
+        if self.monitor is not None and hasattr(self.monitor, "count_workers"):
+            self.monitor.count_workers(self._worker_pids)
         self.epoch = 0
         self.position = 0  # next batch of self.epoch to deliver
         self.skipped = 0
@@ -274,6 +276,12 @@ class Loader:
     def worker_changes(self) -> list:
         """Every change ``num_workers="auto"`` made: :class:`reader.autoscale.ScaleChange`."""
         return list(self._scaler.changes) if self._scaler is not None else []
+
+    def _worker_pids(self) -> list[int]:
+        """The processes of the workers running now (for the monitor's CPU figures)."""
+        it = self._active() if self._active is not None else None
+        pool = getattr(it, "pool", None) or self._pool
+        return [p.pid for p in pool.processes] if pool is not None else []
 
     def _drop_pool(self, pool: WorkerPool | None = None) -> None:
         """Stop ``pool`` (default: the persistent one), forgetting it if it is that one."""

@@ -55,7 +55,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -283,6 +283,13 @@ class Monitor:
         self._verdict: Diagnosis | None = None  # the verdict shown
         self._notes: list[str] = []  # what the loader changed since the last report
         self.reports = 0
+
+    def count_workers(self, pids: Callable[[], Iterable[int]]) -> None:
+        """Count these processes (a Loader's workers) as the loader's CPU use, instead of
+        every multiprocessing child of this process: the training script's other
+        children then count as other processes, as they are."""
+        if self._cpu is PROC_CPU:
+            self._cpu = ProcCpu(pids)
 
     def note(self, text: str) -> None:
         """Something the loader changed (e.g. its worker count, and why): shown under

@@ -22,12 +22,16 @@ def test_seed_rule_caps_cpu_bound_work_at_the_cores_and_lets_io_bound_work_past_
     # A worker needs 40 ms a batch, the consumer 10 ms: 4 workers' worth, x 1.5.
     cpu = figures(busy_s=0.04, consumer_s=0.01, cpu_per_busy=0.95)
     assert seed_rule(cpu, cores=4, hi=8)[0] == 4  # CPU-bound: never more than the cores
-    io = figures(busy_s=0.04, consumer_s=0.01, cpu_per_busy=0.1)
+    io = figures(busy_s=0.04, consumer_s=0.01, cpu_per_busy=0.1, idle_cores=2.0)
     n, why = seed_rule(io, cores=4, hi=8)
     assert n == 6 and "min(4 cores, 4.0) x 1.5 = 6.0" in why and "waiting on IO" in why
+    # Little CPU for the busy time but no idle core: starved by other programs, not IO.
+    starved = figures(busy_s=0.04, consumer_s=0.01, cpu_per_busy=0.3, idle_cores=0.1)
+    assert seed_rule(starved, cores=4, hi=8)[0] == 4
     slow_consumer = figures(busy_s=0.002, consumer_s=0.02)
     assert seed_rule(slow_consumer, cores=4, hi=8)[0] == 1
-    assert seed_rule(figures(busy_s=0.04, consumer_s=0.01, cpu_per_busy=0.1), 4, hi=3)[0] == 3
+    assert seed_rule(figures(busy_s=0.04, consumer_s=0.01, cpu_per_busy=0.1, idle_cores=None),
+                     4, hi=3)[0] == 3
 
 
 @pytest.mark.parametrize(("kw", "change"), [
@@ -72,7 +76,11 @@ def labels_of(lo, consume_s: float = 0.0) -> np.ndarray:
 
 
 def test_workers_waiting_on_io_grow_past_the_cores_and_batches_do_not_change(ds_path,
-                                                                            short_windows):
+                                                                            short_windows,
+                                                                            monkeypatch):
+    # The machine's CPU unknown, as without /proc: other programs running the tests
+    # alongside must not make these workers look starved.
+    monkeypatch.setattr(autoscale, "machine_cpu", lambda: None)
     with Loader(ds_path, 8, num_workers=2, shuffle=True, seed=1, transform=CropPipeline()) as lo:
         want = labels_of(lo)
     with Loader(ds_path, 8, shuffle=True, seed=1, transform=CropPipeline(sleep=0.004)) as lo:
