@@ -11,6 +11,7 @@ from formats.version import package_version
 
 from .cache import CacheOptions
 from .dataset import open_dataset, read_many
+from .decoded_cache import DecodedCacheOptions
 from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from .loader import CpuSink, Loader
 from .options import DecodeOptions, SamplerOptions, WorkerOptions
@@ -25,6 +26,7 @@ __all__ = [
     "CacheOptions",
     "CpuSink",
     "DecodeOptions",
+    "DecodedCacheOptions",
     "FieldLayout",
     "Loader",
     "LoaderError",

@@ -261,11 +261,53 @@ class Decoder:
             image = _other_decode(data)
             height, width = image.shape[:2]
             plan = self.pipeline.plan(height, width, rng)
+        self._resample_plan(image, height, width, plan, target)
+        return target
+
+    def _resample_plan(self, image: np.ndarray, height: int, width: int, plan,
+                       target: np.ndarray) -> None:
+        """Resample ``plan`` (in the coordinates of the ``height`` x ``width`` original)
+        from ``image``, the original at whatever scale it was decoded."""
         # libjpeg rounds scaled sides up, so use the actual ratio, not 1/factor.
         sy, sx = image.shape[0] / height, image.shape[1] / width
         x0, y0, x1, y1 = plan.box
         self._resample(image, (x0 * sx, y0 * sy, x1 * sx, y1 * sy), target, plan.flip)
-        return target
+
+    def decode_for_cache(self, data: memoryview | bytes,
+                         short_side: int | None) -> tuple[np.ndarray, int, int]:
+        """The whole image for a decoded-sample cache: ``(pixels, height, width)``.
+
+        ``height`` x ``width`` is the original size (the geometry is planned on it,
+        as on the fused path); the pixels are decoded at the largest DCT scale (1/2,
+        1/4, 1/8) that keeps their short side at least ``short_side`` (None: full
+        size). Non-JPEG images are decoded whole. The pixels live in this decoder's
+        scratch buffer: copy them before the next call.
+        """
+        if not _is_jpeg(data):
+            image = _other_decode(data)
+            return image, image.shape[0], image.shape[1]
+        height, width = _jpeg_header(data)
+        factor = 1
+        if short_side:
+            for f in (8, 4, 2):
+                if min(height, width) // f >= short_side:
+                    factor = f
+                    break
+        return self._decode_scaled(data, height, width, factor), height, width
+
+    def resample_timed(self, image: np.ndarray, height: int, width: int, out: np.ndarray,
+                       rng: np.random.Generator) -> float:
+        """Steps 2-4 from decoded pixels (a cache hit): the same plan as the fused path
+        draws from ``rng`` for this image, so the same crop and flip; only the source
+        of the resample differs (pixels decoded once, maybe pre-shrunk, instead of a
+        DCT-scaled decode of the box). Returns the seconds taken (all of it is
+        transform work: nothing is decoded)."""
+        t0 = time.perf_counter()
+        target = out if self._staging is None else self._staging
+        plan = self.pipeline.plan(height, width, rng)
+        self._resample_plan(image, height, width, plan, target)
+        self._apply_user(target, out, rng)
+        return time.perf_counter() - t0
 
     def _apply_user(self, result: np.ndarray, out: np.ndarray, rng: np.random.Generator) -> None:
         """Step 4: the user callables on the resampled image, the result left in ``out``."""

@@ -57,13 +57,32 @@ class DecoderPipeline:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["pipeline"], state["backend"])
 
-    def run(self, view, out, rng) -> tuple[float, float]:
+    def _ready(self):
         if self._decoder is None:
-            t = time.perf_counter()
             from .decode import Decoder
 
             self._decoder = Decoder(self.pipeline, self.backend)
+        return self._decoder
+
+    def run(self, view, out, rng) -> tuple[float, float]:
+        if self._decoder is None:
+            t = time.perf_counter()
+            self._ready()
             setup_s = time.perf_counter() - t  # first sample only: counted as decoding
             decode_s, transform_s = self._decoder.decode_timed(view, out, rng)
             return setup_s + decode_s, transform_s
         return self._decoder.decode_timed(view, out, rng)
+
+    def run_cached(self, cache, record: int, view, out, rng) -> tuple[float, float]:
+        """:meth:`run` through a :class:`reader.decoded_cache.DecodedCache`: a hit
+        resamples the cached pixels (no decode); a miss decodes the whole image,
+        stores it when there is room, and resamples it. Same crops as :meth:`run`."""
+        decoder = self._ready()
+        hit = cache.get(record)
+        if hit is not None:
+            return 0.0, decoder.resample_timed(*hit, out, rng)
+        t = time.perf_counter()
+        image, height, width = decoder.decode_for_cache(view, cache.short_side)
+        decode_s = time.perf_counter() - t
+        image = cache.put(record, image, height, width)
+        return decode_s, decoder.resample_timed(image, height, width, out, rng)

@@ -31,6 +31,7 @@ from formats.fields import BYTES_TYPES, IMAGE_TYPES
 from .autoscale import WorkerScaler
 from .cache import CacheOptions
 from .dataset import open_dataset
+from .decoded_cache import DecodedCache, DecodedCacheOptions
 from .epoch import CpuSink, Epoch, RawEpoch
 from .imaging import make_pipeline
 from .options import (
@@ -74,6 +75,8 @@ class Loader:
         on_error: ``"fail"`` or ``"skip"`` corrupt images.
         check_crc: verify every record's checksums as it is read (default; see
             :class:`DecodeOptions`).
+        decoded_cache: keep decoded images in shared memory for later epochs
+            (:class:`reader.DecodedCacheOptions`; the seed's ``CacheDataset``).
         copy: return owned arrays instead of views of the shared ring.
         device: ``"cpu"`` or ``"cuda"`` (handled by :mod:`reader.device`).
         rank, world_size: distributed partitioning; ``None`` reads ``$RANK`` and
@@ -95,7 +98,7 @@ class Loader:
                  num_workers: int | str = "auto", prefetch: int | str = "auto",
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
                  transform: Any = None, decode: bool = True, on_error: str = "fail",
-                 check_crc: bool = True,
+                 check_crc: bool = True, decoded_cache: DecodedCacheOptions | None = None,
                  copy: bool = False, device: str = "cpu", rank: int | None = None,
                  world_size: int | None = None, cache: CacheOptions | None = None,
                  monitor: Any = None, timeout: float | None = None,
@@ -108,7 +111,7 @@ class Loader:
         self.batch_size = check_batch_size(batch_size)
         self.decode_options = group_options(
             DecodeOptions, decode_options, "decode_options", transform=transform, decode=decode,
-            on_error=on_error, check_crc=check_crc)
+            on_error=on_error, check_crc=check_crc, decoded_cache=decoded_cache)
         self.sampler_options = group_options(
             SamplerOptions, sampler_options, "sampler_options", shuffle=shuffle, seed=seed,
             drop_last=drop_last, rank=rank, world_size=world_size)
@@ -195,8 +198,10 @@ class Loader:
                 main_fields.append(n)
         self.image_field = image
         self.main_fields = tuple(main_fields)
+        self.decoded_cache = self._make_decoded_cache(image, pipeline)
         self.spec = BatchSpec(image, pipeline, tuple(slot_fields), opts.on_error,
-                              self.sampler_options.seed, self.sampler_options.rank)
+                              self.sampler_options.seed, self.sampler_options.rank,
+                              self.decoded_cache)
         b = self.batch_size
         specs = []
         if image is not None:
@@ -208,6 +213,25 @@ class Loader:
         if image is not None and opts.on_error == "skip":
             specs.append(("valid", np.bool_, (b,)))
         self.layout = SlotLayout.build(specs)
+
+    def _make_decoded_cache(self, image: str | None, pipeline) -> DecodedCache | None:
+        opts = self.decode_options.decoded_cache
+        if opts is None:
+            return None
+        if image is None:
+            raise ValueError("decoded_cache keeps decoded images: this loader decodes none "
+                             "(decode=False, or no image field among the fields read)")
+        if not hasattr(pipeline, "run_cached"):
+            raise ValueError("decoded_cache needs a pipeline of reader.transforms specs (it "
+                             f"replays their geometry on cached pixels), not {pipeline!r}")
+        one = int(np.prod(pipeline.output_shape))
+        if opts.max_bytes < one:
+            raise ValueError(f"decoded_cache max_bytes={opts.max_bytes:,} is smaller than one "
+                             f"output image ({'x'.join(map(str, pipeline.output_shape))} = "
+                             f"{one:,} bytes): it could never hold a sample")
+        ctx = mp.get_context(self._start_method())
+        return DecodedCache(opts, len(self.dataset), ctx.Lock(),
+                            named=self._start_method() != "fork")
 
     @property
     def ring(self) -> SlotRing | None:
@@ -392,6 +416,8 @@ class Loader:
         self._stop_active()
         self._drop_pool()
         self._release_ring()
+        if self.decoded_cache is not None:
+            self.decoded_cache.close()  # after the workers: none of them still writes to it
         if self._owns_dataset:
             self.dataset.close()  # unmaps, and unpins a remote dataset's cached shards
 

@@ -241,6 +241,9 @@ class DecodeOptions:
             labels, keys), so a damaged record is an error naming shard and record,
             never a wrong value. On by default: CRC32C runs at tens of GB/s, far
             ahead of decoding (BENCHMARKS.md measures the cost); False skips it.
+        decoded_cache: keep decoded images in memory shared by the workers and
+            crop later epochs from them (:class:`reader.decoded_cache.DecodedCacheOptions`:
+            the byte bound, a pre-shrink, an optional file); None decodes every time.
     """
 
     transform: Any = None
@@ -249,9 +252,16 @@ class DecodeOptions:
     fields: tuple[str, ...] | None = None
     on_error: str = "fail"
     check_crc: bool = True
+    decoded_cache: Any = None
 
     def __post_init__(self) -> None:
         _check_transform(self.transform)
+        if self.decoded_cache is not None:
+            from .decoded_cache import DecodedCacheOptions
+
+            if not isinstance(self.decoded_cache, DecodedCacheOptions):
+                raise TypeError("decoded_cache must be a reader.DecodedCacheOptions or None, "
+                                f"not {type(self.decoded_cache).__name__}")
         _set(self, "decode", _bool("decode", self.decode))
         _set(self, "check_crc", _bool("check_crc", self.check_crc))
         _choice("on_error", self.on_error, ("fail", "skip"))

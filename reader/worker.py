@@ -46,6 +46,8 @@ class BatchSpec:
         on_error: ``"fail"`` or ``"skip"`` for images that do not decode.
         seed: base seed of the per-batch random streams.
         rank: this loader's rank (part of the stream seed).
+        cache: a :class:`reader.decoded_cache.DecodedCache` the pipeline reads
+            decoded images from and keeps them in (None: decode every time).
     """
 
     image_field: str | None
@@ -54,6 +56,7 @@ class BatchSpec:
     on_error: str
     seed: int
     rank: int
+    cache: Any = None
 
 
 def batch_rng(spec: BatchSpec, epoch: int, batch: int) -> np.random.Generator:
@@ -94,12 +97,15 @@ class BatchBuilder:
                     int(a[::PAGE_STRIDE].sum()) + int(a[-1])  # page the record in
             io_s = time.perf_counter() - t
             images = arrays[spec.image_field]
-            run = spec.pipeline.run
+            run, cache = spec.pipeline.run, spec.cache
             idx = indices.tolist()
             for i, v in enumerate(views):
                 self.current = idx[i]
                 try:
-                    d, tr = run(v, images[i], rng)
+                    if cache is None:
+                        d, tr = run(v, images[i], rng)
+                    else:
+                        d, tr = spec.pipeline.run_cached(cache, idx[i], v, images[i], rng)
                 except self._decode_error as exc:
                     if spec.on_error != "skip":
                         raise self._corrupt(idx[i], exc) from None
