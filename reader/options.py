@@ -293,16 +293,20 @@ class WorkerOptions:
 
     Args:
         num_workers: worker processes (0 builds batches in the main process);
-            ``"auto"`` picks one per core, leaving one for the main process on
-            machines with more than 4.
+            ``"auto"`` starts with one per core (leaving one for the main process on
+            machines with more than 4), then measures and adjusts the count while
+            the loader runs (:mod:`reader.autoscale`).
         prefetch: batches in flight (issued, not yet consumed); ``"auto"`` adapts
             the depth between ``num_workers`` and ``max_prefetch`` so the consumer
             rarely waits.
         max_prefetch: the ring is allocated for this many batches in flight
             (default ``4 * num_workers``, at least 2), bounded by ``max_ring_bytes``.
         max_ring_bytes: memory bound of the shared batch ring.
-        timeout: seconds without any batch (all workers alive) before
-            :class:`reader.errors.LoaderTimeoutError`; None waits for ever.
+        timeout: seconds without any batch before
+            :class:`reader.errors.LoaderTimeoutError`, whose message says what each
+            worker is doing (stopped, busy, asleep); None: a stopped worker is an
+            error once a batch is ``reader.epoch.LATE_FACTOR`` times later than the
+            slowest so far, slow or blocked ones are reported and waited for.
         start_method: ``"fork"`` (Linux default) or ``"spawn"``.
         copy: return owned arrays instead of views of the shared ring.
         persistent_workers: keep the worker processes from one epoch to the next
