@@ -85,13 +85,9 @@ def main(argv=None) -> int:
     p.add_argument("--cache-gb", type=float, default=3.0)
     p.add_argument("--epochs", type=int, default=3)
     args = p.parse_args(argv)
-    from packer import PackOptions, pack
-    from scripts.bench_pack import _dataset
+    from scripts.bench_pack import packed_dataset
 
-    src, _ = _dataset(args.data, args.count)
-    path = args.data / f"cache-{src.name}"
-    if not (path / "manifest.json").exists():
-        pack(src, path, PackOptions(shard_size=64_000_000, overwrite=True))
+    path = packed_dataset(args.data, args.count)
     bound = int(args.cache_gb * (1 << 30))
     print(f"{args.count} JPEGs, batch 64, {os.cpu_count()} workers, decode + RRC 224 + flip, "
           f"page cache warm; cache bound {bound / 2**30:.1f} GiB")

@@ -46,6 +46,18 @@ def _dataset(data: Path, count: int) -> tuple[Path, list[tuple[str, str, int]]]:
     return root, samples
 
 
+def packed_dataset(data: Path, count: int) -> Path:
+    """The synthetic folder of ``count`` JPEGs (:func:`_dataset`), packed into shards
+    once and kept under ``data`` for the reader benchmarks."""
+    from packer import PackOptions, pack
+
+    src, _ = _dataset(data, count)
+    path = data / f"packed-{src.name}"
+    if not (path / "manifest.json").exists():
+        pack(src, path, PackOptions(shard_size=64_000_000, overwrite=True))
+    return path
+
+
 def _warm(samples) -> int:
     total = 0
     for path, _, _ in samples:

@@ -87,13 +87,9 @@ def main(argv=None) -> int:
     p.add_argument("--count", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
-    from packer import PackOptions, pack
-    from scripts.bench_pack import _dataset
+    from scripts.bench_pack import packed_dataset
 
-    src, _ = _dataset(args.data, args.count)
-    ds_path = args.data / f"checksums-{src.name}"
-    if not (ds_path / "manifest.json").exists():
-        pack(src, ds_path, PackOptions(shard_size=64_000_000, overwrite=True))
+    ds_path = packed_dataset(args.data, args.count)
     workers = os.cpu_count() or 1
     print(f"{args.count} JPEGs, best of {args.repeat}, alternated, page cache warm; "
           f"pipelines: {workers} workers")

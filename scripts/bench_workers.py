@@ -122,15 +122,11 @@ def main(argv=None) -> int:
     p.add_argument("--compete-after", type=float, default=6.0)
     p.add_argument("--compete-for", type=float, default=14.0)
     args = p.parse_args(argv)
-    from packer import PackOptions, pack
     from reader.autoscale import usable_cores
     from reader.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
-    from scripts.bench_pack import _dataset
+    from scripts.bench_pack import packed_dataset
 
-    src, _ = _dataset(args.data, 2000)
-    big = args.data / f"checksums-{src.name}"
-    if not (big / "manifest.json").exists():
-        pack(src, big, PackOptions(shard_size=64_000_000, overwrite=True))
+    big = packed_dataset(args.data, 2000)
     small = _small_dataset(args.data)
     cores = usable_cores()
     workloads = (
