@@ -5,13 +5,10 @@ Invariants:
 * Inputs become :class:`Item` values in the plan's order, whatever the source: a
   listing's files are read and prepared by :func:`packer.work.iter_loaded`; a
   container source's records have each image payload prepared the same way
-  (:func:`packer.work.prepare_record`: checked, re-encoded with ``--max-side``,
-  converted with ``--to-jpeg``), file by file in worker processes when the source
-  splits into parts (:func:`packer.work.iter_parts`, the parts protocol). Bad
-  input comes back as an item with a skip kind, and ``--on-error`` is applied to
-  it in one place, :func:`write_items`.
-* Items arrive in the source's order however many processes read them, and
-  records are written by this process alone, so the bytes never depend on
+  (:func:`packer.work.prepare`: checked, re-encoded with ``--max-side``, converted
+  with ``--to-jpeg``). Bad input comes back as an item with a skip kind, and
+  ``--on-error`` is applied to it in one place, :func:`write_items`.
+* Records are written by this process alone, so the bytes never depend on
   ``workers``.
 * Each ``write`` carries a progress value ``{"next", "skipped", "bytes_in",
   "plan"}``; the writer stores the one that sealed each shard in its journal, so a
@@ -24,13 +21,13 @@ Invariants:
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from formats import DatasetWriter, Record
 from formats.fields import IMAGE_TYPES
@@ -43,12 +40,29 @@ from .options import PackOptions
 from .plan import created_by, listing_fingerprint, shuffle_order, work_options
 from .report import PackProgress, PackSummary
 from .resolve import open_sink
-from .work import Item, WorkOptions, iter_loaded, iter_parts, prepare_record
+from .work import WorkOptions, iter_loaded, prepare
 
 __all__ = ["Item", "listing_items", "open_writer", "pack_listing", "record_items", "resume_point",
            "write_items"]
 
 _ADVANCE_EVERY = 64
+
+
+class Item(NamedTuple):
+    """One input on its way to the writer.
+
+    ``record`` (field -> value) and ``meta`` are None when the input is skipped;
+    ``kind``/``reason`` then say why. ``name`` is what the skip list and errors call
+    it (a key, or the source's record origin); ``path`` the file an error names.
+    """
+
+    record: dict[str, Any] | None
+    meta: dict[str, Any] | None
+    name: str
+    path: str
+    nbytes: int
+    kind: str | None = None
+    reason: str | None = None
 
 
 def listing_items(listing: Listing, start: int, work: WorkOptions, workers: int
@@ -79,34 +93,53 @@ def listing_items(listing: Listing, start: int, work: WorkOptions, workers: int
         loaded.close()
 
 
+def _prepare_record(rec: Record, images: list[str], work: WorkOptions) -> Item:
+    """One container record with each image payload checked (and maybe re-encoded)."""
+    fields, meta = dict(rec.fields), dict(rec.meta)
+    nbytes = sum(len(v) for v in fields.values() if isinstance(v, (bytes, bytearray, memoryview)))
+    for name in images:
+        data = fields[name]
+        if not (type(data) is bytes or (isinstance(data, memoryview) and data.readonly)):
+            data = bytes(data)  # a view that could change under us is copied; others not
+        loaded = prepare(data, rec.origin, work)
+        if loaded.kind is not None:
+            return Item(None, None, rec.origin, rec.origin, nbytes, loaded.kind,
+                        f"field {name!r}: {loaded.reason}")
+        fields[name] = loaded.data
+        if name == images[0]:  # the metadata table's size is the first image's
+            meta["width"], meta["height"] = loaded.width, loaded.height
+    return Item(fields, meta, rec.origin, rec.origin, nbytes)
+
+
+def _ignore_sigint() -> None:
+    # Ctrl-C goes to the whole process group: the parent alone handles it.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _prepare_chunk(args: tuple[list[Record], list[str], WorkOptions]) -> list[Item]:
     records, images, work = args
-    return [prepare_record(r, images, work) for r in records]
+    return [_prepare_record(r, images, work) for r in records]
 
 
-def record_items(source, start: int, fields, work: WorkOptions, workers: int,
+def record_items(records: Iterable[Record], fields, work: WorkOptions, workers: int,
                  chunk: int = 32) -> Iterator[Item]:
-    """The items of a container source's records from record ``start`` on, image
-    payloads prepared, in order.
-
-    A source with ``parts()`` (one per file) is read and prepared in ``workers``
-    processes when there are two or more (:func:`packer.work.iter_parts`, the parts
-    protocol); any other in this process, its image payloads in worker processes
-    when the work is heavy (re-encoding) and ``workers`` allows.
-    """
+    """The items of a container source's records (already positioned at the resume
+    point), image payloads prepared in order, in worker processes when the work is
+    heavy (re-encoding) and ``workers`` allows."""
     images = [f.name for f in fields if f.type in IMAGE_TYPES]
-    parts = source.parts() if hasattr(source, "parts") else None
-    if parts is not None and workers >= 2 and hasattr(os, "fork"):
-        while parts and start and hasattr(parts[0], "__len__") and len(parts[0]) <= start:
-            start -= len(parts.pop(0))  # whole files before the resume point: not read
-        if parts:
-            yield from itertools.islice(iter_parts(parts, images, work, workers), start, None)
-        return
-    records = itertools.islice(iter(source), start, None)
-    if workers < 2 or not work.needs_processes or not images:
+    if not images:
         for rec in records:
-            yield prepare_record(rec, images, work)
+            nbytes = sum(len(v) for v in rec.fields.values()
+                         if isinstance(v, (bytes, bytearray, memoryview)))
+            yield Item(dict(rec.fields), dict(rec.meta), rec.origin, rec.origin, nbytes)
         return
+    if workers < 2 or not work.needs_processes:
+        for rec in records:
+            yield _prepare_record(rec, images, work)
+        return
+    import itertools
     import multiprocessing as mp
 
     def chunks():
@@ -121,13 +154,6 @@ def record_items(source, start: int, fields, work: WorkOptions, workers: int,
     with ctx.Pool(workers, initializer=_ignore_sigint) as pool:
         for items in pool.imap(_prepare_chunk, chunks()):
             yield from items
-
-
-def _ignore_sigint() -> None:
-    # Ctrl-C goes to the whole process group: the parent alone handles it.
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _SkipLog:

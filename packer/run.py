@@ -13,6 +13,7 @@ the shuffled order.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 from pathlib import Path
@@ -167,8 +168,8 @@ def _pack_source(source, root: Path | None, dst: Path, options: PackOptions,
             if shards:
                 writer.abort()
             raise
-    items = record_items(source, start.get("next", 0), fields, work_options(options),
-                         options.num_workers)
+    records = itertools.islice(iter(source), start.get("next", 0), None)
+    items = record_items(records, fields, work_options(options), options.num_workers)
     write_items(items, writer, shards=shards, total=total, start=start, plan=plan, dst=dst,
                 options=options, progress=progress, summary=summary)
     shutil.rmtree(dst / SHUFFLE_PASS, ignore_errors=True)

@@ -13,10 +13,6 @@ one process) ran 10.5-13.3k files/s; reading in the parent 13.6-15.9k files/s
 9-12k (GIL hand-offs); a 2-process pool returning bytes 3.4-4.6k (a pickle and
 two pipe copies per 100 KB record). Processes pay off only when decoding and
 re-encoding dominate: ``--max-side`` and ``--to-jpeg``.
-
-Container sources (TFRecord, WebDataset, Parquet files) are the other way round:
-parsing them costs more than writing, so :func:`iter_parts` reads their files in
-worker processes whatever the options, under the parts protocol below.
 """
 
 from __future__ import annotations
@@ -24,9 +20,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import pickle
 import signal
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -34,14 +28,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import simplejpeg
 
-from formats.base import Record
 from formats.errors import MissingObjectError, ObjectTooLargeError, StorageError
 from formats.sniff import image_kind, image_size, is_gray, looks_complete
 
-from .errors import PackError
-
-__all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Item", "Loaded", "WorkOptions", "iter_loaded",
-           "iter_parts", "load", "prepare", "prepare_record"]
+__all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Loaded", "WorkOptions", "iter_loaded", "load",
+           "prepare"]
 
 # One input read from object storage is refused beyond this (a bound on memory).
 MAX_OBJECT_BYTES = 1 << 30
@@ -87,42 +78,6 @@ class WorkOptions:
     def needs_processes(self) -> bool:
         """Whether per-file work is heavy enough for worker processes."""
         return self.max_side is not None or self.to_jpeg
-
-
-class Item(NamedTuple):
-    """One input on its way to the writer.
-
-    ``record`` (field -> value) and ``meta`` are None when the input is skipped;
-    ``kind``/``reason`` then say why. ``name`` is what the skip list and errors call
-    it (a key, or the source's record origin); ``path`` the file an error names.
-    """
-
-    record: dict[str, Any] | None
-    meta: dict[str, Any] | None
-    name: str
-    path: str
-    nbytes: int
-    kind: str | None = None
-    reason: str | None = None
-
-
-def _is_buffer(v) -> bool:
-    return isinstance(v, (bytes, bytearray, memoryview))
-
-
-def prepare_record(rec: Record, images: list[str], work: WorkOptions) -> Item:
-    """One container record with each image payload checked (and maybe re-encoded)."""
-    fields, meta = dict(rec.fields), dict(rec.meta)
-    nbytes = sum(len(v) for v in fields.values() if _is_buffer(v))
-    for name in images:
-        loaded = prepare(bytes(fields[name]), rec.origin, work)
-        if loaded.kind is not None:
-            return Item(None, None, rec.origin, rec.origin, nbytes, loaded.kind,
-                        f"field {name!r}: {loaded.reason}")
-        fields[name] = loaded.data
-        if name == images[0]:  # the metadata table's size is the first image's
-            meta["width"], meta["height"] = loaded.width, loaded.height
-    return Item(fields, meta, rec.origin, rec.origin, nbytes)
 
 
 def _read(path: str) -> bytes:
@@ -302,7 +257,8 @@ def prepare(data: bytes, name: str, opts: WorkOptions) -> Loaded:
     re-encode when the options say so (the image notes above).
 
     Args:
-        data: the input's bytes, already in memory.
+        data: the input's bytes, already in memory (bytes, or a read-only
+            memoryview: handed on uncopied unless re-encoded).
         name: a path or a record's key; its extension picks the skip kind for data
             with no image signature (``corrupt`` for a .jpg, else ``not-an-image``).
         opts: what to do with it.
@@ -425,251 +381,3 @@ def _fetch_in_threads(paths: list[str], opts: WorkOptions) -> Iterator[Loaded]:
             p = next(todo, None)
             if p is not None:
                 window.append(pool.submit(load, p, opts))
-
-
-# -- container sources in worker processes ---------------------------------------------
-#
-# The parts protocol
-# ------------------
-# * A source that can be split offers ``parts()``: sub-sources, one per file, whose
-#   records, part after part, are exactly the source's (same values, origins, errors).
-# * ``iter_parts`` starts W = min(workers, parts) processes (fork) and maps one
-#   anonymous shared ring of ``SLOTS_PER_WORKER`` slots of ``SLOT_BYTES`` per worker.
-#   Worker w reads parts w, w + W, w + 2W... in turn, prepares every record
-#   (:func:`prepare_record`) and sends :class:`_Chunk` messages on its own pipe: the
-#   chunk's items with every buffer field copied into a free slot of its own (a
-#   :class:`_Span` in the item says where), ``end`` after a part's last record,
-#   ``error`` (the pickled exception and its traceback) when reading fails, after
-#   which it sends nothing more. A record too large for a slot travels in the
-#   message itself; it still takes a slot, so each worker has at most
-#   ``SLOTS_PER_WORKER`` messages in flight: memory stays bounded.
-# * The parent reads part 0 from worker 0, part 1 from worker 1 and so on, copies
-#   each chunk's payloads out of its slot, hands the slot id back on the worker's
-#   free pipe and yields the items: the order is the source's whatever W, so the
-#   output bytes never depend on the worker count. An error is raised where the
-#   part reached it, after the items before it, as reading in one process would.
-# * Pipes, not queues: no feeder thread in the parent competes for its GIL. Each
-#   process closes the ends it does not use, so a worker whose parent is gone fails
-#   its next send (EPIPE) or sees its free pipe end (EOF).
-# * Every wait has a timeout (``POLL_S``): the parent checks that the worker it
-#   waits for is alive (a dead one raises PackError naming it); a worker checks
-#   ``done`` and ``os.getppid()``. Shutdown (end, error, ``close()`` of the
-#   generator, Ctrl-C: workers ignore SIGINT): set ``done``, close the parent's
-#   pipe ends (a worker blocked on a send or a slot returns at once), join each
-#   worker for up to ``JOIN_S``, then terminate, then kill.
-
-SLOT_BYTES = 4 << 20
-SLOTS_PER_WORKER = 16
-POLL_S = 0.2
-JOIN_S = 2.0
-_CHUNK_ITEMS = 1024  # items per message at most (bounds the latency of small records)
-
-
-class _Span(NamedTuple):
-    """Where a buffer field's bytes lie in the message's slot."""
-
-    offset: int
-    length: int
-
-
-class _Chunk(NamedTuple):
-    """A worker's message (see the parts protocol)."""
-
-    part: int
-    slot: int
-    items: list
-    end: bool = False
-    error: bytes | None = None
-    trace: str = ""
-
-
-class _Stopped(Exception):
-    """The parent stopped the pool or is gone: the worker returns."""
-
-
-class _Pipes(NamedTuple):
-    """One worker's two pipes, each as (receiving end, sending end)."""
-
-    free: tuple
-    out: tuple
-
-
-def _free_slot(free, done, parent: int) -> int:
-    while not free.poll(POLL_S):
-        if done.is_set() or os.getppid() != parent:
-            raise _Stopped
-    try:
-        return int.from_bytes(free.recv_bytes(), "little")
-    except (EOFError, OSError):
-        raise _Stopped from None
-
-
-def _pickled_error(exc: BaseException) -> bytes | None:
-    try:
-        return pickle.dumps(exc)
-    except Exception:  # an exception that does not pickle travels as text
-        return None
-
-
-def part_worker(w: int, pipes: list[_Pipes], parts: list, mine: list[int], images: list[str],
-                work: WorkOptions, ring, done, parent: int) -> None:
-    """Worker ``w`` of :func:`iter_parts`: the parts ``mine``, in turn (the parts protocol)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for v, p in enumerate(pipes):  # keep the two ends this worker uses
-        for conn in (p.free[1], p.out[0]) if v == w else (*p.free, *p.out):
-            conn.close()
-    free, out = pipes[w].free[0], pipes[w].out[1]
-    view = memoryview(ring)
-    try:
-        for p in mine:
-            slot, used, items = _free_slot(free, done, parent), 0, []
-            try:
-                for rec in parts[p]:
-                    item = prepare_record(rec, images, work)
-                    bufs = [k for k, v in item.record.items() if _is_buffer(v)] \
-                        if item.record is not None else []
-                    size = sum(memoryview(item.record[k]).nbytes for k in bufs)
-                    if items and (used + size > SLOT_BYTES or len(items) >= _CHUNK_ITEMS):
-                        out.send(_Chunk(p, slot, items))
-                        slot, used, items = _free_slot(free, done, parent), 0, []
-                    if size > SLOT_BYTES:  # alone, in the message (the parts protocol)
-                        record = {k: bytes(v) if isinstance(v, memoryview) else v
-                                  for k, v in item.record.items()}
-                        out.send(_Chunk(p, slot, [item._replace(record=record)]))
-                        slot = _free_slot(free, done, parent)
-                        continue
-                    if bufs:
-                        record = dict(item.record)
-                        base = slot * SLOT_BYTES
-                        for k in bufs:
-                            data = memoryview(record[k]).cast("B")
-                            n = len(data)
-                            view[base + used:base + used + n] = data
-                            record[k] = _Span(used, n)
-                            used += n
-                        item = item._replace(record=record)
-                    items.append(item)
-            except _Stopped:
-                raise
-            except Exception as exc:  # shipped to the parent, raised there
-                out.send(_Chunk(p, slot, items, error=_pickled_error(exc) or b"",
-                                trace=traceback.format_exc()))
-                return
-            out.send(_Chunk(p, slot, items, end=True))
-    except (_Stopped, BrokenPipeError):
-        return
-
-
-def _give_slot(free, slot: int) -> None:
-    try:
-        free.send_bytes(slot.to_bytes(4, "little"))
-    except BrokenPipeError:
-        pass  # the worker has sent all its parts and returned
-
-
-def _next_chunk(out, proc, w: int) -> _Chunk:
-    try:
-        while not out.poll(POLL_S):
-            if not proc.is_alive():
-                raise EOFError
-        return out.recv()
-    except EOFError:  # its end of the pipe closed: it is gone
-        proc.join(JOIN_S)
-        raise PackError(f"pack worker {w} (pid {proc.pid}) died (exit code {proc.exitcode}) "
-                        "while reading the source") from None
-
-
-def _raise_from(chunk: _Chunk, w: int, proc) -> None:
-    where = f"in pack worker {w} (pid {proc.pid}):\n{chunk.trace}"
-    exc = pickle.loads(chunk.error) if chunk.error else None
-    if not isinstance(exc, BaseException):
-        raise PackError(f"reading the source failed {where}")
-    exc.add_note(where)
-    raise exc
-
-
-def _trim_heap() -> None:
-    """Hand the memory the allocators keep free back to the system before a fork.
-
-    A forked worker allocating from pages its parent freed copies each on first
-    write; fresh pages cost only a fault. Measured: a Parquet part read in a fresh
-    fork ran 4.1-5.7k records/s against 8-9k in its parent; after this, 6.8-9.4k.
-    """
-    import ctypes
-    import sys
-
-    if "pyarrow" in sys.modules:
-        sys.modules["pyarrow"].default_memory_pool().release_unused()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)  # glibc; elsewhere there is none to call
-    except (AttributeError, OSError):
-        pass
-
-
-def iter_parts(parts: list, images: list[str], work: WorkOptions, workers: int
-               ) -> Iterator[Item]:
-    """The items of every part in order, read and prepared in worker processes (the
-    parts protocol above). Needs ``fork``.
-
-    Raises:
-        Whatever reading a part raised (the original exception, with a note naming
-        the worker and its traceback); PackError when a worker dies.
-    """
-    import mmap
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork")
-    n = min(workers, len(parts))
-    ring = mmap.mmap(-1, n * SLOTS_PER_WORKER * SLOT_BYTES)
-    view = memoryview(ring)
-    pipes = [_Pipes(ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)) for _ in range(n)]
-    done = ctx.Event()
-    procs = [ctx.Process(target=part_worker, name=f"shardpack-part-{w}", daemon=True,
-                         args=(w, pipes, parts, list(range(w, len(parts), n)), images, work,
-                               ring, done, os.getpid()))
-             for w in range(n)]
-    try:
-        _trim_heap()
-        for p in procs:
-            p.start()
-        for p in pipes:
-            p.free[0].close()
-            p.out[1].close()
-        for w, p in enumerate(pipes):
-            for slot in range(w * SLOTS_PER_WORKER, (w + 1) * SLOTS_PER_WORKER):
-                _give_slot(p.free[1], slot)
-        for part in range(len(parts)):
-            w = part % n
-            while True:
-                chunk = _next_chunk(pipes[w].out[0], procs[w], w)
-                if chunk.part != part:
-                    raise PackError(f"pack worker {w} sent part {chunk.part}, expected {part}")
-                base = chunk.slot * SLOT_BYTES
-                for item in chunk.items:
-                    if item.record is not None:
-                        record = item.record
-                        for k, v in record.items():
-                            if type(v) is _Span:
-                                record[k] = bytes(view[base + v.offset:base + v.offset + v.length])
-                _give_slot(pipes[w].free[1], chunk.slot)
-                yield from chunk.items
-                if chunk.error is not None:
-                    _raise_from(chunk, w, procs[w])
-                if chunk.end:
-                    break
-    finally:
-        done.set()
-        for p in pipes:
-            for conn in (*p.free, *p.out):
-                conn.close()
-        for p in procs:
-            if p.pid is not None:
-                p.join(JOIN_S)
-                if p.is_alive():
-                    p.terminate()
-                    p.join(JOIN_S)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-        view.release()
-        ring.close()

@@ -4,29 +4,25 @@
   refuse the same bytes, with the same values and errors.
 * The tar reader's plain-header path and tarfile give the same members and errors.
 * The tar sink's member headers are ``TarInfo.tobuf``'s bytes.
-* Container sources read in worker processes (the parts protocol) give the same
-  output bytes, errors and resumes as reading in one process.
+* Packs from container sources through them: the same bytes for any worker
+  count, errors naming file and record, exact resumes.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 
 import numpy as np
 import pytest
 
-from formats.base import Record
 from formats.codecs import tfexample, webdataset
 from formats.codecs.tfexample import ExampleError, _put_len, _put_varint, decode_example
 from formats.codecs.webdataset import WebDatasetSource, _member_header
 from formats.errors import CorruptRecordError
 from packer import PackOptions, pack
-from packer import work as packer_work
-from packer.errors import PackError, PackInterrupted
+from packer.errors import PackInterrupted
 from packer.report import PackProgress
-from packer.work import WorkOptions, iter_parts
 from tests.helpers_codecs import make_dataset, make_records
 from tests.helpers_packer import dataset_files
 
@@ -199,7 +195,7 @@ def test_tar_member_headers_are_tarfiles(rng):
                                                             "surrogateescape"), (name, size)
 
 
-# -- container sources in worker processes ---------------------------------------------
+# -- packs from container sources ---------------------------------------------------
 
 
 @pytest.fixture
@@ -213,30 +209,21 @@ def sources(tmp_path, rng):
     return tmp_path, recs
 
 
+@pytest.mark.parametrize("max_side", [None, 9])  # 9: most images re-encoded, in a pool
 @pytest.mark.parametrize("fmt", ["tfrecord", "webdataset", "parquet"])
-def test_parts_in_workers_give_the_same_bytes(sources, fmt):
+def test_container_packs_give_the_same_bytes_for_any_workers(sources, fmt, max_side):
     root, recs = sources
     outs = {}
     for workers in (0, 2, 3):
         out = root / f"{fmt}-{workers}"
         s = pack(root / fmt, out, PackOptions(source=fmt, workers=workers, records_per_shard=4,
-                                              durable=False))
+                                              max_side=max_side, durable=False))
         assert s.records_written == len(recs)
         outs[workers] = dataset_files(out)
     assert outs[0] == outs[2] == outs[3]
 
 
-def test_parts_records_larger_than_a_slot_travel_whole(sources, monkeypatch):
-    root, _ = sources
-    pack(root / "tfrecord", root / "one", PackOptions(source="tfrecord", workers=0,
-                                                      durable=False))
-    monkeypatch.setattr(packer_work, "SLOT_BYTES", 300)  # most records are larger
-    pack(root / "tfrecord", root / "two", PackOptions(source="tfrecord", workers=2,
-                                                      durable=False))
-    assert dataset_files(root / "one") == dataset_files(root / "two")
-
-
-def test_parts_error_is_raised_in_order_naming_file_and_record(sources):
+def test_container_pack_error_names_file_and_record_for_any_workers(sources):
     root, _ = sources
     bad = sorted((root / "tfrecord").glob("*.tfrecord"))[2]
     data = bytearray(bad.read_bytes())
@@ -264,8 +251,8 @@ class _StopAfter(PackProgress):
             raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
-def test_parts_interrupt_then_resume_is_byte_identical(sources, fmt, monkeypatch):
+@pytest.mark.parametrize("fmt", ["tfrecord", "webdataset", "parquet"])
+def test_container_pack_interrupt_then_resume_is_byte_identical(sources, fmt, monkeypatch):
     root, recs = sources
     monkeypatch.setattr("packer.loop._ADVANCE_EVERY", 1)
     o = PackOptions(source=fmt, workers=2, records_per_shard=2, durable=False)
@@ -275,31 +262,3 @@ def test_parts_interrupt_then_resume_is_byte_identical(sources, fmt, monkeypatch
     again = pack(root / fmt, root / "cut", PackOptions(**{**o.__dict__, "resume": True}))
     assert again.resumed_records >= 4 and again.records_written == len(recs)
     assert dataset_files(root / "cut") == dataset_files(root / "full")
-
-
-class _Dies:
-    def __iter__(self):
-        os._exit(7)
-
-
-def test_parts_worker_death_is_an_error_naming_it():
-    rec = Record({"x": b"ab"}, {}, "r0")
-    with pytest.raises(PackError, match=r"pack worker 1 \(pid \d+\) died \(exit code 7\)"):
-        list(iter_parts([[rec], _Dies()], [], WorkOptions(), 2))
-
-
-def test_parts_keep_the_order_of_many_small_parts():
-    parts = [[Record({"i": p, "b": bytes([p]) * p}, {}, f"{p}:{i}") for i in range(p % 4)]
-             for p in range(30)]
-    got = [(it.record["i"], it.record["b"], it.name) for it in
-           iter_parts(parts, [], WorkOptions(), 3)]
-    assert got == [(r.fields["i"], r.fields["b"], r.origin) for part in parts for r in part]
-    assert all(type(b) is bytes for _, b, _ in got)
-
-
-def test_tar_source_parts_cover_the_source(sources):
-    root, _ = sources
-    src = WebDatasetSource(root / "webdataset")
-    parts = src.parts()
-    assert len(parts) == 4 and all(len(p.files) == 1 for p in parts)
-    assert [r.origin for p in parts for r in p] == [r.origin for r in src]

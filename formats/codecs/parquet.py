@@ -33,7 +33,6 @@ the expected shape, or the error names the file and the key.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import struct
@@ -405,11 +404,6 @@ class ParquetSource:
             return parse_json(v, path=path, record=row, what=f"column {name!r}")
         return v
 
-    def parts(self) -> list:
-        """This source split by file: one source per file, the same schema, whose
-        records in turn are this source's (what a pack reads in worker processes)."""
-        return [_one_file(self, path) for path in self.files]
-
     def __len__(self) -> int:
         total = 0
         for p in self.files:
@@ -624,9 +618,3 @@ class ParquetSink:
         elif self._writer is not None:
             self._writer.close()
             self._tmp.unlink(missing_ok=True)
-
-
-def _one_file(source, path: Path):
-    part = copy.copy(source)
-    part.files = [path]
-    return part

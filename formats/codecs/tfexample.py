@@ -34,6 +34,7 @@ in BENCHMARKS.md ("Conversions").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -352,41 +353,64 @@ def _head(num: int, n: int) -> bytes:
     return bytes(out)
 
 
+def _varint_bytes(v: int) -> bytes:
+    if 0 <= v < 0x80:
+        return _ONE_BYTE[v]
+    out = bytearray()
+    _put_varint(out, v)
+    return bytes(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _name_key(name: str) -> bytes:
+    """A map entry's key field: the feature name with its head."""
+    raw = name.encode("utf-8")
+    return _head(1, len(raw)) + raw
+
+
 def _feature_parts(value) -> tuple[int, list]:
-    """(length, pieces) of one Feature message holding ``value``."""
-    if isinstance(value, np.ndarray) and value.dtype.kind in "iub":
-        packed = bytearray()
-        for x in value.reshape(-1).tolist():
-            _put_varint(packed, int(x))
-        pieces, n, kind = [_head(1, len(packed)), packed], len(packed), 3
-    elif isinstance(value, np.ndarray) and value.dtype.kind == "f":
+    """(length, pieces) of one Feature message holding ``value``: short heads, then
+    the byte strings uncopied."""
+    kind = value.dtype.kind if isinstance(value, np.ndarray) else ""
+    if kind in ("i", "u", "b"):
+        if value.size == 1:  # a label: no list, no loop
+            packed = _varint_bytes(int(value.item()) & 0xFFFFFFFFFFFFFFFF)
+        else:
+            buf = bytearray()
+            for x in value.reshape(-1).tolist():
+                _put_varint(buf, int(x))
+            packed = bytes(buf)
+    elif kind == "f":
         packed = np.ascontiguousarray(value.reshape(-1), "<f4").tobytes()
-        pieces, n, kind = [_head(1, len(packed)), packed], len(packed), 2
     else:
-        pieces, n, kind = [], 0, 1
+        pieces, n = [], 0
         for item in value:
-            if not isinstance(item, bytes):
+            if type(item) is not bytes:
                 item = memoryview(item).cast("B")
-            pieces += (_head(1, len(item)), item)
-            n += len(item)
-    n += sum(len(p) for p in pieces[::2])  # the heads
-    head = _head(kind, n)
-    return len(head) + n, [head, *pieces]
+            head = _head(1, len(item))
+            pieces += (head, item)
+            n += len(head) + len(item)
+        head = _head(1, n)
+        return len(head) + n, [head, *pieces]
+    inner = _head(1, len(packed))
+    n = len(inner) + len(packed)
+    head = _head(2 if kind == "f" else 3, n)
+    return len(head) + n, [head + inner, packed]
 
 
 def encode_example_parts(features: Mapping[str, object]) -> list:
     """The bytes of :func:`encode_example` as a list of pieces to join or write in
     turn: each byte string of ``_OWN_PIECE`` bytes or more is a piece of its own,
     uncopied (so it must not change before the pieces are used)."""
-    entries = []
+    entries: list = []
     total = 0
     for name in sorted(features):
-        raw = name.encode("utf-8")
+        key = _name_key(name)
         flen, fparts = _feature_parts(features[name])
-        key, val = _head(1, len(raw)), _head(2, flen)
-        elen = len(key) + len(raw) + len(val) + flen
+        val = _head(2, flen)
+        elen = len(key) + len(val) + flen
         head = _head(1, elen)
-        entries += (head, key, raw, val, *fparts)
+        entries += (head + key + val, *fparts)
         total += len(head) + elen
     pieces: list = []
     small = [_head(1, total)]

@@ -43,7 +43,6 @@ bytes and the end of the archive itself, without ``TarFile.addfile``'s copies.
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 import re
@@ -467,11 +466,6 @@ class WebDatasetSource:
             return self._key
         return name
 
-    def parts(self) -> list:
-        """This source split by file: one source per file, the same schema, whose
-        records in turn are this source's (what a pack reads in worker processes)."""
-        return [_one_file(self, path) for path in self.files]
-
     def __iter__(self) -> Iterator[Record]:
         by_name = {f.name: f for f in self.fields}
         want = set(by_name)
@@ -689,9 +683,3 @@ class WebDatasetSink:
         if self._file is not None:
             self._seal()
         write_schema_file(self.root, "webdataset", self._kinds.typed(self.fields), self._names)
-
-
-def _one_file(source, path: Path):
-    part = copy.copy(source)
-    part.files = [path]
-    return part
