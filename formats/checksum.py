@@ -36,7 +36,7 @@ def _thread_pool() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
-                                   thread_name_prefix="shardpack-crc")
+                                   thread_name_prefix="crc32c-check")
     return _pool
 
 
