@@ -76,20 +76,15 @@ def read_many(ds: ShardDataset, indices, fields: tuple[str, ...] | None = None) 
     return main_fields(ds, tuple(fields or (f.name for f in ds.fields)), idx)
 
 
-def main_fields(ds: ShardDataset, names: tuple[str, ...], indices: np.ndarray,
-                threads: int = 1) -> dict:
-    """Fields read in the main process: scalars as arrays, bytes as memoryviews, else values.
-
-    ``threads``: how many threads may check the checksums of a large batch (the raw
-    path, which has no workers, passes the number of cores).
-    """
+def main_fields(ds: ShardDataset, names: tuple[str, ...], indices: np.ndarray) -> dict:
+    """Fields read in the main process: scalars as arrays, bytes as memoryviews, else values."""
     out = {}
     for n in names:
         f = ds.fields[ds.field_index[n]]
         if f.type in ("int", "float"):
             out[n] = ds.scalars(indices, n)
         elif f.type in BYTES_TYPES and f.compression == "none":
-            out[n] = ds.payloads(indices, n, threads)
+            out[n] = ds.payloads(indices, n)
         else:
             out[n] = [ds.get(i, n) for i in indices.tolist()]
     return out

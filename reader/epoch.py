@@ -167,8 +167,6 @@ class RawEpoch:
         types = {f.name: f.type for f in loader.dataset.fields}
         # Fields that come as lists of bytes/memoryviews: what ``bytes`` counts.
         self.byte_fields = tuple(n for n in loader.fields if types[n] in BYTES_TYPES)
-        # No workers: the cores are free to check the batch's checksums in parallel.
-        self.threads = os.cpu_count() or 1
         self.prefetch = loader._start_prefetch(self.epoch, self.k)
 
     def __iter__(self):
@@ -184,7 +182,7 @@ class RawEpoch:
         if self.prefetch is not None:
             self.prefetch.advance(self.k + 1)
         indices = lo.sampler.batch(self.epoch, self.k)
-        batch = main_fields(lo.dataset, lo.fields, indices, self.threads)
+        batch = main_fields(lo.dataset, lo.fields, indices)
         if self.copy:
             batch = {k: v if isinstance(v, np.ndarray) else
                      [bytes(x) if isinstance(x, memoryview) else x for x in v]

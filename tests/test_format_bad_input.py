@@ -368,8 +368,7 @@ def test_bit_flip_in_a_scalar_caught_by_batched_reads(tmp_path):
         open_shards(root, check_crc=True).payloads([5], "label")
 
 
-def test_checksums_of_many_payloads_match_one_at_a_time(monkeypatch):
-    from formats import checksum
+def test_checksums_of_many_payloads_match_one_at_a_time():
     from formats.checksum import crc32c, crc32c_many, crc32c_words
 
     rng = np.random.default_rng(3)
@@ -380,24 +379,3 @@ def test_checksums_of_many_payloads_match_one_at_a_time(monkeypatch):
     assert crc32c_words(np.zeros(0, np.int64)).shape == (0,)
     blobs = [rng.bytes(int(n)) for n in rng.integers(0, 5000, 20)]
     assert crc32c_many(blobs).tolist() == [crc32c(b) for b in blobs]
-    monkeypatch.setattr(checksum, "PARALLEL_MIN_BYTES", 1)  # spread over threads
-    for threads in (2, 3, 64):
-        assert crc32c_many(blobs, threads).tolist() == [crc32c(b) for b in blobs]
-    assert crc32c_many(blobs[:1], 4).tolist() == [crc32c(blobs[0])]
-
-
-def test_a_damaged_record_is_found_on_the_parallel_path(tmp_path, monkeypatch):
-    from formats import checksum
-
-    root = make(tmp_path)
-    ds = open_shards(root)
-    _, offsets, _ = ds.spans([10], "image")
-    ds.close()
-    shard_file = root / "shard-00001.rec"
-    data = bytearray(shard_file.read_bytes())
-    data[int(offsets[0]) + 3] ^= 0x01
-    shard_file.write_bytes(data)
-    monkeypatch.setattr(checksum, "PARALLEL_MIN_BYTES", 1)
-    with open_shards(root, check_crc=True) as ds, \
-            pytest.raises(CorruptRecordError, match=r"shard-00001.rec.*record 2"):
-        ds.payloads(list(range(4, 16)), "image", threads=2)

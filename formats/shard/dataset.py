@@ -266,11 +266,8 @@ class ShardDataset(ShardSet):
         shard, _, offsets, lengths, _ = self._gather(indices, self.field_index[field])
         return shard, offsets, lengths
 
-    def payloads(self, indices, field: str, threads: int = 1) -> list[memoryview]:
+    def payloads(self, indices, field: str) -> list[memoryview]:
         """Zero-copy stored bytes of one field for many records.
-
-        ``threads``: with ``check_crc``, check a large batch on this many threads
-        (:func:`formats.checksum.crc32c_many`): for a process whose cores are idle.
 
         Only a batch spanning more shards than this process keeps open is not all
         zero-copy: the records of its shards closed before it ends are copied, or
@@ -289,7 +286,7 @@ class ShardDataset(ShardSet):
             for s, o, e in zip(shard.tolist(), offsets.tolist(), (offsets + lengths).tolist(), strict=True)
         ]
         if crcs is not None:  # one pass in C over the batch, one numpy compare
-            self._check_many(crc32c_many(out, threads), crcs, shard, local, j, out.__getitem__)
+            self._check_many(crc32c_many(out), crcs, shard, local, j, out.__getitem__)
         return out
 
     def _check(self, s: int, r: int, j: int, payload) -> None:
