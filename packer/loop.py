@@ -259,8 +259,9 @@ def write_items(items: Iterator[Item], writer, *, shards: bool, total: int | Non
                 n += 1
                 bytes_in += item.nbytes
                 if item.kind is None:
+                    # The progress value: our writer stores it; a foreign sink has no use.
                     write(item, {"next": n, "skipped": dict(skipped), "bytes_in": bytes_in,
-                                 "plan": plan})
+                                 "plan": plan} if shards else None)
                     written += 1
                 else:
                     if fail:

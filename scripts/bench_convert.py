@@ -44,6 +44,8 @@ ours / reference measured in the same round; spread is (max - min) / median of a
 case's own rates. Every run's record count (and the payload bytes a reference
 delivered) is checked too; a mismatch stops the run with an error (exit 1).
 
+The header gives the load average before and after: the machine may be shared.
+
 Usage: ``python -m scripts.bench_convert [--count N] [--repeat R] [--quick]``.
 Needs ``pip install 'shardpack[bench]'`` and ``datasets`` for the reference rows
 (a missing library's rows say ``skipped``).
@@ -408,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     if repeat < 1 or count < _CLASSES:
         p.error(f"need --repeat >= 1 and --count >= {_CLASSES}")
     start = time.perf_counter()
+    load_before = os.getloadavg()[0]
     args.data.mkdir(parents=True, exist_ok=True)
     folder, files = _image_folder(args.data, count)
     n = len(files)
@@ -457,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{nbytes / 1e6:,.0f} MB; sources written by our sinks, {_PER_FILE:,} records a file",
         f"ours: workers={cores} = cores, durable=False; references: 1 process; median of "
         f"{repeat} rounds, page cache warm; MB/s of JPEG payload",
+        f"load average (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, "
+        f"{cores} cores (the machine may be shared: compare ratios of one run)",
     ]
     _print(sections, n, nbytes, header)
     print(f"\n({time.perf_counter() - start:.0f} s wall time)")

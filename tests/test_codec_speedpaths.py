@@ -175,6 +175,30 @@ def test_tar_plain_reader_agrees_with_tarfile(tmp_path, rng):
         assert _members(lambda: src._members(path)) == _members(lambda: src._tar_members(path))
 
 
+def _respelled(tar: bytes) -> bytes:
+    """``tar`` with its first header's mode written the old way (spaces, no padding
+    zeros) and its checksum made right again: plain, though not as tarfile writes."""
+    head = bytearray(tar[:512])
+    head[100:108] = b"   644 \x00"
+    head[148:156] = b" " * 8
+    head[148:156] = b"%06o\x00 " % sum(head)
+    return bytes(head) + tar[512:]
+
+
+def test_tar_plain_reader_reads_numbers_spelled_otherwise(tmp_path, rng):
+    path = tmp_path / "a.tar"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo("k.jpg")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"abc"))
+    path.write_bytes(_respelled(buf.getvalue()))
+    src = WebDatasetSource.__new__(WebDatasetSource)
+    src.max_member_bytes, src.max_bytes = 1 << 20, 1 << 30
+    assert list(src._plain_members(path)) == [("k", "jpg", b"abc")]
+    assert list(src._tar_members(path)) == [("k", "jpg", b"abc")]
+
+
 def test_tar_plain_reader_reads_plain_tars_without_tarfile(tmp_path, rng, monkeypatch):
     recs = make_records(rng, 6)
     pack(make_dataset(tmp_path / "ds", recs), tmp_path / "wds",

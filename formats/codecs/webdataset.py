@@ -172,6 +172,11 @@ _ZERO_BLOCK = bytes(_BLOCK)
 _OCTAL = re.compile(rb" *[0-7]* *")
 #: The number fields (mode, uid, gid, size, mtime, devmajor, devminor).
 _NUMBERS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (329, 337), (337, 345))
+#: Mode, uid, gid, size, mtime and checksum as writers spell them (zero-padded
+#: octal), from byte 100: the size and the checksum are its groups.
+_WRITTEN = re.compile(rb"[0-7]{7}\x00[0-7]{7}\x00[0-7]{7}\x00([0-7]{11})\x00[0-7]{11}\x00"
+                      rb"([0-7]{6})\x00 ")
+_NO_DEVICE = (bytes(16), b"0000000\x00" * 2)
 
 
 class _Unusual(Exception):
@@ -193,13 +198,14 @@ def _plain_header(block: bytes) -> tuple[str, int, bool]:
     kind = block[156]
     if kind not in (0x30, 0x00, 0x35) or block[345]:  # file, folder; a ustar prefix
         raise _Unusual
-    if _number(block, 148, 156) != 256 + sum(block) - sum(block[148:156]):
+    m = _WRITTEN.match(block, 100)
+    if m is not None and block[329:345] in _NO_DEVICE:  # as tarfile and GNU tar write
+        size, chksum = int(m[1], 8), int(m[2], 8)
+    else:  # tarfile reads every number field: any it refuses is unusual here
+        chksum = _number(block, 148, 156)
+        size = [_number(block, a, b) for a, b in _NUMBERS][3]
+    if chksum != 256 + sum(block) - sum(block[148:156]):
         raise _Unusual  # a bad (or signed) checksum
-    size = 0
-    for a, b in _NUMBERS:  # tarfile reads them all: any it refuses is unusual here
-        n = _number(block, a, b)
-        if a == 124:
-            size = n
     raw = block[:100]
     cut = raw.find(0)
     try:
