@@ -137,14 +137,27 @@ def _short(path, index: int, offset: int, what: str, found: int, expected: int):
                               found=f"{found} bytes", expected=f"{expected} bytes")
 
 
+def _fill(f, view: memoryview) -> int:
+    """Read into ``view`` until it is full or the stream ends; the bytes read."""
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
 def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | None = "auto",
                 max_record_bytes: int = DEFAULT_MAX_VALUE,
                 max_bytes: int = DEFAULT_MAX_STREAM) -> Iterator[tuple[int, int, memoryview]]:
     """Yield (record index, byte offset, data) of every record in one file.
 
-    ``data`` is a read-only memoryview of a buffer of its own (never reused), which
-    one read filled with the payload, its checksum and the next record's header:
-    the payload is copied once, from the file, and checked where it lies.
+    ``data`` is a read-only view of a buffer reused from record to record (valid
+    until the next record is read: copy what must outlive it), filled by one read
+    with the payload, its checksum and the next record's header. The payload is
+    copied once, from the file into a buffer still in the CPU's cache, and checked
+    where it lies.
 
     ``compression`` is ``"auto"`` (see :func:`tfrecord_compression`), ``"gzip"``,
     ``"zlib"`` or None. Offsets are in the uncompressed stream. Raises
@@ -160,6 +173,7 @@ def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | 
         raise FormatError(f"cannot read TFRecord file ({exc.strerror})", path=path) from None
     with f:
         index = offset = 0
+        buf = memoryview(bytearray(1 << 17))
         head = f.read(12)
         while True:
             if not head:
@@ -181,23 +195,24 @@ def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | 
             if length > max_record_bytes:
                 raise FormatError("TFRecord record longer than the limit", path=path, record=index,
                                   offset=offset, found=length, expected=f"<= {max_record_bytes}")
-            chunk = f.read(length + 16)  # the payload, its CRC and the next header
-            if len(chunk) < length + 4:
-                if len(chunk) < length:
-                    raise _short(path, index, offset, f"record {index}", len(chunk), length)
+            if length + 16 > len(buf):  # views handed out before keep the old one
+                buf = memoryview(bytearray(length + 16))
+            got = _fill(f, buf[:length + 16])  # the payload, its CRC and the next header
+            if got < length + 4:
+                if got < length:
+                    raise _short(path, index, offset, f"record {index}", got, length)
                 raise _short(path, index, offset, f"the checksum of record {index}",
-                             len(chunk) - length, 4)
-            view = memoryview(chunk)
-            data = view[:length]
+                             got - length, 4)
+            data = buf[:length].toreadonly()
             if check_crc:
-                want = _CRC.unpack_from(chunk, length)[0]
-                got = masked_crc(data)
-                if got != want:
+                want = _CRC.unpack_from(buf, length)[0]
+                got_crc = masked_crc(data)
+                if got_crc != want:
                     raise CorruptRecordError("TFRecord data checksum mismatch", path=path,
                                              record=index, offset=offset,
-                                             found=f"0x{got:08x}", expected=f"0x{want:08x}")
+                                             found=f"0x{got_crc:08x}", expected=f"0x{want:08x}")
             yield index, offset, data
-            head = chunk[length + 4:]
+            head = bytes(buf[length + 4:got])
             index += 1
             offset += 16 + length
 
