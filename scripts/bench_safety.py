@@ -1,7 +1,11 @@
 """What the reader's safety checks cost (DESIGN.md: safe by default when it costs < 2 %).
 
 In one run, page cache warm, the same packed JPEGs read by ``reader.Loader`` with each
-check on (the default) and off, alternated, best of ``--repeat``:
+check on (the default) and off, alternated (which goes first alternates too), best of
+``--repeat`` and the median of the ratios of runs made side by side (robust to the
+load of a shared machine, which moves either figure by several per cent from one
+minute to the next); each run times the
+Loader's second epoch (the first maps the shards and starts the workers):
 
 * checksums: ``check_crc=True`` ÷ ``check_crc=False``, on the full pipeline (decode +
   RandomResizedCrop(224) + flip, workers = cores; target >= 0.98) and on the raw path
@@ -15,13 +19,14 @@ check on (the default) and off, alternated, best of ``--repeat``:
   pipeline and on a light one (64 px crops, batch 32: the per-batch cost is largest
   against the work).
 
-Usage: ``python -m scripts.bench_safety [--count 2000] [--repeat 3]``.
+Usage: ``python -m scripts.bench_safety [--count 2000] [--repeat 5]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -53,6 +58,8 @@ def _epoch(ds_path: Path, *, check: bool = True, leases: bool = True, decode: bo
                        shuffle=decode, seed=0, decode_options=opts) as lo:
         if not leases:
             lo._make_sink = BareSink
+        for _ in lo:  # untimed: maps the shards into this process, starts the code paths
+            pass
         t = time.perf_counter()
         n = nbytes = 0
         for batch in lo:
@@ -85,7 +92,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardpack-bench")
     p.add_argument("--count", type=int, default=2000)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     args = p.parse_args(argv)
     from scripts.bench_pack import packed_dataset
 
@@ -93,7 +100,7 @@ def main(argv=None) -> int:
     workers = os.cpu_count() or 1
     print(f"{args.count} JPEGs, best of {args.repeat}, alternated, page cache warm; "
           f"pipelines: {workers} workers")
-    print(f"{'check':9} {'path':50} {'on':>9} {'off':>9} {'on ÷ off':>9}  target")
+    print(f"{'check':9} {'path':50} {'on':>9} {'off':>9} {'on ÷ off':>9} {'median':>7}  target")
     full = {"workers": workers}
     rows = (
         ("checksums", "full pipeline (decode + RRC 224 + flip) img/s, batch 128", "check",
@@ -106,12 +113,14 @@ def main(argv=None) -> int:
          {**full, "side": 64, "batch_size": 32}, ">= 0.99"),
     )
     for check, label, key, kw, target in rows:
-        best = {True: 0.0, False: 0.0}
-        for _ in range(args.repeat):
-            for on in (True, False):
-                best[on] = max(best[on], _epoch(ds_path, **kw, **{key: on}))
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(args.repeat):
+            for on in (True, False) if i % 2 == 0 else (False, True):
+                rates[on].append(_epoch(ds_path, **kw, **{key: on}))
+        best = {on: max(r) for on, r in rates.items()}
+        paired = statistics.median(a / b for a, b in zip(rates[True], rates[False], strict=True))
         print(f"{check:9} {label:50} {best[True]:9,.0f} {best[False]:9,.0f} "
-              f"{best[True] / best[False]:9.3f}  {target}", flush=True)
+              f"{best[True] / best[False]:9.3f} {paired:7.3f}  {target}", flush=True)
     on = memcpy = 0.0
     for _ in range(args.repeat):
         on = max(on, _epoch(ds_path, decode=False, bytes_per_s=True))
