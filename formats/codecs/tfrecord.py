@@ -132,7 +132,8 @@ def looks_like_tfrecord(path: str | Path) -> bool:
     return _is_frame_header(head)
 
 
-def _short(path, index: int, offset: int, what: str, found: int, expected: int):
+def _short(path, offset: int, what: str, found: int, expected: int) -> DecompressionError:
+    """The error :func:`formats.bounded.read_exact` raises, for a read made otherwise."""
     return DecompressionError(f"file ends inside {what} (truncated)", path=path, offset=offset,
                               found=f"{found} bytes", expected=f"{expected} bytes")
 
@@ -181,7 +182,7 @@ def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | 
             if len(head) < 12:
                 more = f.read(12 - len(head))
                 if len(more) != 12 - len(head):
-                    raise _short(path, index, offset, f"the header of record {index}",
+                    raise _short(path, offset, f"the header of record {index}",
                                  len(more), 12 - len(head))
                 head += more
             length, length_crc = _HEAD.unpack(head)
@@ -200,8 +201,8 @@ def iter_frames(path: str | Path, *, check_crc: bool = True, compression: str | 
             got = _fill(f, buf[:length + 16])  # the payload, its CRC and the next header
             if got < length + 4:
                 if got < length:
-                    raise _short(path, index, offset, f"record {index}", got, length)
-                raise _short(path, index, offset, f"the checksum of record {index}",
+                    raise _short(path, offset, f"record {index}", got, length)
+                raise _short(path, offset, f"the checksum of record {index}",
                              got - length, 4)
             data = buf[:length].toreadonly()
             if check_crc:
