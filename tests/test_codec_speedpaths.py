@@ -16,6 +16,7 @@ import tarfile
 import numpy as np
 import pytest
 
+from formats.base import Record
 from formats.codecs import tfexample, webdataset
 from formats.codecs.tfexample import ExampleError, _put_len, _put_varint, decode_example
 from formats.codecs.webdataset import WebDatasetSource, _member_header
@@ -124,6 +125,37 @@ def test_example_encoder_leaves_large_byte_strings_uncopied(rng):
     assert whole == tfexample.encode_example(feats)
     got = decode_example(whole)
     assert got["image/encoded"] == [image] and got["label"].tolist() == [7]
+
+
+def test_tfrecord_sink_frames_are_the_joined_example(tmp_path, rng):
+    """Pieces CRC'd and written in batches (writev) make the frames of the whole
+    Example, across batch and file boundaries, the DALI index agreeing."""
+    import struct
+
+    from formats.codecs.tfrecord import TFRecordSink, masked_crc
+    from tests.helpers_codecs import IMAGE_FIELDS
+
+    sizes = [600_000, 10, 3_000, 700_000, 1, 0, 2_500]  # some over the 1 MB batch together
+    recs = [Record({"image": rng.bytes(n), "label": i, "key": f"k/{i}.jpg"}, {}, str(i))
+            for i, n in enumerate(sizes)]
+    with TFRecordSink(tmp_path / "out", IMAGE_FIELDS, records_per_shard=3) as sink:
+        for r in recs:
+            sink.write(r)
+    files = sorted((tmp_path / "out").glob("*.tfrecord"))
+    assert len(files) == 3
+    for k, path in enumerate(files):
+        want, index = b"", []
+        for r in recs[3 * k:3 * k + 3]:
+            data = tfexample.encode_example({
+                "image/encoded": [r.fields["image"]], "image/class/label": np.array([r.fields["label"]]),
+                "image/filename": [r.fields["key"].encode()]})
+            head = struct.pack("<Q", len(data))
+            frame = head + struct.pack("<I", masked_crc(head)) + data + struct.pack(
+                "<I", masked_crc(data))
+            index.append(f"{len(want)} {len(frame)}")
+            want += frame
+        assert path.read_bytes() == want
+        assert path.with_suffix(".idx").read_text().split("\n")[:-1] == index
 
 
 # -- tar reading and writing -----------------------------------------------------------
