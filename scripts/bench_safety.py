@@ -70,6 +70,25 @@ def _epoch(ds_path: Path, *, check: bool = True, leases: bool = True, decode: bo
         return nbytes / dt if bytes_per_s else n / dt
 
 
+def _lease_cost_us(rounds: int = 20000) -> float:
+    """Microseconds a lease adds to one batch: wrapping its slot arrays, and the slot's
+    return when the batch is freed (what a CpuSink does beyond the bare views)."""
+    import numpy as np
+
+    from reader.leases import SlotLeases
+
+    slot = {"image": np.zeros((128, 224, 224, 3), np.uint8)[:128],
+            "label": np.zeros(128, np.int64)[:128], "valid": np.ones(128, bool)[:128]}
+    leases = SlotLeases(limit=1 << 30)
+    fields = tuple(slot)
+    t = time.perf_counter()
+    for i in range(rounds):
+        batch = leases.lease(i % 8, dict(slot), fields)
+        del batch
+        leases.collect()
+    return (time.perf_counter() - t) / rounds * 1e6
+
+
 def _memcpy(ds_path: Path) -> float:
     """numpy memcpy bytes/s of as many bytes as the dataset's images, 8 MB at a time."""
     import numpy as np
@@ -118,9 +137,16 @@ def main(argv=None) -> int:
             for on in (True, False) if i % 2 == 0 else (False, True):
                 rates[on].append(_epoch(ds_path, **kw, **{key: on}))
         best = {on: max(r) for on, r in rates.items()}
+        if key == "leases" and "side" not in kw:
+            best_full = best[True]
         paired = statistics.median(a / b for a, b in zip(rates[True], rates[False], strict=True))
         print(f"{check:9} {label:50} {best[True]:9,.0f} {best[False]:9,.0f} "
               f"{best[True] / best[False]:9.3f} {paired:7.3f}  {target}", flush=True)
+    cost = _lease_cost_us()
+    batch_ms = 128 / best_full * 1e3
+    print(f"{'leases':9} {'cost per batch (lease + free + collect, 3 fields), us':50} "
+          f"{cost:9.2f} {'':9} {1 - cost / (batch_ms * 1e3):9.5f}  bound for a "
+          f"{batch_ms:.0f} ms batch", flush=True)
     on = memcpy = 0.0
     for _ in range(args.repeat):
         on = max(on, _epoch(ds_path, decode=False, bytes_per_s=True))
