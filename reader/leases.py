@@ -15,9 +15,10 @@ is safe).
 The consumer may hold at most :data:`MAX_LEASED` batches as views: the one a
 ``for`` loop's variable still refers to while ``next()`` runs, the one being
 delivered, and one more for a stray reference (the variable of an earlier loop
-over the same loader, which Python keeps bound after the loop). A consumer that holds more gets later batches copied out of the
-ring (the slot goes back at once), with one warning naming ``copy=True``: the
-ring never runs dry and nothing is overwritten, whatever the consumer keeps.
+over the same loader, which Python keeps bound after the loop). A consumer that
+holds more gets later batches copied out of the ring (the slot goes back at
+once), with one warning naming ``copy=True``: the ring never runs dry and nothing
+is overwritten, whatever the consumer keeps.
 
 A lease outlives ``Loader.close()`` safely: its arrays keep the ring's mapping
 alive (the unmap is refused while they exist; a named segment is unlinked all
