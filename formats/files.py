@@ -104,6 +104,21 @@ def check_plain_name(root: str | Path, name: object, *, what: str = "file name")
         )
 
 
+def writev_all(fd: int, pieces: list) -> None:
+    """Write every buffer of ``pieces`` (at most ``SC_IOV_MAX``, 1024 on Linux) with
+    ``writev``, no copy into a file buffer; a short write (rare: signals, a full disk)
+    leaves a tail that is written again."""
+    while pieces:
+        written = os.writev(fd, pieces)
+        done = 0
+        while done < len(pieces) and written >= len(pieces[done]):
+            written -= len(pieces[done])
+            done += 1
+        pieces = pieces[done:]
+        if pieces and written:
+            pieces[0] = memoryview(pieces[0])[written:]
+
+
 def describe_mode(mode: int) -> str:
     """What a file that is not a regular one is, in words ("a FIFO")."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),

@@ -29,7 +29,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -48,7 +47,7 @@ from ..bounded import (
 from ..checksum import crc32c
 from ..errors import CorruptRecordError, DecompressionError, FormatError, SchemaError
 from ..fields import IMAGE_TYPES, Field, ImageKinds
-from ..files import atomic_write_bytes
+from ..files import atomic_write_bytes, writev_all
 from ..sniff import sniff
 from .outputs import AtomicFile, prepare_output_dir
 from .paths import (
@@ -580,16 +579,7 @@ class TFRecordSink:
     def _flush(self) -> None:
         """Write the pending pieces with writev (no copy into a file buffer; a short
         write, rare, leaves a tail to write again)."""
-        pieces, fd = self._pending, self._file.file.fileno()
-        while pieces:
-            written = os.writev(fd, pieces)
-            done = 0
-            while done < len(pieces) and written >= len(pieces[done]):
-                written -= len(pieces[done])
-                done += 1
-            pieces = pieces[done:]
-            if pieces and written:
-                pieces[0] = memoryview(pieces[0])[written:]
+        writev_all(self._file.file.fileno(), self._pending)
         self._pending, self._pending_bytes = [], 0
 
     def _seal(self) -> None:

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from ..checksum import crc32c, file_crc32c
 from ..fields import Field
-from ..files import temp_name
+from ..files import temp_name, writev_all
 from .layout import (
     DATA_HEADER,
     DATA_MAGIC,
@@ -108,17 +108,7 @@ class ShardWriter:
             self._flush()
 
     def _flush(self) -> None:
-        pieces = self._pieces
-        while pieces:
-            written = os.writev(self._fd, pieces)
-            # A short write (rare: signals, full disks) leaves a tail to write again.
-            done = 0
-            while done < len(pieces) and written >= len(pieces[done]):
-                written -= len(pieces[done])
-                done += 1
-            pieces = pieces[done:]
-            if pieces and written:
-                pieces[0] = memoryview(pieces[0])[written:]
+        writev_all(self._fd, self._pieces)
         self._pieces = []
         self._pending = 0
 
