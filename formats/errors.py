@@ -15,6 +15,8 @@ __all__ = [
     "CorruptRecordError",
     "DecompressionError",
     "FormatError",
+    "InputError",
+    "InputUsageError",
     "ManifestError",
     "MissingObjectError",
     "ObjectTooLargeError",
@@ -107,6 +109,15 @@ class CorruptRecordError(ShardpackError):
 
 class DecompressionError(CorruptRecordError):
     """A compressed payload is damaged or would expand beyond its declared bound."""
+
+
+class InputError(ShardpackError):
+    """A source cannot be listed or read as its kind says (names the file and what is wrong)."""
+
+
+class InputUsageError(InputError):
+    """SRC is not the kind of input the named source reads; nothing was read (a usage
+    error: ``pack-dataset`` exits with status 2)."""
 
 
 class UnsafePathError(ShardpackError):

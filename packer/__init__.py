@@ -2,13 +2,13 @@
 
 ``pack(src, dst, PackOptions(...), progress)`` is the library call;
 ``pack-dataset`` (:mod:`packer.cli`) is its command line. Modules: ``options``
-(the frozen :class:`PackOptions`), ``listing`` (built-in folder and file-list
-sources, and their rules), ``work`` (per-file read/parse/re-encode and the
+(the frozen :class:`PackOptions`), ``work`` (per-file read/parse/re-encode and the
 worker pool), ``run`` (the ordered, resumable write loop), ``report`` (counters,
 progress callback, summary), ``resolve`` (``--from``/``--to`` lookup),
 ``ray_engine`` (``--engine ray``: Ray tasks pack contiguous ranges; needs the
 ``ray`` extra, imported only then) and ``ranges`` (its ranges, shard names and
-done-markers in DST).
+done-markers in DST). The folder and file-list sources, and their rules, live
+beside the folder sink in :mod:`formats.codecs.folders`.
 
 Plugging in codecs (``formats/codecs/registry.py``)
 -------------------------------------------

@@ -12,7 +12,7 @@ import json
 import shlex
 import sys
 
-from formats.errors import ShardpackError
+from formats.errors import InputUsageError, ShardpackError
 from formats.storage import URIError
 from formats.version import package_version
 
@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             ray_address=args.ray_address, task_records=args.task_records,
             tfrecord_index=args.tfrecord_index, image_root=args.image_root)
         summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))
-    except (UsageError, URIError) as exc:  # a URI that cannot be understood is usage too
+    # SRC that is not what --from reads, or a URI that cannot be understood, is usage too.
+    except (UsageError, InputUsageError, URIError) as exc:
         parser.print_usage(sys.stderr)
         print(f"pack-dataset: error: {exc}", file=sys.stderr)
         return 2

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from formats import DatasetWriter, Record
+from formats.codecs.folders import Listing
 from formats.fields import IMAGE_TYPES
 from formats.files import fsync_dir
 from formats.shard import ownership
 
 from .errors import PackError, PackInputError
-from .listing import Listing
 from .options import PackOptions
 from .plan import created_by, listing_fingerprint, shuffle_order, work_options
 from .report import PackProgress, PackSummary

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from formats.checksum import crc32c
+from formats.codecs.folders import Listing
 from formats.codecs.paths import expand_inputs
 from formats.errors import FormatError
 from formats.version import package_version
 
 from .errors import UsageError
-from .listing import Listing
 from .options import PackOptions
 from .work import WorkOptions
 

@@ -46,6 +46,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from formats.codecs.folders import BUILTIN_SOURCES, Listing, list_source
 from formats.errors import ShardpackError
 from formats.fields import IMAGE_TYPES, stored_image_type
 from formats.shard import ownership
@@ -53,7 +54,6 @@ from formats.shard.manifest import MANIFEST_NAME, Manifest, manifest_bytes, read
 from formats.storage import display_uri, is_uri
 
 from .errors import PackError, PackInterrupted, UsageError
-from .listing import BUILTIN_SOURCES, Listing, list_source
 from .loop import pack_listing
 from .options import PackOptions
 from .plan import check_paths, created_by, listing_fingerprint, shuffle_order

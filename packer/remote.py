@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from formats.codecs.folders import LIST_EXTENSIONS, detect_remote, list_remote, list_remote_file
 from formats.errors import ManifestError, StorageError
 from formats.files import try_lock
 from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest, read_manifest
@@ -39,7 +40,6 @@ from formats.storage import (
 )
 
 from .errors import PackError, UsageError
-from .listing import LIST_EXTENSIONS, detect_remote, list_remote, list_remote_file
 from .options import PackOptions
 from .report import PackProgress, PackSummary
 from .resolve import detect_source, open_source
@@ -64,7 +64,7 @@ def staging_folder(dst: str) -> Path:
 def open_remote_source(src: str, options: PackOptions, *, copy: bool = True
                        ) -> tuple[str | None, Any, SourceCopy | None]:
     """(kind, source, local copy) for a SRC on object storage: a remote
-    :class:`~packer.listing.Listing` for folders and file lists (no copy), else a
+    :class:`~formats.codecs.folders.Listing` for folders and file lists (no copy), else a
     registry source over a :class:`~packer.source_copy.SourceCopy` (see module
     docstring), to release once packed.
 

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from formats.codecs.folders import BUILTIN_SOURCES, Listing, detect_builtin, list_source
+
 from .errors import UsageError
-from .listing import BUILTIN_SOURCES, Listing, detect_builtin, list_source
 from .options import PackOptions
 
 __all__ = ["check_names", "choices", "detect_source", "open_sink", "open_source", "registry"]
@@ -83,7 +84,7 @@ def detect_source(src: Path) -> str:
 
 
 def open_source(name: str, src: Path, options: PackOptions) -> Listing | Any:
-    """A :class:`~packer.listing.Listing` for built-in kinds, else a registry Source.
+    """A :class:`~formats.codecs.folders.Listing` for built-in kinds, else a registry Source.
 
     Raises:
         UsageError: ``name`` is neither built in nor known to ``formats.codecs.registry``.

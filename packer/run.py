@@ -20,13 +20,13 @@ from pathlib import Path
 
 from formats import DatasetWriter, open_shards
 from formats.base import Record
+from formats.codecs.folders import BUILTIN_SOURCES, Listing
 from formats.fields import IMAGE_TYPES
 from formats.shard import ownership
 from formats.storage import display_uri, is_uri
 
 from .destination import claim
 from .errors import PackInterrupted, UsageError
-from .listing import BUILTIN_SOURCES, Listing
 from .loop import open_writer, pack_listing, record_items, resume_point, write_items
 from .options import PackOptions
 from .plan import (

@@ -55,6 +55,18 @@ def test_unknown_format_is_usage_error(tmp_path, packed, capsys):
     assert cli.main([str(src), str(tmp_path / "x"), "--to", "zip", "--quiet"]) == 2
 
 
+def test_a_folder_source_given_the_wrong_kind_of_src_is_usage_error(tmp_path, capsys):
+    (tmp_path / "list.txt").write_text("not a folder")
+    assert cli.main([str(tmp_path / "list.txt"), str(tmp_path / "out"), "--from", "imagefolder",
+                     "--quiet"]) == 2
+    assert "--from imagefolder needs a folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "rows.csv").write_text("name\nx.jpg\n")  # no 'path' column: data, not usage
+    assert cli.main([str(tmp_path / "rows.csv"), str(tmp_path / "out"), "--from", "filelist",
+                     "--quiet"]) == 1
+    assert "no 'path' column" in capsys.readouterr().err
+
+
 def test_bad_foreign_input_is_data_error(tmp_path, capsys):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.tfrecord").write_bytes(b"\x05" + b"\0" * 20)

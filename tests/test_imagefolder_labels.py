@@ -29,11 +29,10 @@ from hypothesis import strategies as st
 import formats
 from formats import DatasetWriter, Field
 from formats.base import Record
+from formats.codecs.folders import list_source
 from formats.codecs.imagefolder import ImageFolderSink, class_folders, safe_name
-from formats.errors import SchemaError
+from formats.errors import InputError, SchemaError
 from packer import PackOptions, pack
-from packer.errors import PackError
-from packer.listing import list_source
 
 FIELDS = (Field("image", "image"), Field("label", "int"), Field("key", "str"))
 # torchvision 0.2x IMG_EXTENSIONS
@@ -214,12 +213,12 @@ def test_classes_json_that_disagrees_with_the_folders_is_refused_by_name(tmp_pat
     src = written(tmp_path, rng)
     assert list_source("imagefolder", src).classes == ("b/c", "b_c", "empty")
     (src / "002-empty").rmdir()  # what a copy that drops empty folders does
-    with pytest.raises(PackError, match=r"classes.json does not match the class folders: "
+    with pytest.raises(InputError, match=r"classes.json does not match the class folders: "
                                         r"no folder for 1 class\(es\) it names, \['002-empty'\]"):
         list_source("imagefolder", src)
     (src / "002-empty").mkdir()
     (src / "extra").mkdir()
-    with pytest.raises(PackError, match=r"1 folder\(s\) it does not name, \['extra'\]") as e:
+    with pytest.raises(InputError, match=r"1 folder\(s\) it does not name, \['extra'\]") as e:
         pack(src, tmp_path / "c", opts())
     assert e.value.path == str(src / "classes.json")
 
@@ -228,7 +227,7 @@ def test_classes_json_that_disagrees_with_the_folders_is_refused_by_name(tmp_pat
 def test_a_classes_json_that_is_not_a_list_of_names_is_refused_by_name(tmp_path, rng, text):
     src = written(tmp_path, rng)
     (src / "classes.json").write_text(text)
-    with pytest.raises(PackError, match="fix or move it") as e:
+    with pytest.raises(InputError, match="fix or move it") as e:
         list_source("imagefolder", src)
     assert e.value.path == str(src / "classes.json")
 
@@ -254,8 +253,8 @@ def endpoint():
 def test_a_remote_image_folder_takes_names_and_labels_from_classes_json(endpoint, tmp_path, rng):
     from helpers_s3 import new_bucket, s3_uri
 
+    from formats.codecs.folders import list_remote
     from formats.storage import open_location
-    from packer.listing import list_remote
 
     src = written(tmp_path, rng, classes=("b/c", "empty", "zz"), labels=(0, 2, 2))
     loc = open_location(s3_uri(endpoint, new_bucket(endpoint), "tree"))
@@ -267,7 +266,7 @@ def test_a_remote_image_folder_takes_names_and_labels_from_classes_json(endpoint
     assert remote.columns["label"] == local.columns["label"] == [0, 2, 2]  # "zz" keeps 2
     assert remote.empty_classes == local.empty_classes == ("empty",)
     loc.upload(_write(tmp_path / "x.jpg", image(rng, 0)), "stray/x.jpg")
-    with pytest.raises(PackError, match=r"it does not name, \['stray'\]"):
+    with pytest.raises(InputError, match=r"it does not name, \['stray'\]"):
         list_remote("imagefolder", loc)
 
 

@@ -9,6 +9,7 @@ import os
 import pytest
 
 import formats
+from formats.errors import InputError
 from packer import PackError, PackInputError, PackOptions, UsageError, pack
 from tests.helpers_packer import image_folder, jpeg
 
@@ -190,5 +191,5 @@ def test_a_file_name_that_is_not_utf8_is_a_bad_input_named_and_skippable(tmp_pat
     line = json.loads((tmp_path / "b" / "skipped.jsonl").read_text("utf-8"))
     assert line["path"] == "cat/\udcff.jpg"
     os.mkdir(os.fsencode(src) + b"/\xfa")
-    with pytest.raises(PackError, match="class folder name is not valid UTF-8"):
+    with pytest.raises(InputError, match="class folder name is not valid UTF-8"):
         pack(src, tmp_path / "c", opts(on_error="skip"))

@@ -423,7 +423,7 @@ def test_uris_shown_without_secrets_and_file_uris_are_paths(tmp_path):
 
 
 def test_a_remote_folder_lists_and_detects_like_a_local_one(endpoint, tmp_path):
-    from packer.listing import detect_builtin, detect_remote, list_remote, list_source
+    from formats.codecs.folders import detect_builtin, detect_remote, list_remote, list_source
 
     src = tmp_path / "src"
     for name in ("a/x.jpg", "a-c.jpg", "a.b/y.jpg", "README.md"):
@@ -547,12 +547,12 @@ def test_pack_from_a_file_list_on_s3(endpoint, tmp_path):
 
 def test_a_remote_file_list_naming_an_object_outside_its_folder_is_refused(endpoint,
                                                                            tmp_path):
-    from packer import PackError
+    from formats.errors import InputError
 
     uri = s3_uri(endpoint, new_bucket(endpoint), "listed")
     open_location(uri).write_bytes("list.csv", b"path,label\nok.jpg,1\n../secret.jpg,2\n")
     list_uri = uri.replace("/listed?", "/listed/list.csv?")
-    with pytest.raises(PackError, match="beside the list") as e:
+    with pytest.raises(InputError, match="beside the list") as e:
         pack(list_uri, tmp_path / "out", PackOptions(workers=0, durable=False))
     assert e.value.record == 1 and "/listed/list.csv" in str(e.value)
     assert "?" not in str(e.value)  # the URI is shown without its query

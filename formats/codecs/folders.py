@@ -1,4 +1,7 @@
-"""The built-in sources: what to pack from a folder or a file list, listed up front.
+"""The folder sources: what to pack from a folder or a file list, listed up front.
+
+They live beside the folder sink (:mod:`formats.codecs.imagefolder`), whose layout and
+``classes.json`` they read back.
 
 A :class:`Listing` is the whole input, in order, before a byte is read: the
 paths, their keys, per-record column values and the schema. Listing first gives
@@ -42,13 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from formats import Field
-from formats.bounded import parse_json
-from formats.codecs.imagefolder import class_folders
-from formats.codecs.paths import CLASSES_FILE, read_classes_file
-from formats.errors import FormatError, UnsafePathError
-
-from .errors import PackError, UsageError
+from ..bounded import parse_json
+from ..errors import FormatError, InputError, InputUsageError, UnsafePathError
+from ..fields import Field
+from .imagefolder import class_folders
+from .paths import CLASSES_FILE, read_classes_file
 
 __all__ = [
     "BUILTIN_SOURCES",
@@ -146,7 +147,7 @@ def _walk(top: Path, rel: str, out: list[tuple[str, str, tuple[str, str] | None]
     try:
         entries = sorted(os.scandir(top), key=lambda e: e.name)
     except OSError as exc:
-        raise PackError(f"cannot list folder: {exc.strerror}", path=top) from None
+        raise InputError(f"cannot list folder: {exc.strerror}", path=top) from None
     for e in entries:
         if _hidden(e.name):
             continue
@@ -208,13 +209,13 @@ def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
     """List a built-in source.
 
     Raises:
-        UsageError: SRC is not the kind of thing ``kind`` reads.
-        PackError: a file list that cannot be parsed (names line and column).
+        InputUsageError: SRC is not the kind of thing ``kind`` reads.
+        InputError: a file list that cannot be parsed (names line and column).
     """
     src = Path(src)
     if kind in ("imagefolder", "files"):
         if not src.is_dir():
-            raise UsageError(f"--from {kind} needs a folder", path=src)
+            raise InputUsageError(f"--from {kind} needs a folder", path=src)
         found: list = []
         if kind == "files":
             _walk(src, "", found, frozenset({_ident(src)}))
@@ -222,7 +223,7 @@ def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
         classes = sorted(e.name for e in os.scandir(src) if not _hidden(e.name) and e.is_dir())
         for name in classes:
             if not _utf8(name):
-                raise PackError("class folder name is not valid UTF-8 (class names are stored "
+                raise InputError("class folder name is not valid UTF-8 (class names are stored "
                                 "as text); rename it", path=src / name)
         names = _local_class_names(src, classes)
         labels: list[int] = []
@@ -237,9 +238,9 @@ def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
                        names, empty)
     if kind == "filelist":
         if not src.is_file():
-            raise UsageError("--from filelist needs a .csv, .tsv or .jsonl file", path=src)
+            raise InputUsageError("--from filelist needs a .csv, .tsv or .jsonl file", path=src)
         return _list_file(src, to_jpeg)
-    raise UsageError(f"not a built-in source: {kind!r}")
+    raise InputUsageError(f"not a built-in source: {kind!r}")
 
 
 def list_remote(kind: str, location, *, to_jpeg: bool = False,
@@ -252,10 +253,10 @@ def list_remote(kind: str, location, *, to_jpeg: bool = False,
         names: the folder's file names, where the caller has listed it already.
 
     Raises:
-        UsageError: ``kind`` is not one that can be listed remotely, or nothing is there.
+        InputUsageError: ``kind`` is not one that can be listed remotely, or nothing is there.
     """
     if kind not in ("imagefolder", "files"):
-        raise UsageError(f"--from {kind} cannot read from object storage; an image folder or "
+        raise InputUsageError(f"--from {kind} cannot read from object storage; an image folder or "
                          "a folder of files can (or copy the source to a local disk first)",
                          path=location.uri)
     if names is None:
@@ -291,7 +292,7 @@ def _check_class_names(names, folders: list[str], where, *, missing_ok: bool) ->
         said = [f"no folder for {len(missing)} class(es) it names, {missing[:3]}"] if missing \
             else []
         said += [f"{len(extra)} folder(s) it does not name, {extra[:3]}"] if extra else []
-        raise PackError(f"{CLASSES_FILE} does not match the class folders: {'; '.join(said)} "
+        raise InputError(f"{CLASSES_FILE} does not match the class folders: {'; '.join(said)} "
                         f"(its names give the folders {list(expected[:4])}"
                         f"{'...' if len(expected) > 4 else ''}; rule in "
                         "formats.codecs.imagefolder); fix or move it to label by folder names",
@@ -308,7 +309,7 @@ def _local_class_names(src: Path, folders: list[str]) -> list[str]:
     try:
         names = read_classes_file(src)
     except FormatError as exc:
-        raise PackError(f"{exc.message} (an image folder's {CLASSES_FILE} names its classes, "
+        raise InputError(f"{exc.message} (an image folder's {CLASSES_FILE} names its classes, "
                         "index = label); fix or move it", path=path) from None
     _check_class_names(names, folders, path, missing_ok=False)
     return list(names)
@@ -318,9 +319,9 @@ def _remote_class_names(location, folders: list[str]) -> tuple[list[str], list[s
     """(class names, every class's folder) from classes.json beside the class folders."""
     where = location.uri_of(CLASSES_FILE)
     names = parse_json(location.read_bytes(CLASSES_FILE, _CLASSES_LIMIT), path=where,
-                       what="class names", error=PackError, max_bytes=_CLASSES_LIMIT)
+                       what="class names", error=InputError, max_bytes=_CLASSES_LIMIT)
     if not isinstance(names, list) or not all(isinstance(c, str) for c in names):
-        raise PackError(f"class names must be a JSON list of strings (an image folder's "
+        raise InputError(f"class names must be a JSON list of strings (an image folder's "
                         f"{CLASSES_FILE} names its classes, index = label); fix or move it",
                         path=where)
     return names, list(_check_class_names(names, folders, where, missing_ok=True))
@@ -344,7 +345,7 @@ def _read_rows(src: Path, text: str | None, where) -> list[dict[str, Any]]:
         try:
             text = src.read_text("utf-8-sig")
         except (OSError, UnicodeDecodeError) as exc:
-            raise PackError(f"cannot read file list: {exc}", path=where) from None
+            raise InputError(f"cannot read file list: {exc}", path=where) from None
     if suffix in (".jsonl", ".ndjson"):
         rows = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -353,9 +354,9 @@ def _read_rows(src: Path, text: str | None, where) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise PackError(f"line {n}: invalid JSON ({exc.msg})", path=where) from None
+                raise InputError(f"line {n}: invalid JSON ({exc.msg})", path=where) from None
             if not isinstance(row, dict):
-                raise PackError(f"line {n}: expected a JSON object", path=where,
+                raise InputError(f"line {n}: expected a JSON object", path=where,
                                 found=type(row).__name__)
             rows.append(row)
         return rows
@@ -363,7 +364,7 @@ def _read_rows(src: Path, text: str | None, where) -> list[dict[str, Any]]:
     rows = list(reader)
     for n, row in enumerate(rows, 2):
         if None in row or None in row.values():
-            raise PackError(f"line {n}: wrong number of columns", path=where,
+            raise InputError(f"line {n}: wrong number of columns", path=where,
                             expected=len(reader.fieldnames or ()))
     return rows
 
@@ -385,7 +386,7 @@ def _infer(name: str, values: list[Any], from_text: bool, src) -> tuple[Field, l
         return Field(name, "str"), values
     bad = next(i for i, v in enumerate(values) if type(v) not in (int, float, str) or
                type(v) is not type(values[0]))
-    raise PackError(f"column {name!r}: rows disagree on the type (or it is not int, float or str)",
+    raise InputError(f"column {name!r}: rows disagree on the type (or it is not int, float or str)",
                     path=src, record=bad, found=type(values[bad]).__name__,
                     expected=type(values[0]).__name__)
 
@@ -397,7 +398,7 @@ def list_remote_file(location, name: str, *, to_jpeg: bool = False) -> Listing:
     absolute: the object store has no "elsewhere" to point to).
 
     Raises:
-        PackError: the list does not parse (names line and column).
+        InputError: the list does not parse (names line and column).
         StorageError: it cannot be read.
     """
     where = location.uri_of(name)
@@ -405,7 +406,7 @@ def list_remote_file(location, name: str, *, to_jpeg: bool = False) -> Listing:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise PackError(f"cannot read file list: {exc}", path=where) from None
+        raise InputError(f"cannot read file list: {exc}", path=where) from None
     return _list_file(Path(name), to_jpeg, text=text, location=location, where=where)
 
 
@@ -418,26 +419,26 @@ def _list_file(src: Path, to_jpeg: bool, *, text: str | None = None, location=No
         return _finish("filelist", src, [], {}, [], to_jpeg, location=location)
     names = list(rows[0])
     if "path" not in names:
-        raise PackError("file list has no 'path' column", path=where, found=names)
+        raise InputError("file list has no 'path' column", path=where, found=names)
     for r in _RESERVED:
         if r in names:
-            raise PackError(f"file list column {r!r} clashes with the packer's own field",
+            raise InputError(f"file list column {r!r} clashes with the packer's own field",
                             path=where)
     for i, row in enumerate(rows):
         if list(row) != names and set(row) != set(names):
-            raise PackError("row has other columns than the first row", path=where, record=i,
+            raise InputError("row has other columns than the first row", path=where, record=i,
                             found=sorted(row), expected=sorted(names))
     base = src.parent
     found = []
     for i, row in enumerate(rows):
         p = row["path"]
         if not isinstance(p, str) or not p:
-            raise PackError("empty or non-string 'path'", path=where, record=i, found=p)
+            raise InputError("empty or non-string 'path'", path=where, record=i, found=p)
         if location is not None:
             try:
                 location.path(p)
             except UnsafePathError:
-                raise PackError("'path' must name an object beside the list: relative, no "
+                raise InputError("'path' must name an object beside the list: relative, no "
                                 "'..'", path=where, record=i, found=p) from None
             found.append((p, p, None))
             continue
