@@ -14,15 +14,17 @@ storage can feed. Here both rates are measured, not guessed:
   (storage, the network, a ``sleep``) and up to twice the cores may run (below 1
   with no idle core, they wait for the CPU itself: other programs take it).
 
-The rule sets the count once, after the first :data:`WINDOW_S` of batches. Then,
-once per window:
+The rule sets the count once, after the first :data:`WINDOW_S` of batches (windows
+run across epochs and ``break``s, pauses between them left out). Then, once per
+window:
 
 * **one more** worker while the consumer waited for more than :data:`WAIT_HIGH`
   of the window, the workers were busy, and at least :data:`IDLE_CORES` of a core
   stood idle (more workers cannot help on a machine with no idle core);
 * **one fewer** while other processes keep the machine's cores over-subscribed
-  (their CPU use plus the workers' exceeds the cores: every process's time slices
-  shrink, and fewer workers switch less);
+  (their CPU use plus the workers' CPU use exceeds the cores: every process's time
+  slices shrink, and fewer workers switch less; workers that wait on storage use
+  little CPU and are not counted as load);
 * **one fewer** while the consumer waited for less than :data:`WAIT_LOW` of the
   window and one worker fewer would still be busy for less than
   :data:`SPARE_BUSY` of its time (workers that idle only hold memory).
@@ -128,8 +130,10 @@ def seed_rule(w: WindowFigures, cores: int, hi: int) -> tuple[int, str]:
 def decide(w: WindowFigures, cores: int, hi: int) -> tuple[int, str] | None:
     """The change (+1 or -1, and why) a window calls for, or None."""
     n = w.workers
+    # The workers' CPU, not their busy wall time: a worker waiting on storage loads no core.
+    worker_cores = w.busy_workers * (w.cpu_per_busy if w.cpu_per_busy is not None else 1.0)
     over = (w.other_cores is not None and w.other_cores >= 0.5
-            and w.other_cores + w.busy_workers > cores + 0.5)
+            and w.other_cores + worker_cores > cores + 0.5)
     if over and n > 1:
         return -1, (f"other processes use {w.other_cores:.1f} of {cores} cores: the machine "
                     "is over-subscribed, fewer workers compete less")
@@ -166,9 +170,16 @@ class WorkerScaler:
         avail = memory_available()
         return hi if avail is None else max(1, min(hi, avail // WORKER_BYTES))
 
+    def resume(self, now: float) -> None:
+        """A new epoch (or iterator) starts: the window goes on, without the pause since
+        the last batch, so epochs shorter than a window still add up to one."""
+        if self._batches and self._last is not None:
+            self._since += now - self._last
+        self._last = now
+
     def mark(self, now: float, pids: list[int]) -> None:
         """Start a window at ``now`` with workers ``pids``."""
-        self._since = now
+        self._since = self._last = now
         self._waited = self._consumer = self._busy = 0.0
         self._batches = 0
         self._machine = machine_cpu()
@@ -181,6 +192,7 @@ class WorkerScaler:
         self._consumer += consumer_s
         self._busy += busy_s
         self._batches += 1
+        self._last = time.perf_counter()
 
     def due(self, now: float) -> bool:
         return now - self._since >= WINDOW_S and self._batches >= 2

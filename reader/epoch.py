@@ -168,12 +168,19 @@ class RawEpoch:
         # Fields that come as lists of bytes/memoryviews: what ``bytes`` counts.
         self.byte_fields = tuple(n for n in loader.fields if types[n] in BYTES_TYPES)
         self.prefetch = loader._start_prefetch(self.epoch, self.k)
+        self.superseded: str | None = None  # why a newer iterator or call ended this one
 
     def __iter__(self):
         return self
 
+    @property
+    def finished(self) -> bool:
+        return self.k >= self.loader.sampler.num_batches
+
     def __next__(self) -> dict:
         lo = self.loader
+        if self.superseded is not None:
+            raise RuntimeError(self.superseded)
         if self.k >= lo.sampler.num_batches:
             self.shutdown()
             lo._finished(self.epoch)
@@ -232,6 +239,7 @@ class Epoch:
         self.calm = 0
         self.slowest = 0.0  # longest issue-to-done time of a batch so far (s)
         self.returned_at: float | None = None  # when next() last returned
+        self.superseded: str | None = None  # why a newer iterator or call ended this one
         self.pid = os.getpid()
         self.pool = None
         self.workers: list = []
@@ -244,7 +252,7 @@ class Epoch:
             self.pool = loader._acquire_pool(self.ring)
             self.workers = self.pool.processes
             if loader._scaler is not None:
-                loader._scaler.mark(time.perf_counter(), [p.pid for p in self.workers])
+                loader._scaler.resume(time.perf_counter())
             self.task_q, self.done_q = self.pool.task_q, self.pool.done_q
             self.generation = self.pool.generation.value
         # Started after the fork: a child must not inherit a download's lock descriptors.
@@ -258,6 +266,8 @@ class Epoch:
     def __next__(self) -> dict:
         t_call = time.perf_counter()
         if self.closed:
+            if self.superseded is not None:
+                raise RuntimeError(self.superseded)
             raise StopIteration
         if self.pid != os.getpid():
             raise RuntimeError(f"this epoch's workers belong to process {self.pid}, which "
@@ -291,6 +301,10 @@ class Epoch:
         except BaseException:
             self.shutdown(failed=True)
             raise
+
+    @property
+    def finished(self) -> bool:
+        return self.next_deliver >= self.n
 
     def _issue(self) -> None:
         lo = self.loader

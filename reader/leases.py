@@ -20,6 +20,14 @@ holds more gets later batches copied out of the ring (the slot goes back at
 once), with one warning naming ``copy=True``: the ring never runs dry and nothing
 is overwritten, whatever the consumer keeps.
 
+A process forked while the consumer holds batches (``multiprocessing`` with the
+fork start method, to save samples in the background; ``os.fork``) shares the
+ring and sees those batches through its own references, which no lease counts.
+So a fork the loader does not make itself *pins* the slots held at that moment:
+they never return to the ring (the consumer then holds them for good, and later
+batches are copied once it holds :data:`MAX_LEASED`), and the child's data never
+changes under it. The loader's own worker starts are exempt (:func:`own_fork`).
+
 A lease outlives ``Loader.close()`` safely: its arrays keep the ring's mapping
 alive (the unmap is refused while they exist; a named segment is unlinked all
 the same), so held batches stay readable and nothing is left in ``/dev/shm``.
@@ -27,12 +35,16 @@ the same), so held batches stay readable and nothing is left in ``/dev/shm``.
 
 from __future__ import annotations
 
+import os
+import threading
 import warnings
+import weakref
 from collections import deque
+from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["MAX_LEASED", "SlotLeases"]
+__all__ = ["MAX_LEASED", "SlotLeases", "own_fork"]
 
 MAX_LEASED = 3
 
@@ -78,7 +90,9 @@ class SlotLeases:
         self.held: set[int] = set()
         self._returned: deque[int] = deque()
         self.copied = 0  # batches delivered as copies because too many were held
+        self.pinned: set[int] = set()  # held when a process was forked: never reused
         self._warned = False
+        _all.add(self)
 
     def collect(self) -> list[int]:
         """Slots whose batches were freed since the last call."""
@@ -86,6 +100,8 @@ class SlotLeases:
         returned, held = self._returned, self.held
         while returned:
             slot = returned.popleft()
+            if slot in self.pinned:
+                continue  # a forked process may still read it
             held.discard(slot)
             out.append(slot)
         return out
@@ -106,6 +122,14 @@ class SlotLeases:
         self.copied += 1
         if not self._warned:
             self._warned = True
+            if self.pinned:
+                warnings.warn(
+                    f"{len(self.pinned & self.held)} batches of this Loader were held when a "
+                    "process was forked (it may still read them, so their memory is never "
+                    "reused): later batches are copied out of the shared ring (correct, but "
+                    "slower). Pass copies to forked processes (batch['image'].copy()), or "
+                    "copy=True to the Loader.", RuntimeWarning, stacklevel=5)
+                return
             warnings.warn(
                 f"the consumer holds {len(self.held)} earlier batches of this Loader, the most "
                 "it may hold as zero-copy views of the shared ring: later batches are copied "
@@ -113,3 +137,27 @@ class SlotLeases:
                 "arrays or tensors saved for later, the variables of earlier loops over this "
                 "loader (del them). Pass copy=True to the Loader when batches are kept.",
                 RuntimeWarning, stacklevel=5)
+
+
+_all: weakref.WeakSet[SlotLeases] = weakref.WeakSet()
+_own = threading.local()
+
+
+@contextmanager
+def own_fork():
+    """Around the loader's own process starts: they read no batch, nothing is pinned."""
+    _own.active = True
+    try:
+        yield
+    finally:
+        _own.active = False
+
+
+def _pin_before_fork() -> None:
+    if getattr(_own, "active", False):
+        return
+    for leases in list(_all):
+        leases.pinned |= leases.held
+
+
+os.register_at_fork(before=_pin_before_fork)

@@ -344,14 +344,20 @@ class Loader:
             # into that ring); this process gets its own, and leaves those alone.
             self._ring = self._pool = self._active = None
             self._pid = os.getpid()
-        self._stop_active()
+        self._stop_active("a newer iter() of this Loader replaced this iterator: a Loader runs "
+                          "one iterator at a time (zip(loader, loader), or next(iter(loader)) "
+                          "inside a loop over it, reads one stream of batches, not two)")
         it = RawEpoch(self) if self.raw else Epoch(self)
         self._active = weakref.ref(it)
         return it
 
-    def _stop_active(self) -> None:
+    def _stop_active(self, why: str | None = None) -> None:
+        """End the running iterator; if it had batches left, its next ``next()``
+        raises ``RuntimeError(why)`` instead of quietly ending the epoch."""
         it = self._active() if self._active is not None else None
         if it is not None:
+            if why is not None and not it.finished:
+                it.superseded = why
             it.shutdown()
         self._active = None
 
@@ -367,7 +373,7 @@ class Loader:
         current one keeps its position (so a resumed state survives the usual
         ``set_epoch`` at the top of a training loop)."""
         if epoch != self.epoch:
-            self._stop_active()
+            self._stop_active(f"set_epoch({epoch}) moved this Loader to another epoch")
             self.epoch, self.position = int(epoch), 0
 
     def state_dict(self) -> dict:
@@ -396,7 +402,7 @@ class Loader:
             if state.get(key) != mine[key]:
                 raise ValueError(f"loader state was saved with {key}={state.get(key)!r}, "
                                  f"this loader has {key}={mine[key]!r}: cannot resume exactly")
-        self._stop_active()
+        self._stop_active("load_state_dict() moved this Loader to the saved position")
         self.epoch, self.position = int(state["epoch"]), int(state["batch"])
 
     def stats(self) -> dict:
@@ -413,7 +419,7 @@ class Loader:
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        self._stop_active()
+        self._stop_active("this Loader was closed")
         self._drop_pool()
         self._release_ring()
         if self.decoded_cache is not None:

@@ -25,6 +25,8 @@ import numpy as np
 
 from formats.errors import CorruptRecordError, ShardpackError
 
+from .leases import own_fork
+
 __all__ = ["BatchBuilder", "BatchSpec", "WorkerPool", "batch_rng", "worker_loop"]
 
 PAGE_STRIDE = 4096
@@ -246,7 +248,8 @@ class WorkerPool:
         p = ctx.Process(target=worker_loop, name=f"shardpack-worker-{i}", daemon=True,
                         args=(i, ds, ring, spec, self.task_q, self.done_q,
                               self.done_event, os.getpid(), self.generation))
-        p.start()
+        with own_fork():
+            p.start()
         self.processes.append(p)
 
     def retire(self) -> None:

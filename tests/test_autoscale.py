@@ -44,6 +44,9 @@ def test_seed_rule_caps_cpu_bound_work_at_the_cores_and_lets_io_bound_work_past_
     ({"wait_share": 0.3, "busy_workers": 0.5, "idle_cores": 1.0}, None),
     # Others over-subscribe the cores: one fewer.
     ({"wait_share": 0.3, "busy_workers": 1.9, "other_cores": 1.5}, -1),
+    # ...but workers waiting on storage load no core: they are not shed for it.
+    ({"wait_share": 0.9, "busy_workers": 2.9, "cpu_per_busy": 0.02, "other_cores": 1.0,
+      "idle_cores": 0.9, "workers": 3}, +1),
     # No waiting and one worker fewer would do: one fewer.
     ({"wait_share": 0.0, "busy_workers": 0.3, "workers": 3}, -1),
     ({"wait_share": 0.0, "busy_workers": 1.5, "workers": 2}, None),
@@ -127,3 +130,14 @@ def test_the_monitor_shows_each_change_and_why(ds_path, short_windows, tmp_path)
     notes = [n for line in record.read_text().splitlines() for n in json.loads(line)["notes"]]
     assert notes[0].startswith(f"workers {changes[0].before} -> {changes[0].after}")
     assert mon.num_workers == lo.num_workers
+
+
+def test_epochs_shorter_than_a_window_add_up(ds_path, short_windows, monkeypatch):
+    monkeypatch.setattr(autoscale, "WINDOW_S", 1.0)
+    with Loader(ds_path, 8, transform=CropPipeline(), persistent_workers=True) as lo:
+        for _ in range(6):  # six short iterations, each a fraction of the window
+            it = iter(lo)
+            for _, _b in zip(range(8), it, strict=False):
+                time.sleep(0.03)
+            it.shutdown()
+        assert lo.worker_changes and "seed rule" in lo.worker_changes[0].reason

@@ -410,3 +410,25 @@ def test_persistent_worker_dead_between_epochs_is_replaced(ds_path):
 def test_a_shard_cache_for_a_local_dataset_is_refused(ds_path, tmp_path):
     with pytest.raises(ValueError, match="object storage"):
         Loader(ds_path, 8, decode=False, cache=reader.CacheOptions(folder=tmp_path))
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_an_iterator_replaced_mid_epoch_says_so_instead_of_ending_quietly(ds_path, decode):
+    kw = {"transform": CropPipeline()} if decode else {"decode": False}
+    with Loader(ds_path, 8, num_workers=2, **kw) as lo:
+        with pytest.raises(RuntimeError, match="one iterator at a time"):
+            list(zip(lo, lo, strict=False))
+        with pytest.raises(RuntimeError, match="one iterator at a time"):
+            for _b in lo:
+                next(iter(lo))  # "log a sample": a second stream over the same cursor
+        it = iter(lo)
+        next(it)
+        lo.set_epoch(lo.epoch + 1)
+        with pytest.raises(RuntimeError, match=r"set_epoch\(\d+\) moved this Loader"):
+            next(it)
+        done = iter(lo)
+        for _ in done:
+            pass
+        iter(lo)  # an iterator that ended its epoch stays ended
+        with pytest.raises(StopIteration):
+            next(done)

@@ -154,3 +154,30 @@ def test_torch_tensors_hold_their_batch(ds_path):
         assert all(isinstance(t, torch.Tensor) for t in kept)
         got = torch.cat(kept).numpy()
     assert np.array_equal(got, np.concatenate([w["label"] for w in want]))
+
+
+def test_a_batch_handed_to_a_forked_process_never_changes_under_it(ds_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    got = ctx.Queue()
+
+    def child(images, labels):
+        import time as _t
+
+        _t.sleep(0.5)  # the parent reads on meanwhile
+        got.put((int(images.astype(np.int64).sum()), labels.tolist()))
+
+    with Loader(ds_path, 16, num_workers=2, transform=CropPipeline(), shuffle=True) as lo:
+        with pytest.warns(RuntimeWarning, match="held when a process was forked"):
+            for k, b in enumerate(lo):
+                if k == 1:
+                    want = (int(b["image"].astype(np.int64).sum()), b["label"].tolist())
+                    p = ctx.Process(target=child, args=(b["image"], b["label"]))
+                    p.start()
+            for _ in range(2):  # more epochs: the slots would have been reused by now
+                for _b in lo:
+                    pass
+        p.join(10)
+        assert got.get(timeout=5) == want
+        assert lo.ring.leases.pinned
