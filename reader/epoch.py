@@ -84,6 +84,7 @@ DRAIN_S = 5.0  # persistent workers: longest wait for an abandoned epoch's batch
 # LATE_MIN_S; LATE_FIRST_S before any batch) looks at the workers: a stopped one raises,
 # slow or blocked ones are reported and waited for.
 LATE_FIRST_S = 60.0
+SUSPENDED_S = 1.0  # a gap this long between two 0.1 s polls: this process was not running
 LATE_MIN_S = 10.0
 LATE_FACTOR = 20.0
 AUTO_SHRINK_AFTER = 32  # batches in a row without waiting before auto prefetch shrinks
@@ -237,7 +238,6 @@ class Epoch:
         self.issued_at: dict[int, float] = {}
         self.slot_of: dict[int, int] = {}
         self.calm = 0
-        self.slowest = 0.0  # longest issue-to-done time of a batch so far (s)
         self.returned_at: float | None = None  # when next() last returned
         self.superseded: str | None = None  # why a newer iterator or call ended this one
         self.pid = os.getpid()
@@ -341,12 +341,18 @@ class Epoch:
         since = time.perf_counter()
         late_at = since + (timeout if timeout is not None else self._late_after())
         states = self._worker_states()
+        polled = since
         while True:
             try:
                 msg = self.done_q.get(timeout=POLL_S)
             except queue.Empty:
                 self._check_workers()
                 now = time.perf_counter()
+                if now - polled > SUSPENDED_S:
+                    # This process did not run for a while (stopped with Ctrl-Z, a debugger,
+                    # a swapped-out machine): that time is nobody's lateness.
+                    late_at += now - polled
+                polled = now
                 if now > late_at:
                     self._late(k, now - since, states, timeout)
                     states = self._worker_states()
@@ -363,9 +369,9 @@ class Epoch:
 
     def _late_after(self) -> float:
         """With no ``timeout``: how long a wait is normal, from the slowest batch so far."""
-        if self.slowest == 0.0:
+        if self.loader._slowest == 0.0:
             return LATE_FIRST_S
-        return max(LATE_MIN_S, LATE_FACTOR * self.slowest)
+        return max(LATE_MIN_S, LATE_FACTOR * self.loader._slowest)
 
     def _worker_states(self) -> list:
         return [(time.perf_counter(), process_state(p.pid)) for p in self.workers]
@@ -386,7 +392,7 @@ class Epoch:
                 f"{what}. A stopped worker never finishes its batch: continue it "
                 f"(kill -CONT {' '.join(map(str, stopped))}) and run again, or pass timeout= "
                 "to choose how long a batch may take") from None
-        slowest = f"{self.slowest:.2f} s" if self.slowest else "none delivered yet"
+        slowest = f"{self.loader._slowest:.2f} s" if self.loader._slowest else "none delivered yet"
         log.warning("%s (slowest batch so far: %s); still waiting, pass timeout= to fail instead",
                     what, slowest)
 
@@ -443,8 +449,8 @@ class Epoch:
         timing = None
         # t[8] is the builder's perf_counter at the end of the build (see reader.timing).
         latency = t[8] - self.issued_at[k]
-        if latency > self.slowest:
-            self.slowest = latency
+        if latency > self.loader._slowest:
+            self.loader._slowest = latency
         if lo.monitor is not None:
             timing = BatchTiming(k, self.epoch, wid, nrec, t[5], t[7], t[0], t[1], t[2], t[3],
                                  t[4], waited, latency if latency > 0.0 else 0.0, 0.0, in_flight)
@@ -509,6 +515,12 @@ class Epoch:
             except BaseException:
                 lo._drop_pool(pool)
                 raise
+            states = [(p, process_state(p.pid)) for p in pool.processes]
+            stopped = [f"worker {_worker_id(p)} (pid {p.pid}) is {describe(None, st, 0.0)}"
+                       for p, st in states if st is not None and st.stopped]
+            log.warning("the persistent workers did not finish the %d batches in progress "
+                        "within %.0f s%s; starting fresh workers", outstanding, DRAIN_S,
+                        f" ({'; '.join(stopped)})" if stopped else "")
         lo._drop_pool(pool)
 
     def shutdown(self, failed: bool = False) -> None:

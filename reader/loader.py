@@ -164,6 +164,7 @@ class Loader:
         self._active: weakref.ref | None = None
         self._closed = False
         self._pid = os.getpid()
+        self._slowest = 0.0  # longest issue-to-done time of a batch so far, all epochs (s)
 
     # -- planning ----------------------------------------------------------------------
 

@@ -157,3 +157,25 @@ def test_a_forked_child_gets_its_own_workers(ds_path):
         assert os.waitstatus_to_exitcode(status) == 0
         labels = np.concatenate([b["label"].copy() for b in it])
         assert labels.tolist() == list(range(8, 96))
+
+
+def test_time_this_process_spends_suspended_is_nobodys_lateness(ds_path):
+    import queue
+
+    # The whole process group stopped for 2 s (Ctrl-Z, then fg) while next() waited:
+    # seen from the loop, one poll of the done queue took 2 s instead of 0.1 s.
+    with Loader(ds_path, 8, num_workers=1, transform=CropPipeline(sleep=0.05),
+                timeout=1.5) as lo:
+        it = iter(lo)
+        real_get, suspended = it.done_q.get, []
+
+        def get(timeout=None):
+            if not suspended:
+                suspended.append(True)
+                time.sleep(2.0)
+                raise queue.Empty
+            return real_get(timeout=timeout)
+
+        it.done_q.get = get
+        assert len(next(it)["label"]) == 8  # no LoaderTimeoutError for those 2 s
+        it.shutdown()
