@@ -146,6 +146,7 @@ class Loader:
                                self.sampler_options)
         self.num_workers = resolve_num_workers(self.worker_options.num_workers)
         self._plan_fields()
+        self._refuse_idle_options()
         # num_workers="auto": measured and adjusted while the loader runs (reader.autoscale).
         self._scaler = None
         if self.worker_options.num_workers == "auto" and not self.raw and self.num_workers:
@@ -214,6 +215,30 @@ class Loader:
         if image is not None and opts.on_error == "skip":
             specs.append(("valid", np.bool_, (b,)))
         self.layout = SlotLayout.build(specs)
+
+    def _refuse_idle_options(self) -> None:
+        """Options this loader would accept and never use: refused, naming why."""
+        w, d = self.worker_options, self.decode_options
+        if self.raw:
+            idle = {"transform": d.transform is not None, "on_error": d.on_error != "fail",
+                    "num_workers": w.num_workers not in ("auto", 0),
+                    "prefetch": w.prefetch != "auto", "timeout": w.timeout is not None,
+                    "persistent_workers": w.persistent_workers,
+                    "max_prefetch": w.max_prefetch is not None,
+                    "start_method": w.start_method is not None}
+            why = ("decode=False reads raw bytes in this process: no decoding, no workers, "
+                   "nothing in flight")
+        elif self.num_workers == 0:
+            idle = {"timeout": w.timeout is not None, "persistent_workers": w.persistent_workers,
+                    "prefetch": w.prefetch not in ("auto", 1),
+                    "start_method": w.start_method is not None}
+            why = "num_workers=0 builds each batch in this process when it is asked for"
+        else:
+            return
+        named = [k for k, v in idle.items() if v]
+        if named:
+            raise ValueError(f"{', '.join(named)} would have no effect: {why}; leave "
+                             f"{'it' if len(named) == 1 else 'them'} out")
 
     def _make_decoded_cache(self, image: str | None, pipeline) -> DecodedCache | None:
         opts = self.decode_options.decoded_cache

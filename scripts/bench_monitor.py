@@ -110,8 +110,8 @@ def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw:
     from reader.monitor import Monitor as _Monitor
 
     kwargs = dict(batch_size=batch_size, num_workers=workers, prefetch=2 * max(workers, 1))
-    if raw:
-        kwargs["decode"] = False
+    if raw:  # read in this process: no workers, nothing in flight
+        kwargs = dict(batch_size=batch_size, decode=False)
     else:
         from reader.transforms import CenterCrop
 

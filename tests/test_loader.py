@@ -243,6 +243,10 @@ def test_options_and_errors(ds_path):
     ({"timeout": "5"}, TypeError, "timeout"),
     ({"device": "gpu"}, ValueError, "device must be 'cpu' or 'cuda'"),
     ({"device_options": object()}, ValueError, "device_options apply to device='cuda' only"),
+    ({"decode": False, "transform": None, "num_workers": 4, "timeout": 5.0}, ValueError,
+     "num_workers, timeout would have no effect: decode=False reads raw bytes"),
+    ({"num_workers": 0, "persistent_workers": True}, ValueError,
+     "persistent_workers would have no effect: num_workers=0 builds each batch"),
     ({"decode_options": reader.DecodeOptions(transform=CropPipeline()), "on_error": "skip"},
      ValueError, "on_error='skip' and decode_options were both given"),
     ({"seed": 3, "sampler_options": reader.SamplerOptions(seed=4)}, ValueError,
@@ -254,7 +258,7 @@ def test_options_and_errors(ds_path):
 def test_every_loader_argument_is_checked_naming_it(ds_path, kw, error, words):
     kw = {"batch_size": 8, **kw}
     if "decode_options" not in kw:
-        kw["transform"] = CropPipeline()
+        kw.setdefault("transform", CropPipeline())
     with pytest.raises(error, match=words):
         Loader(ds_path, **kw)
 
@@ -414,8 +418,8 @@ def test_a_shard_cache_for_a_local_dataset_is_refused(ds_path, tmp_path):
 
 @pytest.mark.parametrize("decode", [True, False])
 def test_an_iterator_replaced_mid_epoch_says_so_instead_of_ending_quietly(ds_path, decode):
-    kw = {"transform": CropPipeline()} if decode else {"decode": False}
-    with Loader(ds_path, 8, num_workers=2, **kw) as lo:
+    kw = {"transform": CropPipeline(), "num_workers": 2} if decode else {"decode": False}
+    with Loader(ds_path, 8, **kw) as lo:
         with pytest.raises(RuntimeError, match="one iterator at a time"):
             list(zip(lo, lo, strict=False))
         with pytest.raises(RuntimeError, match="one iterator at a time"):
