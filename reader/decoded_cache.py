@@ -29,7 +29,9 @@ workers or when ``path`` is given (for a cache larger than RAM, on a local disk)
 A file is reserved whole at creation (``posix_fallocate``), so a full disk is an
 error then, naming it, never a crash when a page is first written; it is deleted
 at ``close()``. A file under ``/dev/shm`` is named after the loader's process and
-reclaimed like a slot ring when that process was killed.
+reclaimed like a slot ring when that process was killed; a ``path`` file left by
+a killed loader is recognised (its header names the cache and its owner's pid)
+and replaced by the next loader, never a file that is not such a cache.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ from .slots import SHM_PREFIX, reclaim_stale_segments
 __all__ = ["DecodedCache", "DecodedCacheOptions"]
 
 EMPTY, WRITING, READY = 0, 1, 2
-_HEADER = 64
+_HEADER = 64  # bytes used (int64) at 0, the magic at 16, the owner's pid at 32
+_MAGIC = b"shardpack-dcache"
+_MAGIC_AT, _PID_AT = 16, 32
 _ROW = 5  # offset, height, width, cached height, cached width (int64)
 _counter = itertools.count()
 
@@ -82,6 +86,32 @@ class DecodedCacheOptions:
             raise TypeError(f"path must be a file path or None, not {self.path!r}")
 
 
+def _reclaim_or_refuse(path: Path) -> None:
+    """``path`` exists: delete it if it is a decoded cache whose loader is gone (killed
+    before it could), else refuse. Never anything else of the user's."""
+    owner = None
+    try:
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as f:
+                head = f.read(_HEADER)
+            if head[_MAGIC_AT : _MAGIC_AT + len(_MAGIC)] == _MAGIC:
+                owner = int.from_bytes(head[_PID_AT : _PID_AT + 8], "little")
+    except OSError:
+        pass
+    if owner is None:
+        raise FileExistsError(f"{path}: exists and is not a decoded cache; the decoded cache "
+                              "file must not exist (it is created, and deleted at close)")
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        path.unlink()  # left by a loader that was killed: ours to remove
+        return
+    except PermissionError:
+        pass
+    raise FileExistsError(f"{path}: the decoded cache of a running loader (pid {owner}); "
+                          "give this loader another path")
+
+
 class DecodedCache:
     """The shared cache (see the module docstring); built by the Loader, used by workers.
 
@@ -108,9 +138,8 @@ class DecodedCache:
         self._delete = False
         if options.path is not None:
             self.path = Path(options.path)
-            if self.path.exists():
-                raise FileExistsError(f"{self.path}: the decoded cache file must not exist "
-                                      "(it is created, and deleted at close)")
+            if self.path.exists() or self.path.is_symlink():
+                _reclaim_or_refuse(self.path)
         elif named:
             reclaim_stale_segments()
             self.path = Path("/dev/shm") / f"{SHM_PREFIX}{os.getpid()}_cache_{next(_counter)}"
@@ -135,6 +164,9 @@ class DecodedCache:
 
     def _setup(self) -> None:
         buf = self._mm
+        if os.getpid() == self._owner and buf[_MAGIC_AT : _MAGIC_AT + len(_MAGIC)] != _MAGIC:
+            buf[_MAGIC_AT : _MAGIC_AT + len(_MAGIC)] = _MAGIC  # what a later run can recognise
+            buf[_PID_AT : _PID_AT + 8] = self._owner.to_bytes(8, "little")
         self._used = np.frombuffer(buf, np.int64, 1, 0)
         self._dir = np.frombuffer(buf, np.int64, _ROW * self.num_records,
                                   self._dir_at).reshape(self.num_records, _ROW)

@@ -150,3 +150,24 @@ def test_spawned_workers_share_a_named_cache_released_at_close(ds_path):
     gc.collect()
     same(got, want)
     assert not os.path.exists(name)
+
+
+def test_a_cache_file_left_by_a_killed_loader_is_taken_over(ds_path, tmp_path):
+    import subprocess
+    import sys
+
+    f = tmp_path / "left.cache"
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+              "import os, signal\n"
+              "from reader import Loader, DecodedCacheOptions\n"
+              "from reader.transforms import CenterCrop\n"
+              f"lo = Loader({str(ds_path)!r}, 16, transform=[CenterCrop(24)], num_workers=0,\n"
+              f"           decoded_cache=DecodedCacheOptions(max_bytes={BIG}, path={str(f)!r}))\n"
+              "next(iter(lo))\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    subprocess.run([sys.executable, "-c", script], timeout=60)
+    assert f.exists()  # killed: nothing could delete it
+    with Loader(ds_path, 16, transform=[CenterCrop(24)], num_workers=0,
+                decoded_cache=DecodedCacheOptions(max_bytes=BIG, path=f)) as lo:
+        assert sum(len(b["label"]) for b in lo) == 96
+    assert not f.exists()
