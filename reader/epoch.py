@@ -107,6 +107,14 @@ def _worker_id(process) -> str:
     return process.name.rsplit("-", 1)[-1]  # "shardpack-worker-<id>" (reader.worker)
 
 
+def _doing(process) -> str:
+    doing = getattr(process, "doing", None)
+    if doing is None:
+        return ""
+    k = doing.value
+    return ", waiting for a task," if k < 0 else f", building batch {k},"
+
+
 class CpuSink:
     """Hands slot views to the user, leased: a slot comes back once nothing refers to it.
 
@@ -379,7 +387,8 @@ class Epoch:
     def _late(self, k: int, waited: float, before: list, timeout: float | None) -> None:
         """No batch for too long: raise (a timeout, or a stopped worker) or warn (slow ones)."""
         now = self._worker_states()
-        words = [f"worker {_worker_id(p)} (pid {p.pid}) is {describe(b, n, t1 - t0)}"
+        words = [f"worker {_worker_id(p)} (pid {p.pid}){_doing(p)} is "
+                 f"{describe(b, n, t1 - t0)}"
                  for p, (t0, b), (t1, n) in zip(self.workers, before, now, strict=False)]
         stopped = [p.pid for p, (_, n) in zip(self.workers, now, strict=False)
                    if n is not None and n.stopped]

@@ -163,9 +163,11 @@ def error_message(exc: BaseException) -> tuple:
 
 
 def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_event,
-                parent_pid: int, generation=None) -> None:
+                parent_pid: int, generation=None, doing=None) -> None:
     """A worker process's main function (module scope, so it can be spawned).
 
+    ``doing`` (a shared int) holds the batch being built, -1 between batches, so the
+    main process can tell which worker a late batch waits for.
     ``generation`` (a shared int, see :class:`WorkerPool`) cancels tasks: one
     whose generation is no longer current is answered ``("stale", k, slot)``
     without being built.
@@ -192,6 +194,8 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
             if generation is not None and gen != generation.value:
                 done_q.put(("stale", k, slot))
                 continue
+            if doing is not None:
+                doing.value = k
             try:
                 timing = builder.build(indices, ring.slot_view(slot), batch_rng(spec, epoch, k))
             except Exception as exc:
@@ -199,6 +203,9 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
                             error_message(exc), traceback.format_exc()))
                 builder.current = None
                 continue
+            finally:
+                if doing is not None:
+                    doing.value = -1
             done_q.put(("ok", k, slot, worker_id, pid, timing))
     except KeyboardInterrupt:
         pass
@@ -245,9 +252,11 @@ class WorkerPool:
         """Start one more worker on the same queues and ring."""
         ctx, ds, ring, spec = self._start
         i, self._next_id = self._next_id, self._next_id + 1
+        doing = ctx.RawValue("q", -1)
         p = ctx.Process(target=worker_loop, name=f"shardpack-worker-{i}", daemon=True,
                         args=(i, ds, ring, spec, self.task_q, self.done_q,
-                              self.done_event, os.getpid(), self.generation))
+                              self.done_event, os.getpid(), self.generation, doing))
+        p.doing = doing  # the batch it builds (-1: none), read by a late batch's message
         with own_fork():
             p.start()
         self.processes.append(p)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,10 +87,13 @@ def test_a_timeout_says_what_each_worker_is_doing(ds_path):
     msg = str(info.value)
     assert "worker 0" in msg and "busy (" in msg and "s of CPU in the last" in msg
     assert "the timeout is 1.0 s" in msg and "alive" not in msg
-    # An asleep one: no CPU used.
-    with Loader(ds_path, 2, num_workers=1, transform=CropPipeline(sleep=0.8), timeout=1.0) as lo, \
-            pytest.raises(LoaderTimeoutError, match=r"asleep or blocked \(0\.[0-3] s of CPU"):
+    # An asleep one, building the batch waited for, and an idle one: told apart.
+    with Loader(ds_path, 2, num_workers=2, prefetch=1, transform=CropPipeline(sleep=0.8),
+                timeout=1.0) as lo, pytest.raises(LoaderTimeoutError) as info:
         next(iter(lo))
+    msg = str(info.value)
+    assert re.search(r"building batch 0, is asleep or blocked \(0\.[0-3] s of CPU", msg), msg
+    assert "waiting for a task, is asleep or blocked" in msg
 
 
 def test_slow_workers_are_reported_and_waited_for(ds_path, quick_deadline, caplog):
