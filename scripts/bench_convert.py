@@ -94,18 +94,12 @@ def _check(case: str, what: str, found: int, expected: int) -> None:
 
 
 def _image_folder(data: Path, count: int) -> tuple[Path, list[Path]]:
-    per_class = max(1, count // _CLASSES)
-    root = data / f"convert-jpegs-{_CLASSES * per_class}-{_MIN_SIDE}-{_MAX_SIDE}"
-    marker = root / ".complete"
-    if not marker.exists():
-        from scripts.synth import make_image_folder
+    from scripts.synth import cached_image_folder
 
-        t = time.perf_counter()
-        print(f"generating {_CLASSES * per_class} JPEGs in {root} ...", file=sys.stderr)
-        make_image_folder(root, _CLASSES, per_class, min_side=_MIN_SIDE, max_side=_MAX_SIDE,
-                          workers=os.cpu_count() or 1)
-        marker.write_text(f"{_CLASSES} {per_class} 0")
-        print(f"  done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    per_class = max(1, count // _CLASSES)
+    root = cached_image_folder(
+        data / f"convert-jpegs-{_CLASSES * per_class}-{_MIN_SIDE}-{_MAX_SIDE}", _CLASSES,
+        per_class, min_side=_MIN_SIDE, max_side=_MAX_SIDE)
     files = sorted(f for d in root.iterdir() if d.is_dir() for f in d.iterdir())
     return root, files
 

@@ -27,18 +27,11 @@ __all__ = ["main"]
 
 
 def _dataset(data: Path, count: int) -> tuple[Path, list[tuple[str, str, int]]]:
+    from scripts.synth import cached_image_folder
+
     classes = 20
     per_class = max(1, count // classes)
-    root = data / f"imagefolder-{classes * per_class}"
-    marker = root / ".complete"
-    if not marker.exists():
-        from scripts.synth import make_image_folder
-
-        t = time.perf_counter()
-        print(f"generating {classes * per_class} JPEGs in {root} ...", file=sys.stderr)
-        make_image_folder(root, classes, per_class, workers=os.cpu_count() or 1)
-        marker.write_text(f"{classes} {per_class} 0")
-        print(f"  done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    root = cached_image_folder(data / f"imagefolder-{classes * per_class}", classes, per_class)
     samples = []
     for label, cls in enumerate(sorted(p.name for p in root.iterdir() if p.is_dir())):
         for f in sorted((root / cls).iterdir()):

@@ -35,7 +35,8 @@ import cv2
 import numpy as np
 import simplejpeg
 
-__all__ = ["make_image_folder", "make_jpeg", "make_tiny_jpeg", "synth_image"]
+__all__ = ["cached_image_folder", "make_image_folder", "make_jpeg", "make_tiny_jpeg",
+           "synth_image"]
 
 _TILE = 640  # tiles are cropped, so images larger than this are tiled by wrapping
 _NUM_TILES = 4
@@ -222,6 +223,23 @@ def make_image_folder(
         for job in jobs:
             _write_one(job)
     return [job[0] for job in jobs]
+
+
+def cached_image_folder(root: str | Path, num_classes: int, per_class: int, **kwargs) -> Path:
+    """:func:`make_image_folder` into ``root`` unless a complete one is there already
+    (a ``.complete`` marker, written last), for benchmarks that keep their data."""
+    import os
+    import sys
+
+    root = Path(root)
+    marker = root / ".complete"
+    if not marker.exists():
+        t = time.perf_counter()
+        print(f"generating {num_classes * per_class} JPEGs in {root} ...", file=sys.stderr)
+        make_image_folder(root, num_classes, per_class, workers=os.cpu_count() or 1, **kwargs)
+        marker.write_text(f"{num_classes} {per_class} {kwargs.get('seed', 0)}")
+        print(f"  done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    return root
 
 
 def main(argv: Sequence[str] | None = None) -> int:
