@@ -348,7 +348,9 @@ class Epoch:
         timeout = self.loader.worker_options.timeout
         since = time.perf_counter()
         late_at = since + (timeout if timeout is not None else self._late_after())
-        states = self._worker_states()
+        # The workers' /proc states are sampled only once a wait outlasts one poll: a batch
+        # that comes within it costs no file reads.
+        states = None
         polled = since
         while True:
             try:
@@ -361,6 +363,8 @@ class Epoch:
                     # a swapped-out machine): that time is nobody's lateness.
                     late_at += now - polled
                 polled = now
+                if states is None:
+                    states = self._worker_states()
                 if now > late_at:
                     self._late(k, now - since, states, timeout)
                     states = self._worker_states()
@@ -368,7 +372,7 @@ class Epoch:
                 continue
             since = time.perf_counter()
             late_at = since + (timeout if timeout is not None else self._late_after())
-            states = self._worker_states()
+            states = None
             # Errors wait their turn like batches, so the same record fails first
             # whatever the number of workers.
             if msg[1] == k:
