@@ -231,14 +231,14 @@ class ShardDataset(ShardSet):
         firsts = ordered[bounds[:-1]].tolist()
         return [(k, order[a:b]) for k, a, b in zip(firsts, bounds, bounds[1:])]  # noqa: B905
 
-    def _gather(self, indices, j: int, views: dict | None = None):
+    def _gather(self, indices, j: int, views: dict | None = None, crcs: bool = False):
         """(shard numbers, records within shards, offsets, lengths, stored CRCs or None)
-        of field ``j`` (the CRCs when ``check_crc``); with ``views``, also each shard's
-        data as a memoryview, by shard number."""
+        of field ``j`` (the CRCs when ``crcs``); with ``views``, also each shard's data
+        as a memoryview, by shard number."""
         shard, local = self.locate_many(indices)
         offsets = np.empty(shard.shape, np.uint64)
         lengths = np.empty(shard.shape, np.uint64)
-        crcs = np.empty(shard.shape, np.uint32) if self.check_crc else None
+        crcs = np.empty(shard.shape, np.uint32) if crcs else None
         for k, pos in self._groups(shard):
             s = self._ready(k)
             loc = local[pos]
@@ -280,7 +280,7 @@ class ShardDataset(ShardSet):
             if len(groups) > self.max_open:
                 return self._payloads_copying(shard, local, groups, j)
         views: dict[int, memoryview] = {}
-        shard, local, offsets, lengths, crcs = self._gather(indices, j, views)
+        shard, local, offsets, lengths, crcs = self._gather(indices, j, views, self.check_crc)
         out = [
             views[s][o:e]
             for s, o, e in zip(shard.tolist(), offsets.tolist(), (offsets + lengths).tolist(), strict=True)
