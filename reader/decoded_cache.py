@@ -130,10 +130,7 @@ class DecodedCache:
         self.num_records = int(num_records)
         self._lock = lock
         self._owner = os.getpid()
-        self._dir_at = _HEADER
-        self._state_at = self._dir_at + 8 * _ROW * self.num_records
-        self._data_at = -(-(self._state_at + self.num_records) // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.nbytes = self._data_at + self.capacity
+        self._layout()
         self.path: Path | None = None
         self._delete = False
         if options.path is not None:
@@ -148,6 +145,13 @@ class DecodedCache:
         else:
             self._mm = self._create_file()
         self._setup()
+
+    def _layout(self) -> None:
+        """Where the directory, the states and the pixels start (see the module docstring)."""
+        self._dir_at = _HEADER
+        self._state_at = self._dir_at + 8 * _ROW * self.num_records
+        self._data_at = -(-(self._state_at + self.num_records) // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.nbytes = self._data_at + self.capacity
 
     def _create_file(self) -> mmap.mmap:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -228,10 +232,7 @@ class DecodedCache:
         self._lock = state["lock"]
         self._owner = state["owner"]
         self._delete = False
-        self._dir_at = _HEADER
-        self._state_at = self._dir_at + 8 * _ROW * self.num_records
-        self._data_at = -(-(self._state_at + self.num_records) // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.nbytes = self._data_at + self.capacity
+        self._layout()
         fd = os.open(self.path, os.O_RDWR)
         try:
             self._mm = mmap.mmap(fd, self.nbytes)
