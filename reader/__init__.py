@@ -10,11 +10,13 @@ ring of shared-memory slots (see :mod:`reader.loader` for the protocol).
 from formats.version import package_version
 
 from .cache import CacheOptions
+from .collate import Padded, Ragged
 from .dataset import open_dataset, read_many
 from .decoded_cache import DecodedCacheOptions
 from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from .loader import CpuSink, Loader
 from .options import DecodeOptions, SamplerOptions, WorkerOptions
+from .sample import Annotations
 from .sampler import Sampler
 from .slots import FieldLayout, SlotLayout, SlotRing
 from .timing import BatchTiming
@@ -22,6 +24,7 @@ from .timing import BatchTiming
 __version__ = package_version()  # "0+unknown" in a source checkout that is not installed
 
 __all__ = [
+    "Annotations",
     "BatchTiming",
     "CacheOptions",
     "CpuSink",
@@ -31,6 +34,8 @@ __all__ = [
     "Loader",
     "LoaderError",
     "LoaderTimeoutError",
+    "Padded",
+    "Ragged",
     "Sampler",
     "SamplerOptions",
     "SlotLayout",

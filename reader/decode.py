@@ -62,7 +62,7 @@ from formats.sniff import image_kind
 from formats.sniff import image_size as header_size
 from reader.transforms import ImagePipeline, Plan
 
-__all__ = ["DecodeError", "Decoder", "decode_full", "image_size"]
+__all__ = ["DecodeError", "Decoder", "check_backend", "decode_full", "image_size"]
 
 Backend = Literal["auto", "cv2", "pillow"]
 
@@ -160,22 +160,48 @@ def _dct_factor(plan: Plan) -> int:
     return 1
 
 
-def _resolve_backend(backend: Backend) -> str:
-    if backend == "pillow":
-        return "pillow"
+def check_backend(backend: Backend) -> str:
+    """The resize backend ``backend`` resolves to here (``"cv2"`` or ``"pillow"``).
+
+    Raises:
+        ValueError: not one of ``"auto"``, ``"cv2"``, ``"pillow"``.
+        ImportError: the library it needs cannot be imported, saying why (for
+            ``"auto"``: why OpenCV could not, when Pillow is missing too).
+    """
+    if backend not in ("auto", "cv2", "pillow"):
+        raise ValueError(f"backend must be 'auto', 'cv2' or 'pillow', not {backend!r}")
+    if backend != "pillow":
+        try:
+            import cv2  # noqa: F401
+        except ImportError as exc:
+            if backend == "cv2":
+                raise ImportError(f"backend='cv2' needs OpenCV, which cannot be imported "
+                                  f"({exc}): pip install opencv-python-headless") from exc
+            cv2_error = exc
+        else:
+            return "cv2"
     try:
-        import cv2
+        import PIL.Image  # noqa: F401
     except ImportError as exc:
-        if backend == "cv2":
-            raise ImportError(
-                "backend='cv2' needs OpenCV: pip install opencv-python-headless"
-            ) from exc
-        return "pillow"
-    # Loader workers are one per core; OpenCV's own thread pool would oversubscribe
-    # them (and fork with live threads). This is process-wide, hence only in workers'
-    # decoders, which is where Decoder objects are built.
-    cv2.setNumThreads(0)
-    return "cv2"
+        if backend == "pillow":
+            raise ImportError(f"backend='pillow' needs Pillow, which cannot be imported ({exc}): "
+                              "pip install pillow") from exc
+        raise ImportError(f"backend='auto' found no resize library: OpenCV cannot be imported "
+                          f"({cv2_error}) and Pillow neither ({exc}); pip install "
+                          "opencv-python-headless (a core dependency of shardpack)") from cv2_error
+    return "pillow"
+
+
+def _resolve_backend(backend: Backend) -> str:
+    resolved = check_backend(backend)
+    if resolved == "cv2":
+        import cv2
+
+        # Loader workers are one per core; OpenCV's own thread pool would oversubscribe
+        # them (and fork with live threads). This is process-wide, hence only in workers'
+        # decoders, which is where Decoder objects are built.
+        cv2.setNumThreads(0)
+    return resolved
 
 
 class Decoder:
@@ -191,36 +217,94 @@ class Decoder:
     """
 
     def __init__(self, pipeline: ImagePipeline, backend: Backend = "auto") -> None:
-        if backend not in ("auto", "cv2", "pillow"):
-            raise ValueError(f"backend must be 'auto', 'cv2' or 'pillow', not {backend!r}")
         self.pipeline = pipeline
         self.backend = _resolve_backend(backend)
         self._resample = _resample_cv2 if self.backend == "cv2" else _resample_pillow
         self._scratch = np.empty(0, np.uint8)
+        self._sample = np.empty(0, np.uint8)  # a varying-size image before step 4
         shape = pipeline.resample_shape
-        # User callables may change the shape; then resample into a reused temporary.
-        self._staging = None if shape == pipeline.output_shape else np.empty(shape, np.uint8)
+        # User callables or Normalize may change the shape or type; then resample into a
+        # reused temporary. (A pipeline whose size varies resamples per sample, see
+        # decode_plan.)
+        self._staging = None
+        if shape is not None and (shape != pipeline.output_shape or pipeline.normalize):
+            self._staging = np.empty(shape, np.uint8)
 
     def decode_into(
-        self, data: memoryview | bytes, out: np.ndarray, rng: np.random.Generator
+        self, data: memoryview | bytes, out: np.ndarray | None, rng: np.random.Generator
     ) -> np.ndarray:
         """Decode ``data``, transform it and write the result into ``out``.
 
         Args:
             data: Encoded image bytes (a zero-copy view over the shard is fine).
-            out: C-contiguous uint8 array of ``pipeline.output_shape``, typically a
-                view of a shared-memory batch slot.
+            out: C-contiguous array of ``pipeline.output_shape`` and ``pipeline.dtype``,
+                typically a view of a shared-memory batch slot; None: a new array
+                (the only choice when the pipeline's output size varies).
             rng: Generator for this sample's random transforms.
 
         Returns:
-            ``out``, filled.
+            ``out``, filled (or the new array).
 
         Raises:
             DecodeError: If the bytes are not a decodable image.
             ValueError: If ``out`` has the wrong shape or dtype.
         """
+        if not self.pipeline.fixed:
+            height, width = self.size_of(data)
+            plan = self.pipeline.plan(height, width, rng)
+            shape = self.pipeline.output_for(*plan.size)
+            if out is None:
+                out = np.empty(shape, self.pipeline.dtype)
+            elif out.shape != shape or out.dtype != self.pipeline.dtype:
+                raise ValueError(f"out must be {self.pipeline.dtype} {shape} for this image, "
+                                 f"got {out.dtype} {out.shape}")
+            self.decode_plan(data, height, width, plan, out, rng)
+            return out
+        if out is None:
+            out = np.empty(self.pipeline.output_shape, self.pipeline.dtype)
         self._apply_user(self._decode_resample(data, out, rng), out, rng)
         return out
+
+    def size_of(self, data: memoryview | bytes) -> tuple[int, int]:
+        """``(height, width)`` of an encoded image, from its header where the format has one."""
+        return image_size(data)
+
+    def decode_plan(self, data: memoryview | bytes, height: int, width: int, plan: Plan,
+                    out: np.ndarray, rng: np.random.Generator) -> float:
+        """Decode ``data`` (``height`` x ``width``, from :meth:`size_of`) resampled to
+        ``plan`` into ``out``: uint8 ``(*plan.size, 3)`` or, after Normalize, float32
+        (rows may be strided: a region of a padded batch). Steps 1-4; returns the
+        seconds of step 4 (user callables and Normalize), the rest being decoding."""
+        target = out
+        if self.pipeline.user or self.pipeline.normalize:
+            need = plan.size[0] * plan.size[1] * 3
+            if self._sample.size < need:
+                self._sample = np.empty(need + need // 4, np.uint8)
+            target = self._sample[:need].reshape(*plan.size, 3)
+        if _is_jpeg(data):
+            image = self._decode_scaled(data, height, width, _dct_factor(plan))
+        else:
+            image = _other_decode(data)
+        self._resample_plan(image, height, width, plan, target)
+        if target is out:
+            return 0.0
+        t = time.perf_counter()
+        self._apply_user(target, out, rng)
+        return time.perf_counter() - t
+
+    def decode_mask(self, data: memoryview | bytes, height: int, width: int, plan: Plan,
+                    out: np.ndarray) -> None:
+        """A label mask with the image's ``plan``: nearest-neighbour (labels are never
+        blended), zero outside the image; ``out`` is uint8 ``plan.size`` (2-D).
+
+        Raises:
+            DecodeError: the bytes do not decode, or the mask is not ``height`` x ``width``.
+        """
+        mask = _mask_decode(data)
+        if mask.shape[:2] != (height, width):
+            raise DecodeError(f"mask is {mask.shape[0]}x{mask.shape[1]}, its image is "
+                              f"{height}x{width}")
+        _resample_nearest(mask, plan.box, out, plan.flip)
 
     def decode_timed(
         self, data: memoryview | bytes, out: np.ndarray, rng: np.random.Generator
@@ -248,10 +332,9 @@ class Decoder:
         self, data: memoryview | bytes, out: np.ndarray, rng: np.random.Generator
     ) -> np.ndarray:
         """Steps 1-3: decode and resample into ``out`` (or the staging buffer); returns it."""
-        if out.shape != self.pipeline.output_shape or out.dtype != np.uint8:
-            raise ValueError(
-                f"out must be uint8 {self.pipeline.output_shape}, got {out.dtype} {out.shape}"
-            )
+        if out.shape != self.pipeline.output_shape or out.dtype != self.pipeline.dtype:
+            raise ValueError(f"out must be {self.pipeline.dtype} {self.pipeline.output_shape}, "
+                             f"got {out.dtype} {out.shape}")
         target = out if self._staging is None else self._staging
         if _is_jpeg(data):
             height, width = _jpeg_header(data)
@@ -310,10 +393,17 @@ class Decoder:
         return time.perf_counter() - t0
 
     def _apply_user(self, result: np.ndarray, out: np.ndarray, rng: np.random.Generator) -> None:
-        """Step 4: the user callables on the resampled image, the result left in ``out``."""
+        """Step 4: the user callables and Normalize on the resampled image, into ``out``."""
         for transform in self.pipeline.user:
             result = transform(result, rng)
-        if result is not out:
+        norm = self.pipeline.normalize
+        if norm is not None:
+            size = out.shape[1:] if norm.channels_first else out.shape[:2]
+            if result.shape[:2] != size:
+                raise ValueError(f"user transforms returned {result.shape}, expected "
+                                 f"{out.shape} before Normalize")
+            norm(result, out)
+        elif result is not out:
             if result.shape != out.shape:
                 raise ValueError(f"user transforms returned {result.shape}, expected {out.shape}")
             np.copyto(out, result)
@@ -396,6 +486,40 @@ def _resample_cv2(image: np.ndarray, box: Box, out: np.ndarray, flip: bool) -> N
             np.copyto(dst, result)
     if flip:
         cv2.flip(out, 1, dst=out)  # in place, ~4 µs for 224x224
+
+
+def _mask_decode(data: memoryview | bytes) -> np.ndarray:
+    """A label mask as stored (PNG, 8-bit, one channel; the first channel of a colour one)."""
+    import cv2
+
+    try:
+        arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if len(data) else None
+    except cv2.error:
+        arr = None
+    if arr is None:
+        raise DecodeError(f"cannot decode mask ({_describe(data)})")
+    if arr.dtype != np.uint8:
+        raise DecodeError(f"mask holds {arr.dtype} samples; masks are 8-bit label images")
+    return arr if arr.ndim == 2 else arr[..., 0]
+
+
+def _resample_nearest(image: np.ndarray, box: Box, out: np.ndarray, flip: bool) -> None:
+    """Nearest-neighbour resample of ``box`` into ``out``: every output pixel is one
+    source pixel's label (sampled at its centre), zero outside the image."""
+    import cv2
+
+    (x0, y0, x1, y1), dst = _target_region(image, box, out)
+    if dst is None:
+        return
+    h, w = image.shape[:2]
+    # Centres of the output pixels mapped into the source, as integer indices.
+    ys = np.clip(np.floor(y0 + (np.arange(dst.shape[0]) + 0.5) * (y1 - y0) / dst.shape[0]),
+                 0, h - 1).astype(np.intp)
+    xs = np.clip(np.floor(x0 + (np.arange(dst.shape[1]) + 0.5) * (x1 - x0) / dst.shape[1]),
+                 0, w - 1).astype(np.intp)
+    dst[...] = image[ys[:, None], xs[None, :]]
+    if flip:
+        cv2.flip(out, 1, dst=out)
 
 
 def _resample_pillow(image: np.ndarray, box: Box, out: np.ndarray, flip: bool) -> None:

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from .collate import Ragged
+
 __all__ = ["DeviceOptions", "SlotGate", "make_sink", "normalize", "require_cupy"]
 
 INSTALL_HINT = "device='cuda' needs cupy and a CUDA GPU: pip install 'shardpack[gpu]'"
@@ -257,9 +259,12 @@ class CudaSink:
             device_arrays = {}
             for f in ring.layout.fields:
                 view = batch.get(f.name)
+                if isinstance(view, Ragged):
+                    view = view.values  # its offsets and shapes stay on the host (below)
                 if not isinstance(view, np.ndarray):
                     continue
-                # A partial last batch is a prefix of the slot's array: copy only that.
+                # A partial or varying-size batch is a prefix of the slot's region (see
+                # reader.collate): one contiguous copy of just that.
                 dev = cp.empty(view.shape, dtype=view.dtype)
                 dev.data.copy_from_host_async(base + f.offset, view.nbytes, st.stream)
                 device_arrays[f.name] = dev
@@ -268,12 +273,21 @@ class CudaSink:
             copied.record(st.stream)
             self.gate.add(slot, copied)
             for name, dev in device_arrays.items():
-                out[name] = self._images(dev) if dev.ndim == 4 and dev.dtype == cp.uint8 else dev
+                value = batch[name]
+                if isinstance(value, Ragged):
+                    # Values on the device; offsets and shapes copied on the host, where
+                    # indexing reads them (a device scalar read would synchronize).
+                    out[name] = Ragged(dev, np.array(value.offsets),
+                                       None if value.shapes is None else np.array(value.shapes))
+                elif dev.ndim == 4 and dev.dtype == cp.uint8:
+                    out[name] = self._images(dev)
+                else:
+                    out[name] = dev
             ready = cp.cuda.Event()
             ready.record(st.stream)
         for name, value in batch.items():
             if name not in out:
-                out[name] = value  # host-side fields (strings, variable-size arrays)
+                out[name] = value  # host-side fields (strings, JSON, bytes)
         self._timings.append((start, copied, nbytes))
         timing = self._attach_h2d(timing)
         consumer = self._consumer_stream()
@@ -281,7 +295,9 @@ class CudaSink:
         if opts.output == "torch":
             import torch
 
-            out = {k: (torch.from_dlpack(v) if isinstance(v, cp.ndarray) else v) for k, v in out.items()}
+            out = {k: (torch.from_dlpack(v) if isinstance(v, cp.ndarray) else
+                       [torch.from_dlpack(x) for x in v] if isinstance(v, Ragged) else v)
+                   for k, v in out.items()}
         return out, timing
 
     def _images(self, dev):

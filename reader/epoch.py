@@ -63,12 +63,13 @@ import numpy as np
 from formats.errors import FormatError, ShardpackError
 from formats.fields import BYTES_TYPES
 
+from .collate import Ragged, assemble
 from .dataset import main_fields
 from .errors import LoaderTimeoutError, WorkerDiedError, WorkerError
 from .leases import MAX_LEASED, SlotLeases
 from .proc import describe, process_state
-from .timing import BatchTiming
-from .worker import BatchBuilder, batch_rng
+from .timing import BatchTiming, batch_timing
+from .worker import BatchBuilder, BatchDone, BatchFailed, Task, batch_rng
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -147,9 +148,12 @@ class CpuSink:
             leases = self.leases
             self._back += leases.collect()  # so that full() counts only live batches
             if not leases.full():
-                return leases.lease(slot, batch, self.fields), timing
+                # Everything of the slot: its arrays and ragged fields (main-process
+                # fields are lists, and owned).
+                names = [k for k, v in batch.items() if isinstance(v, (np.ndarray, Ragged))]
+                return leases.lease(slot, batch, names), timing
             leases.note_copied()
-        batch = {k: (v.copy() if isinstance(v, np.ndarray) else
+        batch = {k: (v.copy() if isinstance(v, (np.ndarray, Ragged)) else
                      [bytes(x) if isinstance(x, memoryview) else x for x in v])
                  for k, v in batch.items()}
         self._back.append(slot)  # nothing refers to it any more
@@ -301,7 +305,7 @@ class Epoch:
                 if msg is None:
                     msg = self._wait_for(k)
                     waited = time.perf_counter() - t_wait
-            if msg[0] == "error":
+            if isinstance(msg, BatchFailed):
                 self._raise_worker_error(msg)
             return self._deliver(k, msg, t_call, waited, in_flight)
         except StopIteration:
@@ -324,27 +328,29 @@ class Epoch:
             self.slot_of[k] = slot
             self.issued_at[k] = time.perf_counter()
             if self.builder is None:
-                self.task_q.put((k, slot, self.epoch, lo.sampler.batch(self.epoch, k),
-                                 self.generation))
+                self.task_q.put(Task(batch=k, slot=slot, epoch=self.epoch,
+                                     indices=lo.sampler.batch(self.epoch, k),
+                                     generation=self.generation))
             self.next_issue += 1
         if self.prefetch is not None:
             self.prefetch.advance(self.next_issue)
 
-    def _build_here(self, k: int) -> tuple:
+    def _build_here(self, k: int) -> BatchDone:
         lo = self.loader
         slot = self.slot_of[k]
         try:
-            t = self.builder.build(lo.sampler.batch(self.epoch, k), self.ring.slot_view(slot),
-                                   batch_rng(lo.spec, self.epoch, k))
+            t, shapes = self.builder.build(lo.sampler.batch(self.epoch, k),
+                                           self.ring.slot_view(slot),
+                                           batch_rng(lo.spec, self.epoch, k))
         except ShardpackError:
             raise
         except Exception as exc:
             raise WorkerError(f"in-process batch {k} failed on record {self.builder.current}: "
                               f"{type(exc).__name__}: {exc}", record=self.builder.current,
                               exc_type=type(exc).__qualname__) from exc
-        return ("ok", k, slot, -1, os.getpid(), t)
+        return BatchDone(batch=k, slot=slot, worker=-1, pid=os.getpid(), timing=t, shapes=shapes)
 
-    def _wait_for(self, k: int) -> tuple:
+    def _wait_for(self, k: int):
         timeout = self.loader.worker_options.timeout
         since = time.perf_counter()
         late_at = since + (timeout if timeout is not None else self._late_after())
@@ -375,9 +381,9 @@ class Epoch:
             states = None
             # Errors wait their turn like batches, so the same record fails first
             # whatever the number of workers.
-            if msg[1] == k:
+            if msg.batch == k:
                 return msg
-            self.ready[msg[1]] = msg
+            self.ready[msg.batch] = msg
 
     def _late_after(self) -> float:
         """With no ``timeout``: how long a wait is normal, from the slowest batch so far."""
@@ -431,8 +437,9 @@ class Epoch:
                 raise WorkerDiedError(f"worker {i} (pid {pid}) exited unexpectedly ({how}); "
                                       f"{busy} in epoch {self.epoch}")
 
-    def _raise_worker_error(self, msg: tuple) -> None:
-        _, k, _slot, wid, pid, record, (blob, type_name, text), tb = msg
+    def _raise_worker_error(self, msg: BatchFailed) -> None:
+        k, wid, pid, record, tb = msg.batch, msg.worker, msg.pid, msg.record, msg.traceback
+        blob, type_name, text = msg.error
         self.shutdown(failed=True)
         exc = None
         if blob is not None:
@@ -448,32 +455,32 @@ class Epoch:
                           worker=wid, pid=pid, record=record, exc_type=type_name, traceback=tb)
         raise err from exc
 
-    def _deliver(self, k: int, msg: tuple, t_call: float, waited: float, in_flight: int) -> dict:
-        _, _, slot, wid, _pid, t = msg
+    def _deliver(self, k: int, msg: BatchDone, t_call: float, waited: float,
+                 in_flight: int) -> dict:
+        slot, t = msg.slot, msg.timing
         lo = self.loader
         self.next_deliver = k + 1
-        nrec = t[6]
-        views = self.ring.slot_view(slot)
-        batch = {name: a[:nrec] for name, a in views.items()}
+        nrec = t.records
+        batch = assemble(self.ring.slot_view(slot), lo.plan.fixed, lo.plan.var_fields,
+                         msg.shapes, nrec)
         if lo.main_fields:
             batch.update(main_fields(lo.dataset, lo.main_fields, lo.sampler.batch(self.epoch, k)))
-        if t[7]:
-            lo.skipped += t[7]
+        if t.skipped:
+            lo.skipped += t.skipped
         timing = None
-        # t[8] is the builder's perf_counter at the end of the build (see reader.timing).
-        latency = t[8] - self.issued_at[k]
+        latency = t.done_at - self.issued_at[k]
         if latency > self.loader._slowest:
             self.loader._slowest = latency
         if lo.monitor is not None:
-            timing = BatchTiming(k, self.epoch, wid, nrec, t[5], t[7], t[0], t[1], t[2], t[3],
-                                 t[4], waited, latency if latency > 0.0 else 0.0, 0.0, in_flight)
+            timing = batch_timing(t, batch=k, epoch=self.epoch, worker=msg.worker, wait_s=waited,
+                                  latency_s=latency if latency > 0.0 else 0.0, prefetch=in_flight)
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)
         lo._delivered(self.epoch, k)
         self._adapt(waited)
         if lo._scaler is not None and self.pool is not None:
-            self._scale(t_call, waited, t[4])
+            self._scale(t_call, waited, t.busy_s)
         if timing is not None:
             timing.next_s = time.perf_counter() - t_call
             lo.monitor.on_batch(timing)

@@ -19,20 +19,27 @@ from typing import Any
 __all__ = ["DecoderPipeline", "make_pipeline"]
 
 
-def make_pipeline(transform: Any, backend: str = "auto"):
-    """The worker-side pipeline for ``transform`` (see the module docstring).
+def make_pipeline(transform: Any):
+    """The worker-side pipeline for ``transform`` (see the module docstring); None is
+    the empty pipeline (whole images, each of its own size). An
+    :class:`ImagePipeline` keeps its ``backend``; a list of specs gets ``"auto"``.
 
     Raises:
-        ValueError: the specs do not fix an output size.
+        ValueError: the specs are out of order.
+        ImportError: the pipeline's resize backend cannot be imported (said here, in
+            the main process, not in a worker at the first batch).
     """
     if hasattr(transform, "output_shape") and hasattr(transform, "run"):
         return transform
+    from .decode import check_backend
     from .transforms import ImagePipeline
 
     if not isinstance(transform, ImagePipeline):
-        specs = list(transform) if isinstance(transform, (list, tuple)) else [transform]
+        specs = [] if transform is None else (
+            list(transform) if isinstance(transform, (list, tuple)) else [transform])
         transform = ImagePipeline(specs)
-    return DecoderPipeline(transform, backend)
+    check_backend(transform.backend)
+    return DecoderPipeline(transform, transform.backend)
 
 
 class DecoderPipeline:
@@ -48,7 +55,7 @@ class DecoderPipeline:
     def __init__(self, pipeline, backend: str = "auto") -> None:
         self.pipeline = pipeline
         self.backend = backend
-        self.output_shape = tuple(pipeline.output_shape)
+        self.output_shape = None if pipeline.output_shape is None else tuple(pipeline.output_shape)
         self._decoder = None
 
     def __getstate__(self) -> dict:
@@ -57,7 +64,8 @@ class DecoderPipeline:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["pipeline"], state["backend"])
 
-    def _ready(self):
+    def decoder(self):
+        """This process's :class:`reader.decode.Decoder` (built on first use)."""
         if self._decoder is None:
             from .decode import Decoder
 
@@ -67,7 +75,7 @@ class DecoderPipeline:
     def run(self, view, out, rng) -> tuple[float, float]:
         if self._decoder is None:
             t = time.perf_counter()
-            self._ready()
+            self.decoder()
             setup_s = time.perf_counter() - t  # first sample only: counted as decoding
             decode_s, transform_s = self._decoder.decode_timed(view, out, rng)
             return setup_s + decode_s, transform_s
@@ -77,7 +85,7 @@ class DecoderPipeline:
         """:meth:`run` through a :class:`reader.decoded_cache.DecodedCache`: a hit
         resamples the cached pixels (no decode); a miss decodes the whole image,
         stores it when there is room, and resamples it. Same crops as :meth:`run`."""
-        decoder = self._ready()
+        decoder = self.decoder()
         hit = cache.get(record)
         if hit is not None:
             return 0.0, decoder.resample_timed(*hit, out, rng)

@@ -44,6 +44,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .collate import Ragged
+
 __all__ = ["MAX_LEASED", "SlotLeases", "own_fork"]
 
 MAX_LEASED = 3
@@ -76,6 +78,10 @@ class _Handle:
         self.__array_interface__ = view.__array_interface__
         self.lease = lease
         self.view = view
+
+
+def _leased(view: np.ndarray, lease: _Lease) -> np.ndarray:
+    return np.asarray(_Handle(view, lease))
 
 
 class SlotLeases:
@@ -115,7 +121,12 @@ class SlotLeases:
         lease = _Lease(slot, self._returned)
         self.held.add(slot)
         for name in fields:
-            batch[name] = np.asarray(_Handle(batch[name], lease))
+            v = batch[name]
+            if isinstance(v, Ragged):
+                batch[name] = Ragged(_leased(v.values, lease), _leased(v.offsets, lease),
+                                     None if v.shapes is None else _leased(v.shapes, lease))
+            else:
+                batch[name] = _leased(v, lease)
         return batch
 
     def note_copied(self) -> None:

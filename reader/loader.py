@@ -26,14 +26,12 @@ from typing import Any
 import numpy as np
 
 from formats import ShardDataset
-from formats.fields import BYTES_TYPES, IMAGE_TYPES
 
 from .autoscale import WorkerScaler
 from .cache import CacheOptions
 from .dataset import open_dataset
 from .decoded_cache import DecodedCache, DecodedCacheOptions
 from .epoch import CpuSink, Epoch, RawEpoch
-from .imaging import make_pipeline
 from .options import (
     DecodeOptions,
     SamplerOptions,
@@ -43,8 +41,9 @@ from .options import (
     group_options,
     resolve_num_workers,
 )
+from .plan import plan_batch
 from .sampler import Sampler
-from .slots import SlotLayout, SlotRing
+from .slots import SlotRing
 from .worker import BatchSpec, WorkerPool
 
 __all__ = ["CpuSink", "Loader"]
@@ -71,6 +70,10 @@ class Loader:
         seed: seed of the order and of the random transforms.
         drop_last: see :class:`SamplerOptions`.
         transform: image pipeline or list of transform specs (see :class:`DecodeOptions`).
+        annotations: which fields follow the image's geometry
+            (:class:`reader.Annotations`; default: found by name and shape).
+        collate: field -> ``"padded"``, ``"ragged"`` or ``reader.Padded(to=...)`` for
+            fields whose size varies per sample (see :mod:`reader.collate`).
         decode: ``False`` for raw-bytes mode (in-process, no workers).
         on_error: ``"fail"`` or ``"skip"`` corrupt images.
         check_crc: verify every record's checksums as it is read (default; see
@@ -97,7 +100,8 @@ class Loader:
     def __init__(self, source: str | Path | ShardDataset, batch_size: int = 256, *,
                  num_workers: int | str = "auto", prefetch: int | str = "auto",
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
-                 transform: Any = None, decode: bool = True, on_error: str = "fail",
+                 transform: Any = None, annotations: Any = None, collate: Any = None,
+                 decode: bool = True, on_error: str = "fail",
                  check_crc: bool = True, decoded_cache: DecodedCacheOptions | None = None,
                  copy: bool = False, device: str = "cpu", rank: int | None = None,
                  world_size: int | None = None, cache: CacheOptions | None = None,
@@ -111,7 +115,8 @@ class Loader:
         self.batch_size = check_batch_size(batch_size)
         self.decode_options = group_options(
             DecodeOptions, decode_options, "decode_options", transform=transform, decode=decode,
-            on_error=on_error, check_crc=check_crc, decoded_cache=decoded_cache)
+            on_error=on_error, check_crc=check_crc, decoded_cache=decoded_cache,
+            annotations=annotations, collate=collate)
         self.sampler_options = group_options(
             SamplerOptions, sampler_options, "sampler_options", shuffle=shuffle, seed=seed,
             drop_last=drop_last, rank=rank, world_size=world_size)
@@ -172,55 +177,25 @@ class Loader:
     def _plan_fields(self) -> None:
         ds, opts = self.dataset, self.decode_options
         check_fields(opts, {f.name: f.type for f in ds.fields}, ds.root)
-        names = opts.fields or tuple(f.name for f in ds.fields)
-        types = {f.name: f for f in ds.fields}
-        self.fields = names
         self.raw = not opts.decode
-        image = None
-        pipeline = None
-        if not self.raw:
-            image = opts.image_field or next((n for n in names if types[n].type in IMAGE_TYPES), None)
-            if image is not None:
-                if types[image].type in BYTES_TYPES and types[image].type not in IMAGE_TYPES:
-                    raise ValueError(f"field {image!r} is {types[image].type}, not an image")
-                if opts.transform is None:
-                    raise ValueError(
-                        f"decoding image field {image!r} needs a transform with a fixed output "
-                        "size, e.g. transform=[RandomResizedCrop(224), RandomHorizontalFlip()] "
-                        "from reader.transforms; or pass decode=False for raw bytes")
-                pipeline = make_pipeline(opts.transform)
-        slot_fields, main_fields = [], []
-        for n in names:
-            f = types[n]
-            if n == image:
-                continue
-            if not self.raw and (f.type in ("int", "float") or (f.type == "ndarray" and f.fixed_shape)):
-                slot_fields.append((n, f.type))
-            else:
-                main_fields.append(n)
-        self.image_field = image
-        self.main_fields = tuple(main_fields)
-        self.decoded_cache = self._make_decoded_cache(image, pipeline)
-        self.spec = BatchSpec(image, pipeline, tuple(slot_fields), opts.on_error,
+        plan, _ = plan_batch(ds, opts, self.sampler.max_batch_size, raw=self.raw)
+        self.fields = opts.fields or tuple(f.name for f in ds.fields)
+        self.image_field = plan.image
+        self.main_fields = plan.main_fields
+        self.plan = plan
+        self.decoded_cache = (self._make_decoded_cache(plan.image, plan.pipeline)
+                              if plan.sample is None else None)
+        self.spec = BatchSpec(plan.image, plan.pipeline, plan.slot_fields, opts.on_error,
                               self.sampler_options.seed, self.sampler_options.rank,
-                              self.decoded_cache)
-        b = self.batch_size
-        specs = []
-        if image is not None:
-            specs.append((image, np.uint8, (b, *pipeline.output_shape)))
-        for n, t in slot_fields:
-            f = types[n]
-            dt = {"int": np.int64, "float": np.float64}.get(t) or np.dtype(f.dtype)
-            specs.append((n, dt, (b, *(f.shape or ()))))
-        if image is not None and opts.on_error == "skip":
-            specs.append(("valid", np.bool_, (b,)))
-        self.layout = SlotLayout.build(specs)
+                              self.decoded_cache, plan.sample)
+        self.layout = plan.layout
 
     def _refuse_idle_options(self) -> None:
         """Options this loader would accept and never use: refused, naming why."""
         w, d = self.worker_options, self.decode_options
         if self.raw:
             idle = {"transform": d.transform is not None, "on_error": d.on_error != "fail",
+                    "annotations": d.annotations is not None, "collate": bool(d.collate),
                     "num_workers": w.num_workers not in ("auto", 0),
                     "prefetch": w.prefetch != "auto", "timeout": w.timeout is not None,
                     "persistent_workers": w.persistent_workers,

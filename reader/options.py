@@ -144,10 +144,11 @@ def group_options(cls: type, group: Any, name: str, **keywords: Any) -> Any:
 def _check_transform(value: Any) -> None:
     """None, a worker pipeline (``output_shape`` and ``run``), an ImagePipeline, a
     transform spec or callable, or a list or tuple of specs and callables."""
-    from .transforms import _GEOMETRIC, ImagePipeline
+    from .transforms import _GEOMETRIC, ImagePipeline, Normalize, SampleTransform
 
     def usable(t: Any) -> bool:
-        return isinstance(t, _GEOMETRIC) or (callable(t) and not isinstance(t, type))
+        return (isinstance(t, (*_GEOMETRIC, Normalize, SampleTransform))
+                or (callable(t) and not isinstance(t, type)))
 
     if value is None or isinstance(value, ImagePipeline) or (
             hasattr(value, "output_shape") and hasattr(value, "run")):
@@ -227,9 +228,10 @@ class DecodeOptions:
 
     Args:
         transform: the image pipeline (from :mod:`reader.transforms`), a list of
-            transform specs to build one from, or None. Decoding images needs a
-            pipeline with a fixed output shape (e.g. ``RandomResizedCrop(224)`` or
-            ``CenterCrop(224)``); without one, image fields come as raw bytes.
+            transform specs to build one from, or None (whole images). A pipeline
+            with a fixed output shape (e.g. ``RandomResizedCrop(224)``) gives one
+            ``[batch, H, W, 3]`` array; one whose size varies (``ResizeShortestEdge``,
+            ``Resize(int)``, None) gives padded or ragged images (``collate``).
         decode: ``False`` is raw-bytes mode: no workers, no decoding, bytes fields
             come as lists of zero-copy memoryviews over the shards.
         image_field: the field to decode (default: the first jpeg/image field).
@@ -244,6 +246,12 @@ class DecodeOptions:
         decoded_cache: keep decoded images in memory shared by the workers and
             crop later epochs from them (:class:`reader.decoded_cache.DecodedCacheOptions`:
             the byte bound, a pre-shrink, an optional file); None decodes every time.
+        annotations: which fields follow the image's geometry
+            (:class:`reader.sample.Annotations`); None finds ``boxes``, the per-box
+            fields, ``keypoints`` and ``mask`` fields by name and shape.
+        collate: how varying-size fields are batched, field -> ``"padded"``,
+            ``"ragged"`` or :class:`reader.collate.Padded` (see :mod:`reader.collate`);
+            by default images are padded and arrays ragged.
     """
 
     transform: Any = None
@@ -253,9 +261,21 @@ class DecodeOptions:
     on_error: str = "fail"
     check_crc: bool = True
     decoded_cache: Any = None
+    annotations: Any = None
+    collate: Any = None
 
     def __post_init__(self) -> None:
         _check_transform(self.transform)
+        if self.annotations is not None:
+            from .sample import Annotations
+
+            if not isinstance(self.annotations, Annotations):
+                raise TypeError("annotations must be a reader.Annotations or None, "
+                                f"not {type(self.annotations).__name__} {self.annotations!r}")
+        if self.collate is not None:
+            from .collate import check_collate
+
+            _set(self, "collate", check_collate(self.collate))
         if self.decoded_cache is not None:
             from .decoded_cache import DecodedCacheOptions
 

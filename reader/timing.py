@@ -1,7 +1,7 @@
 """Per-batch timings: measured by the code that does the work, summed by whoever listens.
 
 A worker measures its own stages and sends them back in the batch-done message
-(a plain tuple, see :data:`WORKER_FIELDS`); the main process adds what only it can
+(a :class:`WorkerTiming`); the main process adds what only it can
 see (how long ``next()`` waited, latency, prefetch depth) and hands one
 :class:`BatchTiming` per batch to ``monitor.on_batch`` just before the batch is
 returned to the user. With no monitor attached nothing is built at all.
@@ -20,13 +20,28 @@ process's issue time are comparable.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["WORKER_FIELDS", "BatchTiming"]
+__all__ = ["BatchTiming", "WorkerTiming", "batch_timing"]
 
-# Order of the values in a worker's timing tuple (what crosses the queue).
-# ``done_at`` is the builder's ``time.perf_counter()`` when the batch was finished.
-WORKER_FIELDS = ("io_s", "decode_s", "transform_s", "assemble_s", "busy_s", "bytes", "records",
-                 "skipped", "done_at")
+
+class WorkerTiming(NamedTuple):
+    """What a builder measured for one batch (crosses the done queue; built by name).
+
+    The stages are those of :class:`BatchTiming`; ``done_at`` is the builder's
+    ``time.perf_counter()`` when the batch was finished, so the main process
+    measures latency up to there, not up to when it reads the message.
+    """
+
+    io_s: float
+    decode_s: float
+    transform_s: float
+    assemble_s: float
+    busy_s: float
+    bytes: int
+    records: int
+    skipped: int
+    done_at: float
 
 
 @dataclass(slots=True)
@@ -51,7 +66,8 @@ class BatchTiming:
             and any augmentation a pipeline applies after decoding (0 when none).
             The monitor's ``transform`` stage; counting it as ``decode_s`` would
             make the monitor advise re-packing for a slow augmentation.
-        assemble_s: writing scalar fields, the valid mask and indices into the slot.
+        assemble_s: writing scalar fields, the valid mask and the padded or ragged
+            per-sample arrays into the slot.
         busy_s: wall time of the whole batch in the worker.
 
     Main-process side:
@@ -85,3 +101,12 @@ class BatchTiming:
     prefetch: int
     h2d_s: float | None = None
     h2d_bytes: int | None = None
+
+
+def batch_timing(t: WorkerTiming, *, batch: int, epoch: int, worker: int, wait_s: float,
+                 latency_s: float, prefetch: int) -> BatchTiming:
+    """The monitor's record of one batch: the worker's figures and the main process's."""
+    return BatchTiming(batch=batch, epoch=epoch, worker=worker, records=t.records, bytes=t.bytes,
+                       skipped=t.skipped, io_s=t.io_s, decode_s=t.decode_s,
+                       transform_s=t.transform_s, assemble_s=t.assemble_s, busy_s=t.busy_s,
+                       wait_s=wait_s, latency_s=latency_s, next_s=0.0, prefetch=prefetch)

@@ -19,6 +19,12 @@ own batching off; use ``num_workers=0`` there (our workers do the work)::
 
 Each item is one whole batch, built in the calling process by the same code the
 workers run, so item ``k`` of epoch ``e`` is exactly the loader's batch ``k``.
+
+Fields whose size varies per sample (:mod:`reader.collate`): a ragged field
+becomes a list of tensors, one per sample (views of the slot; what torchvision's
+detection models take for ``boxes`` and ``labels``, and for images of different
+sizes); a padded one stays one tensor, with its ``NAME_size`` and, with
+``padding_mask=True``, a boolean ``NAME_mask`` that is True on real data.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .collate import Ragged, assemble
 from .dataset import main_fields
 from .worker import BatchBuilder, batch_rng
 
@@ -42,41 +49,73 @@ def require_torch():
 
 
 def to_torch(batch: dict, *, channels_first: bool = False, dtype: Any = None,
-             image_field: str = "image") -> dict:
-    """numpy arrays -> torch tensors (zero-copy); other values pass through.
+             image_field: str = "image", padding_mask: bool = False) -> dict:
+    """numpy arrays -> torch tensors (zero-copy); ragged fields -> lists of tensors;
+    other values pass through.
 
     Args:
-        channels_first: images ``[B, H, W, C]`` become ``[B, C, H, W]`` (contiguous).
+        channels_first: images ``[B, H, W, C]`` become ``[B, C, H, W]`` (contiguous;
+            each ``[H, W, C]`` image of a ragged field becomes ``[C, H, W]``).
         dtype: convert images to this torch dtype (e.g. ``torch.float32``),
             scaled to [0, 1] for floating types.
+        padding_mask: for each padded field ``NAME`` (one with ``NAME_size``), add
+            ``NAME_mask``: True where the data is, False on the padding.
     """
     torch = require_torch()
     out = {}
     for k, v in batch.items():
-        if isinstance(v, np.ndarray):
+        if isinstance(v, Ragged):
+            items = [torch.from_numpy(x) for x in v]
+            if k == image_field:
+                items = [_image(t, channels_first, dtype) for t in items]
+            out[k] = items
+        elif isinstance(v, np.ndarray):
             t = torch.from_numpy(v)
             if k == image_field and t.ndim == 4:
-                if channels_first:
-                    t = t.permute(0, 3, 1, 2)
-                if dtype is not None:
-                    t = t.to(dtype)
-                    if t.is_floating_point():
-                        t = t.div_(255.0)
-                t = t.contiguous()
+                t = _image(t, channels_first, dtype)
             out[k] = t
         else:
             out[k] = v
+    if padding_mask:
+        for k in list(out):
+            size = batch.get(k + "_size")
+            if isinstance(size, np.ndarray) and isinstance(batch[k], np.ndarray):
+                out[k + "_mask"] = torch.from_numpy(_padding_mask(batch[k], size, k == image_field
+                                                                  and channels_first))
     return out
+
+
+def _image(t, channels_first: bool, dtype):
+    if channels_first:
+        t = t.movedim(-1, -3)
+    if dtype is not None:
+        t = t.to(dtype)
+        if t.is_floating_point():
+            t = t.div_(255.0)
+    return t.contiguous()
+
+
+def _padding_mask(values: np.ndarray, sizes: np.ndarray, channels_first: bool) -> np.ndarray:
+    """``[n, *varying dims]`` bool: True inside each sample's size."""
+    k = sizes.shape[1]
+    dims = values.shape[1:1 + k] if not channels_first else values.shape[-k:]
+    mask = np.ones((len(values), *dims), bool)
+    for d in range(k):
+        index = np.arange(dims[d]).reshape((1,) + (1,) * d + (-1,) + (1,) * (k - d - 1))
+        mask &= index < sizes[:, d].reshape((-1,) + (1,) * k)
+    return mask
 
 
 class TorchLoader:
     """Iterates a :class:`reader.Loader`, yielding dicts of torch tensors."""
 
-    def __init__(self, loader, *, channels_first: bool = False, dtype: Any = None) -> None:
+    def __init__(self, loader, *, channels_first: bool = False, dtype: Any = None,
+                 padding_mask: bool = False) -> None:
         require_torch()
         self.loader = loader
         self.channels_first = channels_first
         self.dtype = dtype
+        self.padding_mask = padding_mask
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -85,7 +124,7 @@ class TorchLoader:
         field = self.loader.image_field or "image"
         for batch in self.loader:
             yield to_torch(batch, channels_first=self.channels_first, dtype=self.dtype,
-                           image_field=field)
+                           image_field=field, padding_mask=self.padding_mask)
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
@@ -128,9 +167,8 @@ class TorchBatchDataset:
             self._builder = BatchBuilder(lo.dataset, lo.spec)
         indices = lo.sampler.batch(self.epoch, k)
         arrays = {f.name: np.empty(f.shape, f.dtype) for f in lo.layout.fields}
-        self._builder.build(indices, arrays, batch_rng(lo.spec, self.epoch, k))
-        n = len(indices)
-        batch = {name: a[:n] for name, a in arrays.items()}
+        _, shapes = self._builder.build(indices, arrays, batch_rng(lo.spec, self.epoch, k))
+        batch = assemble(arrays, lo.plan.fixed, lo.plan.var_fields, shapes, len(indices))
         if lo.main_fields:
             extra = main_fields(lo.dataset, lo.main_fields, indices)
             batch.update({name: [bytes(x) if isinstance(x, memoryview) else x for x in v]

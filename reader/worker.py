@@ -1,9 +1,10 @@
 """Builds batches into ring slots, in a worker process or in the main process.
 
 A worker's life (see "Shutdown protocol" in :mod:`reader.epoch`): it takes
-``(batch, slot, epoch, indices, generation)`` tasks from the shared task queue, writes the
-batch into ``ring.slot_view(slot)``, and answers on the done queue with a small
-tuple. Sample data never crosses a queue. A ``None`` task, the done event, or
+:class:`Task` records from the shared task queue, writes the batch into
+``ring.slot_view(slot)``, and answers on the done queue with a small named record
+(:class:`BatchDone`, :class:`BatchFailed` or :class:`BatchStale`). Sample data
+never crosses a queue. A ``None`` task, the done event, or
 its parent's death (checked on every idle second) ends it. :class:`WorkerPool`
 starts and stops a set of workers.
 """
@@ -19,19 +20,64 @@ import time
 import traceback
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from formats.errors import CorruptRecordError, ShardpackError
 
 from .leases import own_fork
+from .sample import SampleBuilder
+from .timing import WorkerTiming
 
-__all__ = ["BatchBuilder", "BatchSpec", "WorkerPool", "batch_rng", "worker_loop"]
+__all__ = ["BatchBuilder", "BatchDone", "BatchFailed", "BatchSpec", "BatchStale", "Task",
+           "WorkerPool", "batch_rng", "worker_loop"]
 
 PAGE_STRIDE = 4096
 IDLE_POLL_S = 1.0
 RETIRE = "retire"  # the task that makes one worker exit once its answers are sent
+
+
+class Task(NamedTuple):
+    """Build batch ``batch`` of ``epoch`` from records ``indices`` into ``slot``; a
+    ``generation`` that is no longer the pool's is answered stale, unbuilt."""
+
+    batch: int
+    slot: int
+    epoch: int
+    indices: np.ndarray
+    generation: int
+
+
+class BatchDone(NamedTuple):
+    """A batch is in its slot. ``shapes``: the shape of each varying-size field's
+    array in the slot (:mod:`reader.collate`), empty when there are none."""
+
+    batch: int
+    slot: int
+    worker: int
+    pid: int
+    timing: WorkerTiming
+    shapes: dict
+
+
+class BatchFailed(NamedTuple):
+    """Building a batch raised: ``error`` is :func:`error_message`'s triple."""
+
+    batch: int
+    slot: int
+    worker: int
+    pid: int
+    record: int | None
+    error: tuple
+    traceback: str
+
+
+class BatchStale(NamedTuple):
+    """A cancelled task, answered without being built (the slot was not touched)."""
+
+    batch: int
+    slot: int
 
 
 @dataclass(frozen=True)
@@ -50,6 +96,9 @@ class BatchSpec:
         rank: this loader's rank (part of the stream seed).
         cache: a :class:`reader.decoded_cache.DecodedCache` the pipeline reads
             decoded images from and keeps them in (None: decode every time).
+        sample: the sample path's plan (:class:`reader.sample.SampleSpec`) when the
+            loader reads annotations, varying-size images or arrays, or runs
+            sample callables; None: the classification path.
     """
 
     image_field: str | None
@@ -59,6 +108,7 @@ class BatchSpec:
     seed: int
     rank: int
     cache: Any = None
+    sample: Any = None
 
 
 def batch_rng(spec: BatchSpec, epoch: int, batch: int) -> np.random.Generator:
@@ -67,7 +117,7 @@ def batch_rng(spec: BatchSpec, epoch: int, batch: int) -> np.random.Generator:
 
 
 class BatchBuilder:
-    """Fills slot arrays for given record indices; returns the worker's timing tuple.
+    """Fills slot arrays for given record indices; returns ``(timing, shapes)``.
 
     ``current`` is the global index of the record being worked on, so a failure
     can name it.
@@ -76,67 +126,104 @@ class BatchBuilder:
     def __init__(self, ds, spec: BatchSpec) -> None:
         self.ds = ds
         self.spec = spec
-        self.current: int | None = None
+        self._current: int | None = None
         self._decode_error = _decode_error_type()
+        self._sample = None
+        if spec.sample is not None:
+            self._sample = SampleBuilder(ds, spec.sample, spec.pipeline, spec.on_error,
+                                         self._decode_error)
+
+    @property
+    def current(self) -> int | None:
+        if self._sample is not None and self._sample.current is not None:
+            return self._sample.current
+        return self._current
+
+    @current.setter
+    def current(self, value: int | None) -> None:
+        self._current = value
+        if self._sample is not None:
+            self._sample.current = value
 
     def build(self, indices: np.ndarray, arrays: dict[str, np.ndarray],
-              rng: np.random.Generator) -> tuple:
+              rng: np.random.Generator) -> tuple[WorkerTiming, dict]:
         t_start = time.perf_counter()
-        spec, ds = self.spec, self.ds
+        spec = self.spec
         n = len(indices)
-        io_s = decode_s = transform_s = 0.0
-        nbytes = skipped = 0
         valid = arrays.get("valid")
         if valid is not None:
             valid[:n] = True
-        if spec.image_field is not None:
-            views = ds.payloads(indices, spec.image_field)
-            t = time.perf_counter()
-            for v in views:
-                nbytes += len(v)
-                if len(v):
-                    a = np.frombuffer(v, np.uint8)
-                    int(a[::PAGE_STRIDE].sum()) + int(a[-1])  # page the record in
-            io_s = time.perf_counter() - t
-            images = arrays[spec.image_field]
-            run, cache = spec.pipeline.run, spec.cache
-            idx = indices.tolist()
-            for i, v in enumerate(views):
-                self.current = idx[i]
-                try:
-                    if cache is None:
-                        d, tr = run(v, images[i], rng)
-                    else:
-                        d, tr = spec.pipeline.run_cached(cache, idx[i], v, images[i], rng)
-                except self._decode_error as exc:
-                    if spec.on_error != "skip":
-                        raise self._corrupt(idx[i], exc) from None
-                    images[i] = 0
-                    valid[i] = False
-                    skipped += 1
-                    continue
-                decode_s += d
-                transform_s += tr
-            self.current = None
+        shapes: dict = {}
+        if self._sample is not None:
+            try:
+                io_s, decode_s, transform_s, assemble_s, nbytes, skipped, shapes = \
+                    self._sample.build(indices, arrays, rng, valid)
+            except self._decode_error as exc:
+                raise self._corrupt(self.current, exc) from None
+        elif spec.image_field is not None:
+            io_s, decode_s, transform_s, nbytes, skipped = self._images(indices, arrays, rng,
+                                                                        valid)
+            assemble_s = 0.0
+        else:
+            io_s = decode_s = transform_s = assemble_s = 0.0
+            nbytes = skipped = 0
         t = time.perf_counter()
-        for name, ftype in spec.slot_fields:
+        self._scalars(indices, arrays)
+        done_at = time.perf_counter()
+        timing = WorkerTiming(io_s=io_s, decode_s=decode_s, transform_s=transform_s,
+                              assemble_s=assemble_s + done_at - t, busy_s=done_at - t_start,
+                              bytes=nbytes, records=n, skipped=skipped, done_at=done_at)
+        return timing, shapes
+
+    def _images(self, indices, arrays, rng, valid) -> tuple:
+        """The classification path: one fixed-size image per record, fused decode."""
+        spec, ds = self.spec, self.ds
+        nbytes = skipped = 0
+        decode_s = transform_s = 0.0
+        views = ds.payloads(indices, spec.image_field)
+        t = time.perf_counter()
+        for v in views:
+            nbytes += len(v)
+            if len(v):
+                a = np.frombuffer(v, np.uint8)
+                int(a[::PAGE_STRIDE].sum()) + int(a[-1])  # page the record in
+        io_s = time.perf_counter() - t
+        images = arrays[spec.image_field]
+        run, cache = spec.pipeline.run, spec.cache
+        idx = indices.tolist()
+        for i, v in enumerate(views):
+            self._current = idx[i]
+            try:
+                if cache is None:
+                    d, tr = run(v, images[i], rng)
+                else:
+                    d, tr = spec.pipeline.run_cached(cache, idx[i], v, images[i], rng)
+            except self._decode_error as exc:
+                if spec.on_error != "skip":
+                    raise self._corrupt(idx[i], exc) from None
+                images[i] = 0
+                valid[i] = False
+                skipped += 1
+                continue
+            decode_s += d
+            transform_s += tr
+        self._current = None
+        return io_s, decode_s, transform_s, nbytes, skipped
+
+    def _scalars(self, indices, arrays) -> None:
+        ds = self.ds
+        for name, ftype in self.spec.slot_fields:
             if ftype in ("int", "float"):
-                arrays[name][:n] = ds.scalars(indices, name)
+                arrays[name][:len(indices)] = ds.scalars(indices, name)
             else:
                 out = arrays[name]
                 for i, r in enumerate(indices.tolist()):
                     out[i] = ds.get(r, name)
-        done_at = time.perf_counter()
-        assemble_s = done_at - t
-        # done_at lets the main process measure latency up to here, not up to
-        # whenever it gets round to reading the done message.
-        return (io_s, decode_s, transform_s, assemble_s, done_at - t_start, nbytes, n, skipped,
-                done_at)
 
     def _corrupt(self, index: int, exc: Exception) -> CorruptRecordError:
         s, r = self.ds.locate(index)
         shard = self.ds.shard(s)
-        j = self.ds.field_index[self.spec.image_field]
+        j = self.ds.field_index[self.spec.image_field or self.ds.fields[0].name]
         return CorruptRecordError(
             f"field {self.spec.image_field!r} of dataset record {index} does not decode ({exc}); "
             "pass on_error='skip' to skip such records",
@@ -169,7 +256,7 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
     ``doing`` (a shared int) holds the batch being built, -1 between batches, so the
     main process can tell which worker a late batch waits for.
     ``generation`` (a shared int, see :class:`WorkerPool`) cancels tasks: one
-    whose generation is no longer current is answered ``("stale", k, slot)``
+    whose generation is no longer current is answered :class:`BatchStale`
     without being built.
     """
     # Ctrl-C goes to the whole process group: the main process decides what to do.
@@ -190,23 +277,26 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
             if task == RETIRE:
                 retired = True  # the pool shrinks: flush our answers before exiting
                 break
-            k, slot, epoch, indices, gen = task
-            if generation is not None and gen != generation.value:
-                done_q.put(("stale", k, slot))
+            k, slot = task.batch, task.slot
+            if generation is not None and task.generation != generation.value:
+                done_q.put(BatchStale(batch=k, slot=slot))
                 continue
             if doing is not None:
                 doing.value = k
             try:
-                timing = builder.build(indices, ring.slot_view(slot), batch_rng(spec, epoch, k))
+                timing, shapes = builder.build(task.indices, ring.slot_view(slot),
+                                               batch_rng(spec, task.epoch, k))
             except Exception as exc:
-                done_q.put(("error", k, slot, worker_id, pid, builder.current,
-                            error_message(exc), traceback.format_exc()))
+                done_q.put(BatchFailed(batch=k, slot=slot, worker=worker_id, pid=pid,
+                                       record=builder.current, error=error_message(exc),
+                                       traceback=traceback.format_exc()))
                 builder.current = None
                 continue
             finally:
                 if doing is not None:
                     doing.value = -1
-            done_q.put(("ok", k, slot, worker_id, pid, timing))
+            done_q.put(BatchDone(batch=k, slot=slot, worker=worker_id, pid=pid, timing=timing,
+                                 shapes=shapes))
     except KeyboardInterrupt:
         pass
     finally:
@@ -318,7 +408,7 @@ class WorkerPool:
                 msg = self.done_q.get(timeout=min(left, 0.1))
             except queue.Empty:
                 continue
-            if msg[0] == "error":
+            if isinstance(msg, BatchFailed):
                 return False  # the worker is fine, but be conservative: start afresh
             outstanding -= 1
         return True

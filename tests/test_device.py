@@ -170,3 +170,41 @@ def test_cuda_path_end_to_end_on_a_fake_device(tmp_path, rng, fake_cupy, pinning
     assert all(in_ring) if pinning == "register" else not any(in_ring)
     assert not fake_cupy.registered  # the ring is unregistered when the loader closes
     assert fake_cupy.copies[-2][1] == 2 * 32 * 32 * 3  # the partial batch: 2 images only
+
+
+def test_cuda_path_carries_padded_and_ragged_fields(tmp_path, rng, fake_cupy):
+    """Padded images with their sizes and ragged boxes reach the (fake) device, each
+    copied straight out of its slot region, with the same values as on the CPU path."""
+    import simplejpeg
+
+    import formats
+    import reader
+    from reader.transforms import PadToMultiple, ResizeShortestEdge
+
+    fields = [formats.Field("image", "jpeg"),
+              formats.Field("boxes", "ndarray", dtype="float32", shape=(None, 4))]
+    with formats.DatasetWriter(tmp_path, fields) as w:
+        for i in range(7):
+            h, w_ = int(rng.integers(30, 60)), int(rng.integers(30, 60))
+            img = rng.integers(0, 256, (h, w_, 3), dtype=np.uint8)
+            boxes = np.array([[1, 2, 10 + j, 12 + j] for j in range(i % 3)], np.float32)
+            w.write({"image": simplejpeg.encode_jpeg(img), "boxes": boxes.reshape(-1, 4)})
+    specs = [ResizeShortestEdge((32, 40), max_size=64), PadToMultiple(16)]
+    opts = DeviceOptions(dtype="uint8", layout="NHWC")
+    with reader.Loader(tmp_path, 3, num_workers=1, transform=specs, seed=4, copy=True) as cpu:
+        want = list(cpu)
+    with reader.Loader(tmp_path, 3, num_workers=1, transform=specs, seed=4, device="cuda",
+                       device_options=opts) as gpu:
+        got = [{k: (v if not isinstance(v, reader.Ragged) else
+                    (np.asarray(v.values).copy(), v.offsets.copy()))
+                if not isinstance(v, np.ndarray) else np.asarray(v).copy()
+                for k, v in b.items()} for b in gpu]
+        lo, hi = gpu.ring.address, gpu.ring.address + gpu.ring.nbytes
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want, strict=True):
+        assert np.array_equal(g["image"], w["image"])
+        assert np.array_equal(g["image_size"], w["image_size"])
+        values, offsets = g["boxes"]
+        assert np.array_equal(values, w["boxes"].values)
+        assert np.array_equal(offsets, w["boxes"].offsets)
+    assert all(lo <= a and a + n <= hi for a, n in fake_cupy.copies)

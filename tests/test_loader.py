@@ -219,8 +219,11 @@ def test_prefetch_auto_stays_within_bounds(ds_path):
 
 
 def test_options_and_errors(ds_path):
-    with pytest.raises(ValueError, match="transform"):
-        Loader(ds_path, 8)
+    # No transform: whole images, each of its own size, padded to the batch's largest.
+    with Loader(ds_path, 8, num_workers=0) as lo:
+        b = next(iter(lo))
+        sizes = b["image_size"]
+        assert b["image"].shape == (8, sizes[:, 0].max(), sizes[:, 1].max(), 3)
     with pytest.raises(ValueError, match="no field"):
         Loader(ds_path, 8, decode_options=reader.DecodeOptions(decode=False, fields=("nope",)))
     with pytest.raises(ValueError, match="num_workers"):

@@ -1,0 +1,298 @@
+"""What a loader's batch holds and where each field of it is made, decided once.
+
+:func:`plan_batch` reads the dataset's schema and the decode options and decides,
+field by field: decoded in the workers (the image, masks), gathered into the slot
+(int, float, fixed-shape arrays), written padded or ragged by the workers
+(arrays whose first dimension varies, images whose size varies), or read in the
+main process (strings, JSON, undecoded bytes). It also sizes the slot: a varying
+field's region holds a batch of its largest samples, bounded from the dataset
+(image sizes from the metadata table, row counts from the shard index).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from formats.fields import IMAGE_TYPES
+
+from .collate import Padded, VarField
+from .imaging import make_pipeline
+from .sample import Annotations, SampleSpec
+from .slots import SlotLayout
+
+__all__ = ["PER_BOX_NAMES", "BatchPlan", "plan_batch"]
+
+# Fields that hold one row per box wherever detection datasets have them.
+PER_BOX_NAMES = frozenset({"labels", "iscrowd", "area", "keypoints", "scores", "classes"})
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The outcome of :func:`plan_batch`.
+
+    Attributes:
+        image: the decoded image field, or None.
+        pipeline: its worker pipeline (:class:`reader.imaging.DecoderPipeline`), or None.
+        slot_fields: ``(name, type)`` of the scalar and fixed-shape array fields gathered.
+        sample: the sample path's plan, or None for the classification path.
+        main_fields: fields read in the main process.
+        fixed: batch keys that are fixed-shape slot arrays (sliced to the batch).
+        var_fields: the varying-size fields (:mod:`reader.collate`).
+        layout: the slot layout.
+    """
+
+    image: str | None
+    pipeline: Any
+    slot_fields: tuple[tuple[str, str], ...]
+    sample: SampleSpec | None
+    main_fields: tuple[str, ...]
+    fixed: tuple[str, ...]
+    var_fields: tuple[VarField, ...]
+    layout: SlotLayout
+
+
+def _is_mask(name: str) -> bool:
+    return name == "mask" or name.endswith("_mask")
+
+
+def _var_rows(f) -> bool:
+    """An ndarray field whose first dimension varies and the rest are fixed."""
+    return (f.type == "ndarray" and f.shape and f.shape[0] is None
+            and None not in f.shape[1:])
+
+
+def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...],
+                 image: str | None, rows) -> tuple[str | None, str | None, tuple[str, ...],
+                                                   tuple[str, ...]]:
+    """(boxes, keypoints, per_box, masks) among ``names``, explicit or found (see Annotations).
+
+    ``rows(name)`` gives a field's row counts per record (cached by the caller)."""
+    ann = ann or Annotations()
+
+    def named(value, default, what):
+        if value == "":
+            return None
+        if value is not None:
+            if value not in names:
+                raise ValueError(f"annotations {what}={value!r}: no such field among those "
+                                 f"read ({', '.join(names)})")
+            return value
+        return default
+
+    boxes_default = "boxes" if ("boxes" in names and types["boxes"].type == "ndarray"
+                                and tuple(types["boxes"].shape) == (None, 4)) else None
+    boxes = named(ann.boxes, boxes_default, "boxes")
+    if boxes is not None and not (_var_rows(types[boxes]) and types[boxes].shape[1:] == (4,)):
+        raise ValueError(f"boxes field {boxes!r} must be an ndarray of shape [None, 4] (xyxy "
+                         f"pixels), not {types[boxes].type} {types[boxes].shape}")
+    kp_default = "keypoints" if ("keypoints" in names and _var_rows(types["keypoints"])
+                                 and len(types["keypoints"].shape) == 3) else None
+    keypoints = named(ann.keypoints, kp_default, "keypoints")
+    if keypoints is not None and not (_var_rows(types[keypoints])
+                                      and len(types[keypoints].shape) == 3
+                                      and types[keypoints].shape[2] in (2, 3)):
+        raise ValueError(f"keypoints field {keypoints!r} must be an ndarray of shape "
+                         f"[None, K, 2 or 3], not {types[keypoints].shape}")
+    if ann.per_box is not None:
+        per_box = tuple(ann.per_box)
+        for n in per_box:
+            if n not in names or not _var_rows(types[n]):
+                raise ValueError(f"annotations per_box: {n!r} is not an ndarray field with a "
+                                 "varying first dimension among the fields read")
+    elif boxes is not None:
+        # The usual names (checked per record, so a broken one is an error, never a shift),
+        # and any field with one row per box in every record (the index says).
+        per_box = tuple(n for n in names if n != boxes and _var_rows(types[n]) and (
+            n in PER_BOX_NAMES or (types[n].compression == "none"
+                                   and np.array_equal(rows(n), rows(boxes)))))
+    else:
+        per_box = ()
+    if keypoints is not None and boxes is not None and keypoints not in per_box:
+        per_box += (keypoints,)
+    if ann.masks is not None:
+        masks = tuple(ann.masks)
+        for n in masks:
+            if n not in names or types[n].type not in IMAGE_TYPES or n == image:
+                raise ValueError(f"annotations masks: {n!r} is not an image field (other than "
+                                 "the decoded image) among the fields read")
+    else:
+        masks = tuple(n for n in names if n != image and _is_mask(n)
+                      and types[n].type in IMAGE_TYPES)
+    return boxes, keypoints, per_box, masks
+
+
+def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every record's (heights, widths): the metadata table, headers where it has none."""
+    try:
+        table = ds.metadata(["height", "width"])
+        hs = np.nan_to_num(table.column("height").to_numpy(zero_copy_only=False)).astype(np.int64)
+        ws = np.nan_to_num(table.column("width").to_numpy(zero_copy_only=False)).astype(np.int64)
+    except Exception:  # no table (an old or foreign dataset): read every header
+        hs = ws = np.zeros(len(ds), np.int64)
+    unknown = np.flatnonzero((hs <= 0) | (ws <= 0))
+    if unknown.size:
+        from .decode import image_size
+
+        hs, ws = hs.copy(), ws.copy()
+        for r in unknown.tolist():
+            try:
+                hs[r], ws[r] = image_size(ds.payload(r, image))
+            except Exception:
+                continue  # a corrupt image: the worker reports (or skips) it when read
+    return hs, ws
+
+
+def _rows(ds, f) -> np.ndarray:
+    """Rows of field ``f`` (first dimension varying) in every record, from the shard
+    index alone when it is stored uncompressed (payload length less the header)."""
+    if len(ds) == 0:
+        return np.zeros(0, np.int64)
+    inner = math.prod(f.shape[1:]) * np.dtype(f.dtype).itemsize
+    if f.compression == "none":
+        _, _, lengths = ds.spans(np.arange(len(ds), dtype=np.int64), f.name)
+        header = 8 * (1 + len(f.shape))  # u64 ndim, u64 dims[ndim] (FORMAT.md)
+        return (np.asarray(lengths, np.int64) - header) // max(inner, 1)
+    return np.array([ds.get(r, f.name).shape[0] for r in range(len(ds))], np.int64)
+
+
+def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict]:
+    """Decide each field's path (see the module docstring).
+
+    Args:
+        ds: the dataset.
+        opts: the loader's :class:`reader.options.DecodeOptions`.
+        batch_size: the most records in a batch (the sampler's largest batch).
+        raw: ``decode=False``: every field read in the main process.
+
+    Returns:
+        ``(plan, types)``: the plan, and the schema as field name -> Field.
+
+    Raises:
+        ValueError: an option that does not fit the dataset (named).
+    """
+    types = {f.name: f for f in ds.fields}
+    names = opts.fields or tuple(types)
+    collate = dict(opts.collate or {})
+    unknown = [n for n in collate if n not in names]
+    if unknown:
+        raise ValueError(f"collate names {unknown[0]!r}, which is not among the fields read "
+                         f"({', '.join(names)})")
+    found: dict[str, np.ndarray] = {}
+
+    def rows(name: str) -> np.ndarray:
+        if name not in found:
+            found[name] = _rows(ds, types[name])
+        return found[name]
+
+    image = pipeline = None
+    boxes = keypoints = None
+    per_box: tuple[str, ...] = ()
+    masks: tuple[str, ...] = ()
+    if not raw:
+        image = opts.image_field
+        if image is None:
+            image = next((n for n in names if types[n].type in IMAGE_TYPES and not _is_mask(n)),
+                         None)
+        if image is not None and types[image].type not in IMAGE_TYPES:
+            raise ValueError(f"field {image!r} is {types[image].type}, not an image")
+        boxes, keypoints, per_box, masks = _annotations(opts.annotations, ds, types, names,
+                                                        image, rows)
+        if image is not None:
+            pipeline = make_pipeline(opts.transform)
+        elif opts.transform is not None:
+            raise ValueError("transform would have no effect: none of the fields read is an "
+                             "image (fields=..., image_field=...)")
+    b = batch_size
+    specs: list = []
+    var_fields: list[VarField] = []
+    image_var = None
+    mask_vars: list = []
+    core = getattr(pipeline, "pipeline", None)  # the ImagePipeline (None: a custom pipeline)
+    fixed_image = pipeline is not None and pipeline.output_shape is not None
+    if image is not None:
+        if not fixed_image and core is None:
+            raise ValueError("a custom pipeline object needs a fixed output_shape")
+        if fixed_image:
+            if image in collate:
+                raise ValueError(f"collate[{image!r}]: this pipeline's images all have the shape "
+                                 f"{pipeline.output_shape}; only varying-size fields are "
+                                 "padded or ragged")
+            dtype = core.dtype if core is not None else np.uint8
+            specs.append((image, dtype, (b, *pipeline.output_shape)))
+        else:
+            bound = core.max_output(*_image_sizes(ds, image))
+            mode = collate.get(image, "padded")
+            image_var = VarField(image, "padded" if isinstance(mode, Padded) else mode,
+                                 core.dtype.str, 2, (3,), bound, b,
+                                 bool(core.normalize and core.normalize.channels_first),
+                                 mode.to if isinstance(mode, Padded) else None)
+            var_fields.append(image_var)
+        for m in masks:
+            if fixed_image:
+                size = core.resample_shape[:2] if core is not None else pipeline.output_shape[:2]
+                specs.append((m, np.uint8, (b, *size)))
+                mask_vars.append((m, None))
+            else:
+                mode = collate.get(m, image_var.mode if image_var.to is None else Padded(image_var.to))
+                v = VarField(m, "padded" if isinstance(mode, Padded) else mode, "|u1", 2, (),
+                             image_var.bound, b, False, mode.to if isinstance(mode, Padded) else None)
+                var_fields.append(v)
+                mask_vars.append((m, v))
+    slot_fields, main, arrays = [], [], []
+    for n in names:
+        f = types[n]
+        if n == image or n in masks:
+            continue
+        if raw:
+            main.append(n)
+        elif f.type in ("int", "float") or (f.type == "ndarray" and f.fixed_shape):
+            if n in collate:
+                raise ValueError(f"collate[{n!r}]: {n!r} has a fixed shape; only varying-size "
+                                 "fields are padded or ragged")
+            slot_fields.append((n, f.type))
+        elif _var_rows(f):
+            mode = collate.get(n, "ragged")
+            v = VarField(n, "padded" if isinstance(mode, Padded) else mode, f.dtype, 1,
+                         tuple(f.shape[1:]), (int(rows(n).max(initial=0)),), b, False,
+                         mode.to if isinstance(mode, Padded) else None)
+            arrays.append(v)
+            var_fields.append(v)
+        else:
+            if n in collate:
+                raise ValueError(f"collate[{n!r}]: {f.type} fields come as lists of values; "
+                                 "padded or ragged applies to images and arrays whose first "
+                                 "dimension varies")
+            main.append(n)
+    sample = None
+    needs_sample = (image_var is not None or masks or arrays or boxes is not None
+                    or (core is not None and core.samples))
+    if needs_sample and not raw:
+        if opts.decoded_cache is not None:
+            raise ValueError("decoded_cache serves the fixed-size image path (one image field, "
+                             "a fixed output size, no annotations or per-sample arrays)")
+        if image is not None and core is None:
+            raise ValueError("a custom pipeline object serves the fixed-size image path only; "
+                             "annotations, masks, per-sample arrays and sizes that vary need "
+                             "reader.transforms specs")
+        sample = SampleSpec(image=image, image_var=image_var, masks=tuple(mask_vars),
+                            boxes=boxes, keypoints=keypoints, per_box=per_box,
+                            arrays=tuple(arrays),
+                            min_box_size=(opts.annotations or Annotations()).min_box_size)
+    for n, t in slot_fields:
+        f = types[n]
+        dt = {"int": np.int64, "float": np.float64}.get(t) or np.dtype(f.dtype)
+        specs.append((n, dt, (b, *(f.shape or ()))))
+    for v in var_fields:
+        specs.extend(v.slot_specs())
+    if image is not None and opts.on_error == "skip":
+        specs.append(("valid", np.bool_, (b,)))
+    fixed = tuple(s[0] for s in specs if s[0] not in {v.name for v in var_fields}
+                  and not any(s[0] in (v.name + "_offsets", v.name + "_size") for v in var_fields))
+    plan = BatchPlan(image=image, pipeline=pipeline, slot_fields=tuple(slot_fields),
+                     sample=sample, main_fields=tuple(main), fixed=fixed,
+                     var_fields=tuple(var_fields), layout=SlotLayout.build(specs))
+    return plan, types

@@ -1,0 +1,363 @@
+"""Whole samples in the workers: an image, its masks and annotations, one geometry.
+
+The classification path (:class:`reader.worker.BatchBuilder` alone) decodes one
+image field of a fixed size per record. This path serves everything else: images
+whose size varies (``ResizeShortestEdge``, ``Resize(int)``, no transform at all),
+boxes, keypoints and masks that must follow their image, per-sample arrays of
+any length, and :class:`reader.transforms.SampleTransform` callables on the whole
+sample. Per batch:
+
+1. the records' payloads are paged in and their arrays read (``io``);
+2. each image's size comes from its header and its :class:`Plan` is drawn from
+   the batch's random stream, in record order (``decode`` with step 3);
+3. each image is decoded with its plan straight into its region of the slot
+   (DCT scaling, crop, resize and flip in one pass, as on the classification
+   path), masks with the same plan, nearest-neighbour;
+4. boxes and keypoints are moved by the same plan; boxes cropped away are dropped
+   together with the same rows of every per-box field (``transform``);
+5. the per-sample arrays are written padded or ragged (:mod:`reader.collate`,
+   ``assemble``).
+
+With sample callables, step 3 decodes into arrays of their own, the callables run
+on the whole sample, and what they return is written in step 5.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .collate import VarField
+from .geometry import move_boxes, move_keypoints
+
+__all__ = ["Annotations", "SampleBuilder", "SampleSpec"]
+
+PAGE_STRIDE = 4096
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """Which fields follow the image's geometry (the Loader's ``annotations=``).
+
+    Left at None, each is found in the dataset: ``boxes`` is an ndarray field named
+    ``boxes`` of shape ``[None, 4]`` (xyxy pixels); ``per_box`` the ndarray fields
+    whose first dimension varies and which are named ``labels``, ``iscrowd``,
+    ``area``, ``keypoints``, ``scores`` or ``classes``, or have as many rows as
+    ``boxes`` in every record by the shard index (a compressed one of another
+    name must be listed); ``keypoints`` a
+    field named ``keypoints`` of shape ``[None, K, 2 or 3]``; ``masks`` the image
+    fields named ``mask`` or ending in ``_mask``. Per-box fields are checked per
+    record to have one row per box.
+
+    Attributes:
+        boxes: the boxes field, or ``""`` for none.
+        per_box: the fields with one row per box, filtered with the boxes.
+        keypoints: the keypoints field, or ``""``.
+        masks: label-image fields resampled with the image, nearest-neighbour.
+        min_box_size: boxes smaller than this (output pixels) after the transforms are dropped.
+    """
+
+    boxes: str | None = None
+    per_box: tuple[str, ...] | None = None
+    keypoints: str | None = None
+    masks: tuple[str, ...] | None = None
+    min_box_size: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.min_box_size < 0:
+            raise ValueError(f"min_box_size must be >= 0, not {self.min_box_size}")
+        for name in ("per_box", "masks"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                raise TypeError(f"{name} must be a tuple of field names, not the string {v!r}")
+            if v is not None:
+                object.__setattr__(self, name, tuple(v))
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """What the sample path writes (planned once by the loader, see :mod:`reader.loader`).
+
+    Attributes:
+        image: the image field decoded through the pipeline (None: no image).
+        image_var: how the image is stored when its size varies (None: fixed shape).
+        masks: mask fields, each with its :class:`VarField` (None: fixed shape).
+        boxes, keypoints: annotation fields (None: none).
+        per_box: fields filtered with the boxes.
+        arrays: every varying-size array field read in the workers, boxes included.
+        min_box_size: see :class:`Annotations`.
+    """
+
+    image: str | None
+    image_var: VarField | None
+    masks: tuple[tuple[str, VarField | None], ...]
+    boxes: str | None
+    keypoints: str | None
+    per_box: tuple[str, ...]
+    arrays: tuple[VarField, ...]
+    min_box_size: float = 1.0
+
+    @property
+    def var_fields(self) -> tuple[VarField, ...]:
+        own = [self.image_var] if self.image_var is not None else []
+        own += [v for _, v in self.masks if v is not None]
+        return (*own, *self.arrays)
+
+
+class SampleBuilder:
+    """Fills one batch through the sample path (a worker owns one).
+
+    ``current`` names the record being worked on, for error messages.
+    """
+
+    def __init__(self, ds, spec: SampleSpec, pipeline, on_error: str, decode_error) -> None:
+        self.ds = ds
+        self.spec = spec
+        self.pipeline = pipeline  # reader.imaging.DecoderPipeline
+        self.on_error = on_error
+        self.decode_error = decode_error
+        self.current: int | None = None
+
+    def build(self, indices: np.ndarray, slot: dict, rng: np.random.Generator, valid):
+        """Returns ``(io_s, decode_s, transform_s, assemble_s, bytes, skipped, shapes)``."""
+        spec, ds = self.spec, self.ds
+        idx = indices.tolist()
+        n = len(idx)
+        t = time.perf_counter()
+        nbytes = 0
+        views = ds.payloads(indices, spec.image) if spec.image else []
+        masks = [ds.payloads(indices, name) for name, _ in spec.masks]
+        for v in (*views, *(m for ms in masks for m in ms)):
+            nbytes += len(v)
+            if len(v):
+                a = np.frombuffer(v, np.uint8)
+                int(a[::PAGE_STRIDE].sum()) + int(a[-1])  # page the record in
+        arrays = {f.name: [self._array(r, f) for r in idx] for f in spec.arrays}
+        io_s = time.perf_counter() - t
+
+        decode_s = transform_s = 0.0
+        skipped = 0
+        sizes: list[tuple[int, int]] = []
+        plans: list = []
+        decoder = self.pipeline.decoder() if spec.image else None
+        t = time.perf_counter()
+        for i, v in enumerate(views):
+            self.current = idx[i]
+            try:
+                hw = decoder.size_of(v)
+            except self.decode_error as exc:
+                hw = self._skip(i, exc, valid)
+                skipped += 1
+            sizes.append(hw)
+            plans.append(self.pipeline.pipeline.plan(*hw, rng) if hw != (0, 0) else None)
+        decode_s += time.perf_counter() - t
+
+        t = time.perf_counter()
+        for i in range(n):
+            self.current = idx[i]
+            self._follow(arrays, i, plans[i] if plans else None, sizes[i] if sizes else None)
+        transform_s += time.perf_counter() - t
+
+        shapes: dict[str, tuple] = {}
+        if spec.image and self.pipeline.pipeline.samples:
+            d, tr, a, k = self._with_callables(idx, views, masks, sizes, plans, arrays, slot,
+                                               shapes, rng, valid)
+            decode_s, transform_s, assemble_s, skipped = (decode_s + d, transform_s + tr, a,
+                                                          skipped + k)
+        else:
+            d, tr, k = self._decode_into_slot(idx, views, masks, sizes, plans, slot, shapes,
+                                              rng, valid)
+            decode_s, transform_s, skipped = decode_s + d, transform_s + tr, skipped + k
+            t = time.perf_counter()
+            self._write_arrays(arrays, slot, shapes)
+            assemble_s = time.perf_counter() - t
+        self.current = None
+        return io_s, decode_s, transform_s, assemble_s, nbytes, skipped, shapes
+
+    # -- steps -----------------------------------------------------------------------
+
+    def _array(self, record: int, f: VarField) -> np.ndarray:
+        a = self.ds.get(record, f.name)
+        if a.shape[1:] != f.inner:
+            raise ValueError(f"field {f.name!r} of record {record} has shape {a.shape}; "
+                             f"expected [N, {', '.join(map(str, f.inner))}]")
+        return a
+
+    def _skip(self, i: int, exc: Exception, valid) -> tuple[int, int]:
+        if self.on_error != "skip" or valid is None:
+            raise exc
+        valid[i] = False
+        return (0, 0)
+
+    def _follow(self, arrays: dict, i: int, plan, size) -> None:
+        """Step 4: move this sample's boxes and keypoints with its image."""
+        spec = self.spec
+        if spec.boxes is None:
+            if spec.keypoints is not None and plan is not None:
+                arrays[spec.keypoints][i] = move_keypoints(
+                    arrays[spec.keypoints][i], plan, self.pipeline.pipeline.keypoint_pairs)
+            return
+        boxes = arrays[spec.boxes][i]
+        for name in spec.per_box:
+            if len(arrays[name][i]) != len(boxes):
+                raise ValueError(f"record {self.current}: field {name!r} has "
+                                 f"{len(arrays[name][i])} rows, boxes has {len(boxes)}: "
+                                 f"per-box fields need one row per box (annotations=)")
+        if plan is None:  # no image, or a skipped one: nothing to place the boxes on
+            keep = np.zeros(len(boxes), bool) if size == (0, 0) else np.ones(len(boxes), bool)
+            moved = boxes[keep]
+        else:
+            moved, keep = move_boxes(boxes, plan, spec.min_box_size)
+        arrays[spec.boxes][i] = moved
+        for name in spec.per_box:
+            kept = arrays[name][i][keep]
+            if name == spec.keypoints and plan is not None:
+                kept = move_keypoints(kept, plan, self.pipeline.pipeline.keypoint_pairs)
+            arrays[name][i] = kept
+
+    def _decode_into_slot(self, idx, views, masks, sizes, plans, slot, shapes, rng, valid):
+        """Step 3 on the fast path: every image straight into its region of the slot."""
+        spec = self.spec
+        if not spec.image:
+            return 0.0, 0.0, 0
+        out_sizes = [p.size if p is not None else (0, 0) for p in plans]
+        if spec.image_var is not None:
+            regions, shapes[spec.image] = spec.image_var.regions(slot, out_sizes)
+        else:
+            regions = slot[spec.image]
+        mask_regions = []
+        for name, var in spec.masks:
+            if var is not None:
+                r, shapes[name] = var.regions(slot, out_sizes)
+            else:
+                r = slot[name]
+            mask_regions.append(r)
+        decode_s = transform_s = 0.0
+        skipped = 0
+        decoder = self.pipeline.decoder()
+        for i, v in enumerate(views):
+            if plans[i] is None:
+                if spec.image_var is None:
+                    regions[i] = 0
+                    for r in mask_regions:
+                        r[i] = 0
+                continue
+            self.current = idx[i]
+            t = time.perf_counter()
+            try:
+                tr = decoder.decode_plan(v, *sizes[i], plans[i], regions[i], rng)
+                for ms, r in zip(masks, mask_regions, strict=True):
+                    decoder.decode_mask(ms[i], *sizes[i], plans[i], r[i])
+            except self.decode_error as exc:
+                self._skip(i, exc, valid)
+                regions[i][...] = 0
+                for r in mask_regions:
+                    r[i][...] = 0
+                skipped += 1
+                continue
+            decode_s += time.perf_counter() - t - tr
+            transform_s += tr
+        return decode_s, transform_s, skipped
+
+    def _with_callables(self, idx, views, masks, sizes, plans, arrays, slot, shapes, rng, valid):
+        """Step 3 with sample callables: decode into arrays, run them, then write."""
+        spec, pipeline = self.spec, self.pipeline.pipeline
+        decoder = self.pipeline.decoder()
+        decode_s = transform_s = 0.0
+        skipped = 0
+        samples = []
+        for i, v in enumerate(views):
+            self.current = idx[i]
+            sample = {name: arrays[name][i] for name in arrays}
+            if plans[i] is not None:
+                t = time.perf_counter()
+                try:
+                    image = np.empty(pipeline.output_for(*plans[i].size), pipeline.dtype)
+                    tr = decoder.decode_plan(v, *sizes[i], plans[i], image, rng)
+                    sample[spec.image] = image
+                    for (name, _), ms in zip(spec.masks, masks, strict=True):
+                        sample[name] = np.empty(plans[i].size, np.uint8)
+                        decoder.decode_mask(ms[i], *sizes[i], plans[i], sample[name])
+                except self.decode_error as exc:
+                    self._skip(i, exc, valid)
+                    skipped += 1
+                    plans[i] = None
+                    tr = 0.0
+                decode_s += time.perf_counter() - t - tr
+                transform_s += tr
+            if plans[i] is None:  # skipped: an empty sample, written as zeros
+                sample = {name: arrays[name][i][:0] for name in arrays}
+                sample[spec.image] = np.zeros(pipeline.output_for(0, 0), pipeline.dtype)
+                for name, _ in spec.masks:
+                    sample[name] = np.zeros((0, 0), np.uint8)
+            else:
+                t = time.perf_counter()
+                for fn in pipeline.samples:
+                    sample = self._call(fn, sample, rng)
+                transform_s += time.perf_counter() - t
+            samples.append(sample)
+        t = time.perf_counter()
+        self._write_samples(samples, slot, shapes)
+        return decode_s, transform_s, time.perf_counter() - t, skipped
+
+    def _call(self, fn, sample: dict, rng) -> dict:
+        """One sample callable, its result checked (a wrong one names the record)."""
+        before = {k: (v.dtype, v.ndim) for k, v in sample.items()}
+        result = fn(sample, rng)
+        name = getattr(fn.fn, "__qualname__", repr(fn.fn))
+        if not isinstance(result, dict):
+            raise TypeError(f"SampleTransform {name} returned {type(result).__name__} for "
+                            f"record {self.current}; it must return the sample dict")
+        if set(result) != set(before):
+            raise ValueError(f"SampleTransform {name} returned fields {sorted(result)} for "
+                             f"record {self.current}; expected {sorted(before)}")
+        for k, (dtype, ndim) in before.items():
+            v = result[k]
+            if not isinstance(v, np.ndarray) or v.dtype != dtype or v.ndim != ndim:
+                got = (f"{v.dtype} with {v.ndim} dimensions" if isinstance(v, np.ndarray)
+                       else type(v).__name__)
+                raise TypeError(f"SampleTransform {name} returned {k!r} as {got} for record "
+                                f"{self.current}; expected {dtype} with {ndim} dimensions")
+        return result
+
+    def _write_samples(self, samples: list[dict], slot: dict, shapes: dict) -> None:
+        spec = self.spec
+        pipeline = self.pipeline.pipeline
+        images = [s[spec.image] for s in samples]
+        if spec.image_var is not None:
+            cf = spec.image_var.channels_first
+            sizes = [im.shape[1:] if cf else im.shape[:2] for im in images]
+            regions, shapes[spec.image] = spec.image_var.regions(slot, sizes)
+        else:
+            regions = slot[spec.image]
+        for i, im in enumerate(images):
+            if not im.size:
+                regions[i][...] = 0  # a skipped sample (a padded one is zeroed already)
+            elif spec.image_var is None and im.shape != pipeline.output_shape:
+                raise ValueError(f"a SampleTransform returned image {im.shape} for batch "
+                                 f"sample {i}; this pipeline's images are {pipeline.output_shape}")
+            else:
+                regions[i][...] = im
+        for name, var in spec.masks:
+            ms = [s[name] for s in samples]
+            if var is not None:
+                r, shapes[name] = var.regions(slot, [m.shape for m in ms])
+            else:
+                r = slot[name]
+            for i, m in enumerate(ms):
+                if m.size:
+                    r[i][...] = m
+                else:
+                    r[i][...] = 0
+        arrays = {f.name: [s[f.name] for s in samples] for f in spec.arrays}
+        self._write_arrays(arrays, slot, shapes)
+
+    def _write_arrays(self, arrays: dict, slot: dict, shapes: dict) -> None:
+        """Step 5: the per-sample arrays, padded or ragged."""
+        for f in self.spec.arrays:
+            values = arrays[f.name]
+            regions, shapes[f.name] = f.regions(slot, [(len(a),) for a in values])
+            for region, a in zip(regions, values, strict=True):
+                region[: len(a)] = a
