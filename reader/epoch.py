@@ -188,13 +188,13 @@ class RawEpoch:
 
     @property
     def finished(self) -> bool:
-        return self.k >= self.loader.sampler.num_batches
+        return self.k >= self.loader.sampler.num_batches_in(self.epoch)
 
     def __next__(self) -> dict:
         lo = self.loader
         if self.superseded is not None:
             raise RuntimeError(self.superseded)
-        if self.k >= lo.sampler.num_batches:
+        if self.k >= lo.sampler.num_batches_in(self.epoch):
             self.shutdown()
             lo._finished(self.epoch)
             raise StopIteration
@@ -236,7 +236,7 @@ class Epoch:
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
         self.epoch = loader.epoch
-        self.n = loader.sampler.num_batches
+        self.n = loader.sampler.num_batches_in(self.epoch)
         self.next_issue = self.next_deliver = loader.position
         self.sink = loader._make_sink()
         self.lo_depth, self.depth, self.hi_depth = loader._depths(self.sink.hold)

@@ -61,7 +61,13 @@ class Loader:
 
     Args:
         source: a dataset folder or an open ``ShardDataset``.
-        batch_size: records per batch.
+        batch_size: records per batch; with ``batch_sampler``, what it takes
+            (``AspectRatioBatches``: the batch size or None for its own;
+            ``BudgetBatches``: None, its budget decides).
+        batch_sampler: size-aware batches (:mod:`reader.batching`):
+            ``AspectRatioBatches(...)`` groups records of similar shape,
+            ``BudgetBatches(...)`` bounds the pixels or tokens of a batch. Every
+            guarantee of the plain order holds (seeded, per rank, resumable).
         num_workers: worker processes, 0 (in-process), or ``"auto"``: one per core to
             start, then measured and adjusted while the loader runs (see
             :mod:`reader.autoscale`; ``worker_changes`` lists each change and why).
@@ -97,7 +103,8 @@ class Loader:
         device_options: ``reader.device.DeviceOptions`` for ``device="cuda"``.
     """
 
-    def __init__(self, source: str | Path | ShardDataset, batch_size: int = 256, *,
+    def __init__(self, source: str | Path | ShardDataset, batch_size: int | None = 256, *,
+                 batch_sampler: Any = None,
                  num_workers: int | str = "auto", prefetch: int | str = "auto",
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
                  transform: Any = None, annotations: Any = None, collate: Any = None,
@@ -112,7 +119,13 @@ class Loader:
                  worker_options: WorkerOptions | None = None,
                  device_options: Any = None) -> None:
         # Argument errors first, before anything is opened.
-        self.batch_size = check_batch_size(batch_size)
+        if batch_sampler is None:
+            batch_size = check_batch_size(batch_size)
+        elif not hasattr(batch_sampler, "bind"):
+            raise TypeError("batch_sampler must be a reader.batching.AspectRatioBatches or "
+                            f"BudgetBatches, not {type(batch_sampler).__name__} {batch_sampler!r}")
+        elif batch_size is not None:
+            batch_size = check_batch_size(batch_size)
         self.decode_options = group_options(
             DecodeOptions, decode_options, "decode_options", transform=transform, decode=decode,
             on_error=on_error, check_crc=check_crc, decoded_cache=decoded_cache,
@@ -147,8 +160,12 @@ class Loader:
 
             require_cupy()  # fail here, with the install hint, not at the first batch
             self.device_options = device_options or DeviceOptions()
-        self.sampler = Sampler(len(self.dataset), self.dataset.starts, self.batch_size,
-                               self.sampler_options)
+        if batch_sampler is None:
+            self.sampler = Sampler(len(self.dataset), self.dataset.starts, batch_size,
+                                   self.sampler_options)
+        else:
+            self.sampler = batch_sampler.bind(self.dataset, batch_size, self.sampler_options)
+        self.batch_size = self.sampler.max_batch_size  # the slots hold the largest batch
         self.num_workers = resolve_num_workers(self.worker_options.num_workers)
         self._plan_fields()
         self._refuse_idle_options()
@@ -320,10 +337,10 @@ class Loader:
     def _start_prefetch(self, epoch: int, first_batch: int):
         """A started shard prefetcher for a remote dataset, else None."""
         start = getattr(self.dataset, "prefetcher", None)
-        if start is None or first_batch >= self.sampler.num_batches:
+        if start is None or first_batch >= self.sampler.num_batches_in(epoch):
             return None
-        return start(self.sampler.rank_indices(epoch), self.batch_size, first_batch,
-                     self.num_workers + 1)
+        return start(self.sampler.rank_indices(epoch), self.sampler.rank_offsets(epoch),
+                     first_batch, self.num_workers + 1)
 
     def _start_method(self) -> str:
         m = self.worker_options.start_method
@@ -334,8 +351,9 @@ class Loader:
     # -- iteration ---------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches per epoch (for this rank)."""
-        return self.sampler.num_batches
+        """Batches in the current epoch (for this rank; with ``BudgetBatches`` the count
+        differs from one epoch to the next)."""
+        return self.sampler.num_batches_in(self.epoch)
 
     def __iter__(self) -> Iterator[dict]:
         if self._closed:
@@ -366,7 +384,7 @@ class Loader:
         self.epoch, self.position = epoch, k + 1
 
     def _finished(self, epoch: int) -> None:
-        if self.epoch == epoch and self.position >= self.sampler.num_batches:
+        if self.epoch == epoch and self.position >= self.sampler.num_batches_in(epoch):
             self.epoch, self.position = epoch + 1, 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -379,18 +397,14 @@ class Loader:
 
     def state_dict(self) -> dict:
         """Where the loader is: the next batch to deliver, plus what the order depends on."""
-        o = self.sampler_options
         return {"epoch": self.epoch, "batch": self.position, "num_batches": len(self),
-                "seed": o.seed, "shuffle": o.shuffle, "window": o.window, "rank": o.rank,
-                "world_size": o.world_size, "drop_last": o.drop_last,
-                "batch_size": self.batch_size, "num_records": len(self.dataset),
-                "partition": self.sampler.partition}
+                **self.sampler.describe()}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly at the batch after the last one delivered when ``state`` was taken.
 
         Raises:
-            ValueError: the state was taken with a different order or partitioning.
+            ValueError: the state was taken with a different order, batching or partitioning.
         """
         mine = self.state_dict()
         # States saved before "block" ranks took contiguous runs had no "partition": they
@@ -398,11 +412,16 @@ class Loader:
         state = {"partition": "interleaved", **state}
         if mine["world_size"] == 1:
             state["partition"] = mine["partition"]  # one rank: both take the whole order
-        for key in ("seed", "shuffle", "window", "rank", "world_size", "drop_last",
-                    "batch_size", "num_records", "partition"):
+        for key in mine:
+            if key in ("epoch", "batch", "num_batches"):
+                continue
             if state.get(key) != mine[key]:
                 raise ValueError(f"loader state was saved with {key}={state.get(key)!r}, "
                                  f"this loader has {key}={mine[key]!r}: cannot resume exactly")
+        extra = sorted(set(state) - set(mine))
+        if extra:
+            raise ValueError(f"loader state was saved with {', '.join(extra)} (another batch "
+                             "sampler), which this loader does not use: cannot resume exactly")
         self._stop_active("load_state_dict() moved this Loader to the saved position")
         self.epoch, self.position = int(state["epoch"]), int(state["batch"])
 

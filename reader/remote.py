@@ -132,11 +132,13 @@ class RemoteDataset(ShardDataset):
             self.cache.ensure_meta(self.location, self.root, e)
         return read_metadata(self.root, columns, self.manifest)
 
-    def prefetcher(self, order: np.ndarray, batch_size: int, first_batch: int,
+    def prefetcher(self, order: np.ndarray, offsets: np.ndarray | int, first_batch: int,
                    processes: int = 1) -> Prefetcher:
-        """A started :class:`Prefetcher` for a rank's epoch ``order`` from ``first_batch``,
-        for a loader of ``processes`` processes that map shards (workers + main)."""
-        return Prefetcher(self, order, batch_size, first_batch, processes)
+        """A started :class:`Prefetcher` for a rank's epoch ``order`` (batch ``k`` is
+        ``order[offsets[k]:offsets[k + 1]]``; an int is a fixed batch size) from
+        ``first_batch``, for a loader of ``processes`` processes that map shards
+        (workers + main)."""
+        return Prefetcher(self, order, offsets, first_batch, processes)
 
 
 class Prefetcher:
@@ -146,11 +148,16 @@ class Prefetcher:
     object's name); the prefetcher only counts them.
     """
 
-    def __init__(self, ds: RemoteDataset, order: np.ndarray, batch_size: int,
+    def __init__(self, ds: RemoteDataset, order: np.ndarray, offsets: np.ndarray | int,
                  first_batch: int, processes: int = 1) -> None:
         self.ds = ds
         opts = ds.cache_options
-        rest = np.asarray(order[first_batch * batch_size:], np.int64)
+        if np.ndim(offsets) == 0:  # a fixed batch size
+            size = int(offsets)
+            offsets = np.minimum(np.arange(0, len(order) + size, size, dtype=np.int64), len(order))
+        offsets = np.asarray(offsets, np.int64)
+        start = int(offsets[first_batch])
+        rest = np.asarray(order[start:], np.int64)
         shards = np.searchsorted(ds.starts, rest, side="right") - 1
         distinct, first = np.unique(shards, return_index=True)
         by_use = np.argsort(first, kind="stable")
@@ -159,7 +166,9 @@ class Prefetcher:
         missing = [not ds.cache.present(ds.root, ds.manifest.shards[s])
                    for s in distinct[by_use].tolist()]
         self.shards = distinct[by_use][missing].tolist()
-        self.need_batch = (first[by_use][missing] // batch_size + first_batch).tolist()
+        # The batch that first needs each shard: where its first record falls among offsets.
+        self.need_batch = (np.searchsorted(offsets, first[by_use][missing] + start,
+                                           side="right") - 1).tolist()
         self.ahead = opts.prefetch_shards
         if ds.cache.max_bytes is not None:
             # Never prefetch so far ahead that shards fetched early evict each other

@@ -47,7 +47,8 @@ def _record(rng: np.random.Generator, i: int) -> dict:
         mask[y0:y0 + bh, x0:x0 + bw] = j + 1
         boxes.append((x0, y0, x0 + bw, y0 + bh))
         labels.append(j + 1)
-    return {"image": simplejpeg.encode_jpeg(img, quality=98),
+    return {"_meta": {"height": h, "width": w},
+            "image": simplejpeg.encode_jpeg(img, quality=98),
             "mask": cv2.imencode(".png", mask)[1].tobytes(),
             "boxes": np.array(boxes, np.float32).reshape(-1, 4),
             "labels": np.array(labels, np.int64),
@@ -66,7 +67,8 @@ def det_path(tmp_path_factory):
               Field("label", "int"), Field("name", "str")]
     with DatasetWriter(root, fields, shard_size=None, records_per_shard=16, durable=False) as w:
         for i in range(48):
-            w.write(_record(rng, i))
+            rec = _record(rng, i)
+            w.write(rec, meta=rec.pop("_meta"))
     return root
 
 
@@ -342,3 +344,51 @@ def test_sample_transforms_pickle_to_spawned_workers(det_path):
         b = next(iter(lo))
     v = b["boxes"].values
     assert v.size == 0 or ((v >= 1) & (v <= 4)).all()
+
+
+def test_aspect_ratio_batches_through_the_loader(det_path):
+    from reader.batching import AspectRatioBatches
+
+    spec = AspectRatioBatches()
+    resize = [ResizeShortestEdge((48, 64)), RandomHorizontalFlip()]  # keeps the orientation
+    with Loader(det_path, 4, batch_sampler=spec, transform=resize, shuffle=True, seed=1,
+                num_workers=2) as lo:
+        n = len(lo)
+        batches = list(lo)
+        state_at_end = lo.state_dict()
+    assert len(batches) == n and state_at_end["epoch"] == 1
+    with Loader(det_path, 4, decode_options=reader.DecodeOptions(decode=False,
+                                                                   fields=("name",))) as raw:
+        names = [x for b in raw for x in b["name"]]
+    seen = [x for b in batches for x in b["name"]]
+    assert sorted(seen) == sorted(names)  # every record once
+    for b in batches:  # one orientation per batch (sizes before the transform)
+        wide = b["image_size"][:, 1] >= b["image_size"][:, 0]
+        assert wide.all() or not wide.any()
+
+
+def test_budget_batches_vary_in_size_and_resume_exactly(det_path):
+    from reader.batching import BudgetBatches
+
+    def loader():
+        return Loader(det_path, None, batch_sampler=BudgetBatches(8 * 64 * 64, size="pixels"),
+                      transform=DETECTION, shuffle=True, seed=2, num_workers=1, copy=True)
+
+    with loader() as lo:
+        lo.set_epoch(1)
+        n = len(lo)
+        it = iter(lo)
+        first = [next(it) for _ in range(2)]
+        state = lo.state_dict()
+        rest = list(it)
+    sizes = {len(b["name"]) for b in first + rest}
+    assert len(sizes) > 1 and len(first) + len(rest) == n
+    with loader() as again:
+        again.load_state_dict(state)
+        resumed = list(again)
+    assert [b["name"] for b in resumed] == [b["name"] for b in rest]
+    with Loader(det_path, 4, transform=DETECTION, shuffle=True, seed=2) as plain, \
+            pytest.raises(ValueError, match="cannot resume exactly"):
+        plain.load_state_dict(state)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        Loader(det_path, 4, batch_sampler=BudgetBatches(8 * 64 * 64), transform=DETECTION)
