@@ -55,6 +55,8 @@ class DatasetWriter:
         records_per_shard: or once it holds this many records.
         alignment: payload alignment, a power of two in [8, 4096].
         classes: class names, index = label.
+        class_info: per class, an object describing it (the manifest's ``class_info``);
+            needs ``classes`` of the same length.
         created_by: how the dataset was made (tool, source, options), for the manifest.
         dictionaries: trained zstd dictionaries by field name (zstd fields only).
         overwrite: replace an existing dataset in ``root`` (its files are deleted
@@ -80,6 +82,7 @@ class DatasetWriter:
         records_per_shard: int | None = None,
         alignment: int = DEFAULT_ALIGNMENT,
         classes: list[str] | None = None,
+        class_info: list[dict[str, Any]] | None = None,
         created_by: dict[str, Any] | None = None,
         dictionaries: Mapping[str, bytes] | None = None,
         overwrite: bool = False,
@@ -100,6 +103,10 @@ class DatasetWriter:
         self.records_per_shard = records_per_shard
         self.alignment = alignment
         self.classes = None if classes is None else tuple(classes)
+        self.class_info = None if class_info is None else tuple(class_info)
+        if self.class_info is not None and len(self.class_info) != len(self.classes or ()):
+            raise SchemaError("class_info needs one entry per class",
+                              found=len(self.class_info), expected=len(self.classes or ()))
         self.created_by = dict(created_by or {})
         self.durable = durable
         self._names = [f.name for f in self.fields]
@@ -317,6 +324,7 @@ class DatasetWriter:
             shards=tuple(self.sealed),
             alignment=self.alignment,
             classes=self.classes,
+            class_info=self.class_info,
             created_by=self.created_by,
             dictionaries=self._dictionaries,
             max_raw_size=self._max_raw,

@@ -82,12 +82,14 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The parsed manifest. ``dictionaries`` maps field name to (file name, crc)."""
+    """The parsed manifest. ``dictionaries`` maps field name to (file name, crc);
+    ``class_info`` (optional, None when absent) an object per class, index = label."""
 
     fields: tuple[Field, ...]
     shards: tuple[ShardEntry, ...]
     alignment: int
     classes: tuple[str, ...] | None = None
+    class_info: tuple[dict[str, Any], ...] | None = None
     created_by: dict[str, Any] = field(default_factory=dict)
     dictionaries: dict[str, tuple[str, int]] = field(default_factory=dict)
     max_raw_size: dict[str, int] = field(default_factory=dict)
@@ -112,7 +114,7 @@ class Manifest:
             if f.compression != "none":
                 entry["max_raw_size"] = self.max_raw_size.get(f.name, 0)
             fields.append(entry)
-        return {
+        out = {
             "format": FORMAT_NAME,
             "format_version": f"{MAJOR}.{MINOR}",
             "alignment": self.alignment,
@@ -122,6 +124,9 @@ class Manifest:
             "classes": None if self.classes is None else list(self.classes),
             "created_by": self.created_by,
         }
+        if self.class_info is not None:  # absent otherwise: older manifests keep their bytes
+            out["class_info"] = list(self.class_info)
+        return out
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:
@@ -208,6 +213,10 @@ def _refuse_surrogates(obj: Any, path: str | Path) -> None:
 
 
 
+def _kind(value: Any) -> str:
+    return f"a list of {len(value)}" if isinstance(value, list) else type(value).__name__
+
+
 def _get(obj: dict, key: str, kind: type | tuple[type, ...], path: str | Path, where: str = "") -> Any:
     if key not in obj:
         raise ManifestError(f"missing key {where}{key!r}", path=path)
@@ -281,6 +290,14 @@ def parse_manifest(obj: Any, path: str | Path) -> Manifest:
         not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)
     ):
         raise ManifestError("classes must be a list of strings or null", path=path)
+    class_info = obj.get("class_info")
+    if class_info is not None and (
+        not isinstance(class_info, list) or not all(isinstance(c, dict) for c in class_info)
+        or len(class_info) != len(classes or ())
+    ):
+        raise ManifestError("class_info must be null or a list of objects, one per class",
+                            path=path, found=_kind(class_info),
+                            expected=f"{len(classes or ())} objects")
     created_by = obj.get("created_by", {})
     if not isinstance(created_by, dict):
         raise ManifestError("created_by must be an object", path=path)
@@ -289,6 +306,7 @@ def parse_manifest(obj: Any, path: str | Path) -> Manifest:
         shards=shards,
         alignment=alignment,
         classes=None if classes is None else tuple(classes),
+        class_info=None if class_info is None else tuple(class_info),
         created_by=created_by,
         dictionaries=dictionaries,
         max_raw_size=max_raw,
