@@ -35,8 +35,8 @@ import cv2
 import numpy as np
 import simplejpeg
 
-__all__ = ["cached_image_folder", "make_image_folder", "make_jpeg", "make_tiny_jpeg",
-           "synth_image"]
+__all__ = ["DETECTION_CLASSES", "cached_image_folder", "coco_detection", "make_image_folder",
+           "make_jpeg", "make_tiny_jpeg", "synth_image"]
 
 _TILE = 640  # tiles are cropped, so images larger than this are tiled by wrapping
 _NUM_TILES = 4
@@ -240,6 +240,137 @@ def cached_image_folder(root: str | Path, num_classes: int, per_class: int, **kw
         marker.write_text(f"{num_classes} {per_class} {kwargs.get('seed', 0)}")
         print(f"  done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
     return root
+
+
+# -- a detection dataset ----------------------------------------------------------------
+
+#: Default class names of :func:`coco_detection`, each drawn in its own colour (RGB).
+DETECTION_CLASSES = {
+    "red": (220, 30, 30), "green": (30, 190, 60), "blue": (40, 70, 230),
+    "yellow": (240, 220, 40), "magenta": (210, 40, 200), "cyan": (40, 210, 220),
+    "orange": (245, 140, 20), "white": (245, 245, 245),
+}
+
+
+def _category_id(k: int) -> int:
+    """Category ids 1, 3, 7, 13, ...: not contiguous, as COCO's are not."""
+    return k * k + k + 1
+
+
+def _background(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
+    """A scene with texture (no shapes: every object drawn later is annotated), int16."""
+    textures, _ = _texture_bank()
+    grid = rng.integers(40, 216, (int(rng.integers(2, 6)), int(rng.integers(2, 6)), 3), np.uint8)
+    img = _upsample(grid, width, height).astype(np.int16)
+    gain = rng.uniform(0.4, 1.0, 3).astype(np.float32)
+    texture = textures[int(rng.integers(0, _NUM_TILES))]
+    img += (_tile_crop(texture, rng, height, width) * gain).astype(np.int16)
+    return img
+
+
+def _detection_image(job: tuple) -> tuple[int, int, list]:
+    """Draw and write one image of :func:`coco_detection`; returns (width, height,
+    [(class index, [x, y, w, h], area, polygon), ...]). Module-level so it pickles."""
+    path, seed, index, min_side, max_side, max_objects, colours, quality = job
+    rng = np.random.default_rng([seed, index])
+    width, height = (int(s) for s in rng.integers(min_side, max_side + 1, 2))
+    img = _background(rng, width, height)
+    objects = []
+    for _ in range(int(rng.integers(1, max_objects + 1))):
+        k = int(rng.integers(0, len(colours)))
+        short = min(width, height)
+        w, h = (int(v) for v in rng.integers(short // 12, short // 3 + 1, 2))
+        x, y = int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1))
+        colour = np.asarray(colours[k], np.int16)
+        if rng.random() < 0.5:
+            img[y : y + h, x : x + w] = colour
+            polygon = [x, y, x + w, y, x + w, y + h, x, y + h]
+            area = float(w * h)
+        else:
+            # The ellipse inscribed in the box: its pixels span exactly [x, x + w) x [y, y + h).
+            mask = np.zeros((h, w), np.uint8)
+            centre, axes = (_fixed((w - 1) / 2), _fixed((h - 1) / 2)), (_fixed(w / 2), _fixed(h / 2))
+            cv2.ellipse(mask, centre, axes, 0, 0, 360, 1, cv2.FILLED, cv2.LINE_8, _SHIFT)
+            img[y : y + h, x : x + w][mask > 0] = colour
+            angles = np.linspace(0, 2 * np.pi, 24, endpoint=False)
+            points = np.stack([x + w / 2 + w / 2 * np.cos(angles),
+                               y + h / 2 + h / 2 * np.sin(angles)], 1)
+            polygon = [round(float(v), 2) for v in points.ravel()]
+            area = float(mask.sum())
+        objects.append((k, [x, y, w, h], area, polygon))
+    _, grain = _texture_bank()
+    img += _tile_crop(grain, rng, height, width)
+    data = simplejpeg.encode_jpeg(np.clip(img, 0, 255).astype(np.uint8), quality=quality,
+                                  colorsubsampling="420")
+    path.write_bytes(data)
+    return width, height, objects
+
+
+def coco_detection(root: str | Path, n_images: int = 200, *, seed: int = 0,
+                   min_side: int = 480, max_side: int = 640, max_objects: int = 20,
+                   classes: Sequence[str] | None = None, quality: int = 90,
+                   workers: int = 1) -> tuple[Path, Path]:
+    """Write a COCO-style detection dataset: ``root/images/NNNNNN.jpg`` and
+    ``root/annotations.json``.
+
+    Each image (sides drawn from ``[min_side, max_side]``, so the aspect ratio varies)
+    is a textured scene with 1 to ``max_objects`` filled rectangles and ellipses,
+    each in its class's colour (objects may overlap; every box is the whole shape).
+    The JSON is COCO's detection format: ``images`` (id = index + 1, file_name,
+    height, width), ``annotations`` (id, image_id, category_id, ``bbox`` [x, y, w, h]
+    in pixels, area = the shape's pixel count, ``iscrowd`` 0, ``segmentation`` one
+    polygon: the rectangle's corners, or 24 points on the ellipse) and
+    ``categories`` with the ids 1, 3, 7, 13, ... (not contiguous, like COCO's).
+    Bytes depend only on the arguments, never on ``workers``. About 17 ms an image
+    on one core at the default sizes, 160 KB on average (2,000 images: some 35 s
+    with ``workers=1``, 18 s with ``workers=2`` on the 2-core reference machine).
+
+    Args:
+        root: folder to write into (created; files of the same names are replaced).
+        n_images: number of images.
+        seed: seed of every size, position, class and pixel.
+        min_side, max_side: the range of each side, in pixels.
+        max_objects: most objects per image (at least one).
+        classes: class names (at most 8 unless you want repeated colours); default
+            the names of :data:`DETECTION_CLASSES`, which are their colours.
+        quality: JPEG quality.
+        workers: processes to draw with; 1 draws in this process.
+
+    Returns:
+        (images folder, annotation file).
+    """
+    import json
+
+    if not 1 <= min_side <= max_side or max_objects < 1 or n_images < 0:
+        raise ValueError(f"need 1 <= min_side <= max_side and max_objects >= 1, got "
+                         f"{min_side}, {max_side}, {max_objects}")
+    names = list(DETECTION_CLASSES) if classes is None else list(classes)
+    palette = list(DETECTION_CLASSES.values())
+    colours = [palette[k % len(palette)] for k in range(len(names))]
+    root = Path(root)
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    jobs = [(images / f"{i:06d}.jpg", seed, i, min_side, max_side, max_objects, colours, quality)
+            for i in range(n_images)]
+    if workers > 1 and len(jobs) > 1:
+        with mp.get_context("spawn").Pool(workers) as pool:
+            drawn = pool.map(_detection_image, jobs, chunksize=32)
+    else:
+        drawn = [_detection_image(job) for job in jobs]
+    out_images, annotations = [], []
+    for i, (width, height, objects) in enumerate(drawn):
+        out_images.append({"id": i + 1, "file_name": jobs[i][0].name, "height": height,
+                           "width": width})
+        for k, bbox, area, polygon in objects:
+            annotations.append({"id": len(annotations) + 1, "image_id": i + 1,
+                                "category_id": _category_id(k), "bbox": bbox, "area": area,
+                                "iscrowd": 0, "segmentation": [polygon]})
+    categories = [{"id": _category_id(k), "name": n, "supercategory": "shape"}
+                  for k, n in enumerate(names)]
+    path = root / "annotations.json"
+    path.write_text(json.dumps({"images": out_images, "annotations": annotations,
+                                "categories": categories}))
+    return images, path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
