@@ -151,6 +151,9 @@ def _ndarray(f: Field, v, path: Path, row: int) -> np.ndarray:
     except (ValueError, TypeError, OverflowError) as exc:
         raise SchemaError(f"column {f.name!r} does not hold an array of {f.dtype} ({exc})",
                           path=path, record=row) from None
+    if arr.size == 0 and arr.ndim == 1 and len(f.shape) > 1 and None not in f.shape[1:]:
+        # A list of no rows (a [0, 4] array) keeps no inner size: the schema gives it back.
+        arr = arr.reshape((0, *f.shape[1:]))
     if arr.ndim != len(f.shape) or any(
             d is not None and d != n for d, n in zip(f.shape, arr.shape, strict=True)):
         raise SchemaError(f"column {f.name!r} holds an array of another shape", path=path,
