@@ -55,8 +55,10 @@ import pickle
 import queue
 import signal
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -71,10 +73,7 @@ from .proc import describe, process_state
 from .timing import BatchTiming, batch_timing
 from .worker import BatchBuilder, BatchDone, BatchFailed, Task, batch_rng
 
-if TYPE_CHECKING:
-    from .loader import Loader
-
-__all__ = ["CpuSink", "Epoch", "RawEpoch"]
+__all__ = ["CpuSink", "Cursor", "Epoch", "EpochContext", "RawEpoch"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +89,74 @@ LATE_MIN_S = 10.0
 LATE_FACTOR = 20.0
 AUTO_SHRINK_AFTER = 32  # batches in a row without waiting before auto prefetch shrinks
 WAITED_S = 1e-3  # a wait longer than this counts as the consumer waiting
+
+
+@dataclass
+class Cursor:
+    """Where a loader is, shared by the loader and its epochs.
+
+    Attributes:
+        epoch: the current epoch.
+        position: the next batch of ``epoch`` to deliver.
+        skipped: records skipped so far (``on_error="skip"``), all epochs.
+        slowest: the longest issue-to-done time of a batch so far, all epochs (s):
+            what a late batch is measured against.
+    """
+
+    epoch: int = 0
+    position: int = 0
+    skipped: int = 0
+    slowest: float = 0.0
+
+    def delivered(self, epoch: int, k: int) -> None:
+        self.epoch, self.position = epoch, k + 1
+
+    def finished(self, epoch: int, num_batches: int) -> None:
+        """The end of ``epoch``'s data: the cursor moves to the next epoch's start."""
+        if self.epoch == epoch and self.position >= num_batches:
+            self.epoch, self.position = epoch + 1, 0
+
+
+@dataclass
+class EpochContext:
+    """What an epoch gets from its loader, by name (it reaches into nothing else).
+
+    Attributes:
+        dataset, sampler, spec, plan: what to read, in which order, how to build it
+            (:class:`reader.worker.BatchSpec`, :class:`reader.plan.BatchPlan`).
+        fields: the fields read (raw mode reads them all in the main process).
+        worker_options, num_workers: the loader's processes.
+        monitor: gets one :class:`BatchTiming` per batch, or None.
+        scaler: ``num_workers="auto"``'s :class:`reader.autoscale.WorkerScaler`, or None.
+        cursor: the loader's position, moved as batches are delivered.
+        make_sink: the consumer side for this epoch (:class:`CpuSink` or a GPU one).
+        depths: ``hold -> (lowest, starting, highest)`` batches in flight.
+        ensure_ring: ``slots -> SlotRing``: the loader's ring, at least that big.
+        acquire_pool: ``ring -> WorkerPool``: the persistent pool or new workers.
+        keeps_pool: ``pool -> bool``: the loader keeps it across epochs (persistent).
+        drop_pool: ``pool -> None``: stop it (and forget it, if the loader kept it).
+        start_prefetch: ``(epoch, first_batch) -> prefetcher or None`` (remote shards).
+        workers_changed: ``(n, change) -> None``: ``num_workers="auto"`` moved.
+    """
+
+    dataset: Any
+    sampler: Any
+    spec: Any
+    plan: Any
+    fields: tuple[str, ...]
+    worker_options: Any
+    num_workers: int
+    monitor: Any
+    scaler: Any
+    cursor: Cursor
+    make_sink: Callable[[], Any]
+    depths: Callable[[int], tuple[int, int, int]]
+    ensure_ring: Callable[[int], Any]
+    acquire_pool: Callable[[Any], Any]
+    keeps_pool: Callable[[Any], bool]
+    drop_pool: Callable[[Any], None]
+    start_prefetch: Callable[[int, int], Any]
+    workers_changed: Callable[[int, Any], None]
 
 
 def _truncated_file(ds) -> Path | None:
@@ -172,15 +239,15 @@ class CpuSink:
 class RawEpoch:
     """Raw-bytes mode: batches read in-process from the mmaps; no workers, no ring."""
 
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
-        self.epoch = loader.epoch
-        self.k = loader.position
-        self.copy = loader.worker_options.copy
-        types = {f.name: f.type for f in loader.dataset.fields}
+    def __init__(self, ctx: EpochContext) -> None:
+        self.ctx = ctx
+        self.epoch = ctx.cursor.epoch
+        self.k = ctx.cursor.position
+        self.copy = ctx.worker_options.copy
+        types = {f.name: f.type for f in ctx.dataset.fields}
         # Fields that come as lists of bytes/memoryviews: what ``bytes`` counts.
-        self.byte_fields = tuple(n for n in loader.fields if types[n] in BYTES_TYPES)
-        self.prefetch = loader._start_prefetch(self.epoch, self.k)
+        self.byte_fields = tuple(n for n in ctx.fields if types[n] in BYTES_TYPES)
+        self.prefetch = ctx.start_prefetch(self.epoch, self.k)
         self.superseded: str | None = None  # why a newer iterator or call ended this one
 
     def __iter__(self):
@@ -188,34 +255,35 @@ class RawEpoch:
 
     @property
     def finished(self) -> bool:
-        return self.k >= self.loader.sampler.num_batches_in(self.epoch)
+        return self.k >= self.ctx.sampler.num_batches_in(self.epoch)
 
     def __next__(self) -> dict:
-        lo = self.loader
+        ctx = self.ctx
         if self.superseded is not None:
             raise RuntimeError(self.superseded)
-        if self.k >= lo.sampler.num_batches_in(self.epoch):
+        n = ctx.sampler.num_batches_in(self.epoch)
+        if self.k >= n:
             self.shutdown()
-            lo._finished(self.epoch)
+            ctx.cursor.finished(self.epoch, n)
             raise StopIteration
         t0 = time.perf_counter()
         if self.prefetch is not None:
             self.prefetch.advance(self.k + 1)
-        indices = lo.sampler.batch(self.epoch, self.k)
-        batch = main_fields(lo.dataset, lo.fields, indices)
+        indices = ctx.sampler.batch(self.epoch, self.k)
+        batch = main_fields(ctx.dataset, ctx.fields, indices)
         if self.copy:
             batch = {k: v if isinstance(v, np.ndarray) else
                      [bytes(x) if isinstance(x, memoryview) else x for x in v]
                      for k, v in batch.items()}
         k, self.k = self.k, self.k + 1
-        lo._delivered(self.epoch, k)
-        if lo.monitor is not None:
+        ctx.cursor.delivered(self.epoch, k)
+        if ctx.monitor is not None:
             dt = time.perf_counter() - t0
             nbytes = 0
             for name in self.byte_fields:
                 nbytes += sum(map(len, batch[name]))
-            lo.monitor.on_batch(BatchTiming(k, self.epoch, -1, len(indices), nbytes, 0, 0.0, 0.0,
-                                            0.0, dt, dt, dt, dt, dt, 0))
+            ctx.monitor.on_batch(BatchTiming(k, self.epoch, -1, len(indices), nbytes, 0, 0.0, 0.0,
+                                             0.0, dt, dt, dt, dt, dt, 0))
         return batch
 
     def shutdown(self) -> None:
@@ -233,14 +301,14 @@ class RawEpoch:
 class Epoch:
     """One pass over (the rest of) an epoch with workers (or in-process for 0 workers)."""
 
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
-        self.epoch = loader.epoch
-        self.n = loader.sampler.num_batches_in(self.epoch)
-        self.next_issue = self.next_deliver = loader.position
-        self.sink = loader._make_sink()
-        self.lo_depth, self.depth, self.hi_depth = loader._depths(self.sink.hold)
-        self.ring = loader._ensure_ring(self.hi_depth + self.sink.hold)
+    def __init__(self, ctx: EpochContext) -> None:
+        self.ctx = ctx
+        self.epoch = ctx.cursor.epoch
+        self.n = ctx.sampler.num_batches_in(self.epoch)
+        self.next_issue = self.next_deliver = ctx.cursor.position
+        self.sink = ctx.make_sink()
+        self.lo_depth, self.depth, self.hi_depth = ctx.depths(self.sink.hold)
+        self.ring = ctx.ensure_ring(self.hi_depth + self.sink.hold)
         self.sink.attach(self.ring)
         leases = self.ring.leases
         leases.collect()
@@ -258,17 +326,17 @@ class Epoch:
         self.closed = False
         self.prefetch = None
         self.builder = None
-        if loader.num_workers == 0:
-            self.builder = BatchBuilder(loader.dataset, loader.spec)
+        if ctx.num_workers == 0:
+            self.builder = BatchBuilder(ctx.dataset, ctx.spec)
         elif self.next_issue < self.n:
-            self.pool = loader._acquire_pool(self.ring)
+            self.pool = ctx.acquire_pool(self.ring)
             self.workers = self.pool.processes
-            if loader._scaler is not None:
-                loader._scaler.resume(time.perf_counter())
+            if ctx.scaler is not None:
+                ctx.scaler.resume(time.perf_counter())
             self.task_q, self.done_q = self.pool.task_q, self.pool.done_q
             self.generation = self.pool.generation.value
         # Started after the fork: a child must not inherit a download's lock descriptors.
-        self.prefetch = loader._start_prefetch(self.epoch, self.next_issue)
+        self.prefetch = ctx.start_prefetch(self.epoch, self.next_issue)
 
     def __iter__(self):
         return self
@@ -290,7 +358,7 @@ class Epoch:
             k = self.next_deliver
             if k >= self.n:
                 self.shutdown()
-                self.loader._finished(self.epoch)
+                self.ctx.cursor.finished(self.epoch, self.n)
                 raise StopIteration
             in_flight = self.next_issue - self.next_deliver
             self._issue()
@@ -319,7 +387,7 @@ class Epoch:
         return self.next_deliver >= self.n
 
     def _issue(self) -> None:
-        lo = self.loader
+        ctx = self.ctx
         limit = 1 if self.builder is not None else self.depth
         while (self.free and self.next_issue < self.n
                and self.next_issue - self.next_deliver < limit):
@@ -329,19 +397,19 @@ class Epoch:
             self.issued_at[k] = time.perf_counter()
             if self.builder is None:
                 self.task_q.put(Task(batch=k, slot=slot, epoch=self.epoch,
-                                     indices=lo.sampler.batch(self.epoch, k),
+                                     indices=ctx.sampler.batch(self.epoch, k),
                                      generation=self.generation))
             self.next_issue += 1
         if self.prefetch is not None:
             self.prefetch.advance(self.next_issue)
 
     def _build_here(self, k: int) -> BatchDone:
-        lo = self.loader
+        ctx = self.ctx
         slot = self.slot_of[k]
         try:
-            t, shapes = self.builder.build(lo.sampler.batch(self.epoch, k),
+            t, shapes = self.builder.build(ctx.sampler.batch(self.epoch, k),
                                            self.ring.slot_view(slot),
-                                           batch_rng(lo.spec, self.epoch, k))
+                                           batch_rng(ctx.spec, self.epoch, k))
         except ShardpackError:
             raise
         except Exception as exc:
@@ -351,7 +419,7 @@ class Epoch:
         return BatchDone(batch=k, slot=slot, worker=-1, pid=os.getpid(), timing=t, shapes=shapes)
 
     def _wait_for(self, k: int):
-        timeout = self.loader.worker_options.timeout
+        timeout = self.ctx.worker_options.timeout
         since = time.perf_counter()
         late_at = since + (timeout if timeout is not None else self._late_after())
         # The workers' /proc states are sampled only once a wait outlasts one poll: a batch
@@ -387,9 +455,10 @@ class Epoch:
 
     def _late_after(self) -> float:
         """With no ``timeout``: how long a wait is normal, from the slowest batch so far."""
-        if self.loader._slowest == 0.0:
+        slowest = self.ctx.cursor.slowest
+        if slowest == 0.0:
             return LATE_FIRST_S
-        return max(LATE_MIN_S, LATE_FACTOR * self.loader._slowest)
+        return max(LATE_MIN_S, LATE_FACTOR * slowest)
 
     def _worker_states(self) -> list:
         return [(time.perf_counter(), process_state(p.pid)) for p in self.workers]
@@ -411,7 +480,8 @@ class Epoch:
                 f"{what}. A stopped worker never finishes its batch: continue it "
                 f"(kill -CONT {' '.join(map(str, stopped))}) and run again, or pass timeout= "
                 "to choose how long a batch may take") from None
-        slowest = f"{self.loader._slowest:.2f} s" if self.loader._slowest else "none delivered yet"
+        s = self.ctx.cursor.slowest
+        slowest = f"{s:.2f} s" if s else "none delivered yet"
         log.warning("%s (slowest batch so far: %s); still waiting, pass timeout= to fail instead",
                     what, slowest)
 
@@ -427,7 +497,7 @@ class Epoch:
                 pid = p.pid
                 busy = f"batches {self.next_deliver}..{self.next_issue - 1} were in flight"
                 self.shutdown(failed=True)
-                truncated = _truncated_file(self.loader.dataset) if code == -signal.SIGBUS else None
+                truncated = _truncated_file(self.ctx.dataset) if code == -signal.SIGBUS else None
                 if truncated is not None:
                     # Workers check file sizes before each batch; a truncation racing
                     # that check still kills with SIGBUS: name the file all the same.
@@ -458,32 +528,33 @@ class Epoch:
     def _deliver(self, k: int, msg: BatchDone, t_call: float, waited: float,
                  in_flight: int) -> dict:
         slot, t = msg.slot, msg.timing
-        lo = self.loader
+        ctx, cursor = self.ctx, self.ctx.cursor
         self.next_deliver = k + 1
         nrec = t.records
-        batch = assemble(self.ring.slot_view(slot), lo.plan.fixed, lo.plan.var_fields,
+        batch = assemble(self.ring.slot_view(slot), ctx.plan.fixed, ctx.plan.var_fields,
                          msg.shapes, nrec)
-        if lo.main_fields:
-            batch.update(main_fields(lo.dataset, lo.main_fields, lo.sampler.batch(self.epoch, k)))
+        if ctx.plan.main_fields:
+            batch.update(main_fields(ctx.dataset, ctx.plan.main_fields,
+                                     ctx.sampler.batch(self.epoch, k)))
         if t.skipped:
-            lo.skipped += t.skipped
+            cursor.skipped += t.skipped
         timing = None
         latency = t.done_at - self.issued_at[k]
-        if latency > self.loader._slowest:
-            self.loader._slowest = latency
-        if lo.monitor is not None:
+        if latency > cursor.slowest:
+            cursor.slowest = latency
+        if ctx.monitor is not None:
             timing = batch_timing(t, batch=k, epoch=self.epoch, worker=msg.worker, wait_s=waited,
                                   latency_s=latency if latency > 0.0 else 0.0, prefetch=in_flight)
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)
-        lo._delivered(self.epoch, k)
+        cursor.delivered(self.epoch, k)
         self._adapt(waited)
-        if lo._scaler is not None and self.pool is not None:
+        if ctx.scaler is not None and self.pool is not None:
             self._scale(t_call, waited, t.busy_s)
         if timing is not None:
             timing.next_s = time.perf_counter() - t_call
-            lo.monitor.on_batch(timing)
+            ctx.monitor.on_batch(timing)
         if self.next_deliver >= self.n and self.pool is not None:
             self._release_pool()  # nothing left to build: free (or hand back) the processes early
         return batch
@@ -503,7 +574,7 @@ class Epoch:
 
     def _scale(self, t_call: float, waited: float, busy_s: float) -> None:
         """``num_workers="auto"``: feed the scaler; apply its decision once per window."""
-        lo, sc = self.loader, self.loader._scaler
+        sc = self.ctx.scaler
         now = time.perf_counter()
         consumer = t_call - self.returned_at if self.returned_at is not None else 0.0
         self.returned_at = now
@@ -514,7 +585,7 @@ class Epoch:
         n = sc.step(sc.window(now, running))
         if n != self.pool.running:
             self.pool.resize(n)
-            lo._workers_changed(n, sc.changes[-1])
+            self.ctx.workers_changed(n, sc.changes[-1])
             sc.mark(time.perf_counter(), [p.pid for p in self.workers if p.exitcode is None])
 
     # -- shutdown (see "Shutdown protocol" in the module docstring) ---------------------
@@ -524,8 +595,8 @@ class Epoch:
         self.workers = []
         if pool is None:
             return
-        lo = self.loader
-        if not failed and lo._pool is pool:
+        ctx = self.ctx
+        if not failed and ctx.keeps_pool(pool):
             # Persistent workers: keep them if every task this epoch issued is
             # accounted for, so none can write into a slot the next epoch reuses.
             outstanding = self.next_issue - self.next_deliver - len(self.ready)
@@ -533,7 +604,7 @@ class Epoch:
                 if pool.drain(outstanding, DRAIN_S):
                     return
             except BaseException:
-                lo._drop_pool(pool)
+                ctx.drop_pool(pool)
                 raise
             states = [(p, process_state(p.pid)) for p in pool.processes]
             stopped = [f"worker {_worker_id(p)} (pid {p.pid}) is {describe(None, st, 0.0)}"
@@ -541,7 +612,7 @@ class Epoch:
             log.warning("the persistent workers did not finish the %d batches in progress "
                         "within %.0f s%s; starting fresh workers", outstanding, DRAIN_S,
                         f" ({'; '.join(stopped)})" if stopped else "")
-        lo._drop_pool(pool)
+        ctx.drop_pool(pool)
 
     def shutdown(self, failed: bool = False) -> None:
         """End the epoch; ``failed`` (an error in ``next()``) also stops persistent workers."""

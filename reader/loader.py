@@ -31,7 +31,7 @@ from .autoscale import WorkerScaler
 from .cache import CacheOptions
 from .dataset import open_dataset
 from .decoded_cache import DecodedCache, DecodedCacheOptions
-from .epoch import CpuSink, Epoch, RawEpoch
+from .epoch import CpuSink, Cursor, Epoch, EpochContext, RawEpoch
 from .options import (
     DecodeOptions,
     SamplerOptions,
@@ -179,15 +179,12 @@ class Loader:
             self.monitor.storage = "remote"  # a diagnosis that names the shard cache
         if self.monitor is not None and hasattr(self.monitor, "count_workers"):
             self.monitor.count_workers(self._worker_pids)
-        self.epoch = 0
-        self.position = 0  # next batch of self.epoch to deliver
-        self.skipped = 0
+        self.cursor = Cursor()  # epoch, position (next batch to deliver), skipped, slowest
         self._ring: SlotRing | None = None
         self._pool: WorkerPool | None = None  # persistent_workers only
         self._active: weakref.ref | None = None
         self._closed = False
         self._pid = os.getpid()
-        self._slowest = 0.0  # longest issue-to-done time of a batch so far, all epochs (s)
 
     # -- planning ----------------------------------------------------------------------
 
@@ -366,9 +363,29 @@ class Loader:
         self._stop_active("a newer iter() of this Loader replaced this iterator: a Loader runs "
                           "one iterator at a time (zip(loader, loader), or next(iter(loader)) "
                           "inside a loop over it, reads one stream of batches, not two)")
-        it = RawEpoch(self) if self.raw else Epoch(self)
+        ctx = self._context()
+        it = RawEpoch(ctx) if self.raw else Epoch(ctx)
         self._active = weakref.ref(it)
         return it
+
+    def _context(self) -> EpochContext:
+        """What the next epoch gets from this loader (see :class:`reader.epoch.EpochContext`)."""
+        return EpochContext(
+            dataset=self.dataset, sampler=self.sampler, spec=self.spec, plan=self.plan,
+            fields=self.fields, worker_options=self.worker_options, num_workers=self.num_workers,
+            monitor=self.monitor, scaler=self._scaler, cursor=self.cursor,
+            make_sink=self._make_sink, depths=self._depths, ensure_ring=self._ensure_ring,
+            acquire_pool=self._acquire_pool, keeps_pool=lambda pool: pool is self._pool,
+            drop_pool=self._drop_pool, start_prefetch=self._start_prefetch,
+            workers_changed=self._workers_changed)
+
+    # The cursor's fields, as the loader's own (state_dict, set_epoch and users read them).
+    epoch = property(lambda self: self.cursor.epoch,
+                     lambda self, v: setattr(self.cursor, "epoch", v))
+    position = property(lambda self: self.cursor.position,
+                        lambda self, v: setattr(self.cursor, "position", v))
+    skipped = property(lambda self: self.cursor.skipped,
+                       lambda self, v: setattr(self.cursor, "skipped", v))
 
     def _stop_active(self, why: str | None = None) -> None:
         """End the running iterator; if it had batches left, its next ``next()``
@@ -379,13 +396,6 @@ class Loader:
                 it.superseded = why
             it.shutdown()
         self._active = None
-
-    def _delivered(self, epoch: int, k: int) -> None:
-        self.epoch, self.position = epoch, k + 1
-
-    def _finished(self, epoch: int) -> None:
-        if self.epoch == epoch and self.position >= self.sampler.num_batches_in(epoch):
-            self.epoch, self.position = epoch + 1, 0
 
     def set_epoch(self, epoch: int) -> None:
         """Make ``epoch`` current; a different epoch starts at its first batch, the
