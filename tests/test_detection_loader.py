@@ -392,3 +392,24 @@ def test_budget_batches_vary_in_size_and_resume_exactly(det_path):
         plain.load_state_dict(state)
     with pytest.raises(ValueError, match="max_batch_size"):
         Loader(det_path, 4, batch_sampler=BudgetBatches(8 * 64 * 64), transform=DETECTION)
+
+
+def test_a_pipelines_backend_reaches_the_decoder(det_path):
+    from reader.transforms import ImagePipeline
+
+    pytest.importorskip("PIL", reason="backend='pillow' needs Pillow")
+    pipe = ImagePipeline([CenterCrop(32)], backend="pillow")
+    with Loader(det_path, 4, transform=pipe, num_workers=0) as lo:
+        next(iter(lo))
+        assert lo.spec.pipeline.backend == "pillow"
+        assert lo.spec.pipeline.decoder().backend == "pillow"
+
+
+def test_backend_auto_says_why_opencv_is_missing(det_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cv2", None)  # "import cv2" now raises ImportError
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    with pytest.raises(ImportError, match="OpenCV cannot be imported .*import of cv2 halted"):
+        Loader(det_path, 4, transform=[CenterCrop(32)])
