@@ -78,6 +78,7 @@ def move_keypoints(points: np.ndarray, plan: Plan, pairs: tuple[tuple[int, int],
             a, b = np.array(pairs, np.intp).T
             p[:, np.concatenate([a, b])] = p[:, np.concatenate([b, a])]
     if p.shape[-1] > 2:
-        outside = (p[..., 0] < 0) | (p[..., 0] >= width) | (p[..., 1] < 0) | (p[..., 1] >= height)
+        # The far edges count as inside: a box corner keypoint lies exactly there.
+        outside = (p[..., 0] < 0) | (p[..., 0] > width) | (p[..., 1] < 0) | (p[..., 1] > height)
         p[..., 2][outside] = 0
     return p

@@ -411,5 +411,41 @@ def test_backend_auto_says_why_opencv_is_missing(det_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", None)  # "import cv2" now raises ImportError
     monkeypatch.setitem(sys.modules, "PIL", None)
     monkeypatch.setitem(sys.modules, "PIL.Image", None)
-    with pytest.raises(ImportError, match="OpenCV cannot be imported .*import of cv2 halted"):
+    with pytest.raises(ImportError, match=r"OpenCV cannot be imported .*import of cv2 halted"):
         Loader(det_path, 4, transform=[CenterCrop(32)])
+
+
+def test_keypoints_move_swap_and_hide():
+    from reader.geometry import move_keypoints
+
+    plan = Plan(box=(0.0, 0.0, 100.0, 50.0), size=(50, 100), flip=True)
+    points = np.array([[[10, 5, 2], [90, 5, 2], [150, 5, 2]]], np.float32)  # left, right, outside
+    moved = move_keypoints(points, plan, pairs=((0, 1),))
+    # Mirrored: x -> 100 - x, and the pair swaps roles (the left point is now the right one).
+    assert moved[0, 0].tolist() == [10, 5, 2] and moved[0, 1].tolist() == [90, 5, 2]
+    assert moved[0, 2, 2] == 0  # outside the output: not visible
+    assert points[0, 2, 2] == 2  # the input is left alone
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0])
+def test_keypoints_follow_their_boxes_through_the_loader(tmp_path, p):
+    root = tmp_path / "kp"
+    fields = [Field("image", "jpeg"), Field("boxes", "ndarray", dtype="float32", shape=(None, 4)),
+              Field("labels", "ndarray", dtype="int64", shape=(None,)),
+              Field("keypoints", "ndarray", dtype="float32", shape=(None, 2, 3))]
+    rng = np.random.default_rng(1)
+    with DatasetWriter(root, fields, shard_size=None, records_per_shard=8, durable=False) as w:
+        for _ in range(6):
+            rec = _record(rng, 3)
+            b = rec["boxes"]
+            kp = np.stack([np.c_[b[:, :2], np.full(len(b), 2)],
+                           np.c_[b[:, 2:], np.full(len(b), 2)]], axis=1).astype(np.float32)
+            w.write({"image": rec["image"], "boxes": b, "labels": rec["labels"], "keypoints": kp})
+    specs = [ResizeShortestEdge(40), RandomHorizontalFlip(p)]
+    with Loader(root, 6, transform=specs, num_workers=0) as lo:
+        b = next(iter(lo))
+    assert len(b["keypoints"].values) == len(b["boxes"].values) > 0
+    for boxes, kps in zip(b["boxes"], b["keypoints"], strict=True):
+        corners = boxes[:, [2, 1, 0, 3]] if p else boxes  # mirrored: the left corner is now right
+        assert np.allclose(kps[:, 0, :2], corners[:, :2], atol=1e-3)
+        assert np.allclose(kps[:, 1, :2], corners[:, 2:], atol=1e-3)
