@@ -352,7 +352,7 @@ def test_aspect_ratio_batches_through_the_loader(det_path):
     spec = AspectRatioBatches()
     resize = [ResizeShortestEdge((48, 64)), RandomHorizontalFlip()]  # keeps the orientation
     with Loader(det_path, 4, batch_sampler=spec, transform=resize, shuffle=True, seed=1,
-                num_workers=2) as lo:
+                num_workers=2, copy=True) as lo:
         n = len(lo)
         batches = list(lo)
         state_at_end = lo.state_dict()
