@@ -8,12 +8,13 @@ progress callback, summary), ``resolve`` (``--from``/``--to`` lookup),
 ``ray_engine`` (``--engine ray``: Ray tasks pack contiguous ranges; needs the
 ``ray`` extra, imported only then) and ``ranges`` (its ranges, shard names and
 done-markers in DST). The folder and file-list sources, and their rules, live
-beside the folder sink in :mod:`formats.codecs.folders`.
+beside the folder sink in :mod:`formats.codecs.folders` (COCO annotations, a listed
+source too, in :mod:`formats.codecs.coco`).
 
 Plugging in codecs (``formats/codecs/registry.py``)
 -------------------------------------------
 ``--from X`` / ``--to Y`` are resolved by :mod:`packer.resolve`: the built-in
-sources ``imagefolder``, ``files``, ``filelist`` first, and the sink ``shards``
+sources ``imagefolder``, ``files``, ``filelist``, ``coco`` first, and the sink ``shards``
 (our :class:`formats.DatasetWriter`); every other name is asked of the module
 ``formats.codecs.registry``, imported lazily (when it is missing, the user is told
 "format X not available"). It may define:

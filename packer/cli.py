@@ -32,8 +32,33 @@ sources (--from; detected when omitted):
   files        every file under SRC, recursively; no label
   filelist     a .csv/.tsv/.jsonl file with a 'path' column (relative to the
                list's folder; absolute and '..' paths allowed: it is your own
-               list); other columns become int/float/str fields; a str 'label'
-               column becomes class indices
+               list); other columns become int/float/str fields, typed on every
+               row; a str 'label' column becomes class indices. In a JSONL list,
+               a column of lists of numbers becomes an ndarray field: shape [None]
+               (flat lists) or [None, k] (lists of k-long lists, k the same in
+               every row), int64 when every number is an integer, else float32;
+               other lists and objects (ragged, deeper, text) become json.
+               --field NAME=TYPE sets a column's type instead (int, float, str,
+               json, or an ndarray dtype: bool, int8..int64, uint8..uint64,
+               float16, float32, float64; CSV/TSV cells then hold JSON text); a
+               row whose value does not fit is bad input (kind bad-row, naming
+               the list and line)
+  coco         SRC is the images folder, --annotations the COCO detection JSON;
+               one record per entry of 'images', in its order: image, key
+               (file_name), image_id, height, width (checked against the image),
+               boxes (float32 [N,4], x0,y0,x1,y1 in pixels: COCO's x,y,w,h as
+               x,y,x+w,y+h), labels (int64 [N]: index of the category among the
+               categories sorted by id; the manifest's classes are their names,
+               its class_info the categories), iscrowd (uint8 [N]), area
+               (float32 [N]), segmentation (json: each box's polygons or RLE).
+               Images without annotations are kept (0 boxes) unless --drop-empty.
+               Bad annotations (a box with a side <= 0 or over 1 px outside the
+               image, an undeclared category, an image id listed twice, an
+               annotation of no image, a file_name leaving SRC, a size that is
+               not the image's) stop the pack or are skipped with the image,
+               named by annotation file, image id and annotation id.
+               --max-side scales boxes, polygons, area, height and width with
+               the image; it is refused when it would shrink an RLE mask.
   other names (tfrecord, webdataset, parquet, shards...) come from formats.codecs.registry
 
 inputs:
@@ -93,8 +118,8 @@ engines (--engine):
          task packs --task-records consecutive records into its own part-* shards,
          the driver writes the manifest. Same records in the same order as local;
          shard boundaries differ. --workers caps the tasks at once. A local SRC
-         (and a folder DST) must be at the same path on every node. Folder and
-         file-list sources only; --to shards only.
+         (and a folder DST) must be at the same path on every node. Folder,
+         file-list and coco sources only; --to shards only.
 
 object storage:
   SRC and DST may be URIs: s3://bucket/prefix (settings from AWS_* variables or
@@ -148,6 +173,13 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _field_type(text: str) -> tuple[str, str]:
+    name, sep, type_ = text.rpartition("=")
+    if not sep or not name or not type_:
+        raise argparse.ArgumentTypeError(f"expected NAME=TYPE (e.g. boxes=float32), not {text!r}")
+    return name, type_
+
+
 def _size(text: str) -> int:
     try:
         return parse_size(text)
@@ -164,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="image folder, folder of files, file list, or their URI (s3://...)")
     p.add_argument("dst", metavar="DST", help="output folder, or its URI (s3://bucket/ds)")
     p.add_argument("--from", dest="source", metavar="KIND",
-                   help="imagefolder | files | filelist | a formats.codecs.registry codec (default: detect)")
+                   help="imagefolder | files | filelist | coco | a formats.codecs.registry codec "
+                        "(default: detect)")
     p.add_argument("--to", dest="sink", default="shards", metavar="KIND",
                    help="shards (default) | a formats.codecs.registry codec")
     p.add_argument("--shard-size", type=_size, default=None,
@@ -202,6 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-root", metavar="DIR", default=None,
                    help="--from parquet: image columns holding file paths may lead into DIR "
                         "(default: only inside the Parquet file's own folder)")
+    p.add_argument("--annotations", metavar="FILE", default=None,
+                   help="--from coco: the COCO detection JSON (implies --from coco)")
+    p.add_argument("--drop-empty", action="store_true",
+                   help="--from coco: leave out images without annotations (counted and "
+                        "listed in skipped.jsonl as no-annotations)")
+    p.add_argument("--field", dest="field_types", metavar="NAME=TYPE", action="append",
+                   type=_field_type, default=[],
+                   help="--from filelist: store column NAME as TYPE instead of the inferred "
+                        "type (int, float, str, json, or an ndarray dtype such as float32); "
+                        "repeatable")
     p.add_argument("--no-tfrecord-index", dest="tfrecord_index", action="store_false",
                    help="--to tfrecord: no DALI .idx file beside each TFRecord file (they "
                         "are written by default; DALI's reader needs them)")
@@ -259,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
             on_error=args.on_error, resume=args.resume, overwrite=args.overwrite,
             shuffle=args.shuffle, seed=args.seed or 0, engine=args.engine,
             ray_address=args.ray_address, task_records=args.task_records,
-            tfrecord_index=args.tfrecord_index, image_root=args.image_root)
+            tfrecord_index=args.tfrecord_index, image_root=args.image_root,
+            annotations=args.annotations, drop_empty=args.drop_empty,
+            field_types=tuple(args.field_types))
         summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))
     # SRC that is not what --from reads, or a URI that cannot be understood, is usage too.
     except (UsageError, InputUsageError, URIError) as exc:

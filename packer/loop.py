@@ -54,6 +54,8 @@ class Item(NamedTuple):
     ``record`` (field -> value) and ``meta`` are None when the input is skipped;
     ``kind``/``reason`` then say why. ``name`` is what the skip list and errors call
     it (a key, or the source's record origin); ``path`` the file an error names.
+    ``dropped``: skipped because the user asked (``--drop-empty``), not for being
+    bad: listed and counted, but never failing the pack.
     """
 
     record: dict[str, Any] | None
@@ -63,6 +65,7 @@ class Item(NamedTuple):
     nbytes: int
     kind: str | None = None
     reason: str | None = None
+    dropped: bool = False
 
 
 def listing_items(listing: Listing, start: int, work: WorkOptions, workers: int
@@ -74,21 +77,29 @@ def listing_items(listing: Listing, start: int, work: WorkOptions, workers: int
     image = listing.fields[0].name
     todo = [p for i, p in enumerate(paths[start:], start) if i not in problems] if problems \
         else paths[start:]
+    check, drops = listing.check, listing.drop_kinds
     loaded = iter_loaded(todo, work, workers)
     try:
         for i in range(start, len(paths)):
             if problems and i in problems:
                 kind, reason = problems[i]
-                yield Item(None, None, keys[i], paths[i], 0, kind, reason)
+                yield Item(None, None, keys[i], paths[i], 0, kind, reason, kind in drops)
                 continue
-            data, width, height, size, kind, reason = next(loaded)
-            if kind is not None:
-                yield Item(None, None, keys[i], paths[i], size, kind, reason)
-                continue
-            record = {image: data, "key": keys[i]}
+            got = next(loaded)
+            record = {image: got.data, "key": keys[i]}
             for name, values in columns:
                 record[name] = values[i]
-            yield Item(record, {"width": width, "height": height}, keys[i], paths[i], size)
+            if got.kind is not None:
+                reason = got.reason if check is None else f"{got.reason} ({check.where(record)})"
+                yield Item(None, None, keys[i], paths[i], got.nbytes_in, got.kind, reason)
+                continue
+            size = (got.width, got.height)
+            bad = None if check is None else check.fit(record, size, got.header or size)
+            if bad is not None:
+                yield Item(None, None, keys[i], paths[i], got.nbytes_in, *bad)
+                continue
+            yield Item(record, {"width": got.width, "height": got.height}, keys[i], paths[i],
+                       got.nbytes_in)
     finally:
         loaded.close()
 
@@ -264,7 +275,7 @@ def write_items(items: Iterator[Item], writer, *, shards: bool, total: int | Non
                                  "plan": plan} if shards else None)
                     written += 1
                 else:
-                    if fail:
+                    if fail and not item.dropped:
                         raise PackInputError(item.reason, path=item.path, kind=item.kind)
                     skipped[item.kind] += 1
                     if skips is not None:
@@ -326,13 +337,16 @@ def _count_files(summary: PackSummary, dst: Path) -> None:
     summary.bytes_out = sum(p.stat().st_size for p in files)
 
 
-def open_writer(dst: Path, fields, classes, options: PackOptions, made: dict):
-    """Our DatasetWriter for ``--to shards`` (resumable), else the registry's sink."""
+def open_writer(dst: Path, fields, classes, options: PackOptions, made: dict,
+                class_info=None):
+    """Our DatasetWriter for ``--to shards`` (resumable), else the registry's sink
+    (which keeps the class names, not ``class_info``)."""
     if options.sink == "shards":
         return DatasetWriter(
             dst, fields, shard_size=options.shard_size,
             records_per_shard=options.records_per_shard, classes=classes, created_by=made,
-            overwrite=options.overwrite, resume=options.resume, durable=options.durable)
+            overwrite=options.overwrite, resume=options.resume, durable=options.durable,
+            class_info=class_info)
     return open_sink(options.sink, dst, fields, classes, options)
 
 
@@ -349,7 +363,7 @@ def pack_listing(listing: Listing, dst: Path, options: PackOptions, progress: Pa
     summary.image_type = listing.fields[0].type
     shards = options.sink == "shards"
     writer = open_writer(dst, listing.fields, listing.classes, options,
-                          created_by(summary.source, summary.src, options))
+                         created_by(summary.source, summary.src, options), listing.class_info)
     plan = listing_fingerprint(listing, options)
     start = (resume_point(writer, plan, dst) if shards else None) or {}
     items = listing_items(listing, start.get("next", 0),

@@ -80,6 +80,12 @@ class PackOptions:
             each TFRecord file (False: none; refused for other sinks).
         image_root: with ``source="parquet"``, the folder that image paths in the
             Parquet files may lead into, besides the Parquet file's own folder.
+        annotations: the COCO detection JSON of ``source="coco"`` (which it implies
+            when ``source`` is None); SRC is then the images folder.
+        drop_empty: with ``source="coco"``, images without annotations are left out
+            (listed and counted as skipped, kind ``no-annotations``).
+        field_types: with ``source="filelist"``, ``(column, type)`` pairs that replace
+            the inferred type of a column (:data:`formats.codecs.columns.TYPES`).
     """
 
     source: str | None = None
@@ -101,8 +107,12 @@ class PackOptions:
     task_records: int | None = None
     tfrecord_index: bool = True
     image_root: str | None = None
+    annotations: str | None = None
+    drop_empty: bool = False
+    field_types: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        self._check_source_options()
         if self.on_error not in ON_ERROR:
             raise UsageError(f"on_error must be one of {ON_ERROR}, not {self.on_error!r}")
         if self.shard_size is None and self.records_per_shard is None:
@@ -127,6 +137,36 @@ class PackOptions:
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite contradict each other")
 
+    def _check_source_options(self) -> None:
+        if self.annotations is not None:
+            if self.source is None:
+                object.__setattr__(self, "source", "coco")  # the one source that reads it
+            elif self.source != "coco":
+                raise UsageError(f"--annotations is for --from coco, not --from {self.source}")
+            object.__setattr__(self, "annotations", str(self.annotations))
+        elif self.source == "coco":
+            raise UsageError("--from coco needs --annotations FILE (the COCO detection JSON)")
+        if self.drop_empty and self.source != "coco":
+            raise UsageError("--drop-empty drops images without annotations: it is for "
+                             "--from coco")
+        if not self.field_types:
+            return
+        from formats.codecs.columns import TYPES
+
+        given = self.field_types
+        pairs = tuple(given.items() if isinstance(given, dict) else (tuple(p) for p in given))
+        object.__setattr__(self, "field_types", pairs)
+        if self.source not in (None, "filelist"):
+            raise UsageError(f"--field types the columns of a file list, not of --from "
+                             f"{self.source}")
+        names = [n for n, _ in pairs]
+        if len(set(names)) != len(names):
+            raise UsageError(f"--field gives a column twice: {sorted({n for n in names if names.count(n) > 1})}")
+        for name, type_ in pairs:
+            if type_ not in TYPES:
+                raise UsageError(f"--field {name}={type_}: unknown type; choose from "
+                                 f"{', '.join(TYPES)}")
+
     @property
     def num_workers(self) -> int:
         return (os.cpu_count() or 1) if self.workers is None else self.workers
@@ -149,6 +189,10 @@ class PackOptions:
         for k in ("workers", "resume", "overwrite", "durable", "ray_address", "tfrecord_index",
                   "image_root"):
             del out[k]
+        # Source options appear only when given: manifests of other packs stay as they were.
+        for k in ("annotations", "drop_empty", "field_types"):
+            if not out[k]:
+                del out[k]
         if self.engine == "local":
             del out["engine"], out["task_records"]
         else:

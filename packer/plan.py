@@ -56,11 +56,20 @@ def listing_fingerprint(listing: Listing, options: PackOptions) -> str:
     """A listed source (where it is, every key and column value) and the options that
     shape the output."""
     keys = crc32c("\n".join(listing.keys).encode("utf-8", "surrogateescape"))
-    columns = crc32c(json.dumps(listing.columns, sort_keys=True, default=str).encode())
+    columns = crc32c(json.dumps(listing.columns, sort_keys=True, default=_plain).encode())
     where = str(listing.root) if listing.location is not None else os.path.abspath(listing.root)
     text = json.dumps([_shaping(options), listing.kind, where, len(listing), keys, columns],
                       sort_keys=True)
     return f"{crc32c(text.encode()):08x}"
+
+
+def _plain(value: Any) -> Any:
+    """A column value JSON has no type for (an ndarray), whole: str() would elide it."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return [value.dtype.str, list(value.shape), value.tolist()]
+    return str(value)
 
 
 def source_fingerprint(root: Path | None, kind: str, options: PackOptions) -> str:

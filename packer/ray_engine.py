@@ -59,7 +59,7 @@ from .options import PackOptions
 from .plan import check_paths, created_by, listing_fingerprint, shuffle_order
 from .ranges import Output, RangeResult, combine, marker_name, part_name, prepare, split
 from .report import PackProgress, PackSummary
-from .resolve import detect_source
+from .resolve import check_source_options, detect_source, listing_options
 
 __all__ = ["MAX_RETRIES", "pack_on_ray"]
 
@@ -307,8 +307,9 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
         kind, listing, _ = open_remote_source(str(src), options, copy=False)
     else:
         kind = options.source or detect_source(src_path)
-        listing = (list_source(kind, src_path, to_jpeg=options.to_jpeg)
+        listing = (list_source(kind, src_path, **listing_options(options))
                    if kind in BUILTIN_SOURCES else None)
+    check_source_options(kind, options, remote=remote)
     if listing is None:
         raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
                          f"{kind or 'a container file'!r}; pack it with --engine local")
@@ -369,6 +370,7 @@ def _finish(output: Output, listing: Listing, summary: PackSummary, options: Pac
         fields.append(f)
     manifest = Manifest(fields=tuple(fields), shards=tuple(shards),
                         alignment=results[0].alignment, classes=listing.classes,
+                        class_info=listing.class_info,
                         created_by=created_by(summary.source, summary.src, options),
                         max_raw_size=max_raw)
     output.write_bytes(MANIFEST_NAME, manifest_bytes(manifest))

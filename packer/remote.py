@@ -85,7 +85,8 @@ def open_remote_source(src: str, options: PackOptions, *, copy: bool = True
         kind = options.source or ("filelist" if Path(name).suffix.lower() in LIST_EXTENSIONS
                                   else _container_kind([name]))
         if kind == "filelist":
-            return kind, list_remote_file(folder, name, to_jpeg=to_jpeg), None
+            return kind, list_remote_file(folder, name, to_jpeg=to_jpeg,
+                                          field_types=dict(options.field_types)), None
         location, files = folder, [single]
     else:
         files = [f for f in location.list_files()

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from formats.codecs.folders import BUILTIN_SOURCES, Listing, detect_builtin, list_source
+from formats.storage import is_uri
 
 from .errors import UsageError
 from .options import PackOptions
 
-__all__ = ["check_names", "choices", "detect_source", "open_sink", "open_source", "registry"]
+__all__ = ["check_names", "check_source_options", "choices", "detect_source", "listing_options", "open_sink", "open_source",
+           "registry"]
 
 _REGISTRY = "formats.codecs.registry"
 
@@ -90,7 +92,7 @@ def open_source(name: str, src: Path, options: PackOptions) -> Listing | Any:
         UsageError: ``name`` is neither built in nor known to ``formats.codecs.registry``.
     """
     if name in BUILTIN_SOURCES:
-        return list_source(name, src, to_jpeg=options.to_jpeg)
+        return list_source(name, src, **listing_options(options))
     reg = registry()
     if reg is None or not hasattr(reg, "open_source"):
         raise _not_available(name, "source")
@@ -101,6 +103,37 @@ def open_source(name: str, src: Path, options: PackOptions) -> Listing | Any:
         return reg.open_source(name, src, codec)
     except KeyError:
         raise _not_available(name, "source") from None
+
+
+def check_source_options(kind: str | None, options: PackOptions, *, remote: bool = False) -> None:
+    """Refuse an option of one source kind given for another, and what a COCO source
+    cannot do (never accepted and ignored).
+
+    Raises:
+        UsageError: names the option and the kind.
+    """
+    if options.field_types and kind not in (None, "filelist"):
+        raise UsageError(f"--field types the columns of a file list, not of --from {kind}")
+    if kind != "coco":
+        return
+    if remote or is_uri(options.annotations):
+        raise UsageError("--from coco reads a local images folder and annotation file; copy "
+                         "them to a local disk first")
+    if options.sink == "imagefolder":
+        raise UsageError("--to imagefolder keeps only image, label and key: the boxes, labels "
+                         "and masks of --from coco would be lost; write shards, webdataset "
+                         "or tfrecord")
+    if options.sink == "parquet":
+        raise UsageError("--to parquet keeps class names only as the ClassLabel of an int "
+                         "'label' column: the category names of --from coco (whose labels are "
+                         "per box) would be lost; write shards, webdataset or tfrecord")
+
+
+def listing_options(options: PackOptions) -> dict[str, Any]:
+    """What :func:`formats.codecs.folders.list_source` takes from the options."""
+    return {"to_jpeg": options.to_jpeg, "field_types": dict(options.field_types),
+            "annotations": options.annotations, "drop_empty": options.drop_empty,
+            "max_side": options.max_side}
 
 
 def open_sink(name: str, dst: Path, fields, classes, options: PackOptions):

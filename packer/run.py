@@ -38,7 +38,7 @@ from .plan import (
     work_options,
 )
 from .report import PackProgress, PackSummary
-from .resolve import check_names, detect_source, open_source
+from .resolve import check_names, check_source_options, detect_source, open_source
 
 __all__ = ["SKIPPED_NAME", "pack"]
 
@@ -69,6 +69,7 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     options = options or PackOptions()
     progress = progress or PackProgress()
     check_names(options)
+    check_source_options(options.source, options, remote=is_uri(src))
     if options.resume and options.sink != "shards":
         raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
     if is_uri(dst):
@@ -93,11 +94,13 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         check_paths(None, dst)
         kind, source, copy = open_remote_source(str(src), options)
         root = None if copy is None else copy.path
+        check_source_options(kind, options, remote=True)
     else:
         src, copy = Path(src), None
         pattern = pattern_files(src)
         check_paths(None if pattern else src, dst)
         kind = options.source or detect_source(pattern[0] if pattern else src)
+        check_source_options(kind, options)
         if pattern and kind in BUILTIN_SOURCES:
             raise UsageError(f"--from {kind} reads one folder or list; a pattern (glob or "
                              "braces) names container files (tfrecord, webdataset, parquet)",

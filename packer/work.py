@@ -43,8 +43,11 @@ FETCH_THREADS = 16
 class Loaded(NamedTuple):
     """One input after :func:`load`.
 
-    ``data`` is the bytes to store (None when skipped), ``nbytes_in`` the bytes
-    read from the source, ``kind``/``reason`` the skip kind and words when bad.
+    ``data`` is the bytes to store (None when skipped), ``width``/``height`` its
+    size, ``nbytes_in`` the bytes read from the source, ``kind``/``reason`` the
+    skip kind and words when bad, ``header`` the (width, height) the input's
+    header gave (what a source's own size is checked against; it differs from
+    the stored size when the image was shrunk).
     """
 
     data: bytes | None
@@ -53,6 +56,7 @@ class Loaded(NamedTuple):
     nbytes_in: int
     kind: str | None = None
     reason: str | None = None
+    header: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -290,13 +294,14 @@ def _prepare_jpeg(data: bytes, n: int, opts: WorkOptions) -> Loaded:
         raise _Bad("corrupt", f"bad JPEG header ({exc})") from None
     if not looks_complete(data, "jpeg"):
         raise _Bad("truncated", "JPEG has no end-of-image marker")
+    header = (width, height)
     if opts.max_side is not None and max(width, height) > opts.max_side:
         try:
             data, width, height = _resize_jpeg(data, width, height, opts,
                                                colorspace.upper() == "GRAY")
         except ValueError as exc:
             raise _Bad("corrupt", f"JPEG does not decode ({exc})") from None
-    return Loaded(data, width, height, n)
+    return Loaded(data, width, height, n, header=header)
 
 
 def _prepare_other(data: bytes, kind: str, n: int, opts: WorkOptions) -> Loaded:
@@ -310,11 +315,12 @@ def _prepare_other(data: bytes, kind: str, n: int, opts: WorkOptions) -> Loaded:
         raise _Bad("corrupt", f"{name} header does not parse ({exc})") from None
     if not looks_complete(data, kind):
         raise _Bad("truncated", f"{name} is shorter than its header says, or has no end marker")
+    header = (width, height)
     if opts.to_jpeg:
         data, width, height = _to_jpeg(data, kind, width, height, opts)
     elif opts.max_side is not None and max(width, height) > opts.max_side:
         data, width, height = _shrink_to_png(data, kind, width, height, opts)
-    return Loaded(data, width, height, n)
+    return Loaded(data, width, height, n, header=header)
 
 # -- running it over a listing --------------------------------------------------------
 

@@ -15,10 +15,23 @@ import simplejpeg
 import formats
 from packer import PackInputError, PackOptions, pack
 from packer.plan import shuffle_order
-from tests.helpers_sources import SOURCES, make_source
+from tests.helpers_coco import make_coco
+from tests.helpers_sources import SOURCES as CONTAINERS_AND_FOLDERS
+from tests.helpers_sources import make_source
+
+SOURCES = (*CONTAINERS_AND_FOLDERS, "coco")
 
 
-def opts(kind: str, **kw) -> PackOptions:
+def source(kind: str, root, rng, **kw):
+    """SRC of ``kind``; a COCO source's annotations lie beside its images folder."""
+    if kind == "coco":
+        return make_coco(root, rng, **kw)[0]
+    return make_source(kind, root, rng, **kw)
+
+
+def opts(kind: str, src=None, **kw) -> PackOptions:
+    if kind == "coco":
+        kw["annotations"] = str(src.parent / "annotations.json")
     return PackOptions(workers=0, durable=False, records_per_shard=4, source=kind, **kw)
 
 
@@ -29,13 +42,13 @@ def images(dst) -> list[bytes]:
 
 @pytest.mark.parametrize("kind", SOURCES)
 def test_shuffle_and_seed_are_honoured_for_every_source(tmp_path, rng, kind):
-    src = make_source(kind, tmp_path / "in", rng)
-    pack(src, tmp_path / "plain", opts(kind))
+    src = source(kind, tmp_path / "in", rng)
+    pack(src, tmp_path / "plain", opts(kind, src))
     base = images(tmp_path / "plain")
-    pack(src, tmp_path / "s3", opts(kind, shuffle=True, seed=3))
+    pack(src, tmp_path / "s3", opts(kind, src, shuffle=True, seed=3))
     got = images(tmp_path / "s3")
     assert got == [base[i] for i in shuffle_order(len(base), 3)] and got != base
-    pack(src, tmp_path / "s4", opts(kind, shuffle=True, seed=4))
+    pack(src, tmp_path / "s4", opts(kind, src, shuffle=True, seed=4))
     assert images(tmp_path / "s4") != got
     made = formats.open_shards(tmp_path / "s3").manifest.created_by["options"]
     assert made["shuffle"] is True and made["seed"] == 3
@@ -44,8 +57,8 @@ def test_shuffle_and_seed_are_honoured_for_every_source(tmp_path, rng, kind):
 
 @pytest.mark.parametrize("kind", SOURCES)
 def test_max_side_is_honoured_for_every_source(tmp_path, rng, kind):
-    src = make_source(kind, tmp_path / "in", rng)
-    s = pack(src, tmp_path / "small", opts(kind, max_side=8))
+    src = source(kind, tmp_path / "in", rng)
+    s = pack(src, tmp_path / "small", opts(kind, src, max_side=8))
     ds = formats.open_shards(tmp_path / "small")
     sides = [simplejpeg.decode_jpeg_header(bytes(ds[i]["image"]))[:2] for i in range(len(ds))]
     assert sides and all(max(h, w) == 8 for h, w in sides)
@@ -56,12 +69,12 @@ def test_max_side_is_honoured_for_every_source(tmp_path, rng, kind):
 
 @pytest.mark.parametrize("kind", SOURCES)
 def test_on_error_is_honoured_for_every_source(tmp_path, rng, kind):
-    src = make_source(kind, tmp_path / "in", rng, corrupt=4)
+    src = source(kind, tmp_path / "in", rng, corrupt=4)
     with pytest.raises(PackInputError) as info:
-        pack(src, tmp_path / "fail", opts(kind))
+        pack(src, tmp_path / "fail", opts(kind, src))
     kind_of = info.value.kind  # a JPEG cut in half: its header or its end is missing
     assert kind_of in ("truncated", "corrupt")
-    s = pack(src, tmp_path / "skip", opts(kind, on_error="skip"))
+    s = pack(src, tmp_path / "skip", opts(kind, src, on_error="skip"))
     assert s.complete and dict(s.skipped) == {kind_of: 1}
     assert s.records_in == s.records_written + 1 == len(formats.open_shards(tmp_path / "skip")) + 1
     lines = (tmp_path / "skip" / "skipped.jsonl").read_text().splitlines()

@@ -26,8 +26,11 @@ Rules (also in ``pack-dataset --help``):
   file list is the user's own, trusted input: absolute paths and ``..`` are
   allowed (never so for names read from archives or manifests). A list on
   object storage names objects beside it: relative, no ``..``. Other columns
-  become fields whose type (int, float, str) is inferred from all rows, which
-  must agree; a ``str`` ``label`` column becomes class indices (classes sorted).
+  become fields whose type (int, float, str; in JSONL also ndarray or json for
+  lists) is inferred from all rows, or given with ``--field NAME=TYPE``
+  (:mod:`formats.codecs.columns`); a ``str`` ``label`` column becomes class
+  indices (classes sorted).
+* ``coco``: an images folder and a COCO detection JSON (:mod:`formats.codecs.coco`).
 * Every listed file counts as an input: one that turns out not to be an image
   is skipped (kind ``not-an-image``) or fails the pack, per ``--on-error``.
 * The image field's type here is provisional (``image`` when the names include
@@ -48,6 +51,7 @@ from typing import Any
 from ..bounded import parse_json
 from ..errors import FormatError, InputError, InputUsageError, UnsafePathError
 from ..fields import Field
+from .columns import BAD_ROW, type_column
 from .imagefolder import class_folders
 from .paths import CLASSES_FILE, read_classes_file
 
@@ -59,12 +63,13 @@ __all__ = [
     "Listing",
     "detect_builtin",
     "detect_remote",
+    "image_field",
     "list_remote",
     "list_remote_file",
     "list_source",
 ]
 
-BUILTIN_SOURCES = ("imagefolder", "files", "filelist")
+BUILTIN_SOURCES = ("imagefolder", "files", "filelist", "coco")
 JPEG_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif"})
 OTHER_IMAGE_EXTENSIONS = frozenset({".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 LIST_EXTENSIONS = frozenset({".csv", ".tsv", ".jsonl", ".ndjson"})
@@ -91,6 +96,16 @@ class Listing:
             (e.g. a FIFO); those records are never opened.
         location: for a source on object storage, the ``formats.storage.Location``
             that ``paths`` are relative to (None: local paths).
+        class_info: per class (index = label), an object describing it, for the
+            manifest's ``class_info`` (a COCO category), or None.
+        check: for fields that depend on the image (its size), an object with
+            ``fit(record, stored, header)`` (checks a record once its image is
+            read, and scales those fields when the image was resized; returns a
+            (kind, reason) problem or None) and ``where(record)`` (words naming
+            the record in its source, added to a skip reason). Picklable: the
+            Ray engine ships it to its tasks.
+        drop_kinds: the problem kinds that are records the user asked to drop
+            (``--drop-empty``): listed and counted as skipped, never failing a pack.
     """
 
     kind: str
@@ -103,6 +118,9 @@ class Listing:
     empty_classes: tuple[str, ...] = ()
     problems: dict[int, tuple[str, str]] = field(default_factory=dict)
     location: Any = None
+    class_info: tuple[dict[str, Any], ...] | None = None
+    check: Any = None
+    drop_kinds: frozenset[str] = frozenset()
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -184,11 +202,12 @@ def _ident(p: Path) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
-def _image_type(paths: list[str], to_jpeg: bool) -> str:
+def image_field(paths: list[str], to_jpeg: bool) -> Field:
+    """The provisional ``image`` field of a listing (see the module docstring)."""
     if to_jpeg:
-        return "jpeg"
+        return Field("image", "jpeg")
     others = any(os.path.splitext(p)[1].lower() in OTHER_IMAGE_EXTENSIONS for p in paths)
-    return "image" if others else "jpeg"
+    return Field("image", "image" if others else "jpeg")
 
 
 def _finish(kind: str, root: Path, found, columns: dict[str, list], col_fields: list[Field],
@@ -196,7 +215,7 @@ def _finish(kind: str, root: Path, found, columns: dict[str, list], col_fields: 
     paths = [p for p, _, _ in found]
     keys = [k for _, k, _ in found]
     problems = {i: pr for i, (_, _, pr) in enumerate(found) if pr is not None}
-    fields = [Field("image", _image_type(paths, to_jpeg))]
+    fields = [image_field(paths, to_jpeg)]
     if "label" in columns:
         fields.append(next(f for f in col_fields if f.name == "label"))
     fields.append(Field("key", "str"))
@@ -205,14 +224,33 @@ def _finish(kind: str, root: Path, found, columns: dict[str, list], col_fields: 
                    None if classes is None else tuple(classes), tuple(empty), problems, location)
 
 
-def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
+def list_source(kind: str, src: Path, *, to_jpeg: bool = False,
+                field_types: dict[str, str] | None = None, annotations: Path | None = None,
+                drop_empty: bool = False, max_side: int | None = None) -> Listing:
     """List a built-in source.
 
+    Args:
+        field_types: ``filelist``: column name -> type, instead of the inferred one
+            (:mod:`formats.codecs.columns`).
+        annotations, drop_empty, max_side: ``coco``: the annotation file, whether
+            images without annotations are dropped, and the ``--max-side`` that
+            will shrink images (see :func:`formats.codecs.coco.list_coco`).
+
     Raises:
-        InputUsageError: SRC is not the kind of thing ``kind`` reads.
+        InputUsageError: SRC is not the kind of thing ``kind`` reads, or an
+            option for another kind.
         InputError: a file list that cannot be parsed (names line and column).
     """
     src = Path(src)
+    if field_types and kind != "filelist":
+        raise InputUsageError(f"--field types the columns of a file list, not of --from {kind}")
+    if (annotations is not None or drop_empty) and kind != "coco":
+        raise InputUsageError(f"--annotations and --drop-empty are for --from coco, not {kind}")
+    if kind == "coco":
+        from .coco import list_coco
+
+        return list_coco(src, annotations, to_jpeg=to_jpeg, drop_empty=drop_empty,
+                         max_side=max_side)
     if kind in ("imagefolder", "files"):
         if not src.is_dir():
             raise InputUsageError(f"--from {kind} needs a folder", path=src)
@@ -239,7 +277,7 @@ def list_source(kind: str, src: Path, *, to_jpeg: bool = False) -> Listing:
     if kind == "filelist":
         if not src.is_file():
             raise InputUsageError("--from filelist needs a .csv, .tsv or .jsonl file", path=src)
-        return _list_file(src, to_jpeg)
+        return _list_file(src, to_jpeg, field_types=field_types or {})
     raise InputUsageError(f"not a built-in source: {kind!r}")
 
 
@@ -339,7 +377,8 @@ def detect_remote(names: list[str]) -> str:
 
 # -- file lists -------------------------------------------------------------------------
 
-def _read_rows(src: Path, text: str | None, where) -> list[dict[str, Any]]:
+def _read_rows(src: Path, text: str | None, where) -> tuple[list[dict[str, Any]], list[int]]:
+    """The rows of a file list and the line each starts on."""
     suffix = src.suffix.lower()
     if text is None:
         try:
@@ -347,7 +386,7 @@ def _read_rows(src: Path, text: str | None, where) -> list[dict[str, Any]]:
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"cannot read file list: {exc}", path=where) from None
     if suffix in (".jsonl", ".ndjson"):
-        rows = []
+        rows, lines = [], []
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
@@ -359,39 +398,19 @@ def _read_rows(src: Path, text: str | None, where) -> list[dict[str, Any]]:
                 raise InputError(f"line {n}: expected a JSON object", path=where,
                                 found=type(row).__name__)
             rows.append(row)
-        return rows
+            lines.append(n)
+        return rows, lines
     reader = csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
     rows = list(reader)
     for n, row in enumerate(rows, 2):
         if None in row or None in row.values():
             raise InputError(f"line {n}: wrong number of columns", path=where,
                             expected=len(reader.fieldnames or ()))
-    return rows
+    return rows, list(range(2, len(rows) + 2))
 
 
-def _infer(name: str, values: list[Any], from_text: bool, src) -> tuple[Field, list[Any]]:
-    if from_text:
-        for cast, type_ in ((int, "int"), (float, "float")):
-            try:
-                return Field(name, type_), [cast(v) for v in values]
-            except ValueError:
-                pass
-        return Field(name, "str"), values
-    kinds = {type(v) for v in values}
-    if kinds <= {int}:
-        return Field(name, "int"), values
-    if kinds <= {int, float}:
-        return Field(name, "float"), [float(v) for v in values]
-    if kinds <= {str}:
-        return Field(name, "str"), values
-    bad = next(i for i, v in enumerate(values) if type(v) not in (int, float, str) or
-               type(v) is not type(values[0]))
-    raise InputError(f"column {name!r}: rows disagree on the type (or it is not int, float or str)",
-                    path=src, record=bad, found=type(values[bad]).__name__,
-                    expected=type(values[0]).__name__)
-
-
-def list_remote_file(location, name: str, *, to_jpeg: bool = False) -> Listing:
+def list_remote_file(location, name: str, *, to_jpeg: bool = False,
+                     field_types: dict[str, str] | None = None) -> Listing:
     """A file list stored on object storage, next to the objects it names.
 
     Paths are names relative to the list's folder there (no ``..``, nothing
@@ -407,17 +426,25 @@ def list_remote_file(location, name: str, *, to_jpeg: bool = False) -> Listing:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(f"cannot read file list: {exc}", path=where) from None
-    return _list_file(Path(name), to_jpeg, text=text, location=location, where=where)
+    return _list_file(Path(name), to_jpeg, text=text, location=location, where=where,
+                      field_types=field_types or {})
 
 
 def _list_file(src: Path, to_jpeg: bool, *, text: str | None = None, location=None,
-               where: str | None = None) -> Listing:
+               where: str | None = None, field_types: dict[str, str]) -> Listing:
     """``where``: how errors name the list (its URI, for a list on object storage)."""
     where = where or src
-    rows = _read_rows(src, text, where)
+    rows, lines = _read_rows(src, text, where)
+    names = list(rows[0]) if rows else []
+    if "path" in field_types:
+        raise InputUsageError("--field cannot type 'path': it names the file to read", path=where)
+    unknown = sorted(set(field_types) - set(names))
+    if unknown:
+        raise InputUsageError(f"--field names {unknown}, which the list has no column of to "
+                              f"type (its columns besides 'path': "
+                              f"{[n for n in names if n != 'path']})", path=where)
     if not rows:
         return _finish("filelist", src, [], {}, [], to_jpeg, location=location)
-    names = list(rows[0])
     if "path" not in names:
         raise InputError("file list has no 'path' column", path=where, found=names)
     for r in _RESERVED:
@@ -451,11 +478,16 @@ def _list_file(src: Path, to_jpeg: bool, *, text: str | None = None, location=No
     for name in names:
         if name == "path":
             continue
-        f, values = _infer(name, [row[name] for row in rows], text, where)
+        col = type_column(name, [row[name] for row in rows], from_text=text, lines=lines,
+                          where=where, override=field_types.get(name))
+        f, values = col.field, col.values
+        for i, reason in col.problems.items():
+            if found[i][2] is None:  # the first problem of a row is the one it is skipped for
+                found[i] = (found[i][0], found[i][1], (BAD_ROW, reason))
         if name == "label" and f.type == "str":
-            classes = sorted(set(values))
+            classes = sorted({v for v in values if v is not None})
             index = {c: i for i, c in enumerate(classes)}
-            f, values = Field("label", "int"), [index[v] for v in values]
+            f, values = Field("label", "int"), [index.get(v) for v in values]
         columns[name] = values
         col_fields.append(f)
     return _finish("filelist", src, found, columns, col_fields, to_jpeg, classes,
