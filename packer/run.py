@@ -162,7 +162,8 @@ def _pack_source(source, root: Path | None, dst: Path, options: PackOptions,
     # The writer first: it clears what an earlier pack left (keeping, on a resume, a
     # complete first pass of the shuffle, which _shuffled then reuses).
     writer = open_writer(dst, fields, classes, options,
-                         created_by(summary.source, summary.src, options))
+                         created_by(summary.source, summary.src, options),
+                         getattr(source, "class_info", None))  # only our shards carry it
     start = (resume_point(writer, plan, dst) if shards else None) or {}
     if options.shuffle:
         try:

@@ -113,3 +113,12 @@ def test_formats_that_would_lose_the_annotations_or_class_names_are_refused(tmp_
     with pytest.raises(UsageError, match=f"--to {sink} keeps"):
         pack(images_dir, tmp_path / "out", opts(ann, sink=sink))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_reshard_keeps_the_class_info(tmp_path, rng):
+    images_dir, ann = make_coco(tmp_path, rng, n=4)
+    pack(images_dir, tmp_path / "dst", opts(ann))
+    pack(tmp_path / "dst", tmp_path / "again", PackOptions(durable=False, workers=0,
+                                                            shuffle=True, seed=1))
+    a, b = formats.open_shards(tmp_path / "dst"), formats.open_shards(tmp_path / "again")
+    assert b.manifest.class_info == a.manifest.class_info and b.classes == a.classes

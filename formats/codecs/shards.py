@@ -33,6 +33,7 @@ class ShardsSource:
         self.ds = open_shards(path, check_crc=check_crc)
         self.fields = self.ds.fields
         self.classes = self.ds.classes
+        self.class_info = self.ds.manifest.class_info  # what a re-shard writes back
 
     def __len__(self) -> int:
         return len(self.ds)
