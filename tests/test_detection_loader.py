@@ -449,3 +449,18 @@ def test_keypoints_follow_their_boxes_through_the_loader(tmp_path, p):
         corners = boxes[:, [2, 1, 0, 3]] if p else boxes  # mirrored: the left corner is now right
         assert np.allclose(kps[:, 0, :2], corners[:, :2], atol=1e-3)
         assert np.allclose(kps[:, 1, :2], corners[:, 2:], atol=1e-3)
+
+
+def test_the_writer_records_image_sizes_when_not_given(tmp_path):
+    root = tmp_path / "sizes"
+    rng = np.random.default_rng(0)
+    with DatasetWriter(root, [Field("image", "jpeg")], shard_size=None, records_per_shard=4,
+                       durable=False) as w:
+        for _ in range(3):
+            w.write({"image": _record(rng, 0)["image"]})
+        w.write({"image": b"not an image"})  # no size to read: left null
+    from formats import open_shards
+
+    table = open_shards(root).metadata(["width", "height"]).to_pydict()
+    assert all(v and v % 8 == 0 for v in table["width"][:3] + table["height"][:3])
+    assert table["width"][3] is None and table["height"][3] is None

@@ -18,7 +18,7 @@ import zstandard
 
 from ..checksum import crc32c
 from ..errors import ManifestError, SchemaError
-from ..fields import Field, ImageKinds, encode_value
+from ..fields import IMAGE_TYPES, Field, ImageKinds, encode_value
 from ..files import atomic_write_bytes, fsync_dir
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry, write_manifest
@@ -110,6 +110,9 @@ class DatasetWriter:
         self.created_by = dict(created_by or {})
         self.durable = durable
         self._names = [f.name for f in self.fields]
+        # The metadata table's width and height come from this field's header when the
+        # caller gives none: size-aware batching and slot sizing read them, not the images.
+        self._sized = next((f.name for f in self.fields if f.type in IMAGE_TYPES), None)
         self._max_raw = {f.name: 0 for f in self.fields if f.compression != "none"}
         # Image fields are typed by what they hold (see close()): the formats seen.
         self._kinds = ImageKinds(self.fields)
@@ -295,6 +298,8 @@ class DatasetWriter:
         key = record.get("key")
         if "key" not in out and isinstance(key, str):
             out["key"] = key
+        if self._sized is not None and ("width" not in out or "height" not in out):
+            out.update(_header_size(record.get(self._sized)))
         return out
 
     def _seal(self, progress: Any) -> None:
@@ -355,3 +360,19 @@ class DatasetWriter:
             self.close()
         else:
             self.abort()
+
+
+def _header_size(data: Any) -> dict:
+    """``{"width", "height"}`` from an encoded image's header; nothing when unreadable."""
+    from ..sniff import image_kind, image_size
+
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return {}
+    kind = image_kind(data)
+    if kind is None:
+        return {}
+    try:
+        width, height = image_size(data, kind)
+    except ValueError:
+        return {}  # a damaged header: the reader reports it when it decodes the record
+    return {"width": width, "height": height}
