@@ -20,6 +20,7 @@ from .sample import Annotations
 from .sampler import Sampler
 from .slots import FieldLayout, SlotLayout, SlotRing
 from .timing import BatchTiming
+from .tokens import TokenBlocks
 
 __version__ = package_version()  # "0+unknown" in a source checkout that is not installed
 
@@ -40,6 +41,7 @@ __all__ = [
     "SamplerOptions",
     "SlotLayout",
     "SlotRing",
+    "TokenBlocks",
     "WorkerDiedError",
     "WorkerError",
     "WorkerOptions",

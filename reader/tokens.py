@@ -1,0 +1,258 @@
+"""Token streams: fixed blocks of ``block_size + 1`` tokens across record boundaries.
+
+Language-model pretraining reads pre-tokenized text as one long stream cut into
+blocks (LitData's ``TokensLoader``): block ``i`` is tokens ``[i * block_size,
+(i + 1) * block_size]`` of the concatenation of every record's token array, in
+storage order, so consecutive blocks overlap by one token (inputs are
+``block[:-1]``, targets ``block[1:]``). :class:`TokenBlocks` serves these blocks
+in a shuffled order with the sampler's guarantees: a pure function of (seed,
+epoch, rank, world_size), the same number of batches on every rank, exact
+mid-epoch resume through ``state_dict()``.
+
+How a block is read: an uncompressed ``ndarray`` payload is the array's bytes
+after a 16-byte header, at an aligned offset (FORMAT.md), so the shard's data
+file, viewed as the token dtype, holds every record's tokens at a known element
+offset. A block inside one record is a slice of that view: zero-copy with
+``batch_size=None``, and in a batch one row of a fancy-indexed gather over an
+overlapping-rows view of the shard (a C loop of row copies, no per-block
+Python). A block that crosses into the next record (or shard) is copied piece
+by piece. Everything per block (its record, shard and offset) is computed once
+per epoch in numpy; a batch is a slice of those arrays and one gather per shard
+it touches.
+
+Checksums: each record's payload is checked (CRC32C) the first time a block
+touches it in this process; a damaged record is an error naming shard, record
+and byte offset, never a wrong token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from formats import ShardDataset
+from formats.checksum import crc32c
+
+from .dataset import open_dataset
+from .options import SamplerOptions, _int, check_batch_size
+from .sampler import Sampler
+
+__all__ = ["TokenBlocks"]
+
+_HEADER = 16  # u64 ndim = 1, u64 length: the variable-shape ndarray header (FORMAT.md)
+
+
+class TokenBlocks:
+    """Shuffled fixed-size token blocks of a dataset's token field, in batches.
+
+    Args:
+        source: a dataset folder or an open ``ShardDataset``.
+        block_size: tokens per training example; each block holds ``block_size + 1``.
+        batch_size: blocks per batch (an ``[n, block_size + 1]`` array), or None for
+            one block at a time (a read-only zero-copy view when it lies in one record).
+        field: the token field: an uncompressed integer ``ndarray`` of shape ``[None]``.
+        shuffle, seed, drop_last, rank, world_size: as for :class:`reader.Loader`
+            (``shuffle`` shuffles blocks, not records).
+        check_crc: verify each record's checksum the first time it is read.
+
+    Raises:
+        ValueError: the field is not an integer ``[None]`` array, is compressed, or
+            the dataset holds fewer than ``block_size + 1`` tokens.
+    """
+
+    def __init__(self, source: str | Path | ShardDataset, block_size: int,
+                 batch_size: int | None = 8, *, field: str = "tokens",
+                 shuffle: bool | str = True, seed: int = 0, drop_last: bool = False,
+                 rank: int | None = None, world_size: int | None = None,
+                 check_crc: bool = True) -> None:
+        self.block_size = _int("block_size", block_size, 1)
+        self.batch_size = None if batch_size is None else check_batch_size(batch_size)
+        self.options = SamplerOptions(shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                      rank=rank, world_size=world_size)
+        self._owns = not isinstance(source, ShardDataset)
+        self.dataset = open_dataset(source) if self._owns else source
+        ds = self.dataset
+        if field not in ds.field_index:
+            raise ValueError(f"no field {field!r} in {ds.root}; its fields are "
+                             f"{', '.join(f'{f.name} ({f.type})' for f in ds.fields)}")
+        f = ds.fields[ds.field_index[field]]
+        if f.type != "ndarray" or tuple(f.shape) != (None,) or np.dtype(f.dtype).kind not in "iu":
+            raise ValueError(f"token field {field!r} must be an integer ndarray of shape [None], "
+                             f"not {f.type} {f.dtype} {f.shape}")
+        if f.compression != "none":
+            raise ValueError(f"token field {field!r} is stored {f.compression}-compressed: "
+                             "blocks are read in place, so pack it uncompressed")
+        self.field = field
+        self.dtype = np.dtype(f.dtype)
+        self.check_crc = check_crc
+        self._j = ds.field_index[field]
+        self._index()
+        total = int(self._starts[-1])
+        self.num_tokens = total
+        self.num_blocks = (total - 1) // self.block_size if total else 0
+        if self.num_blocks == 0:
+            raise ValueError(f"a block needs block_size + 1 = {self.block_size + 1} tokens; "
+                             f"{field!r} of {ds.root} holds {total} in all")
+        self.sampler = Sampler(self.num_blocks, np.array([0, self.num_blocks]),
+                               self.batch_size or 1, self.options)
+        self.epoch = 0
+        self.position = 0
+        self._verified = np.zeros(len(self._count), bool)
+        self._plan: tuple | None = None  # (epoch, per-block arrays)
+
+    # -- the index, once ---------------------------------------------------------------
+
+    def _index(self) -> None:
+        """Per record: its shard, first token's element offset in the shard's data, count."""
+        ds, j, item = self.dataset, self._j, self.dtype.itemsize
+        shard, elem, count = [], [], []
+        for s in range(len(ds.starts) - 1):
+            sh = ds.shard(s)
+            off = sh.offsets[:, j].astype(np.int64)
+            ln = sh.lengths[:, j].astype(np.int64)
+            shard.append(np.full(len(off), s, np.int64))
+            elem.append((off + _HEADER) // item)
+            count.append((ln - _HEADER) // item)
+        self._shard = np.concatenate(shard) if shard else np.zeros(0, np.int64)
+        self._elem = np.concatenate(elem) if elem else np.zeros(0, np.int64)
+        self._count = np.concatenate(count) if count else np.zeros(0, np.int64)
+        self._starts = np.zeros(len(self._count) + 1, np.int64)
+        np.cumsum(self._count, out=self._starts[1:])
+
+    def _view(self, s: int) -> np.ndarray:
+        """Shard ``s``'s data file as tokens (checked for truncation on every call)."""
+        sh = self.dataset.shard(s)
+        data = sh.data
+        return data[: data.size - data.size % self.dtype.itemsize].view(self.dtype)
+
+    # -- the epoch's plan --------------------------------------------------------------
+
+    def _epoch_plan(self, epoch: int) -> tuple:
+        if self._plan is not None and self._plan[0] == epoch:
+            return self._plan[1]
+        blocks = self.sampler.rank_indices(epoch)
+        first = blocks * self.block_size
+        rec = np.searchsorted(self._starts, first, side="right") - 1
+        # Records of no tokens share their start with the next one: searchsorted found
+        # the last of them, which holds the token.
+        off = first - self._starts[rec]
+        inside = off + self.block_size + 1 <= self._count[rec]
+        plan = (blocks, rec, self._shard[rec], self._elem[rec] + off, inside)
+        self._plan = (epoch, plan)
+        return plan
+
+    def __len__(self) -> int:
+        return self.sampler.num_batches
+
+    # -- iteration ---------------------------------------------------------------------
+
+    def __iter__(self):
+        epoch, k = self.epoch, self.position
+        n = self.sampler.num_batches
+        while k < n:
+            out = self._batch(epoch, k)
+            k += 1
+            self.position = k
+            yield out
+        if self.epoch == epoch:
+            self.epoch, self.position = epoch + 1, 0
+
+    def _batch(self, epoch: int, k: int) -> np.ndarray:
+        blocks, rec, shard, elem, inside = self._epoch_plan(epoch)
+        b = self.batch_size or 1
+        lo, hi = k * b, min((k + 1) * b, len(blocks))
+        if self.check_crc:
+            self._verify(rec[lo:hi])
+        width = self.block_size + 1
+        if self.batch_size is None:
+            if inside[lo]:
+                view = self._view(int(shard[lo]))[int(elem[lo]):int(elem[lo]) + width]
+                view.flags.writeable = False
+                return view
+            return self._crossing(int(blocks[lo]))
+        out = np.empty((hi - lo, width), self.dtype)
+        sh, el, ins = shard[lo:hi], elem[lo:hi], inside[lo:hi]
+        for s in np.unique(sh[ins]).tolist():
+            sel = ins & (sh == s)
+            rows = self._overlapping_rows(s)
+            out[sel] = rows[el[sel]]
+        for i in np.flatnonzero(~ins).tolist():
+            out[i] = self._crossing(int(blocks[lo + i]))
+        return out
+
+    def _overlapping_rows(self, s: int) -> np.ndarray:
+        """Every ``block_size + 1`` run of shard ``s``'s tokens as one row (a view whose rows
+        overlap): a fancy index on it copies whole rows in C."""
+        view = self._view(s)
+        width = self.block_size + 1
+        item = self.dtype.itemsize
+        return as_strided(view, shape=(max(view.size - width + 1, 0), width),
+                          strides=(item, item), writeable=False)
+
+    def _crossing(self, block: int) -> np.ndarray:
+        """A block that spans records (or shards), copied piece by piece."""
+        out = np.empty(self.block_size + 1, self.dtype)
+        t = block * self.block_size
+        r = int(np.searchsorted(self._starts, t, side="right")) - 1
+        at = 0
+        while at < len(out):
+            off = t + at - int(self._starts[r])
+            take = min(int(self._count[r]) - off, len(out) - at)
+            if take > 0:
+                if self.check_crc:
+                    self._verify(np.array([r]))
+                e = int(self._elem[r]) + off
+                out[at:at + take] = self._view(int(self._shard[r]))[e:e + take]
+                at += take
+            r += 1
+        return out
+
+    def _verify(self, records: np.ndarray) -> None:
+        todo = records[~self._verified[records]]
+        for r in np.unique(todo).tolist():
+            s = int(self._shard[r])
+            local = r - int(self.dataset.starts[s])
+            sh = self.dataset.shard(s)
+            payload = sh.payload(local, self._j)
+            if crc32c(payload) != int(sh.crcs[local, self._j]):
+                sh.check(local, self._j, payload)  # raises, naming shard, record and offset
+            self._verified[r] = True
+
+    # -- position ----------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make ``epoch`` current (a different one starts at its first batch)."""
+        if epoch != self.epoch:
+            self.epoch, self.position = int(epoch), 0
+
+    def state_dict(self) -> dict:
+        """The next batch to deliver, and what the block order depends on."""
+        return {"epoch": self.epoch, "batch": self.position, "block_size": self.block_size,
+                "num_tokens": self.num_tokens, **self.sampler.describe()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at the batch after the last one delivered when ``state`` was taken.
+
+        Raises:
+            ValueError: the state was taken with another order, block size or dataset.
+        """
+        mine = self.state_dict()
+        for key, value in mine.items():
+            if key not in ("epoch", "batch") and state.get(key) != value:
+                raise ValueError(f"token state was saved with {key}={state.get(key)!r}, this "
+                                 f"reader has {key}={value!r}: cannot resume exactly")
+        self.epoch, self.position = int(state["epoch"]), int(state["batch"])
+
+    def close(self) -> None:
+        self._plan = None
+        if self._owns:
+            self.dataset.close()
+
+    def __enter__(self) -> TokenBlocks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

@@ -1,0 +1,137 @@
+"""reader.tokens.TokenBlocks: blocks across records and shards, the sampler's guarantees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from formats import DatasetWriter, Field
+from formats.errors import CorruptRecordError
+from reader.tokens import TokenBlocks
+
+
+def _write(root, docs, *, per_shard=3, dtype="int32", compression="none"):
+    field = Field("tokens", "ndarray", dtype=dtype, shape=(None,), compression=compression)
+    with DatasetWriter(root, [field, Field("text", "str")], shard_size=None,
+                       records_per_shard=per_shard, durable=False) as w:
+        for d in docs:
+            w.write({"tokens": np.asarray(d, dtype), "text": "x"})
+    return root
+
+
+@pytest.fixture(scope="module")
+def docs():
+    rng = np.random.default_rng(0)
+    lengths = [0, 5, 40, 1, 0, 73, 17, 200, 3, 64, 64, 9]  # empty ones, short, long
+    return [rng.integers(0, 1000, n) for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def stream(docs):
+    return np.concatenate(docs).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory, docs):
+    return _write(tmp_path_factory.mktemp("tok") / "ds", docs)
+
+
+@pytest.mark.parametrize("batch_size", [None, 1, 4, 7])
+@pytest.mark.parametrize("block", [1, 8, 31])
+def test_every_block_is_the_stream_in_order(path, stream, batch_size, block):
+    with TokenBlocks(path, block, batch_size, shuffle=False) as tb:
+        got = [np.atleast_2d(b) for b in tb]
+    rows = np.concatenate(got)
+    n = (len(stream) - 1) // block
+    assert len(rows) == n
+    for i, row in enumerate(rows):
+        assert np.array_equal(row, stream[i * block:i * block + block + 1])
+
+
+def test_blocks_inside_a_record_are_zero_copy_views(path, docs):
+    with TokenBlocks(path, 8, None, shuffle=False) as tb:
+        views = [b for b in tb]
+    assert any(not v.flags.owndata and not v.flags.writeable for v in views)
+    assert any(v.flags.owndata for v in views)  # the ones crossing a record boundary
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_split_shuffled_blocks_evenly_and_reproducibly(path, stream, world, drop_last):
+    block = 8
+    starts = []
+    counts = set()
+    for rank in range(world):
+        with TokenBlocks(path, block, 4, seed=3, rank=rank, world_size=world,
+                         drop_last=drop_last) as tb:
+            tb.set_epoch(2)
+            batches = list(tb)
+            again = list(TokenBlocks(path, block, 4, seed=3, rank=rank, world_size=world,
+                                     drop_last=drop_last)._batch(2, k) for k in range(len(tb)))
+        counts.add(len(batches))
+        for a, b in zip(batches, again, strict=True):
+            assert np.array_equal(a, b)
+        for row in np.concatenate(batches):
+            i = np.flatnonzero([np.array_equal(row, stream[j * block:j * block + block + 1])
+                                for j in range((len(stream) - 1) // block)])
+            starts.append(int(i[0]))
+    assert len(counts) == 1  # every rank the same number of batches
+    n = (len(stream) - 1) // block
+    if not drop_last:
+        assert set(starts) == set(range(n))  # every block at least once
+    else:
+        assert len(starts) == len(set(starts))  # none twice
+
+
+def test_resume_mid_epoch_is_exact(path):
+    with TokenBlocks(path, 8, 3, seed=1) as tb:
+        tb.set_epoch(1)
+        it = iter(tb)
+        next(it)
+        state = tb.state_dict()
+        rest = list(it)
+    with TokenBlocks(path, 8, 3, seed=1) as again:
+        again.load_state_dict(state)
+        resumed = list(again)
+    assert len(resumed) == len(rest) > 0
+    assert all(np.array_equal(a, b) for a, b in zip(resumed, rest, strict=True))
+    with TokenBlocks(path, 16, 3, seed=1) as other, pytest.raises(ValueError, match="block_size"):
+        other.load_state_dict(state)
+
+
+def test_epochs_differ(path):
+    with TokenBlocks(path, 8, 64, seed=0) as tb:
+        a = next(iter(tb))
+        tb.set_epoch(1)
+        b = next(iter(tb))
+    assert not np.array_equal(a, b)
+
+
+def test_bad_fields_and_sizes_are_refused(tmp_path, path, docs):
+    with pytest.raises(ValueError, match="must be an integer ndarray"):
+        TokenBlocks(path, 8, field="text")
+    with pytest.raises(ValueError, match="no field 'nope'"):
+        TokenBlocks(path, 8, field="nope")
+    with pytest.raises(ValueError, match="holds 476 in all"):
+        TokenBlocks(path, 1000)
+    floats = _write(tmp_path / "f", [np.zeros(5)], dtype="float32")
+    with pytest.raises(ValueError, match="integer ndarray"):
+        TokenBlocks(floats, 2)
+    packed = _write(tmp_path / "z", docs, compression="zstd")
+    with pytest.raises(ValueError, match="zstd-compressed"):
+        TokenBlocks(packed, 2)
+
+
+def test_a_damaged_record_is_named(tmp_path, docs):
+    root = _write(tmp_path / "bad", docs, per_shard=100)
+    data = next(root.glob("*.rec"))
+    raw = bytearray(data.read_bytes())
+    with TokenBlocks(root, 8, 4, shuffle=False) as tb:
+        j = tb._j
+        sh = tb.dataset.shard(0)
+        off = int(sh.offsets[7, j]) + 16  # record 7 (200 tokens)
+    raw[off] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with TokenBlocks(root, 8, 4, shuffle=False) as tb, \
+            pytest.raises(CorruptRecordError, match="checksum"):
+        list(tb)
