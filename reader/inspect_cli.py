@@ -15,7 +15,9 @@ DST may be a URI (``s3://bucket/dataset``): the dataset is read through the loca
 shard cache (``$SHARDPACK_CACHE``), fetching only what the command needs: the
 manifest for ``info``, the small metadata tables for ``ls`` and ``stats``, one
 shard for ``show`` and ``extract``, and every shard for ``verify`` (each download
-is checked against the manifest's CRC32C, then every record is).
+is checked against the manifest's CRC32C, then every record is). ``stats``, and
+``info`` on a dataset with variable-shape arrays, also read every index file (about
+24 bytes per record and field), for the lengths of variable-size fields.
 
 A local dataset whose files are symlinks to files outside its folder is refused
 unless ``--follow-symlinks`` (FORMAT.md, §8).
@@ -79,8 +81,11 @@ def _conf_show(p: argparse.ArgumentParser) -> None:
 
 def _conf_extract(p: argparse.ArgumentParser) -> None:
     p.add_argument("index", type=int, help="global record index")
-    p.add_argument("--out", required=True, help="file to write (missing folders are created)")
-    p.add_argument("--field", default="image", help="field to write (default image)")
+    p.add_argument("--out", required=True,
+                   help="file to write, or a folder (an existing one, or a path ending in /) "
+                        "to write INDEX.FIELD.EXT in; missing folders are created")
+    p.add_argument("--field", default=None,
+                   help="field to write (default: image, or the only image field)")
 
 
 def _conf_stats(p: argparse.ArgumentParser) -> None:
@@ -140,9 +145,14 @@ def _is_command_first(argv: Sequence[str]) -> bool:
 
 def _fetch_remote(args: argparse.Namespace) -> None:
     """Point ``args.dst`` at the cached copy of a remote dataset, with what the command reads."""
+    args.fetch_index = None  # index files are read in args.dst
     if not is_uri(args.dst) or args.command in ("show", "extract", "monitor-report"):
         return  # show/extract open the remote dataset themselves: one shard is fetched
     ds = open_dataset(args.dst)
+    if args.command in ("info", "stats"):
+        location = ds.location
+        # Read in memory, not through the cache: the cache holds whole shards only.
+        args.fetch_index = lambda e: location.read_bytes(e.index_file, limit=e.index_bytes)
     if args.command in ("ls", "stats", "verify"):
         for e in ds.manifest.shards:
             ds.cache.ensure_meta(ds.location, ds.root, e)

@@ -3,7 +3,8 @@
 Each ``cmd_*`` takes the parsed arguments and returns an exit status: 0 ok, 1
 damaged or bad data, 2 usage. The figures come from :mod:`formats.shard.summary` and
 :func:`formats.verify_dataset`; this module only formats them (a table for
-people, ``--json`` for scripts). Names come from files that may hold anything:
+people, ``--json`` for scripts); a record's values print as one line each,
+excerpted (``show``). Names and values come from files that may hold anything:
 what cannot be printed as is (a lone surrogate) is printed escaped (``\\udc80``).
 Files the user names (``extract --out``, ``stats --plot``) get their missing
 parent folders created.
@@ -16,11 +17,15 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from formats import verify_dataset
 from formats.shard.summary import (
     dataset_info,
     dataset_stats,
+    default_field,
     describe_record,
+    extension_of,
     field_bytes,
     list_records,
     resolve_label,
@@ -97,7 +102,8 @@ def _out_path(out: str | Path) -> Path:
 # -- info ------------------------------------------------------------------------------
 
 def cmd_info(args: argparse.Namespace) -> int:
-    info = dataset_info(args.dst, follow_symlinks=args.follow_symlinks)
+    info = dataset_info(args.dst, follow_symlinks=args.follow_symlinks,
+                        fetch_index=getattr(args, "fetch_index", None))
     made = info["created_by"] or {}
     rows = [
         ["records", f"{info['records']:,}"],
@@ -114,9 +120,31 @@ def cmd_info(args: argparse.Namespace) -> int:
     fields = [[f["name"], f["type"] + (f" {f['dtype']}{f['shape']}" if "dtype" in f else ""),
                f["compression"] + (f" (dict {f['dictionary']})" if "dictionary" in f else "")]
               for f in info["fields"]]
-    _emit(args, info, _table(rows, ["dataset", str(args.dst)]) + "\n\n"
-          + _table(fields, ["field", "type", "compression"]))
+    text = (_table(rows, ["dataset", str(args.dst)]) + "\n\n"
+            + _table(fields, ["field", "type", "compression"]))
+    if info.get("field_lengths"):
+        text += "\n\n" + _ragged_table(info["field_lengths"])
+    _emit(args, info, text)
     return 0
+
+
+def _mmm(d: dict | None) -> str:
+    """min / median / max of a distribution, or ``-``."""
+    return "-" if d is None else f"{d['min']:,.0f} / {d['p50']:,.0f} / {d['max']:,.0f}"
+
+
+def _ragged_table(lengths: dict) -> str:
+    rows = []
+    for name, d in lengths.items():
+        if d["unit"] == "elements":
+            rows.append([name, _mmm(d.get("rows")), _mmm(d["lengths"]),
+                         f"{d['elements_total']:,}",
+                         f"{d['malformed']:,} malformed" if d["malformed"] else ""])
+        else:  # compressed: its stored sizes say nothing of its shape
+            rows.append([name, "-", "-", "-", f"{d['compression']}: stored bytes "
+                         f"{_mmm(d['lengths'])}"])
+    return _table(rows, ["variable-shape array", "rows min/median/max",
+                         "elements min/median/max", "elements total", "note"])
 
 
 # -- verify ----------------------------------------------------------------------------
@@ -163,32 +191,87 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _number(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else repr(v)
+
+
+def _audio(a: dict) -> str:
+    if "error" in a:
+        return f"{a['kind']}, {a['error']}"
+    parts = [a["kind"]]
+    if "duration_s" in a:
+        parts.append(f"{a['duration_s']:.2f} s")
+        if "present_s" in a:
+            parts.append(f"truncated: {a['present_s']:.2f} s present")
+    parts += [f"{a['sample_rate']} Hz", f"{a['channels']} ch"]
+    if "bits" in a:
+        parts.append(f"{a['bits']} bit")
+    if "bitrate_kbps" in a:
+        parts.append(f"{a['bitrate_kbps']} kbit/s")
+    return ", ".join(parts)
+
+
+def _shown(f: dict) -> str:
+    """One field of :func:`describe_record` on one line."""
+    if "value" in f:
+        return repr(f["value"])
+    if "excerpt" in f:  # str, or json as its compact text
+        cut = "..." if f["truncated"] else ""
+        if f["type"] == "str":
+            return f"{f['excerpt']!r}{cut} ({f['length']:,} chars)"
+        items = "" if "items" not in f else \
+            f", {f['items']:,} {'keys' if f['json_type'] == 'object' else 'items'}"
+        return f"{f['excerpt']}{cut} ({f['json_type']}{items}, {f['length']:,} chars)"
+    if "dtype" in f:
+        shape = "x".join(map(str, f["shape"])) if f["shape"] else "scalar"
+        schema = "" if None not in f["schema_shape"] else \
+            " of [" + ", ".join("None" if d is None else str(d) for d in f["schema_shape"]) + "]"
+        values = ", ".join(_number(v) for v in f["values"])
+        more = ", ..." if f["elements"] > len(f["values"]) else ""
+        rng = f", min {_number(f['min'])} max {_number(f['max'])}" if "min" in f else ""
+        return f"{f['dtype']} {shape}{schema}: [{values}{more}]{rng}"
+    text = f"{f['size']:,} bytes, "
+    if "audio" in f:
+        return text + _audio(f["audio"])
+    if "width" in f:
+        return text + f"{f['sniffed']} {f['width']}x{f['height']}, {f['head']}"
+    return text + f"{f['sniffed']}, {f.get('image_error', f['head'])}"
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     with open_dataset(args.dst, check_crc=True, follow_symlinks=args.follow_symlinks) as ds:
         info = describe_record(ds, args.index)
-    rows = []
-    for name, f in info["fields"].items():
-        if "value" in f:
-            shown = repr(f["value"])
-        elif "head" in f:
-            shown = f"{f['size']:,} bytes, {f['sniffed']}, {f['head']}"
-        else:
-            shown = f"{f['dtype']} {f['shape']}"
-        rows.append([name, f["type"], shown])
+    rows = [[name, f["type"], _shown(f)] for name, f in info["fields"].items()]
     _emit(args, info, f"record {info['index']} ({info['shard']} record {info['record']})\n"
           + _table(rows, ["field", "type", "value"]))
     return 0
 
 
+def _is_folder(out: str) -> bool:
+    return out.endswith(("/", "\\")) or Path(out).is_dir()
+
+
 def cmd_extract(args: argparse.Namespace) -> int:
     with open_dataset(args.dst, check_crc=True, follow_symlinks=args.follow_symlinks) as ds:
-        if args.field not in ds.field_index:
-            error(f"no field {args.field!r}; fields are {[f.name for f in ds.fields]}")
+        field = args.field
+        if field is None:
+            try:
+                field = default_field(ds)
+            except ValueError as exc:
+                error(str(exc))
+                return 2
+        if field not in ds.field_index:
+            error(f"no field {field!r}; fields are {[f.name for f in ds.fields]}")
             return 2
-        data = field_bytes(ds, args.index, args.field)
-    _out_path(args.out).write_bytes(data)
-    _emit(args, {"index": args.index, "field": args.field, "out": str(args.out),
-                 "bytes": len(data)}, f"wrote {len(data):,} bytes to {args.out}")
+        data = field_bytes(ds, args.index, field)
+        out = Path(args.out)
+        if _is_folder(args.out):
+            index = args.index % len(ds)  # named by position, also for a negative index
+            ext = extension_of(ds, args.index, field)
+            out = out / f"{index}.{field}{'' if field.lower().endswith(ext) else ext}"
+    _out_path(out).write_bytes(data)
+    _emit(args, {"index": args.index, "field": field, "out": str(out), "bytes": len(data)},
+          f"wrote {len(data):,} bytes to {out}")
     return 0
 
 
@@ -202,16 +285,25 @@ def _plot(stats: dict, out: str) -> None:
     except ImportError:
         raise SystemExit("inspect-shards: --plot needs matplotlib: pip install matplotlib") from None
     arrays = stats["arrays"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    lengths = arrays["field_lengths"]
+    # The first row as always; then one histogram per variable-size field, three a row.
+    extra = -(-len(lengths) // 3)
+    fig, axes = plt.subplots(1 + extra, 3, figsize=(15, 4 * (1 + extra)), squeeze=False)
     labels = stats["labels"]
-    axes[0].bar(range(len(labels)), [v["count"] for v in labels.values()])
-    axes[0].set_title("records per label")
-    axes[0].set_xlabel("label")
-    axes[1].hist(arrays["size"] / 1000, bins=50)
-    axes[1].set_title("record size (KB)")
+    axes[0, 0].bar(range(len(labels)), [v["count"] for v in labels.values()])
+    axes[0, 0].set_title("records per label")
+    axes[0, 0].set_xlabel("label")
+    axes[0, 1].hist(arrays["size"] / 1000, bins=50)
+    axes[0, 1].set_title("record size (KB)")
     if arrays["width"].size:
-        axes[2].scatter(arrays["width"], arrays["height"], s=2, alpha=0.3)
-    axes[2].set_title("resolution (width x height)")
+        axes[0, 2].scatter(arrays["width"], arrays["height"], s=2, alpha=0.3)
+    axes[0, 2].set_title("resolution (width x height)")
+    cells = [ax for row in axes[1:] for ax in row]
+    for ax, (name, values) in zip(cells, lengths.items()):  # noqa: B905 - spare cells stay
+        ax.hist(values, bins=min(50, max(1, len(np.unique(values)))))
+        ax.set_title(f"{name}: {stats['field_lengths'][name]['unit']} per record")
+    for ax in cells[len(lengths):]:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(_out_path(out), dpi=100)
     plt.close(fig)
@@ -219,19 +311,22 @@ def _plot(stats: dict, out: str) -> None:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     stats = dataset_stats(args.dst, with_arrays=bool(args.plot),
-                          follow_symlinks=args.follow_symlinks)
+                          follow_symlinks=args.follow_symlinks,
+                          fetch_index=getattr(args, "fetch_index", None))
     if args.plot:
         _plot(stats, args.plot)
         stats.pop("arrays")
     lines = [f"records: {stats['records']:,}", "", _table(
         [[k, v["class"] or "", v["count"]] for k, v in stats["labels"].items()],
-        ["label", "class", "records"])]
+        ["label", "class", "records"]) if stats["labels"] else "labels: none"]
     dist_rows = [[name, *(("-",) * 6 if d is None else
                           (f"{d['min']:.0f}", f"{d['p10']:.0f}", f"{d['p50']:.0f}",
                            f"{d['p90']:.0f}", f"{d['max']:.0f}", f"{d['mean']:.0f}"))]
                  for name, d in (("size (bytes)", stats["size_bytes"]), ("width", stats["width"]),
                                  ("height", stats["height"]))]
     lines += ["", _table(dist_rows, ["", "min", "p10", "p50", "p90", "max", "mean"])]
+    if stats["field_lengths"]:
+        lines += ["", _lengths_table(stats["field_lengths"])]
     if stats["top_resolutions"]:
         lines += ["", _table([[k, v] for k, v in stats["top_resolutions"].items()],
                              ["resolution", "records"])]
@@ -239,6 +334,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
         lines += ["", f"plot written to {args.plot}"]
     _emit(args, stats, "\n".join(lines))
     return 0
+
+
+def _lengths_table(lengths: dict) -> str:
+    rows = []
+    for name, d in lengths.items():
+        q = d["lengths"]
+        figures = ("-",) * 7 if q is None else (
+            f"{q['min']:.0f}", f"{q['p10']:.0f}", f"{q['p50']:.0f}", f"{q['p90']:.0f}",
+            f"{q['max']:.0f}", f"{q['mean']:.0f}", f"{q['total']:,}")
+        rows.append([name, d["unit"], *figures])
+    return _table(rows, ["field size", "unit", "min", "p10", "p50", "p90", "max", "mean",
+                         "total"])
 
 
 # -- monitor-report ----------------------------------------------------------------------

@@ -1,41 +1,57 @@
 """What ``inspect-shards`` reports, as JSON-ready values: the CLI only formats them.
 
-Everything here reads the manifest and the small metadata tables; only
+Everything here reads the manifest, the small metadata tables and, for the sizes
+of variable-size fields, the index files' lengths (:mod:`.field_lengths`); only
 :func:`describe_record` and :func:`field_bytes` touch data files, one record each.
+A record's values are shown as excerpts (text cut at 80 characters, JSON at 120, an
+array's first values), so a field of any size prints as a line.
 A dataset whose files are symlinks out of its folder is refused unless the caller
 passes ``follow_symlinks=True`` (FORMAT.md, §8), as everywhere else.
 """
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
 
-from ..fields import BYTES_TYPES
-from ..sniff import sniff
+from ..audio_header import audio_info
+from ..fields import BYTES_TYPES, IMAGE_TYPES, Field
+from ..sniff import IMAGE_EXTENSION, IMAGE_KINDS, image_size, sniff
 from .dataset import ShardDataset, read_metadata
+from .field_lengths import distribution, field_lengths, length_fields, ragged_fields
 from .layout import MAJOR
-from .manifest import read_manifest
+from .manifest import ShardEntry, read_manifest
 
-__all__ = ["dataset_info", "dataset_stats", "describe_record", "field_bytes", "list_records",
-           "resolve_label"]
+__all__ = ["dataset_info", "dataset_stats", "default_field", "describe_record", "extension_of",
+           "field_bytes", "list_records", "resolve_label"]
 
 _HEAD_BYTES = 16
+_TEXT_CHARS = 80   # of a str value shown
+_JSON_CHARS = 120  # of a JSON value's compact text shown
+_ARRAY_VALUES = 6  # first values of an array shown
+
+# Gives an index file's bytes by shard entry: a remote dataset's (field_lengths' fetch).
+IndexFetch = Callable[[ShardEntry], bytes]
 
 
-def dataset_info(path: str | Path, *, follow_symlinks: bool = False) -> dict[str, Any]:
-    """Records, shards, bytes, schema, classes, format version and provenance.
+def dataset_info(path: str | Path, *, follow_symlinks: bool = False,
+                 fetch_index: IndexFetch | None = None) -> dict[str, Any]:
+    """Records, shards, bytes, schema, classes, format version and provenance, and the
+    length distribution of each variable-shape ``ndarray`` field (``field_lengths``,
+    see :func:`formats.shard.field_lengths.field_lengths`; absent without such fields).
 
-    Reads ``manifest.json`` only.
+    Reads ``manifest.json``, and the index files when there are variable-shape arrays
+    (through ``fetch_index`` for a remote dataset).
     """
     root = Path(path)
     m = read_manifest(root, follow_symlinks=follow_symlinks)
-    return {
+    out = {
         "path": str(root),
         "format_version": f"{MAJOR}.{m.minor}",
         "records": m.records,
@@ -51,6 +67,11 @@ def dataset_info(path: str | Path, *, follow_symlinks: bool = False) -> dict[str
         "classes": None if m.classes is None else list(m.classes),
         "created_by": m.created_by,
     }
+    ragged = ragged_fields(m.fields)
+    if ragged:
+        out["field_lengths"] = field_lengths(root, m, ragged, follow_symlinks=follow_symlinks,
+                                             fetch=fetch_index)
+    return out
 
 
 def resolve_label(classes: Sequence[str] | None, label: int | str) -> int:
@@ -112,28 +133,131 @@ def list_records(path: str | Path, *, offset: int = 0, limit: int | None = 20,
 
 
 def describe_record(ds: ShardDataset, index: int) -> dict[str, Any]:
-    """One record's fields: bytes fields summarized (size, sniffed type, first bytes)."""
+    """One record's fields, each summarized so any size prints as a line.
+
+    ``str``: ``length`` (characters), ``excerpt``, ``truncated``; ``json``: its compact
+    text the same way, and ``json_type``/``items``; ``ndarray``: ``dtype``, ``shape`` (this
+    record's), ``schema_shape``, the first ``values``, ``min``/``max``; bytes fields:
+    ``size``, ``sniffed`` kind, ``head`` (first bytes, hex), an image's ``width`` and
+    ``height``, an audio payload's header (``audio``, see
+    :func:`formats.audio_header.audio_info`); ``int``/``float``: ``value``. Every field
+    has ``type`` and ``stored`` (its stored, possibly compressed, size).
+    """
     s, r = ds.locate(index)
     out: dict[str, Any] = {"index": index, "shard": ds.shard(s).data_path.name, "record": r,
                            "fields": {}}
     for f in ds.fields:
         value = ds.get(index, f.name)
-        stored = len(ds.payload(index, f.name))
+        entry: dict[str, Any] = {"type": f.type, "stored": len(ds.payload(index, f.name))}
         if f.type in BYTES_TYPES:
-            out["fields"][f.name] = {"type": f.type, "size": len(value), "stored": stored,
-                                     "sniffed": sniff(value),
-                                     "head": bytes(value[:_HEAD_BYTES]).hex(" ")}
+            entry.update(_bytes_summary(value))
         elif f.type == "ndarray":
-            out["fields"][f.name] = {"type": f.type, "dtype": str(value.dtype),
-                                     "shape": list(value.shape), "stored": stored}
+            entry.update(_array_summary(f, value))
+        elif f.type == "str":
+            entry.update(_excerpt(value, _TEXT_CHARS))
+        elif f.type == "json":
+            entry.update(_json_summary(value))
         else:
-            out["fields"][f.name] = {"type": f.type, "value": value, "stored": stored}
+            entry["value"] = value
+        out["fields"][f.name] = entry
     return out
+
+
+def _excerpt(text: str, limit: int) -> dict[str, Any]:
+    return {"length": len(text), "excerpt": text[:limit], "truncated": len(text) > limit}
+
+
+def _json_summary(value: Any) -> dict[str, Any]:
+    text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    kind = {dict: "object", list: "array", str: "string", bool: "boolean",
+            type(None): "null"}.get(type(value), "number")
+    out = {"json_type": kind, **_excerpt(text, _JSON_CHARS)}
+    if kind in ("object", "array"):
+        out["items"] = len(value)
+    return out
+
+
+def _array_summary(f: Field, value: np.ndarray) -> dict[str, Any]:
+    flat = value.reshape(-1)
+    out: dict[str, Any] = {"dtype": str(value.dtype), "shape": list(value.shape),
+                           "schema_shape": list(f.shape), "elements": int(flat.size),
+                           "values": flat[:_ARRAY_VALUES].tolist()}
+    if flat.size and (np.issubdtype(value.dtype, np.number) or value.dtype == bool):
+        out["min"], out["max"] = flat.min().item(), flat.max().item()
+    return out
+
+
+def _bytes_summary(value) -> dict[str, Any]:
+    out: dict[str, Any] = {"size": len(value), "sniffed": sniff(value),
+                           "head": bytes(value[:_HEAD_BYTES]).hex(" ")}
+    if out["sniffed"] in IMAGE_KINDS:
+        try:
+            out["width"], out["height"] = image_size(value, out["sniffed"])
+        except ValueError as exc:
+            out["image_error"] = f"unreadable header: {exc}"
+    else:
+        audio = audio_info(value)
+        if audio is not None:
+            out["sniffed"] = audio["kind"]
+            out["audio"] = audio
+    return out
+
+
+def default_field(ds: ShardDataset) -> str:
+    """The field ``extract`` writes when none is named: ``image``, else the only
+    image field, else the only field.
+
+    Raises:
+        ValueError: no such field (the message lists the fields).
+    """
+    names = [f.name for f in ds.fields]
+    images = [f.name for f in ds.fields if f.type in IMAGE_TYPES]
+    if "image" in names:
+        return "image"
+    if len(images) == 1 or len(names) == 1:
+        return images[0] if images else names[0]
+    raise ValueError(f"name the field to write with --field; fields are {names}")
+
+
+# Extensions a field's name may itself be (WebDataset names fields by extension).
+_NAMED_EXTENSIONS = frozenset({"wav", "flac", "mp3", "ogg", "opus", "m4a", "npy", "txt",
+                               "json", "bin", "cls", "jpg", "jpeg", "png", "webp", "gif",
+                               "bmp", "tif", "tiff", "mp4"})
+_SNIFFED_EXTENSION = {**IMAGE_EXTENSION, "npy": "npy", "gzip": "gz", "zstd": "zst",
+                      "parquet": "parquet", "json": "json", "text": "txt",
+                      "wav": "wav", "flac": "flac", "mp3": "mp3"}
+
+
+def extension_of(ds: ShardDataset, index: int, field: str) -> str:
+    """The file extension (with its dot) that :func:`field_bytes`' output is best
+    saved under: ``.txt`` for text and numbers, ``.json``, ``.npy`` for arrays, an
+    image's by its signature; raw bytes get the extension their field's name or
+    the record's key gives (``audio.wav``, a field named ``flac``, a key
+    ``clips/a.mp3``), else the sniffed kind's, else ``.bin``."""
+    f = ds.fields[ds.field_index[field]]
+    if f.type in ("str", "int", "float"):
+        return ".txt"
+    if f.type in ("json", "ndarray"):
+        return ".json" if f.type == "json" else ".npy"
+    value = ds.get(index, field)
+    if f.type == "bytes":
+        named = Path(field).suffix[1:] or (field if field.lower() in _NAMED_EXTENSIONS else "")
+        key = ds.get(index, "key") if "key" in ds.field_index and \
+            ds.fields[ds.field_index["key"]].type == "str" else ""
+        from_key = Path(key).suffix[1:]
+        for ext in (named, from_key):
+            if ext and len(ext) <= 10 and ext.isalnum():
+                return "." + ext.lower()
+        audio = audio_info(value)
+        kind = audio["kind"] if audio else sniff(value)
+    else:
+        kind = sniff(value)
+    return "." + _SNIFFED_EXTENSION.get(kind, "bin")
 
 
 def field_bytes(ds: ShardDataset, index: int, field: str) -> bytes:
     """A field's value as file content: bytes as stored (decompressed), text as UTF-8,
-    JSON as JSON text, scalars as their decimal text, arrays as ``.npy``."""
+    JSON as JSON text, scalars as their decimal text, arrays as ``.npy`` (no pickles)."""
     f = ds.fields[ds.field_index[field]]
     value = ds.get(index, field)
     if f.type in BYTES_TYPES:
@@ -143,30 +267,26 @@ def field_bytes(ds: ShardDataset, index: int, field: str) -> bytes:
     if f.type == "json":
         return json.dumps(value, ensure_ascii=False, sort_keys=True).encode("utf-8")
     if f.type == "ndarray":
-        import io
         buf = io.BytesIO()
         np.save(buf, value, allow_pickle=False)
         return buf.getvalue()
     return f"{value}\n".encode("ascii")
 
 
-def _dist(values: np.ndarray) -> dict[str, Any] | None:
-    if values.size == 0:
-        return None
-    q = np.percentile(values, [0, 10, 50, 90, 99, 100])
-    return {"count": int(values.size), "mean": float(values.mean()), "min": float(q[0]),
-            "p10": float(q[1]), "p50": float(q[2]), "p90": float(q[3]), "p99": float(q[4]),
-            "max": float(q[5])}
-
-
 def dataset_stats(path: str | Path, *, top: int = 10, with_arrays: bool = False,
-                  follow_symlinks: bool = False) -> dict[str, Any]:
-    """Label histogram, record size and image resolution distributions.
+                  follow_symlinks: bool = False,
+                  fetch_index: IndexFetch | None = None) -> dict[str, Any]:
+    """Label histogram, record size and image resolution distributions, and the size
+    distribution of every variable-size field (``field_lengths``: text, JSON and raw
+    bytes in bytes, variable-shape arrays in elements and rows; from the index files,
+    see :func:`formats.shard.field_lengths.field_lengths`).
 
     Args:
         top: how many of the most common resolutions to list.
-        with_arrays: add ``arrays`` (size, width, height, labels as numpy), for plots.
+        with_arrays: add ``arrays`` (size, width, height, labels as numpy, and each
+            variable-size field's per-record ``values``), for plots.
         follow_symlinks: read files that are symlinks out of the dataset folder.
+        fetch_index: gives a remote dataset's index files (default: read them in ``path``).
     """
     m = read_manifest(path, follow_symlinks=follow_symlinks)
     table = read_metadata(path, manifest=m, follow_symlinks=follow_symlinks)
@@ -192,12 +312,16 @@ def dataset_stats(path: str | Path, *, top: int = 10, with_arrays: bool = False,
     out = {
         "records": table.num_rows,
         "labels": hist,
-        "size_bytes": _dist(size),
-        "width": _dist(w),
-        "height": _dist(h),
-        "pixels": _dist(w * h),
+        "size_bytes": distribution(size),
+        "width": distribution(w),
+        "height": distribution(h),
+        "pixels": distribution(w * h),
         "top_resolutions": res,
+        "field_lengths": field_lengths(path, m, length_fields(m.fields), with_arrays=with_arrays,
+                                       follow_symlinks=follow_symlinks, fetch=fetch_index),
     }
     if with_arrays:
-        out["arrays"] = {"size": size, "width": w, "height": h, "labels": labels}
+        out["arrays"] = {"size": size, "width": w, "height": h, "labels": labels,
+                         "field_lengths": {k: v.pop("values")
+                                           for k, v in out["field_lengths"].items()}}
     return out
