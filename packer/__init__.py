@@ -1,7 +1,9 @@
 """The packer: turns small-file datasets into sharded, indexed record files.
 
 ``pack(src, dst, PackOptions(...), progress)`` is the library call;
-``pack-dataset`` (:mod:`packer.cli`) is its command line. Modules: ``options``
+``pack-dataset`` (:mod:`packer.cli`) is its command line. ``pack_samples(fn, inputs,
+dst)`` packs what a user's function makes of each input (:mod:`packer.samples`, its
+schema rules in :mod:`packer.schema`), through the same pack loop. Modules: ``options``
 (the frozen :class:`PackOptions`), ``work`` (per-file read/parse/re-encode and the
 worker pool), ``run`` (the ordered, resumable write loop), ``report`` (counters,
 progress callback, summary), ``resolve`` (``--from``/``--to`` lookup),
@@ -49,6 +51,7 @@ from .errors import PackError, PackInputError, PackInterrupted, UsageError
 from .options import PackOptions, parse_size
 from .report import PackProgress, PackSummary, format_summary
 from .run import pack
+from .samples import pack_samples
 
 __all__ = [
     "PackError",
@@ -60,5 +63,6 @@ __all__ = [
     "UsageError",
     "format_summary",
     "pack",
+    "pack_samples",
     "parse_size",
 ]

@@ -18,7 +18,7 @@ from formats.version import package_version
 
 from .errors import PackInterrupted, UsageError
 from .options import DEFAULT_TASK_RECORDS, ENGINES, ON_ERROR, PackOptions, parse_size
-from .report import PackProgress, format_summary
+from .report import TqdmProgress, format_summary
 from .run import pack
 
 __all__ = ["main"]
@@ -134,33 +134,8 @@ exit status: 0 ok, 1 data or IO error, 2 usage, 130 interrupted.
 """
 
 
-class _TqdmProgress(PackProgress):
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.bar = None
-
-    def start(self, total, done=0):
-        if self.quiet:
-            return
-        from tqdm import tqdm
-
-        # disable=None: silent when stderr is not a terminal.
-        self.bar = tqdm(total=total, initial=done, unit="file", disable=None, file=sys.stderr,
-                        dynamic_ncols=True, smoothing=0.1)
-        self._bytes = 0
-
-    def advance(self, records, nbytes):
-        if self.bar is not None:
-            self._bytes += nbytes
-            elapsed = self.bar.format_dict.get("elapsed") or 0
-            if elapsed:
-                self.bar.set_postfix_str(f"{self._bytes / elapsed / 1e6:.0f} MB/s", refresh=False)
-            self.bar.update(records)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+# The bar (tests replace it here to interrupt a pack at a chosen point).
+_TqdmProgress = TqdmProgress
 
 
 def _positive_int(text: str) -> int:

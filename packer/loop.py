@@ -55,7 +55,9 @@ class Item(NamedTuple):
     ``kind``/``reason`` then say why. ``name`` is what the skip list and errors call
     it (a key, or the source's record origin); ``path`` the file an error names.
     ``dropped``: skipped because the user asked (``--drop-empty``), not for being
-    bad: listed and counted, but never failing the pack.
+    bad: listed and counted, but never failing the pack. ``at``: where the source
+    stands after this item, when an item count alone cannot say (a function's input
+    may give several samples): stored with a sealed shard for the resume.
     """
 
     record: dict[str, Any] | None
@@ -66,6 +68,7 @@ class Item(NamedTuple):
     kind: str | None = None
     reason: str | None = None
     dropped: bool = False
+    at: Any = None
 
 
 def listing_items(listing: Listing, start: int, work: WorkOptions, workers: int
@@ -264,6 +267,7 @@ def write_items(items: Iterator[Item], writer, *, shards: bool, total: int | Non
     progress.start(total, n)
     fail = options.on_error == "fail"
     pending = pending_bytes = 0
+    last_at = start.get("at")
     try:
         with _writing(writer, shards) as write:
             for item in items:
@@ -271,8 +275,7 @@ def write_items(items: Iterator[Item], writer, *, shards: bool, total: int | Non
                 bytes_in += item.nbytes
                 if item.kind is None:
                     # The progress value: our writer stores it; a foreign sink has no use.
-                    write(item, {"next": n, "skipped": dict(skipped), "bytes_in": bytes_in,
-                                 "plan": plan} if shards else None)
+                    write(item, _state(n, skipped, bytes_in, plan, item.at) if shards else None)
                     written += 1
                 else:
                     if fail and not item.dropped:
@@ -280,6 +283,7 @@ def write_items(items: Iterator[Item], writer, *, shards: bool, total: int | Non
                     skipped[item.kind] += 1
                     if skips is not None:
                         skips.add(item.name, item.kind, item.reason)
+                last_at = item.at
                 pending += 1
                 pending_bytes += item.nbytes
                 if pending == _ADVANCE_EVERY:
@@ -289,7 +293,7 @@ def write_items(items: Iterator[Item], writer, *, shards: bool, total: int | Non
             if skips is not None:
                 skips.finish(options.durable)
             if shards:
-                final = {"next": n, "skipped": dict(skipped), "bytes_in": bytes_in, "plan": plan}
+                final = _state(n, skipped, bytes_in, plan, last_at)
                 manifest = writer.close(final)
                 summary.shards = len(manifest.shards)
                 summary.bytes_out = sum(s.data_bytes + s.index_bytes + s.meta_bytes
@@ -307,6 +311,15 @@ def write_items(items: Iterator[Item], writer, *, shards: bool, total: int | Non
         summary.bytes_in = bytes_in
         if not summary.complete and shards:
             summary.shards = len(writer.sealed)
+
+
+def _state(n: int, skipped: Counter, bytes_in: int, plan: str, at: Any) -> dict:
+    """The progress value stored with a shard this record may seal (see the module
+    docstring); ``at`` only from sources whose items say where they stand."""
+    state = {"next": n, "skipped": dict(skipped), "bytes_in": bytes_in, "plan": plan}
+    if at is not None:
+        state["at"] = at
+    return state
 
 
 @contextmanager

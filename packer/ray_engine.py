@@ -61,14 +61,14 @@ from .ranges import Output, RangeResult, combine, marker_name, part_name, prepar
 from .report import PackProgress, PackSummary
 from .resolve import check_source_options, detect_source, listing_options
 
-__all__ = ["MAX_RETRIES", "pack_on_ray"]
+__all__ = ["MAX_RETRIES", "import_ray", "pack_on_ray", "pack_samples_on_ray"]
 
 MAX_RETRIES = 3
 _KILL_ENV = "SHARDPACK_TEST_RAY_KILL_ONCE"
 _POLL_SECONDS = 0.2
 
 
-def _import_ray():
+def import_ray():
     try:
         import ray
     except ImportError:
@@ -147,15 +147,20 @@ class _RangeProgress(PackProgress):
             os._exit(1)  # the test hook: a worker dying mid-range, once
 
 
-def _pack_range(job: _Job, listing: Listing, start: int, tally,
+def _pack_range(job: _Job, listing, start: int, tally,
                 kill_once: str | None) -> RangeResult:
-    """Pack records ``[start, start + len(listing))`` and publish them (a Ray task)."""
+    """Pack records ``[start, start + len(listing))`` and publish them (a Ray task).
+    ``listing``: a :class:`Listing` slice, or a range of a function's inputs (a
+    :class:`packer.samples.SampleRange`, which packs itself)."""
     out = job.output
     scratch = out.scratch(start)
     try:
         summary = PackSummary(job.src, str(scratch), listing.kind, "shards")
         progress = _RangeProgress(tally, start, len(listing), kill_once)
-        pack_listing(listing, scratch, job.options, progress, summary)
+        if isinstance(listing, Listing):
+            pack_listing(listing, scratch, job.options, progress, summary)
+        else:  # a range of a function's inputs (packer.samples.SampleRange)
+            listing.pack(scratch, job.options, progress, summary)
         manifest = read_manifest(scratch)
         skip_file = scratch / ownership.SKIPPED_NAME
         skips = skip_file.read_text("utf-8").splitlines(keepends=True) \
@@ -183,13 +188,21 @@ def _pack_range(job: _Job, listing: Listing, start: int, tally,
 
 # -- the driver side ----------------------------------------------------------------------
 
-def _slice(listing: Listing, a: int, b: int) -> Listing:
+def _slice(listing, a: int, b: int):
+    if not isinstance(listing, Listing):
+        return listing.slice(a, b)
     return replace(listing, paths=listing.paths[a:b], keys=listing.keys[a:b],
                    columns={k: v[a:b] for k, v in listing.columns.items()}, empty_classes=(),
                    problems={i - a: p for i, p in listing.problems.items() if a <= i < b})
 
 
-def _result(ray, ref, listing: Listing, a: int, b: int, dst: str) -> RangeResult:
+def _first_last(listing, a: int, b: int) -> str:
+    if not isinstance(listing, Listing):
+        return f"first {listing.name(a)}, last {listing.name(b - 1)}"
+    return f"first file {listing.paths[a]}, last {listing.paths[b - 1]}"
+
+
+def _result(ray, ref, listing, a: int, b: int, dst: str) -> RangeResult:
     """The task's result, or its failure as a shardpack error naming the file."""
     try:
         return ray.get(ref)
@@ -198,7 +211,7 @@ def _result(ray, ref, listing: Listing, a: int, b: int, dst: str) -> RangeResult
         if isinstance(cause, (ShardpackError, OSError, ImportError)):
             raise cause from None  # as the task raised it: names the file and the reason
         raise PackError(f"packing records {a}..{b - 1} failed ({type(cause).__name__}: "
-                        f"{cause}); first file {listing.paths[a]}, last {listing.paths[b - 1]}",
+                        f"{cause}); {_first_last(listing, a, b)}",
                         path=display_uri(dst)) from None
     except ray.exceptions.TaskCancelledError:
         raise KeyboardInterrupt from None
@@ -209,7 +222,7 @@ def _result(ray, ref, listing: Listing, a: int, b: int, dst: str) -> RangeResult
                         path=display_uri(dst)) from None
 
 
-def _run(ray, job: _Job, listing: Listing, todo: list[tuple[int, int]], window: int,
+def _run(ray, job: _Job, listing, todo: list[tuple[int, int]], window: int,
          progress: PackProgress, results: dict[int, RangeResult]) -> None:
     """Run a task per range of ``todo``, ``window`` at a time, into ``results``."""
     task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES,
@@ -298,7 +311,7 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     src_path = None if remote else Path(os.path.abspath(src))
     dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
     _check(src_path, dst_text, options)
-    ray = _import_ray()  # before the listing, which may take long on a big source
+    ray = import_ray()  # before the listing, which may take long on a big source
     if remote:
         from .remote import open_remote_source
 
@@ -322,7 +335,36 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     summary = PackSummary(display_uri(src), display_uri(dst), kind, "shards")
     summary.empty_classes = listing.empty_classes
     summary.image_type = listing.fields[0].type
-    plan = listing_fingerprint(listing, options)
+    made = created_by(summary.source, summary.src, options)
+    return _drive(ray, str(src), listing, dst_text, listing_fingerprint(listing, options), made,
+                  options, progress, summary)
+
+
+def pack_samples_on_ray(fn, inputs, dst: str | Path, fields, options: PackOptions,
+                        progress: PackProgress, summary: PackSummary) -> PackSummary:
+    """:func:`packer.pack_samples` with Ray tasks: the driver settles the schema (inferring
+    it here from the first inputs), each task packs ``task_records`` consecutive inputs
+    with the local loop into its own shards, the driver writes the manifest.
+
+    Raises:
+        ImportError: Ray is not installed (with the install hint).
+    """
+    from .samples import SampleRange, made_by, plan_samples
+
+    dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
+    _check(None, dst_text, options)
+    ray = import_ray()
+    plan = plan_samples(fn, inputs, fields, options)
+    part = SampleRange(fn, inputs, 0, plan.fields, plan.fingerprint)
+    return _drive(ray, summary.src, part, dst_text, plan.fingerprint,
+                  made_by(fn, plan.fields, options), options, progress, summary)
+
+
+def _drive(ray, src: str, listing, dst_text: str, plan: str, made: dict, options: PackOptions,
+           progress: PackProgress, summary: PackSummary) -> PackSummary:
+    """Run the missing ranges of ``listing`` (a Listing or a SampleRange) as tasks and
+    finish DST (the protocol in the module docstring, steps 1-5)."""
+    n = len(listing)
     ranges = split(n, options.range_records)
     output = Output(dst_text, options.durable)
     results = prepare(output, plan, ranges, options.resume)
@@ -330,7 +372,7 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     todo = [r for r in ranges if r[0] not in results]
     task_options = replace(options, shuffle=False, resume=False, overwrite=False, workers=0,
                            engine="local", ray_address=None, task_records=None)
-    job = _Job(str(src), output, plan, task_options)
+    job = _Job(src, output, plan, task_options)
     t0 = time.perf_counter()
     started = False
     try:
@@ -340,7 +382,7 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
         if todo:
             window = options.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
             _run(ray, job, listing, todo, window, progress, results)
-        _finish(output, listing, summary, options, list(results.values()))
+        _finish(output, listing, summary, made, list(results.values()))
     except KeyboardInterrupt:
         raise PackInterrupted(summary) from None
     finally:
@@ -352,7 +394,7 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     return summary
 
 
-def _finish(output: Output, listing: Listing, summary: PackSummary, options: PackOptions,
+def _finish(output: Output, listing, summary: PackSummary, made: dict,
             results: list[RangeResult]) -> None:
     """``skipped.jsonl``, then the manifest (last), then drop ``.ray/``."""
     shards, skips, _ = combine(results)
@@ -371,7 +413,7 @@ def _finish(output: Output, listing: Listing, summary: PackSummary, options: Pac
     manifest = Manifest(fields=tuple(fields), shards=tuple(shards),
                         alignment=results[0].alignment, classes=listing.classes,
                         class_info=listing.class_info,
-                        created_by=created_by(summary.source, summary.src, options),
+                        created_by=made,
                         max_raw_size=max_raw)
     output.write_bytes(MANIFEST_NAME, manifest_bytes(manifest))
     output.sync()

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PackProgress", "PackSummary", "format_summary"]
+__all__ = ["PackProgress", "PackSummary", "TqdmProgress", "format_summary"]
 
 
 class PackProgress:
@@ -25,6 +25,44 @@ class PackProgress:
 
     def close(self) -> None:
         """The pack ended (successfully or not)."""
+
+
+class TqdmProgress(PackProgress):
+    """A tqdm bar on stderr (``pack-dataset``'s, and ``pack_samples(progress=True)``'s);
+    silent when stderr is not a terminal (``disable=None``). tqdm is imported only here.
+
+    Args:
+        quiet: no bar at all.
+        unit: what a step counts (``file``, ``input``).
+    """
+
+    def __init__(self, quiet: bool = False, unit: str = "file") -> None:
+        self.quiet, self.unit = quiet, unit
+        self.bar = None
+
+    def start(self, total, done=0):
+        if self.quiet:
+            return
+        import sys
+
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=done, unit=self.unit, disable=None, file=sys.stderr,
+                        dynamic_ncols=True, smoothing=0.1)
+        self._bytes = 0
+
+    def advance(self, records, nbytes):
+        if self.bar is not None:
+            self._bytes += nbytes
+            elapsed = self.bar.format_dict.get("elapsed") or 0
+            if elapsed:
+                self.bar.set_postfix_str(f"{self._bytes / elapsed / 1e6:.0f} MB/s", refresh=False)
+            self.bar.update(records)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 @dataclass

@@ -40,7 +40,7 @@ from .plan import (
 from .report import PackProgress, PackSummary
 from .resolve import check_names, check_source_options, detect_source, open_source
 
-__all__ = ["SKIPPED_NAME", "pack"]
+__all__ = ["SKIPPED_NAME", "claimed", "pack"]
 
 SKIPPED_NAME = ownership.SKIPPED_NAME
 SHUFFLE_PASS = ownership.SHUFFLE_PASS_DIR  # inside the folder a pack writes (docstring)
@@ -87,7 +87,7 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         from .ray_engine import pack_on_ray
 
         check_paths(None if is_uri(src) else Path(src), dst)
-        return _claimed(dst, options, lambda folder: pack_on_ray(src, folder, options, progress))
+        return claimed(dst, options, lambda folder: pack_on_ray(src, folder, options, progress))
     if is_uri(src):
         from .remote import open_remote_source
 
@@ -128,13 +128,13 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         return summary
 
     try:
-        return _claimed(dst, options, run)
+        return claimed(dst, options, run)
     finally:
         if copy is not None:  # the local copy of a remote container: kept for a rerun
             copy.release(delete=summary.complete)
 
 
-def _claimed(dst: Path, options: PackOptions, run) -> PackSummary:
+def claimed(dst: Path, options: PackOptions, run) -> PackSummary:
     """``run(folder)`` on DST claimed as :mod:`packer.destination` describes ("claiming
     DST"): locked, refused if it holds what is not ours, staged when it replaces."""
     dest = claim(dst, options)

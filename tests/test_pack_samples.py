@@ -1,0 +1,274 @@
+"""``packer.pack_samples``: a user's function over inputs, through the one pack loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import formats
+from formats import Field
+from packer import (
+    PackError,
+    PackInputError,
+    PackInterrupted,
+    PackProgress,
+    UsageError,
+    pack_samples,
+)
+from tests.helpers_packer import dataset_files, jpeg
+
+FAST = {"durable": False, "progress": False}
+
+
+def make(i):
+    """One sample per input, every field type; the array's length varies."""
+    r = np.random.default_rng(i)
+    return {"tokens": r.integers(0, 257, int(r.integers(3, 40))).astype(np.int32),
+            "text": f"doc {i} \u00e9", "n": i, "score": i / 3, "blob": bytes([i % 256]) * 5,
+            "meta": {"i": i, "tags": ["a", "b"][: i % 3]},
+            "grid": np.full((2, 3), i, np.float32)}
+
+
+def clips(i):
+    """A generator: input i yields i % 3 samples (0, 1 or 2)."""
+    for j in range(i % 3):
+        yield {"clip": np.arange(j + 1, dtype=np.int16) + i, "name": f"{i}-{j}"}
+
+
+def flaky(i):
+    if i == 7:
+        raise ValueError(f"cannot read item {i}")
+    return {"x": i}
+
+
+def half_then_raise(i):
+    yield {"x": i}
+    if i == 4:
+        raise OSError("disk went away")
+    yield {"x": -i}
+
+
+def not_a_dict(i):
+    return [i] if i == 5 else {"x": i}
+
+
+def wrong_type(i):
+    return {"x": "five" if i == 5 else i}
+
+
+def wrong_dtype(i):
+    return {"a": np.zeros(3, np.int64 if i == 5 else np.int32)}
+
+
+def surrogate(i):
+    return {"t": "bad \udc80 text" if i == 5 else f"text {i}"}
+
+
+def big(i):
+    return {"b": bytes(5000 if i == 5 else 100)}
+
+
+def images(i):
+    return {"image": jpeg(np.random.default_rng(i), 20 + i, 16), "label": i % 2}
+
+
+def test_schema_is_inferred_and_values_come_back(tmp_path):
+    s = pack_samples(make, range(30), tmp_path / "ds", workers=0, **FAST)
+    assert s.complete and s.records_in == s.records_written == 30 and s.source == "function"
+    ds = formats.open_shards(tmp_path / "ds")
+    types = {f.name: (f.type, f.dtype, f.shape) for f in ds.fields}
+    assert types == {"tokens": ("ndarray", "<i4", (None,)), "text": ("str", None, None),
+                     "n": ("int", None, None), "score": ("float", None, None),
+                     "blob": ("bytes", None, None), "meta": ("json", None, None),
+                     "grid": ("ndarray", "<f4", (2, 3))}
+    for i in (0, 17, 29):
+        want, got = make(i), ds[i]
+        np.testing.assert_array_equal(got["tokens"], want["tokens"])
+        np.testing.assert_array_equal(got["grid"], want["grid"])
+        assert (got["text"], got["n"], got["score"], bytes(got["blob"]), got["meta"]) == \
+            (want["text"], want["n"], want["score"], want["blob"], want["meta"])
+    made = ds.manifest.created_by
+    assert made["source"]["function"].endswith("test_pack_samples.make")
+    assert made["schema"]["tokens"] == "<i4[None]"
+
+
+def test_images_are_typed_by_content_and_labels_reach_the_metadata(tmp_path):
+    pack_samples(images, range(6), tmp_path / "ds", workers=0, **FAST)
+    ds = formats.open_shards(tmp_path / "ds")
+    assert [(f.name, f.type) for f in ds.fields] == [("image", "jpeg"), ("label", "int")]
+    meta = ds.metadata()
+    assert meta.column("label").to_pylist() == [0, 1, 0, 1, 0, 1]
+    assert meta.column("width").to_pylist() == [20, 21, 22, 23, 24, 25]
+
+
+@pytest.mark.parametrize("fn", [make, clips])
+def test_bytes_do_not_depend_on_workers(tmp_path, fn):
+    outs = []
+    for w in (0, 1, 2):
+        pack_samples(fn, range(300), tmp_path / f"w{w}", workers=w, records_per_shard=37,
+                     shard_size=None, **FAST)
+        outs.append(dataset_files(tmp_path / f"w{w}"))
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_generators_give_their_samples_in_order(tmp_path):
+    s = pack_samples(clips, range(10), tmp_path / "ds", workers=2, **FAST)
+    ds = formats.open_shards(tmp_path / "ds")
+    names = [ds[k]["name"] for k in range(len(ds))]
+    assert names == [f"{i}-{j}" for i in range(10) for j in range(i % 3)]
+    assert s.records_written == len(names) and s.records_skipped == 0
+    assert ds.fields[0].shape == (None,) and ds.fields[0].dtype == "<i2"
+
+
+def test_an_explicit_schema_in_both_spellings(tmp_path):
+    spec = {"clip": "int16[None]", "name": "str"}
+    pack_samples(clips, range(20), tmp_path / "a", schema=spec, workers=0, **FAST)
+    fields = [Field("clip", "ndarray", dtype="<i2", shape=(None,)), Field("name", "str")]
+    pack_samples(clips, range(20), tmp_path / "b", schema=fields, workers=0, **FAST)
+    assert formats.open_shards(tmp_path / "a").fields == tuple(fields)
+    assert dataset_files(tmp_path / "a") == dataset_files(tmp_path / "b")
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"x": "int33"}, "'x'"), ({"x": "float32[two]"}, "'x'"), ("x:int", "dict"),
+    ({}, "no fields"), ({"x": 3}, "'x'"),
+])
+def test_a_bad_schema_is_a_usage_error(tmp_path, schema, words):
+    with pytest.raises(UsageError, match=words):
+        pack_samples(flaky, range(3), tmp_path / "ds", schema=schema, workers=0, **FAST)
+    assert not (tmp_path / "ds").exists()
+
+
+# name -> (function, kind, words in the reason)
+BAD = {
+    "raises": (flaky, "raised", "ValueError: cannot read item 7"),
+    "not-a-dict": (not_a_dict, "not-a-dict", "list"),
+    "wrong-type": (wrong_type, "type", "'x': a str, where the schema says int"),
+    "wrong-dtype": (wrong_dtype, "dtype", "<i8, where the schema says <i4[3]"),
+    "surrogate": (surrogate, "not-utf8", "not valid UTF-8"),
+    "too-large": (big, "too-large", "more than the shard size"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_samples_fail_naming_the_input(tmp_path, case):
+    fn, kind, words = BAD[case]
+    with pytest.raises(PackInputError) as e:
+        pack_samples(fn, list(range(10)), tmp_path / "ds", workers=2, shard_size=4096, **FAST)
+    i = 7 if case == "raises" else 5
+    assert e.value.kind == kind and words in str(e.value)
+    assert f"input {i} ({i})" in str(e.value)
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_samples_are_skipped_and_listed(tmp_path, case):
+    fn, kind, words = BAD[case]
+    s = pack_samples(fn, list(range(10)), tmp_path / "ds", workers=2, shard_size=4096,
+                     on_error="skip", **FAST)
+    assert s.records_in == s.records_written + s.records_skipped == 10
+    assert dict(s.skipped) == {kind: 1}
+    lines = [json.loads(x) for x in (tmp_path / "ds" / "skipped.jsonl").read_text().splitlines()]
+    i = 7 if case == "raises" else 5
+    assert lines == [{"kind": kind, "path": f"input {i} ({i})", "reason": lines[0]["reason"]}]
+    assert words in lines[0]["reason"]
+    assert len(formats.open_shards(tmp_path / "ds")) == 9
+
+
+def test_a_generator_that_raises_midway_loses_its_samples_and_says_so(tmp_path):
+    s = pack_samples(half_then_raise, range(6), tmp_path / "ds", workers=0, on_error="skip",
+                     **FAST)
+    assert s.records_written == 10 and dict(s.skipped) == {"raised": 1}
+    line = json.loads((tmp_path / "ds" / "skipped.jsonl").read_text())
+    assert "OSError: disk went away" in line["reason"] and "1 sample(s)" in line["reason"]
+    assert [formats.open_shards(tmp_path / "ds")[k]["x"] for k in range(8, 10)] == [5, -5]
+
+
+def test_a_function_that_does_not_pickle_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(UsageError, match=r"cannot be sent to worker processes.*workers=0"):
+        pack_samples(lambda i: {"x": i}, range(3), tmp_path / "ds", workers=2, **FAST)
+    assert not (tmp_path / "ds").exists()
+    s = pack_samples(lambda i: {"x": i}, range(3), tmp_path / "ds", workers=0, **FAST)
+    assert s.records_written == 3
+
+
+@pytest.mark.parametrize("inputs, words", [("abc", "sequence"), (range(0), "empty"),
+                                           (5, "sequence")])
+def test_bad_arguments_are_usage_errors(tmp_path, inputs, words):
+    with pytest.raises(UsageError, match=words):
+        pack_samples(flaky, inputs, tmp_path / "ds", workers=0, **FAST)
+    with pytest.raises(UsageError, match="on_error"):
+        pack_samples(flaky, range(3), tmp_path / "ds", on_error="ignore", **FAST)
+    with pytest.raises(UsageError, match="callable"):
+        pack_samples("flaky", range(3), tmp_path / "ds", **FAST)
+
+
+def test_no_sample_to_infer_from(tmp_path):
+    with pytest.raises(PackError, match="no sample to infer the schema"):
+        pack_samples(not_a_dict, [5], tmp_path / "ds", workers=0, **FAST)
+
+
+def test_dst_is_claimed_like_the_command_line(tmp_path):
+    dst = tmp_path / "ds"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="did not write"):
+        pack_samples(flaky, range(3), dst, schema={"x": "int"}, workers=0, **FAST)
+    pack_samples(make, range(3), dst, workers=0, overwrite=True, **FAST)
+    assert (dst / "notes.txt").read_text() == "mine"
+    with pytest.raises(UsageError, match="already a dataset"):
+        pack_samples(make, range(3), dst, workers=0, **FAST)
+
+
+class _StopAfter(PackProgress):
+    """Ctrl-C after ``n`` inputs."""
+
+    def __init__(self, n):
+        self.n, self.done = n, 0
+
+    def advance(self, records, nbytes):
+        self.done += records
+        if self.done >= self.n:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_interrupt_then_resume_is_byte_identical(tmp_path, workers):
+    """Shards seal in the middle of an input's samples: the resume restarts there."""
+    o = {"workers": workers, "records_per_shard": 7, "shard_size": None, "on_error": "skip",
+         "durable": False}
+    full = pack_samples(clips, range(400), tmp_path / "full", progress=False, **o)
+    with pytest.raises(PackInterrupted):
+        pack_samples(clips, range(400), tmp_path / "cut", progress=_StopAfter(150), **o)
+    assert not (tmp_path / "cut" / "manifest.json").exists()
+    again = pack_samples(clips, range(400), tmp_path / "cut", progress=False, resume=True, **o)
+    assert dataset_files(tmp_path / "cut") == dataset_files(tmp_path / "full")
+    assert again.resumed_records > 0
+    assert again.records_written == full.records_written == len(formats.open_shards(tmp_path / "cut"))
+
+
+def test_resume_refuses_other_inputs(tmp_path):
+    o = {"workers": 0, "records_per_shard": 5, "shard_size": None, "durable": False}
+    with pytest.raises(PackInterrupted):
+        pack_samples(make, range(100), tmp_path / "cut", progress=_StopAfter(40), **o)
+    with pytest.raises(PackError, match="cannot resume"):
+        pack_samples(make, range(1, 101), tmp_path / "cut", progress=False, resume=True, **o)
+
+
+def _die_in_a_worker(i):
+    if i == 5 and os.getpid() != _PARENT:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"x": i}
+
+
+_PARENT = os.getpid()
+
+
+def test_a_worker_that_dies_is_an_error_not_a_hang(tmp_path):
+    with pytest.raises(PackError, match="worker process died"):
+        pack_samples(_die_in_a_worker, range(50), tmp_path / "ds", schema={"x": "int"},
+                     workers=2, **FAST)
