@@ -53,8 +53,12 @@ class TokenBlocks:
         batch_size: blocks per batch (an ``[n, block_size + 1]`` array), or None for
             one block at a time (a read-only zero-copy view when it lies in one record).
         field: the token field: an uncompressed integer ``ndarray`` of shape ``[None]``.
-        shuffle, seed, drop_last, rank, world_size: as for :class:`reader.Loader`
-            (``shuffle`` shuffles blocks, not records).
+        shuffle: ``"block"`` (default): shards in a random order, blocks shuffled within
+            windows of ``window`` blocks of a shard (LitData shuffles chunks, then
+            items within a chunk, the same way): a batch is one gather from one
+            shard. ``"full"``: one permutation of all blocks (batches then mix shards
+            and cost a gather per shard they touch). ``False``: in order.
+        seed, drop_last, rank, world_size: as for :class:`reader.Loader`.
         check_crc: verify each record's checksum the first time it is read.
 
     Raises:
@@ -64,7 +68,7 @@ class TokenBlocks:
 
     def __init__(self, source: str | Path | ShardDataset, block_size: int,
                  batch_size: int | None = 8, *, field: str = "tokens",
-                 shuffle: bool | str = True, seed: int = 0, drop_last: bool = False,
+                 shuffle: bool | str = "block", seed: int = 0, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None,
                  check_crc: bool = True) -> None:
         self.block_size = _int("block_size", block_size, 1)
@@ -95,11 +99,16 @@ class TokenBlocks:
         if self.num_blocks == 0:
             raise ValueError(f"a block needs block_size + 1 = {self.block_size + 1} tokens; "
                              f"{field!r} of {ds.root} holds {total} in all")
-        self.sampler = Sampler(self.num_blocks, np.array([0, self.num_blocks]),
-                               self.batch_size or 1, self.options)
+        # Blocks by the shard their first token is in: the "block" order shuffles shards,
+        # then blocks within windows of a shard, so a batch is one gather from one shard.
+        token_at = self._starts[ds.starts]
+        block_starts = np.minimum(-(-token_at // self.block_size), self.num_blocks)
+        self.sampler = Sampler(self.num_blocks, block_starts, self.batch_size or 1, self.options)
         self.epoch = 0
         self.position = 0
         self._verified = np.zeros(len(self._count), bool)
+        self._unverified = len(self._count)  # once 0, batches skip the check altogether
+        self._rows: dict[int, np.ndarray] = {}
         self._plan: tuple | None = None  # (epoch, per-block arrays)
 
     # -- the index, once ---------------------------------------------------------------
@@ -130,16 +139,57 @@ class TokenBlocks:
     # -- the epoch's plan --------------------------------------------------------------
 
     def _epoch_plan(self, epoch: int) -> tuple:
+        """This rank's epoch, in numpy, once: for each batch, its runs of blocks that lie
+        in one record of one shard (gathered by one fancy index each) and the pieces
+        of the blocks that cross records (one per record touched).
+
+        Within a batch the plan goes in shard order, blocks that cross a record last,
+        so each shard's blocks are one run; ``row`` says where each lands in the batch
+        (the sampler's order).
+        """
         if self._plan is not None and self._plan[0] == epoch:
             return self._plan[1]
+        width = self.block_size + 1
+        b = self.batch_size or 1
         blocks = self.sampler.rank_indices(epoch)
+        batch = np.arange(len(blocks)) // b
         first = blocks * self.block_size
-        rec = np.searchsorted(self._starts, first, side="right") - 1
-        # Records of no tokens share their start with the next one: searchsorted found
+        # Records of no tokens share their start with the next one: side="right" finds
         # the last of them, which holds the token.
-        off = first - self._starts[rec]
-        inside = off + self.block_size + 1 <= self._count[rec]
-        plan = (blocks, rec, self._shard[rec], self._elem[rec] + off, inside)
+        rec = np.searchsorted(self._starts, first, side="right") - 1
+        inside = first - self._starts[rec] + width <= self._count[rec]
+        order = np.lexsort((self._shard[rec], ~inside, batch))
+        row = order - batch[order] * b  # where each planned block goes in its batch
+        blocks, rec, inside, first = blocks[order], rec[order], inside[order], first[order]
+        shard = self._shard[rec]
+        elem = self._elem[rec] + first - self._starts[rec]
+        # Runs of inside blocks of one shard within one batch: [start, end) in delivery order.
+        key = np.where(inside, shard, -1) + (len(self._starts) + 1) * batch
+        cut = np.flatnonzero(np.diff(key)) + 1
+        run_start = np.concatenate([[0], cut]).astype(np.int64)
+        run_end = np.append(cut, len(key)).astype(np.int64)
+        keep = inside[run_start]
+        runs = (run_start[keep], run_end[keep], shard[run_start[keep]])
+        run_bounds = np.searchsorted(runs[0], np.arange(0, len(blocks) + b, b))
+        # Pieces of the crossing blocks.
+        last = np.searchsorted(self._starts, first + width - 1, side="right") - 1
+        per = np.where(inside, 0, last - rec + 1)
+        bounds = np.zeros(len(blocks) + 1, np.int64)
+        np.cumsum(per, out=bounds[1:])
+        owner = np.repeat(np.arange(len(blocks)), per)
+        prec = np.repeat(rec, per) + (np.arange(bounds[-1]) - np.repeat(bounds[:-1], per))
+        lo = np.maximum(self._starts[prec], first[owner])
+        hi = np.minimum(self._starts[prec + 1], first[owner] + width)
+        pieces = (owner, prec, self._shard[prec], self._elem[prec] + lo - self._starts[prec],
+                  lo - first[owner], hi - lo)
+        # The usual batch: one run, no piece (every block inside a record of one shard):
+        # its shard, else -1, as a list (read per batch without numpy scalars).
+        single = (np.diff(run_bounds) == 1) & (bounds[np.minimum(np.arange(1, len(run_bounds))
+                                                                * b, len(blocks))]
+                                              == bounds[np.arange(len(run_bounds) - 1) * b])
+        shard_of = np.full(len(run_bounds) - 1, -1, np.int64)
+        shard_of[single] = runs[2][run_bounds[:-1][single]]
+        plan = (rec, elem, row, bounds, pieces, runs, run_bounds, shard_of.tolist())
         self._plan = (epoch, plan)
         return plan
 
@@ -160,56 +210,51 @@ class TokenBlocks:
             self.epoch, self.position = epoch + 1, 0
 
     def _batch(self, epoch: int, k: int) -> np.ndarray:
-        blocks, rec, shard, elem, inside = self._epoch_plan(epoch)
+        rec, elem, row, bounds, pieces, runs, run_bounds, shard_of = self._epoch_plan(epoch)
         b = self.batch_size or 1
-        lo, hi = k * b, min((k + 1) * b, len(blocks))
-        if self.check_crc:
+        lo, hi = k * b, min((k + 1) * b, len(rec))
+        if self.check_crc and self._unverified:
             self._verify(rec[lo:hi])
-        width = self.block_size + 1
-        if self.batch_size is None:
-            if inside[lo]:
-                view = self._view(int(shard[lo]))[int(elem[lo]):int(elem[lo]) + width]
-                view.flags.writeable = False
-                return view
-            return self._crossing(int(blocks[lo]))
-        out = np.empty((hi - lo, width), self.dtype)
-        sh, el, ins = shard[lo:hi], elem[lo:hi], inside[lo:hi]
-        for s in np.unique(sh[ins]).tolist():
-            sel = ins & (sh == s)
+            self._verify(pieces[1][int(bounds[lo]):int(bounds[hi])])
+        s = shard_of[k]
+        if s >= 0:
+            # The usual case: every block inside a record of one shard, one gather (and
+            # the plan's order is the sampler's: one run sorts as it came).
             rows = self._overlapping_rows(s)
-            out[sel] = rows[el[sel]]
-        for i in np.flatnonzero(~ins).tolist():
-            out[i] = self._crossing(int(blocks[lo + i]))
-        return out
+            if self.batch_size is None:
+                return rows[int(elem[lo])]  # a read-only view of the shard
+            return rows[elem[lo:hi]]
+        width = self.block_size + 1
+        p0, p1 = int(bounds[lo]), int(bounds[hi])
+        r0, r1 = int(run_bounds[k]), int(run_bounds[k + 1])
+        out = np.empty((hi - lo, width), self.dtype)
+        for a, z, s in zip(*(r[r0:r1].tolist() for r in runs), strict=True):
+            out[row[a:z]] = self._overlapping_rows(s)[elem[a:z]]
+        if p1 > p0:
+            flat = out.reshape(-1)
+            owner, _, pshard, src, dst, length = (a[p0:p1].tolist() for a in pieces)
+            for i, s, e, d, n in zip(owner, pshard, src, dst, length, strict=True):
+                at = int(row[i]) * width + d
+                flat[at:at + n] = self._view(s)[e:e + n]
+        return out if self.batch_size is not None else out[0]
 
     def _overlapping_rows(self, s: int) -> np.ndarray:
         """Every ``block_size + 1`` run of shard ``s``'s tokens as one row (a view whose rows
         overlap): a fancy index on it copies whole rows in C."""
-        view = self._view(s)
-        width = self.block_size + 1
-        item = self.dtype.itemsize
-        return as_strided(view, shape=(max(view.size - width + 1, 0), width),
-                          strides=(item, item), writeable=False)
-
-    def _crossing(self, block: int) -> np.ndarray:
-        """A block that spans records (or shards), copied piece by piece."""
-        out = np.empty(self.block_size + 1, self.dtype)
-        t = block * self.block_size
-        r = int(np.searchsorted(self._starts, t, side="right")) - 1
-        at = 0
-        while at < len(out):
-            off = t + at - int(self._starts[r])
-            take = min(int(self._count[r]) - off, len(out) - at)
-            if take > 0:
-                if self.check_crc:
-                    self._verify(np.array([r]))
-                e = int(self._elem[r]) + off
-                out[at:at + take] = self._view(int(self._shard[r]))[e:e + take]
-                at += take
-            r += 1
-        return out
+        self.dataset.shard(s)  # the file still has its full size (the guard against SIGBUS)
+        rows = self._rows.get(s)
+        if rows is None:
+            view = self._view(s)
+            width = self.block_size + 1
+            item = self.dtype.itemsize
+            rows = self._rows[s] = as_strided(view, shape=(max(view.size - width + 1, 0), width),
+                                              strides=(item, item), writeable=False)
+        return rows
 
     def _verify(self, records: np.ndarray) -> None:
+        """Check the records' checksums, each once in this process."""
+        if self._verified[records].all():
+            return
         todo = records[~self._verified[records]]
         for r in np.unique(todo).tolist():
             s = int(self._shard[r])
@@ -219,6 +264,7 @@ class TokenBlocks:
             if crc32c(payload) != int(sh.crcs[local, self._j]):
                 sh.check(local, self._j, payload)  # raises, naming shard, record and offset
             self._verified[r] = True
+            self._unverified -= 1
 
     # -- position ----------------------------------------------------------------------
 
@@ -247,6 +293,7 @@ class TokenBlocks:
 
     def close(self) -> None:
         self._plan = None
+        self._rows = {}
         if self._owns:
             self.dataset.close()
 
