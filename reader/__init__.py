@@ -16,7 +16,7 @@ from .decoded_cache import DecodedCacheOptions
 from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from .loader import CpuSink, Loader
 from .options import DecodeOptions, SamplerOptions, WorkerOptions
-from .sample import Annotations
+from .sample import Annotations, FieldDecoder
 from .sampler import Sampler
 from .slots import FieldLayout, SlotLayout, SlotRing
 from .timing import BatchTiming
@@ -31,6 +31,7 @@ __all__ = [
     "CpuSink",
     "DecodeOptions",
     "DecodedCacheOptions",
+    "FieldDecoder",
     "FieldLayout",
     "Loader",
     "LoaderError",

@@ -80,6 +80,8 @@ class Loader:
             (:class:`reader.Annotations`; default: found by name and shape).
         collate: field -> ``"padded"``, ``"ragged"`` or ``reader.Padded(to=...)`` for
             fields whose size varies per sample (see :mod:`reader.collate`).
+        decoders: field -> ``reader.FieldDecoder(fn, dtype, max_rows)``: bytes fields
+            (audio, ...) decoded in the workers by ``fn``.
         decode: ``False`` for raw-bytes mode (in-process, no workers).
         on_error: ``"fail"`` or ``"skip"`` corrupt images.
         check_crc: verify every record's checksums as it is read (default; see
@@ -108,6 +110,7 @@ class Loader:
                  num_workers: int | str = "auto", prefetch: int | str = "auto",
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
                  transform: Any = None, annotations: Any = None, collate: Any = None,
+                 decoders: Any = None,
                  decode: bool = True, on_error: str = "fail",
                  check_crc: bool = True, decoded_cache: DecodedCacheOptions | None = None,
                  copy: bool = False, device: str = "cpu", rank: int | None = None,
@@ -129,7 +132,7 @@ class Loader:
         self.decode_options = group_options(
             DecodeOptions, decode_options, "decode_options", transform=transform, decode=decode,
             on_error=on_error, check_crc=check_crc, decoded_cache=decoded_cache,
-            annotations=annotations, collate=collate)
+            annotations=annotations, collate=collate, decoders=decoders)
         self.sampler_options = group_options(
             SamplerOptions, sampler_options, "sampler_options", shuffle=shuffle, seed=seed,
             drop_last=drop_last, rank=rank, world_size=world_size)
@@ -210,6 +213,7 @@ class Loader:
         if self.raw:
             idle = {"transform": d.transform is not None, "on_error": d.on_error != "fail",
                     "annotations": d.annotations is not None, "collate": bool(d.collate),
+                    "decoders": bool(d.decoders),
                     "num_workers": w.num_workers not in ("auto", 0),
                     "prefetch": w.prefetch != "auto", "timeout": w.timeout is not None,
                     "persistent_workers": w.persistent_workers,

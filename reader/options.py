@@ -249,6 +249,8 @@ class DecodeOptions:
         annotations: which fields follow the image's geometry
             (:class:`reader.sample.Annotations`); None finds ``boxes``, the per-box
             fields, ``keypoints`` and ``mask`` fields by name and shape.
+        decoders: field -> :class:`reader.FieldDecoder`: bytes fields decoded in
+            the workers by a user callable (audio, ...), batched like arrays.
         collate: how varying-size fields are batched, field -> ``"padded"``,
             ``"ragged"`` or :class:`reader.collate.Padded` (see :mod:`reader.collate`);
             by default images are padded and arrays ragged.
@@ -263,6 +265,7 @@ class DecodeOptions:
     decoded_cache: Any = None
     annotations: Any = None
     collate: Any = None
+    decoders: Any = None
 
     def __post_init__(self) -> None:
         _check_transform(self.transform)
@@ -276,6 +279,14 @@ class DecodeOptions:
             from .collate import check_collate
 
             _set(self, "collate", check_collate(self.collate))
+        if self.decoders is not None:
+            from .sample import FieldDecoder
+
+            if not isinstance(self.decoders, dict) or not all(
+                    isinstance(k, str) and isinstance(v, FieldDecoder)
+                    for k, v in self.decoders.items()):
+                raise TypeError("decoders must be a dict of field name -> reader.FieldDecoder, "
+                                f"not {self.decoders!r}")
         if self.decoded_cache is not None:
             from .decoded_cache import DecodedCacheOptions
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from formats.fields import IMAGE_TYPES
+from formats.fields import BYTES_TYPES, IMAGE_TYPES
 
 from .collate import Padded, VarField
 from .imaging import make_pipeline
@@ -242,6 +242,19 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
                              image_var.bound, b, False, mode.to if isinstance(mode, Padded) else None)
                 var_fields.append(v)
                 mask_vars.append((m, v))
+    decoders = dict(opts.decoders or {})
+    for n in decoders:
+        if n not in names:
+            raise ValueError(f"decoders names {n!r}, which is not among the fields read "
+                             f"({', '.join(names)})")
+        if types[n].type not in BYTES_TYPES or n == image or n in masks:
+            raise ValueError(f"decoders[{n!r}]: a FieldDecoder takes a bytes field's stored "
+                             f"bytes; {n!r} is {types[n].type}"
+                             + (" and decoded as an image already" if n in (image, *masks)
+                                else ""))
+        if types[n].compression != "none":
+            raise ValueError(f"decoders[{n!r}]: the field is stored {types[n].compression}-"
+                             "compressed; a FieldDecoder reads stored bytes in place")
     slot_fields, main, arrays = [], [], []
     for n in names:
         f = types[n]
@@ -249,6 +262,14 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
             continue
         if raw:
             main.append(n)
+        elif n in decoders:
+            dec = decoders[n]
+            mode = collate.get(n, "ragged")
+            v = VarField(n, "padded" if isinstance(mode, Padded) else mode, dec.dtype, 1,
+                         dec.inner, (dec.max_rows,), b, False,
+                         mode.to if isinstance(mode, Padded) else None)
+            arrays.append(v)
+            var_fields.append(v)
         elif f.type in ("int", "float") or (f.type == "ndarray" and f.fixed_shape):
             if n in collate:
                 raise ValueError(f"collate[{n!r}]: {n!r} has a fixed shape; only varying-size "
@@ -281,7 +302,8 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
         sample = SampleSpec(image=image, image_var=image_var, masks=tuple(mask_vars),
                             boxes=boxes, keypoints=keypoints, per_box=per_box,
                             arrays=tuple(arrays),
-                            min_box_size=(opts.annotations or Annotations()).min_box_size)
+                            min_box_size=(opts.annotations or Annotations()).min_box_size,
+                            decoders=tuple(decoders.items()))
     for n, t in slot_fields:
         f = types[n]
         dt = {"int": np.int64, "float": np.float64}.get(t) or np.dtype(f.dtype)

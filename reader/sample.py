@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .collate import VarField
 from .geometry import move_boxes, move_keypoints
 
-__all__ = ["Annotations", "SampleBuilder", "SampleSpec"]
+__all__ = ["Annotations", "FieldDecoder", "SampleBuilder", "SampleSpec"]
 
 PAGE_STRIDE = 4096
 
@@ -77,6 +78,39 @@ class Annotations:
 
 
 @dataclass(frozen=True)
+class FieldDecoder:
+    """Decode a bytes field in the workers with a user callable (audio, compressed
+    arrays, anything the loader does not decode itself); the Loader's ``decoders=``.
+
+    The result is written into the batch slot like any array whose first dimension
+    varies (ragged by default, see :mod:`reader.collate`), so the slot must be sized
+    for it: ``max_rows`` bounds the first dimension. The monitor counts the time as
+    ``decode``.
+
+    Attributes:
+        fn: ``fn(data) -> array`` of ``dtype`` and shape ``[rows, *inner]``; ``data``
+            is the stored bytes (a zero-copy memoryview). Picklable (module level).
+        dtype: the array's dtype.
+        max_rows: the most rows one sample decodes to (e.g. 30 s of 16 kHz audio: 480,000).
+        inner: the fixed dimensions after the first (``(2,)`` for stereo samples).
+    """
+
+    fn: Any
+    dtype: str
+    max_rows: int
+    inner: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"FieldDecoder fn must be callable, not {self.fn!r}")
+        object.__setattr__(self, "dtype", np.dtype(self.dtype).str)
+        if not isinstance(self.max_rows, int) or isinstance(self.max_rows, bool) \
+                or self.max_rows < 1:
+            raise ValueError(f"FieldDecoder max_rows must be an int >= 1, not {self.max_rows!r}")
+        object.__setattr__(self, "inner", tuple(int(d) for d in self.inner))
+
+
+@dataclass(frozen=True)
 class SampleSpec:
     """What the sample path writes (planned once by the loader, see :mod:`reader.loader`).
 
@@ -88,6 +122,8 @@ class SampleSpec:
         per_box: fields filtered with the boxes.
         arrays: every varying-size array field read in the workers, boxes included.
         min_box_size: see :class:`Annotations`.
+        decoders: ``(field, FieldDecoder)`` of the fields decoded by user callables
+            (their :class:`VarField` is among ``arrays``).
     """
 
     image: str | None
@@ -98,6 +134,7 @@ class SampleSpec:
     per_box: tuple[str, ...]
     arrays: tuple[VarField, ...]
     min_box_size: float = 1.0
+    decoders: tuple[tuple[str, FieldDecoder], ...] = ()
 
     @property
     def var_fields(self) -> tuple[VarField, ...]:
@@ -134,10 +171,17 @@ class SampleBuilder:
             if len(v):
                 a = np.frombuffer(v, np.uint8)
                 int(a[::PAGE_STRIDE].sum()) + int(a[-1])  # page the record in
-        arrays = {f.name: [self._array(r, f) for r in idx] for f in spec.arrays}
+        decoded = dict(spec.decoders)
+        arrays = {f.name: [self._array(r, f) for r in idx] for f in spec.arrays
+                  if f.name not in decoded}
         io_s = time.perf_counter() - t
 
-        decode_s = transform_s = 0.0
+        t = time.perf_counter()
+        for name, dec in spec.decoders:
+            arrays[name] = [self._decoded(r, v, name, dec)
+                            for r, v in zip(idx, ds.payloads(indices, name), strict=True)]
+        decode_s = time.perf_counter() - t
+        transform_s = 0.0
         skipped = 0
         sizes: list[tuple[int, int]] = []
         plans: list = []
@@ -183,6 +227,22 @@ class SampleBuilder:
         if a.shape[1:] != f.inner:
             raise ValueError(f"field {f.name!r} of record {record} has shape {a.shape}; "
                              f"expected [N, {', '.join(map(str, f.inner))}]")
+        return a
+
+    def _decoded(self, record: int, data, name: str, dec: FieldDecoder) -> np.ndarray:
+        """One field through its user decoder, the result checked against its declaration."""
+        self.current = record
+        a = dec.fn(data)
+        fn = getattr(dec.fn, "__qualname__", repr(dec.fn))
+        want = f"{np.dtype(dec.dtype)} [rows{''.join(f', {d}' for d in dec.inner)}]"
+        if not isinstance(a, np.ndarray) or a.dtype != np.dtype(dec.dtype) \
+                or a.shape[1:] != dec.inner or a.ndim != 1 + len(dec.inner):
+            got = f"{a.dtype} {list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise TypeError(f"decoder {fn} of field {name!r} returned {got} for record "
+                            f"{record}; FieldDecoder declares {want}")
+        if len(a) > dec.max_rows:
+            raise ValueError(f"decoder {fn} of field {name!r} returned {len(a)} rows for record "
+                             f"{record}, more than FieldDecoder(max_rows={dec.max_rows})")
         return a
 
     def _skip(self, i: int, exc: Exception, valid) -> tuple[int, int]:

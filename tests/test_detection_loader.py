@@ -464,3 +464,42 @@ def test_the_writer_records_image_sizes_when_not_given(tmp_path):
     table = open_shards(root).metadata(["width", "height"]).to_pydict()
     assert all(v and v % 8 == 0 for v in table["width"][:3] + table["height"][:3])
     assert table["width"][3] is None and table["height"][3] is None
+
+
+def _pcm(data):
+    """A stand-in audio decoder: 16-bit little-endian PCM after a 4-byte rate header."""
+    return np.frombuffer(data, "<i2", offset=4).astype(np.float32) / 32768
+
+
+def _wrong(data):
+    return np.zeros(3, np.float64)
+
+
+def test_field_decoders_run_in_workers(tmp_path):
+    from reader import FieldDecoder
+
+    root = tmp_path / "audio"
+    rng = np.random.default_rng(0)
+    clips = [rng.integers(-3000, 3000, n).astype("<i2") for n in (5, 0, 12, 7)]
+    with DatasetWriter(root, [Field("audio", "bytes"), Field("label", "int")], shard_size=None,
+                       records_per_shard=2, durable=False) as w:
+        for i, c in enumerate(clips):
+            w.write({"audio": b"RATE" + c.tobytes(), "label": i})
+    dec = FieldDecoder(_pcm, "float32", max_rows=16)
+    with Loader(root, 4, decoders={"audio": dec}, num_workers=2) as lo:
+        b = next(iter(lo))
+    assert isinstance(b["audio"], Ragged) and b["label"].tolist() == [0, 1, 2, 3]
+    for got, c in zip(b["audio"], clips, strict=True):
+        assert np.allclose(got, c / 32768)
+    with Loader(root, 4, decoders={"audio": dec}, collate={"audio": "padded"},
+                num_workers=0) as lo:
+        b = next(iter(lo))
+    assert b["audio"].shape == (4, 12) and b["audio_size"][:, 0].tolist() == [5, 0, 12, 7]
+    with Loader(root, 4, decoders={"audio": FieldDecoder(_pcm, "float32", max_rows=8)},
+                num_workers=0) as lo, pytest.raises(reader.WorkerError, match="max_rows=8"):
+        next(iter(lo))
+    with Loader(root, 4, decoders={"audio": FieldDecoder(_wrong, "float32", max_rows=8)},
+                num_workers=0) as lo, pytest.raises(reader.WorkerError, match="returned float64"):
+        next(iter(lo))
+    with pytest.raises(ValueError, match="'label' is int"):
+        Loader(root, 4, decoders={"label": dec})
