@@ -140,3 +140,29 @@ def test_a_damaged_record_is_named(tmp_path, docs):
     with TokenBlocks(root, 8, 4, shuffle=False) as tb, \
             pytest.raises(CorruptRecordError, match="checksum"):
         list(tb)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_budgeted_document_batches_through_the_loader(path, docs, padded):
+    from reader import Loader, Ragged
+    from reader.batching import BudgetBatches
+
+    budget = 256
+    spec = BudgetBatches(budget, size="field:tokens", padded=padded)
+    collate = {"tokens": "padded" if padded else "ragged"}
+    with Loader(path, None, batch_sampler=spec, collate=collate, shuffle=True, seed=1,
+                num_workers=1, copy=True) as lo:
+        batches = list(lo)
+    seen = []
+    for b in batches:
+        if padded:
+            sizes = b["tokens_size"][:, 0]
+            assert b["tokens"].shape[1] * len(sizes) <= budget  # the padded cost
+            rows = [b["tokens"][i, :n] for i, n in enumerate(sizes)]
+        else:
+            assert isinstance(b["tokens"], Ragged) and len(b["tokens"].values) <= budget
+            rows = list(b["tokens"])
+        seen += [tuple(r) for r in rows]
+    assert sorted(seen) == sorted(tuple(d.astype(np.int32)) for d in docs)
+    with pytest.raises(ValueError, match="budget"):
+        Loader(path, None, batch_sampler=BudgetBatches(100, size="field:tokens"))
