@@ -61,7 +61,8 @@ from .ranges import Output, RangeResult, combine, marker_name, part_name, prepar
 from .report import PackProgress, PackSummary
 from .resolve import check_source_options, detect_source, listing_options
 
-__all__ = ["MAX_RETRIES", "import_ray", "pack_on_ray", "pack_samples_on_ray"]
+__all__ = ["MAX_RETRIES", "RangeJob", "drive", "import_ray", "pack_on_ray", "pack_range",
+           "pack_samples_on_ray"]
 
 MAX_RETRIES = 3
 _KILL_ENV = "SHARDPACK_TEST_RAY_KILL_ONCE"
@@ -100,7 +101,7 @@ def _connect(ray, options: PackOptions) -> bool:
 # -- the task side ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Job:
+class RangeJob:
     """What every task of one pack shares."""
 
     src: str
@@ -147,16 +148,20 @@ class _RangeProgress(PackProgress):
             os._exit(1)  # the test hook: a worker dying mid-range, once
 
 
-def _pack_range(job: _Job, listing, start: int, tally,
+def _pack_range(job: RangeJob, listing, start: int, tally,
                 kill_once: str | None) -> RangeResult:
-    """Pack records ``[start, start + len(listing))`` and publish them (a Ray task).
-    ``listing``: a :class:`Listing` slice, or a range of a function's inputs (a
-    :class:`packer.samples.SampleRange`, which packs itself)."""
+    """A Ray task: :func:`pack_range` reporting to the tally."""
+    return pack_range(job, listing, start, _RangeProgress(tally, start, len(listing), kill_once))
+
+
+def pack_range(job: RangeJob, listing, start: int, progress: PackProgress) -> RangeResult:
+    """Pack records ``[start, start + len(listing))`` and publish them (a task, on Ray
+    or in a local worker process). ``listing``: a :class:`Listing` slice, or a range
+    of a function's inputs (a :class:`packer.samples.SampleRange`, which packs itself)."""
     out = job.output
     scratch = out.scratch(start)
     try:
         summary = PackSummary(job.src, str(scratch), listing.kind, "shards")
-        progress = _RangeProgress(tally, start, len(listing), kill_once)
         if isinstance(listing, Listing):
             pack_listing(listing, scratch, job.options, progress, summary)
         else:  # a range of a function's inputs (packer.samples.SampleRange)
@@ -222,7 +227,7 @@ def _result(ray, ref, listing, a: int, b: int, dst: str) -> RangeResult:
                         path=display_uri(dst)) from None
 
 
-def _run(ray, job: _Job, listing, todo: list[tuple[int, int]], window: int,
+def _run(ray, job: RangeJob, listing, todo: list[tuple[int, int]], window: int,
          progress: PackProgress, results: dict[int, RangeResult]) -> None:
     """Run a task per range of ``todo``, ``window`` at a time, into ``results``."""
     task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES,
@@ -336,8 +341,8 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     summary.empty_classes = listing.empty_classes
     summary.image_type = listing.fields[0].type
     made = created_by(summary.source, summary.src, options)
-    return _drive(ray, str(src), listing, dst_text, listing_fingerprint(listing, options), made,
-                  options, progress, summary)
+    return drive(_on_ray(ray, options), str(src), listing, dst_text,
+                 listing_fingerprint(listing, options), made, options, progress, summary)
 
 
 def pack_samples_on_ray(fn, inputs, dst: str | Path, fields, options: PackOptions,
@@ -356,32 +361,46 @@ def pack_samples_on_ray(fn, inputs, dst: str | Path, fields, options: PackOption
     ray = import_ray()
     plan = plan_samples(fn, inputs, fields, options)
     part = SampleRange(fn, inputs, 0, plan.fields, plan.fingerprint)
-    return _drive(ray, summary.src, part, dst_text, plan.fingerprint,
-                  made_by(fn, plan.fields, options), options, progress, summary)
+    return drive(_on_ray(ray, options), summary.src, part, dst_text, plan.fingerprint,
+                 made_by(fn, plan.fields, options), options, progress, summary)
 
 
-def _drive(ray, src: str, listing, dst_text: str, plan: str, made: dict, options: PackOptions,
-           progress: PackProgress, summary: PackSummary) -> PackSummary:
-    """Run the missing ranges of ``listing`` (a Listing or a SampleRange) as tasks and
-    finish DST (the protocol in the module docstring, steps 1-5)."""
+def _on_ray(ray, options: PackOptions):
+    """Runs ranges as Ray tasks (steps 2-4), joining or starting a cluster first."""
+
+    def run(job: RangeJob, listing, todo, progress: PackProgress, results: dict) -> None:
+        started = _connect(ray, options)
+        try:
+            window = options.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+            _run(ray, job, listing, todo, window, progress, results)
+        finally:
+            if started:
+                ray.shutdown()  # disconnects; a cluster we joined keeps running
+
+    return run
+
+
+def drive(run_ranges, src: str, listing, dst_text: str, plan: str, made: dict,
+          options: PackOptions, progress: PackProgress, summary: PackSummary,
+          range_records: int | None = None) -> PackSummary:
+    """Pack the missing ranges of ``listing`` (a Listing or a SampleRange) with
+    ``run_ranges(job, listing, todo, progress, results)`` (Ray tasks, or local worker
+    processes) and finish DST (the protocol in the module docstring, steps 1-5).
+    ``range_records``: records per range (default ``options.range_records``)."""
     n = len(listing)
-    ranges = split(n, options.range_records)
+    ranges = split(n, range_records or options.range_records)
     output = Output(dst_text, options.durable)
     results = prepare(output, plan, ranges, options.resume)
     resumed = sum(r.records_written for r in results.values())
     todo = [r for r in ranges if r[0] not in results]
     task_options = replace(options, shuffle=False, resume=False, overwrite=False, workers=0,
                            engine="local", ray_address=None, task_records=None)
-    job = _Job(src, output, plan, task_options)
+    job = RangeJob(src, output, plan, task_options)
     t0 = time.perf_counter()
-    started = False
     try:
-        if todo:  # a resume with every range done needs no cluster
-            started = _connect(ray, options)
         progress.start(n, sum(r.stop - r.start for r in results.values()))
-        if todo:
-            window = options.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-            _run(ray, job, listing, todo, window, progress, results)
+        if todo:  # a resume with every range done needs no cluster
+            run_ranges(job, listing, todo, progress, results)
         _finish(output, listing, summary, made, list(results.values()))
     except KeyboardInterrupt:
         raise PackInterrupted(summary) from None
@@ -389,8 +408,6 @@ def _drive(ray, src: str, listing, dst_text: str, plan: str, made: dict, options
         _count(summary, list(results.values()), resumed)
         summary.seconds = time.perf_counter() - t0
         progress.close()
-        if started:
-            ray.shutdown()  # disconnects; a cluster we joined keeps running
     return summary
 
 

@@ -2,25 +2,29 @@
 
 Protocol:
 
-1. **Inference** (no ``schema``): the first inputs are run *raw* (samples as the
-   function made them) until :data:`packer.schema.INFER_SAMPLES` dict samples are in,
-   and :func:`packer.schema.infer_fields` reads exactly those, in input order.
-2. **The writer** is opened with the schema (on a resume its journal must agree)
-   and the resume point read: ``at = [input, sample]`` of the last sealed shard.
-3. **Items**: every later input runs in a worker process (or here, ``workers=0``),
-   which checks each sample against the schema (:func:`packer.schema.check_sample`)
-   and returns :class:`packer.loop.Item` values in order; the raw results of step 1
-   are checked here the same way. Tasks are contiguous input ranges, a bounded
-   window of them in flight, results taken in input order: the bytes never depend
-   on ``workers``.
-4. **The pack loop** (:func:`packer.loop.write_items`) writes them, applying
-   ``on_error`` in one place, exactly as for ``pack-dataset``.
+1. **The schema**: given, or inferred (:func:`packer.schema.infer_fields`) from the
+   first :data:`packer.schema.INFER_SAMPLES` dict samples, in input order, which
+   this process makes by running ``fn`` over the first inputs.
+2. **Ranges**: the inputs are cut into ranges of ``task_records`` (default
+   10,000); each range is packed by one task with the pack loop of ``pack-dataset``
+   (:func:`packer.loop.write_items`, which applies ``on_error`` in one place) into
+   its own ``part-*`` shards, as the Ray engine packs a listing
+   (:mod:`packer.ray_engine`, whose driver runs this too: done-markers, skip lines,
+   the manifest last). Tasks run in ``workers`` local processes (forked), in this
+   process (``workers=0``) or as Ray tasks (``engine="ray"``). Each worker writes
+   its own shards, so samples never cross a process boundary, and a range's bytes
+   depend on the range alone: the output is the same for any ``workers`` and either
+   engine (shard boundaries follow ``task_records``).
+3. **Inside a range**, each input's samples are checked against the schema
+   (:func:`packer.schema.check_sample`) and become :class:`packer.loop.Item` values
+   in order: an input whose function raises is one bad item (kind ``raised``; the
+   samples it yielded before are not written, and the reason says how many); a
+   sample that does not fit is one bad item.
+4. **Resume** keeps every range whose done-marker is in DST and packs the others
+   again (the fingerprint: the function's name, every input, the schema, the options).
 
-An input whose function raises is one bad item (kind ``raised``; the samples it
-yielded before are not written, and the reason says how many); a sample that does
-not fit the schema is one bad item. Workers are forked: they inherit ``fn`` and the
-inputs, and receive only ranges. ``fn`` must still pickle (the same function then
-runs on platforms without fork and on Ray), which is checked before anything starts.
+``fn`` must pickle to run in worker processes or on Ray (checked before anything
+starts); ``workers=0`` takes any callable.
 """
 
 from __future__ import annotations
@@ -29,9 +33,7 @@ import os
 import pickle
 import reprlib
 import signal
-import time
 import traceback
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,19 +44,17 @@ from formats.fields import Field
 from formats.storage import display_uri, is_uri
 from formats.version import package_version
 
-from .errors import PackError, PackInterrupted, UsageError
-from .loop import Item, open_writer, resume_point, write_items
-from .options import PackOptions, parse_size
+from .errors import PackError, UsageError
+from .loop import Item, open_writer, write_items
+from .options import DEFAULT_TASK_RECORDS, PackOptions, parse_size
 from .plan import check_paths
 from .report import PackProgress, PackSummary
 from .schema import INFER_SAMPLES, Bad, check_sample, describe, infer_fields, parse_schema
 
-__all__ = ["SOURCE_KIND", "SampleRange", "made_by", "pack_range", "pack_samples", "plan_samples"]
+__all__ = ["SOURCE_KIND", "SampleRange", "made_by", "pack_samples", "plan_samples"]
 
 #: The summary's and the manifest's name for this source.
 SOURCE_KIND = "function"
-_TASK_SECONDS = 0.05  # a task's target duration: IPC amortized, the window stays balanced
-_MAX_CHUNK = 1024
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60
 
@@ -104,33 +104,18 @@ def _items(i: int, x: Any, samples: list | None, error: str | None, fields: tupl
     return out
 
 
-# -- worker processes (forked: they inherit fn and the inputs) -------------------------
-
-_WORKER: dict[str, Any] = {}
-
-
-def _worker_init(fn: Callable, inputs: Sequence) -> None:
-    # Ctrl-C goes to the whole process group: the parent alone handles it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER["fn"], _WORKER["inputs"] = fn, inputs
-
-
 class _Done(NamedTuple):
-    """A task's answer: raw ``(index, samples, error)`` triples, or checked items."""
+    """Raw ``(index, samples, error)`` triples, or checked items, of inputs [start, stop)."""
 
     start: int
     stop: int
     raw: list | None
     items: list[Item] | None
-    seconds: float
 
 
-def _run(start: int, stop: int, fields: tuple[Field, ...] | None, max_bytes: int | None,
-         fn: Callable | None = None, inputs: Sequence | None = None, offset: int = 0) -> _Done:
+def _run(fn: Callable, inputs: Sequence, start: int, stop: int,
+         fields: tuple[Field, ...] | None, max_bytes: int | None, offset: int = 0) -> _Done:
     """Run ``fn`` over ``inputs[start:stop]``: raw when ``fields`` is None, else checked."""
-    t0 = time.perf_counter()
-    fn = fn or _WORKER["fn"]
-    inputs = _WORKER["inputs"] if inputs is None else inputs
     raw, items = ([], None) if fields is None else (None, [])
     for i in range(start, stop):
         x = inputs[i]
@@ -139,98 +124,44 @@ def _run(start: int, stop: int, fields: tuple[Field, ...] | None, max_bytes: int
             raw.append((i, samples, error))
         else:
             items.extend(_items(i, x, samples, error, fields, max_bytes, offset))
-    return _Done(start, stop, raw, items, time.perf_counter() - t0)
-
-
-class _Runner:
-    """Ranges of inputs through ``fn``, in order: in a process pool, or here."""
-
-    def __init__(self, fn: Callable, inputs: Sequence, workers: int, offset: int = 0) -> None:
-        self.fn, self.inputs, self.workers, self.offset = fn, inputs, workers, offset
-        self.pool = None
-        if workers > 0:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-
-            ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-            self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init,
-                                            initargs=(fn, inputs))
-
-    def run(self, start: int, stop: int, fields, max_bytes, chunk: int = 4) -> Iterator[_Done]:
-        """Tasks over ``[start, stop)`` in order; chunks grow until a task takes about
-        :data:`_TASK_SECONDS` (results are the same whatever the chunks)."""
-        if self.pool is None:
-            i = start
-            while i < stop:
-                j = min(stop, i + chunk)
-                yield _run(i, j, fields, max_bytes, self.fn, self.inputs, self.offset)
-                i = j
-            return
-        from concurrent.futures.process import BrokenProcessPool
-
-        window: deque = deque()
-        i = start
-        depth = 2 * self.workers + 2
-        while i < stop or window:
-            while i < stop and len(window) < depth:
-                j = min(stop, i + chunk)
-                window.append((i, j, self.pool.submit(_run, i, j, fields, max_bytes, None, None,
-                                                      self.offset)))
-                i = j
-            a, b, future = window.popleft()
-            try:
-                done = future.result()
-            except BrokenProcessPool:
-                raise PackError(f"a worker process died while the function ran over inputs "
-                                f"{a}..{b - 1} (killed, or out of memory?); resume=True goes on "
-                                "from the last sealed shard") from None
-            n = done.stop - done.start
-            if done.seconds > 0:
-                chunk = max(1, min(_MAX_CHUNK, round(n * _TASK_SECONDS / done.seconds)))
-            yield done
-
-    def close(self, wait: bool = True) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=wait, cancel_futures=True)
-            self.pool = None
+    return _Done(start, stop, raw, items)
 
 
 # -- the driver ------------------------------------------------------------------------
 
 @dataclass
 class _Plan:
-    """What a pack of samples is, decided before the writer opens."""
+    """What a pack of samples is, decided before anything is written."""
 
     fields: tuple[Field, ...]
-    raw: list  # (index, samples, error) of the inputs run for inference
     fingerprint: str
 
 
-def _infer(runner: _Runner, inputs: Sequence, n: int) -> tuple[tuple[Field, ...], list]:
-    raw: list = []
+def _infer(fn: Callable, inputs: Sequence) -> tuple[tuple[Field, ...], int]:
+    """The schema of the first :data:`INFER_SAMPLES` dict samples (made here), and how
+    many inputs that took."""
     found: list[tuple[str, Any]] = []
-    i = 0
-    chunk = max(1, runner.workers)
+    errors: list[tuple[int, str]] = []
+    i, n = 0, len(inputs)
     while i < n and len(found) < INFER_SAMPLES:
-        for done in runner.run(i, min(n, i + chunk * 4), None, None, chunk):
-            raw.extend(done.raw)
-            for k, samples, _ in done.raw:
-                for j, s in enumerate(samples or ()):
-                    if len(found) < INFER_SAMPLES:
-                        found.append((_name(k, inputs[k], j), s))
-            i = done.stop
-        chunk *= 4
+        samples, error = _call(fn, inputs[i])
+        if error:
+            errors.append((i, error))
+        for j, s in enumerate(samples or ()):
+            if len(found) < INFER_SAMPLES:
+                found.append((_name(i, inputs[i], j), s))
+        i += 1
     dicts = [(name, s) for name, s in found if isinstance(s, dict)]
     if not dicts:
-        bad = next(((k, e) for k, _, e in raw if e), None)
-        why = f"; {_name(bad[0], inputs[bad[0]])}: {bad[1]}" if bad else \
+        why = f"; {_name(errors[0][0], inputs[errors[0][0]])}: {errors[0][1]}" if errors else \
             (f"; {found[0][0]} gave a {type(found[0][1]).__name__}" if found else "")
         raise PackError(f"no sample to infer the schema from in the first {i} input(s): the "
                         f"function gave no dict{why}; pass schema= or fix the function")
-    return infer_fields(dicts), raw
+    return infer_fields(dicts), i
 
 
-def _fingerprint(fn: Callable, inputs: Sequence, fields, options: PackOptions) -> str:
+def _fingerprint(fn: Callable, inputs: Sequence, fields, options: PackOptions,
+                 task_records: int | None) -> str:
     """The function (by name), every input, the schema and the options that shape the
     output: what a resume must find again."""
     try:
@@ -239,25 +170,12 @@ def _fingerprint(fn: Callable, inputs: Sequence, fields, options: PackOptions) -
         body = "\n".join(repr(x) for x in inputs).encode("utf-8", "surrogatepass")
     shaping = {k: v for k, v in options.recorded().items() if k != "on_error"}
     text = repr([_fn_name(fn), len(inputs), crc32c(body), [f.to_json() for f in fields],
-                 sorted(shaping.items())])
+                 sorted(shaping.items()), task_records or options.range_records])
     return f"{crc32c(text.encode()):08x}"
 
 
 def _fn_name(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
-class _InputProgress(PackProgress):
-    """The pack loop's progress calls, told in inputs (the caller's unit), not samples."""
-
-    def __init__(self, progress: PackProgress, total: int, first: int) -> None:
-        self.inner, self.total, self.first = progress, total, first
-
-    def start(self, total, done=0):
-        self.inner.start(self.total, self.first)
-
-    def close(self):
-        self.inner.close()
 
 
 def _progress(progress: PackProgress | bool) -> PackProgress:
@@ -292,8 +210,8 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         schema: the fields, a list of :class:`formats.Field` or a dict of name ->
             type (:func:`packer.schema.parse_schema`: ``{"text": "str", "tokens":
             "int32[None]"}``); None infers it from the first samples.
-        workers: processes running ``fn`` (None: one per core; 0: in this process);
-            with ``engine="ray"``, input ranges packed at once.
+        workers: processes running ``fn`` and writing, a range each (None: one per
+            core; 0: in this process); with ``engine="ray"``, ranges at once.
         shard_size: seal a shard at this data size (bytes or ``"64MB"``); a sample
             larger than it is bad input (kind ``too-large``).
         records_per_shard: or at this many samples.
@@ -304,9 +222,10 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         durable: fsync shards before they get their final names.
         progress: True: a tqdm bar on stderr (quiet when stderr is not a terminal);
             False: none; or a :class:`~packer.PackProgress`. Counted in inputs.
-        engine: ``local`` or ``ray`` (tasks on a Ray cluster, each packing
-            ``task_records`` consecutive inputs into its own shards).
-        ray_address, task_records: the Ray cluster to join; inputs per Ray task.
+        engine: ``local`` (worker processes) or ``ray`` (tasks on a Ray cluster).
+        ray_address: the Ray cluster to join (``engine="ray"``).
+        task_records: inputs per range (default 10,000): each range is packed by one
+            task into its own shards, and a resume keeps the ranges done.
 
     Returns:
         The summary :func:`packer.pack` returns: records are samples (records in =
@@ -328,24 +247,35 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         inputs = list(inputs)
     if isinstance(shard_size, str):
         shard_size = parse_size(shard_size)
+    if task_records is not None and (not isinstance(task_records, int) or task_records <= 0):
+        raise UsageError(f"task_records must be a positive integer, not {task_records!r}")
     options = PackOptions(source=None, shard_size=shard_size, records_per_shard=records_per_shard,
                           workers=workers, on_error=on_error, resume=resume, overwrite=overwrite,
                           durable=durable, engine=engine, ray_address=ray_address,
-                          task_records=task_records)
+                          task_records=task_records if engine == "ray" else None)
+    task_records = task_records or DEFAULT_TASK_RECORDS
     fields = None if schema is None else parse_schema(schema)
     progress = _progress(progress)
     if not len(inputs):
         raise UsageError("inputs is empty: nothing to pack")
     if (engine == "local" and options.num_workers > 0) or engine == "ray":
         _check_pickles(fn, engine)
+    if is_uri(dst) and engine == "ray":  # tasks upload their shards themselves
+        from .ray_engine import pack_samples_on_ray
+        from .remote import hold_remote_dst
+
+        with hold_remote_dst(str(dst)):
+            summary = PackSummary(_fn_name(fn), display_uri(dst), SOURCE_KIND, "shards")
+            return pack_samples_on_ray(fn, inputs, str(dst), fields, options, progress, summary)
     if is_uri(dst):
         from .remote import pack_to_remote
 
         return pack_to_remote(_fn_name(fn), str(dst), options, progress,
-                              lambda _s, stage, o, p: _pack(fn, inputs, stage, fields, o, p))
+                              lambda _s, stage, o, p: _pack(fn, inputs, stage, fields, o, p,
+                                                            task_records))
     dst = Path(dst)
     check_paths(None, dst)
-    return _pack(fn, inputs, dst, fields, options, progress)
+    return _pack(fn, inputs, dst, fields, options, progress, task_records)
 
 
 def _check_pickles(fn: Callable, engine: str) -> None:
@@ -366,37 +296,86 @@ def _check_pickles(fn: Callable, engine: str) -> None:
 
 
 def _pack(fn, inputs: Sequence, dst: Path, fields, options: PackOptions,
-          progress: PackProgress) -> PackSummary:
+          progress: PackProgress, task_records: int) -> PackSummary:
+    from .ray_engine import drive, import_ray, pack_samples_on_ray
     from .run import claimed
 
     summary = PackSummary(_fn_name(fn), display_uri(dst), SOURCE_KIND, "shards")
     if options.engine == "ray":
-        from .ray_engine import pack_samples_on_ray
-
+        import_ray()  # before DST is claimed: a missing extra changes nothing there
         return claimed(dst, options, lambda folder: pack_samples_on_ray(
             fn, inputs, folder, fields, options, progress, summary))
 
     def run(folder: Path) -> PackSummary:
-        t0 = time.perf_counter()
-        runner = _Runner(fn, inputs, options.num_workers)
-        clean = False
-        try:
-            pack_range(fn, inputs, folder, fields, options, progress, summary, runner)
-            clean = True
-        except KeyboardInterrupt:
-            raise PackInterrupted(summary) from None
-        finally:
-            runner.close(wait=clean)
-            summary.seconds = time.perf_counter() - t0
-            progress.close()
-        return summary
+        plan = plan_samples(fn, inputs, fields, options, task_records)
+        part = SampleRange(fn, inputs, 0, plan.fields, plan.fingerprint)
+        return drive(_LocalRanges(options.num_workers), summary.src, part,
+                     os.path.abspath(folder), plan.fingerprint,
+                     made_by(fn, plan.fields, options, task_records), options, progress,
+                     summary, range_records=task_records)
 
     return claimed(dst, options, run)
 
 
+class _LocalRanges:
+    """Runs ranges in ``workers`` forked processes (or here, for 0), a bounded window
+    of them at a time; each publishes its own shards (:func:`packer.ray_engine.pack_range`)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def __call__(self, job, part: SampleRange, todo, progress: PackProgress,
+                 results: dict) -> None:
+        from .ray_engine import pack_range
+
+        if self.workers == 0:
+            for a, b in todo:
+                results[a] = pack_range(job, part.slice(a, b), a, PackProgress())
+                progress.advance(b - a, results[a].bytes_in)
+            return
+        import multiprocessing as mp
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        from concurrent.futures.process import BrokenProcessPool
+
+        ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
+        pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_ignore_sigint)
+        queue = list(reversed(todo))
+        running: dict = {}
+        clean = False
+        try:
+            while queue or running:
+                while queue and len(running) < self.workers:
+                    a, b = queue.pop()
+                    running[pool.submit(pack_range, job, part.slice(a, b), a,
+                                        PackProgress())] = (a, b)
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    a, b = running.pop(future)
+                    try:
+                        results[a] = future.result()
+                    except BrokenProcessPool:
+                        raise PackError(
+                            f"a worker process died while packing inputs {a}..{b - 1} (killed, "
+                            "or out of memory?); resume=True keeps the ranges done") from None
+                    progress.advance(b - a, results[a].bytes_in)
+            clean = True
+        finally:
+            if not clean:
+                # A failure or Ctrl-C: stop the other ranges now (the executor has no
+                # terminate; finished ranges stay for a resume).
+                for p in list(getattr(pool, "_processes", {}).values()):
+                    p.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ignore_sigint() -> None:
+    # Ctrl-C goes to the whole process group: the parent alone handles it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @dataclass(frozen=True)
 class SampleRange:
-    """Consecutive inputs of one pack, as a Ray task packs them (with the whole pack's
+    """Consecutive inputs of one pack, as a task packs them (with the whole pack's
     schema and fingerprint; bad inputs named by their index in the whole pack)."""
 
     fn: Callable
@@ -420,74 +399,34 @@ class SampleRange:
 
     def pack(self, dst: Path, options: PackOptions, progress: PackProgress,
              summary: PackSummary) -> None:
-        pack_range(self.fn, self.inputs, dst, self.fields, options, progress, summary,
-                   _Runner(self.fn, self.inputs, 0, self.offset),
-                   _Plan(self.fields, [], self.fingerprint))
+        """Pack these inputs into the fresh folder ``dst`` with the pack loop."""
+        writer = open_writer(dst, self.fields, None, options, {})
+        n = len(self.inputs)
+        write_items(self._items(options.shard_size), writer, shards=True, total=n, start={},
+                    plan=self.fingerprint, dst=dst, options=options, progress=progress,
+                    summary=summary)
+
+    def _items(self, max_bytes: int | None) -> Iterator[Item]:
+        step = 64  # inputs per progress report
+        for a in range(0, len(self.inputs), step):
+            done = _run(self.fn, self.inputs, a, min(len(self.inputs), a + step),
+                        self.fields, max_bytes, self.offset)
+            yield from done.items
 
 
 def plan_samples(fn, inputs: Sequence, fields, options: PackOptions,
-                 runner: _Runner | None = None) -> _Plan:
+                 task_records: int | None = None) -> _Plan:
     """The schema (given or inferred) and the fingerprint a resume must match."""
-    raw: list = []
     if fields is None:
-        own = runner is None
-        runner = runner or _Runner(fn, inputs, 0)
-        try:
-            fields, raw = _infer(runner, inputs, len(inputs))
-        finally:
-            if own:
-                runner.close()
-    return _Plan(tuple(fields), raw, _fingerprint(fn, inputs, fields, options))
+        fields, _ = _infer(fn, inputs)
+    return _Plan(tuple(fields), _fingerprint(fn, inputs, fields, options, task_records))
 
 
-def made_by(fn, fields, options: PackOptions) -> dict:
-    """The manifest's record of how the dataset was made."""
+def made_by(fn, fields, options: PackOptions, task_records: int | None = None) -> dict:
+    """The manifest's record of how the dataset was made (the range size included:
+    shard boundaries follow it)."""
+    recorded = options.recorded()
+    recorded["task_records"] = task_records or options.range_records
     return {"tool": "packer.pack_samples", "version": package_version(),
             "source": {"kind": SOURCE_KIND, "function": _fn_name(fn)},
-            "schema": {f.name: describe(f) for f in fields},
-            "options": options.recorded()}
-
-
-def pack_range(fn, inputs: Sequence, dst: Path, fields, options: PackOptions,
-               progress: PackProgress, summary: PackSummary, runner: _Runner | None = None,
-               plan: _Plan | None = None) -> None:
-    """Pack every input of ``inputs`` into the folder ``dst`` (the local engine; the Ray
-    engine runs it on each range, with the schema and fingerprint of the whole pack)."""
-    runner = runner or _Runner(fn, inputs, 0)
-    plan = plan or plan_samples(fn, inputs, fields, options, runner)
-    writer = open_writer(dst, plan.fields, None, options, made_by(fn, plan.fields, options))
-    start = resume_point(writer, plan.fingerprint, dst) or {}
-    at = start.get("at") or (0, 0)
-    n = len(inputs)
-    counter = _InputProgress(progress, n, at[0])
-    items = _ordered_items(runner, inputs, plan, options, at, progress)
-    write_items(items, writer, shards=True, total=n, start=start, plan=plan.fingerprint,
-                dst=dst, options=options, progress=counter, summary=summary)
-
-
-def _ordered_items(runner: _Runner, inputs: Sequence, plan: _Plan, options: PackOptions,
-                   at, progress: PackProgress) -> Iterator[Item]:
-    """Every item from input ``at[0]`` on (its first ``at[1]`` samples dropped: they are
-    in a sealed shard), telling ``progress`` each input done."""
-    first, drop = at
-    max_bytes = options.shard_size
-    fields = plan.fields
-
-    def done_inputs():
-        for i, samples, error in plan.raw:
-            if i >= first:
-                yield i, i + 1, _items(i, inputs[i], samples, error, fields, max_bytes,
-                                       runner.offset)
-        begin = max(first, len(plan.raw))
-        for done in runner.run(begin, len(inputs), fields, max_bytes):
-            yield done.start, done.stop, done.items
-
-    for a, b, items in done_inputs():
-        nbytes = 0
-        for item in items:
-            if drop:
-                drop -= 1
-                continue
-            nbytes += item.nbytes
-            yield item
-        progress.advance(b - max(a, first), nbytes)
+            "schema": {f.name: describe(f) for f in fields}, "options": recorded}

@@ -110,7 +110,7 @@ def test_bytes_do_not_depend_on_workers(tmp_path, fn):
     outs = []
     for w in (0, 1, 2):
         pack_samples(fn, range(300), tmp_path / f"w{w}", workers=w, records_per_shard=37,
-                     shard_size=None, **FAST)
+                     shard_size=None, task_records=70, **FAST)
         outs.append(dataset_files(tmp_path / f"w{w}"))
     assert outs[0] == outs[1] == outs[2]
 
@@ -238,9 +238,9 @@ class _StopAfter(PackProgress):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_interrupt_then_resume_is_byte_identical(tmp_path, workers):
-    """Shards seal in the middle of an input's samples: the resume restarts there."""
+    """The ranges finished before Ctrl-C are kept; the others are packed again."""
     o = {"workers": workers, "records_per_shard": 7, "shard_size": None, "on_error": "skip",
-         "durable": False}
+         "durable": False, "task_records": 30}
     full = pack_samples(clips, range(400), tmp_path / "full", progress=False, **o)
     with pytest.raises(PackInterrupted):
         pack_samples(clips, range(400), tmp_path / "cut", progress=_StopAfter(150), **o)
@@ -252,7 +252,8 @@ def test_interrupt_then_resume_is_byte_identical(tmp_path, workers):
 
 
 def test_resume_refuses_other_inputs(tmp_path):
-    o = {"workers": 0, "records_per_shard": 5, "shard_size": None, "durable": False}
+    o = {"workers": 0, "records_per_shard": 5, "shard_size": None, "durable": False,
+         "task_records": 10}
     with pytest.raises(PackInterrupted):
         pack_samples(make, range(100), tmp_path / "cut", progress=_StopAfter(40), **o)
     with pytest.raises(PackError, match="cannot resume"):

@@ -1,0 +1,195 @@
+"""Packing from a Python function: ``packer.pack_samples`` vs LitData's ``optimize`` and
+MosaicML's ``MDSWriter``, and vs the function's own rate, same function, inputs and
+worker count.
+
+The function (:func:`sample`) turns input ``i`` into one sample: a document of
+64-256 words from a fixed vocabulary (``str``) and its UTF-8 bytes as int32 token
+ids (an ``ndarray`` of 1-4 KB) — a byte-level tokenizer. ``--work-us`` adds that many
+microseconds of CPU per sample (a real tokenizer costs 100-500 µs per document).
+
+Cases, each timed around the call that packs (``durable=False``, page cache warm):
+
+* **produce and discard**: W forked worker processes run the function over the
+  inputs and drop every sample; the limit the others are measured against;
+* **pack_samples**: ``pack_samples(sample, range(N), dst, workers=W)``;
+* **LitData**: ``litdata.optimize(fn=sample, inputs=list(range(N)), num_workers=W)``
+  (each worker writes its own chunks);
+* **MDSWriter**: a ``multiprocessing.Pool(W).imap(sample, range(N), chunksize=64)``
+  feeding one ``MDSWriter`` (``ndarray`` and ``str`` columns) in the parent: MDS's
+  documented way to write from a function.
+
+LitData and MDS run in the peers virtualenv (``--peers-python`` or
+``$SHARDPACK_PEERS_PYTHON``; BENCHMARKS.md, "Setting up the peers"), in a subprocess
+that imports this module for the same function. Cases run in rounds (rotated order);
+each ratio is taken within a round and the median is shown.
+
+Usage: ``python -m scripts.bench_pack_samples [--count 200000] [--workers W]
+[--repeat 3] [--work-us 0] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main", "sample"]
+
+_PROSE = ("the model reads token streams from shards that are packed once and mapped "
+          "many times across epochs while workers decode batches in parallel and "
+          "the trainer waits for nothing at all")
+_WORDS = _PROSE.split()
+_WORK_US = float(os.environ.get("BENCH_WORK_US", "0"))
+
+
+def sample(i: int) -> dict:
+    """Input ``i`` as one sample: ``text`` (str) and ``tokens`` (int32, 1-4 KB)."""
+    n = 45 + (i * 7919) % 136
+    text = " ".join(_WORDS[(i * 31 + k * 17) % len(_WORDS)] for k in range(n))
+    tokens = np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+    if _WORK_US:
+        end = time.perf_counter() + _WORK_US * 1e-6
+        while time.perf_counter() < end:
+            pass
+    return {"text": text, "tokens": tokens}
+
+
+# -- the cases (each returns seconds) --------------------------------------------------
+
+def _discard_range(args: tuple[int, int]) -> int:
+    start, stop = args
+    for i in range(start, stop):
+        sample(i)
+    return stop - start
+
+
+def produce_and_discard(n: int, workers: int) -> float:
+    import multiprocessing as mp
+
+    chunks = [(a, min(n, a + 256)) for a in range(0, n, 256)]
+    t = time.perf_counter()
+    with mp.get_context("fork").Pool(workers) as pool:
+        done = sum(pool.imap_unordered(_discard_range, chunks))
+    assert done == n
+    return time.perf_counter() - t
+
+
+def ours(n: int, workers: int, out: Path) -> float:
+    from packer import pack_samples
+
+    t = time.perf_counter()
+    s = pack_samples(sample, range(n), out, workers=workers, durable=False, progress=False)
+    assert s.records_written == n
+    return time.perf_counter() - t
+
+
+def litdata(n: int, workers: int, out: Path) -> float:
+    import litdata as ld
+
+    t = time.perf_counter()
+    ld.optimize(fn=sample, inputs=list(range(n)), output_dir=str(out), num_workers=workers,
+                chunk_bytes="64MB", mode="overwrite")
+    return time.perf_counter() - t
+
+
+def mds(n: int, workers: int, out: Path) -> float:
+    import multiprocessing as mp
+
+    from streaming import MDSWriter
+
+    t = time.perf_counter()
+    with mp.get_context("fork").Pool(workers) as pool, \
+            MDSWriter(out=str(out), columns={"text": "str", "tokens": "ndarray:int32"},
+                      size_limit=64 << 20) as w:
+        for s in pool.imap(sample, range(n), chunksize=64):
+            w.write(s)
+    return time.perf_counter() - t
+
+
+PEERS = {"litdata": litdata, "mds": mds}
+
+
+def _peer(python: str | None, name: str, n: int, workers: int, out: Path) -> float | str:
+    """A peer's seconds, run in the peers' virtualenv (or why not)."""
+    if not python:
+        return "skipped: needs the peers virtualenv (--peers-python)"
+    root = Path(__file__).resolve().parent.parent
+    cmd = [python, "-m", "scripts.bench_pack_samples", "--peer", name, "--count", str(n),
+           "--workers", str(workers), "--out", str(out)]
+    res = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "BENCH_WORK_US": str(_WORK_US)})
+    if res.returncode:
+        return f"failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}"
+    return json.loads(res.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    global _WORK_US
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--count", type=int, default=200_000)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--work-us", type=float, default=0.0,
+                   help="extra CPU microseconds per sample (a costlier tokenizer)")
+    p.add_argument("--peers-python", default=os.environ.get("SHARDPACK_PEERS_PYTHON"))
+    p.add_argument("--quick", action="store_true", help="20,000 samples, one round")
+    p.add_argument("--peer", choices=sorted(PEERS), help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.peer:  # inside the peers' virtualenv
+        print(json.dumps({"seconds": PEERS[args.peer](args.count, args.workers, args.out)}))
+        return 0
+    _WORK_US = args.work_us
+    os.environ["BENCH_WORK_US"] = str(args.work_us)  # forked workers read the global
+    n, repeat = (20_000, 1) if args.quick else (args.count, args.repeat)
+    w = args.workers
+    scratch = Path(tempfile.mkdtemp(prefix="bench-samples-"))
+    sizes = [sample(i)["tokens"].nbytes for i in range(0, n, max(1, n // 1000))]
+    load = os.getloadavg()[0]
+    print(f"{n:,} samples (str + int32 ndarray of {min(sizes)}-{max(sizes)} B, mean "
+          f"{statistics.mean(sizes):,.0f} B), +{args.work_us:g} µs of work each; W = {w} "
+          f"workers ({os.cpu_count()} cores); load {load:.2f} at start; median of {repeat}")
+    cases = {
+        "produce and discard": lambda o: produce_and_discard(n, w),
+        "pack_samples": lambda o: ours(n, w, o),
+        "LitData optimize": lambda o: _peer(args.peers_python, "litdata", n, w, o),
+        "MDSWriter + Pool.imap": lambda o: _peer(args.peers_python, "mds", n, w, o),
+    }
+    names = list(cases)
+    secs: dict[str, list] = {k: [] for k in names}
+    try:
+        for r in range(repeat):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for name in order:
+                out = scratch / f"{name.split()[0]}-{r}"
+                secs[name].append(cases[name](out))
+                shutil.rmtree(out, ignore_errors=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"\n{'case':<24} {'records/s':>10} {'pack_samples ÷ it':>18}  target")
+    targets = {"produce and discard": ">= 0.8", "LitData optimize": ">= 1.0",
+               "MDSWriter + Pool.imap": ">= 1.0"}
+    for name in names:
+        got = secs[name]
+        if any(isinstance(x, str) for x in got):
+            print(f"{name:<24} {next(x for x in got if isinstance(x, str))}")
+            continue
+        rate = n / statistics.median(got)
+        ratio = "" if name == "pack_samples" else \
+            f"{statistics.median(b / a for a, b in zip(secs['pack_samples'], got, strict=True)):.2f}"
+        print(f"{name:<24} {rate:>10,.0f} {ratio:>18}  {targets.get(name, '')}")
+    print(f"load {os.getloadavg()[0]:.2f} at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
