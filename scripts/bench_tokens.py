@@ -116,31 +116,33 @@ def memcpy(root: Path, seconds: float) -> float:
 
 
 _LITDATA = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np, torch
 from litdata import optimize, StreamingDataset, TokensLoader
 
-tokens = np.load(sys.argv[1], mmap_mode="r")
-offsets = np.load(sys.argv[2])
-out, seconds, block = sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
 
 def doc(i):
+    tokens = np.load(sys.argv[1], mmap_mode="r")
+    offsets = np.load(sys.argv[2], mmap_mode="r")
     yield torch.from_numpy(np.array(tokens[offsets[i]:offsets[i + 1]]))
 
-import os
-if not os.path.exists(os.path.join(out, "index.json")):
-    optimize(fn=doc, inputs=list(range(len(offsets) - 1)), output_dir=out,
-             chunk_bytes="64MB", item_loader=TokensLoader(), num_workers=%d)
-ds = StreamingDataset(input_dir=out, item_loader=TokensLoader(block_size=block), shuffle=True,
-                      seed=0)
-it = iter(ds)
-next(it)
-n, t0 = 0, time.perf_counter()
-for x in it:
-    n += x.numel()
-    if time.perf_counter() - t0 > seconds:
-        break
-print(json.dumps({"tokens_per_s": n / (time.perf_counter() - t0)}))
+
+if __name__ == "__main__":
+    out, seconds, block, workers = sys.argv[3], float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+    if not os.path.exists(os.path.join(out, "index.json")):
+        n = len(np.load(sys.argv[2], mmap_mode="r")) - 1
+        optimize(fn=doc, inputs=list(range(n)), output_dir=out, chunk_bytes="64MB",
+                 item_loader=TokensLoader(), num_workers=workers)
+    ds = StreamingDataset(input_dir=out, item_loader=TokensLoader(block_size=block),
+                          shuffle=True, seed=0)
+    it = iter(ds)
+    next(it)
+    n, t0 = 0, time.perf_counter()
+    for x in it:
+        n += x.numel()
+        if time.perf_counter() - t0 > seconds:
+            break
+    print(json.dumps({"tokens_per_s": n / (time.perf_counter() - t0)}))
 """
 
 
@@ -150,10 +152,13 @@ def litdata(peers: str | None, data: Path, tokens: np.ndarray, offsets: np.ndarr
         return "skipped: needs the peers virtualenv (--peers-python)"
     np.save(data / "tokens.npy", tokens)
     np.save(data / "offsets.npy", offsets)
-    script = _LITDATA % min(os.cpu_count() or 1, 4)
-    r = subprocess.run([peers, "-c", script, str(data / "tokens.npy"), str(data / "offsets.npy"),
-                        str(data / "litdata"), str(seconds), str(BLOCK + 1)],
-                       capture_output=True, text=True, cwd=tempfile.gettempdir())
+    # A file, not -c: LitData's writer processes import the function from it.
+    runner = data / "litdata_runner.py"
+    runner.write_text(_LITDATA)
+    out = data / f"litdata-{len(tokens)}"
+    r = subprocess.run([peers, str(runner), str(data / "tokens.npy"), str(data / "offsets.npy"),
+                        str(out), str(seconds), str(BLOCK + 1), str(os.cpu_count() or 1)],
+                       capture_output=True, text=True, cwd=data)
     if r.returncode != 0:
         return f"skipped: litdata failed ({r.stderr.strip().splitlines()[-1:]})"
     return json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"]
