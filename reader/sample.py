@@ -211,12 +211,12 @@ class SampleBuilder:
             decode_s, transform_s, assemble_s, skipped = (decode_s + d, transform_s + tr, a,
                                                           skipped + k)
         else:
-            d, tr, k = self._decode_into_slot(idx, views, masks, sizes, plans, slot, shapes,
-                                              rng, valid)
+            d, tr, a, k = self._decode_into_slot(idx, views, masks, sizes, plans, slot, shapes,
+                                                 rng, valid)
             decode_s, transform_s, skipped = decode_s + d, transform_s + tr, skipped + k
             t = time.perf_counter()
             self._write_arrays(arrays, slot, shapes)
-            assemble_s = time.perf_counter() - t
+            assemble_s = a + time.perf_counter() - t
         self.current = None
         return io_s, decode_s, transform_s, assemble_s, nbytes, skipped, shapes
 
@@ -281,7 +281,8 @@ class SampleBuilder:
         """Step 3 on the fast path: every image straight into its region of the slot."""
         spec = self.spec
         if not spec.image:
-            return 0.0, 0.0, 0
+            return 0.0, 0.0, 0.0, 0
+        t = time.perf_counter()  # laying out the padded or ragged regions is assembly
         out_sizes = [p.size if p is not None else (0, 0) for p in plans]
         if spec.image_var is not None:
             regions, shapes[spec.image] = spec.image_var.regions(slot, out_sizes)
@@ -294,6 +295,7 @@ class SampleBuilder:
             else:
                 r = slot[name]
             mask_regions.append(r)
+        assemble_s = time.perf_counter() - t
         decode_s = transform_s = 0.0
         skipped = 0
         decoder = self.pipeline.decoder()
@@ -319,7 +321,7 @@ class SampleBuilder:
                 continue
             decode_s += time.perf_counter() - t - tr
             transform_s += tr
-        return decode_s, transform_s, skipped
+        return decode_s, transform_s, assemble_s, skipped
 
     def _with_callables(self, idx, views, masks, sizes, plans, arrays, slot, shapes, rng, valid):
         """Step 3 with sample callables: decode into arrays, run them, then write."""
