@@ -146,6 +146,14 @@ def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
     return hs, ws
 
 
+def _var(name: str, mode, dtype, var_dims: int, inner, bound, batch_size: int,
+         channels_first: bool = False) -> VarField:
+    """A :class:`VarField` from a ``collate`` value ("padded", "ragged" or ``Padded``)."""
+    fixed = mode.to if isinstance(mode, Padded) else None
+    return VarField(name, "padded" if isinstance(mode, Padded) else mode, np.dtype(dtype).str,
+                    var_dims, tuple(inner), tuple(bound), batch_size, channels_first, fixed)
+
+
 def _rows(ds, f) -> np.ndarray:
     """Rows of field ``f`` (first dimension varying) in every record, from the shard
     index alone when it is stored uncompressed (payload length less the header)."""
@@ -225,11 +233,8 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
             specs.append((image, dtype, (b, *pipeline.output_shape)))
         else:
             bound = core.max_output(*_image_sizes(ds, image))
-            mode = collate.get(image, "padded")
-            image_var = VarField(image, "padded" if isinstance(mode, Padded) else mode,
-                                 core.dtype.str, 2, (3,), bound, b,
-                                 bool(core.normalize and core.normalize.channels_first),
-                                 mode.to if isinstance(mode, Padded) else None)
+            image_var = _var(image, collate.get(image, "padded"), core.dtype, 2, (3,), bound, b,
+                             bool(core.normalize and core.normalize.channels_first))
             var_fields.append(image_var)
         for m in masks:
             if fixed_image:
@@ -237,9 +242,8 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
                 specs.append((m, np.uint8, (b, *size)))
                 mask_vars.append((m, None))
             else:
-                mode = collate.get(m, image_var.mode if image_var.to is None else Padded(image_var.to))
-                v = VarField(m, "padded" if isinstance(mode, Padded) else mode, "|u1", 2, (),
-                             image_var.bound, b, False, mode.to if isinstance(mode, Padded) else None)
+                like_image = image_var.mode if image_var.to is None else Padded(image_var.to)
+                v = _var(m, collate.get(m, like_image), np.uint8, 2, (), image_var.bound, b)
                 var_fields.append(v)
                 mask_vars.append((m, v))
     decoders = dict(opts.decoders or {})
@@ -264,10 +268,7 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
             main.append(n)
         elif n in decoders:
             dec = decoders[n]
-            mode = collate.get(n, "ragged")
-            v = VarField(n, "padded" if isinstance(mode, Padded) else mode, dec.dtype, 1,
-                         dec.inner, (dec.max_rows,), b, False,
-                         mode.to if isinstance(mode, Padded) else None)
+            v = _var(n, collate.get(n, "ragged"), dec.dtype, 1, dec.inner, (dec.max_rows,), b)
             arrays.append(v)
             var_fields.append(v)
         elif f.type in ("int", "float") or (f.type == "ndarray" and f.fixed_shape):
@@ -276,10 +277,8 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
                                  "fields are padded or ragged")
             slot_fields.append((n, f.type))
         elif _var_rows(f):
-            mode = collate.get(n, "ragged")
-            v = VarField(n, "padded" if isinstance(mode, Padded) else mode, f.dtype, 1,
-                         tuple(f.shape[1:]), (int(rows(n).max(initial=0)),), b, False,
-                         mode.to if isinstance(mode, Padded) else None)
+            v = _var(n, collate.get(n, "ragged"), f.dtype, 1, f.shape[1:],
+                     (int(rows(n).max(initial=0)),), b)
             arrays.append(v)
             var_fields.append(v)
         else:
@@ -309,6 +308,11 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
         dt = {"int": np.int64, "float": np.float64}.get(t) or np.dtype(f.dtype)
         specs.append((n, dt, (b, *(f.shape or ()))))
     for v in var_fields:
+        for name, *_ in v.slot_specs()[1:]:
+            if name in names:
+                raise ValueError(f"field {v.name!r} varies in size, so batches carry "
+                                 f"{name!r} beside it, and the dataset has a field of that "
+                                 f"name: leave that one out (fields=...)")
         specs.extend(v.slot_specs())
     if image is not None and opts.on_error == "skip":
         specs.append(("valid", np.bool_, (b,)))

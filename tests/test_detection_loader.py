@@ -503,3 +503,17 @@ def test_field_decoders_run_in_workers(tmp_path):
         next(iter(lo))
     with pytest.raises(ValueError, match="'label' is int"):
         Loader(root, 4, decoders={"label": dec})
+
+
+def test_a_field_named_like_a_size_column_is_refused(tmp_path):
+    root = tmp_path / "clash"
+    rng = np.random.default_rng(0)
+    with DatasetWriter(root, [Field("image", "jpeg"), Field("image_size", "int")], shard_size=None,
+                       records_per_shard=4, durable=False) as w:
+        for _ in range(2):
+            w.write({"image": _record(rng, 0)["image"], "image_size": 1})
+    with pytest.raises(ValueError, match="carry 'image_size' beside it"):
+        Loader(root, 2, transform=DETECTION)
+    with Loader(root, 2, num_workers=0,
+                decode_options=reader.DecodeOptions(transform=DETECTION, fields=("image",))) as lo:
+        assert next(iter(lo))["image_size"].shape == (2, 2)
