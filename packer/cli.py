@@ -68,6 +68,32 @@ inputs:
   (--on-error fail) or is listed in DST/skipped.jsonl with its kind (skip);
   records in = written + skipped.
 
+any files (--from files, --from filelist):
+  a folder or list of images packs as above (image, key), also with stray other
+  files (a README: not-an-image). When it holds files with other extensions and
+  either no image or an image with a sidecar (a.jpg + a.txt), files are typed by
+  extension and grouped WebDataset-style: a record is every file sharing a key
+  (the path up to the first dot of the name: a.jpg + a.json + a.txt), one field
+  per extension, named by it (jpg, json, txt), and key holds the stem, so
+  key.field is the file name again. A file list's row is one record of one file
+  (key: the path as listed), its columns as before.
+    jpg, png, webp...  the image, checked as above (field typed jpeg/png/image)
+    txt                str (UTF-8; else bad input, kind not-text)
+    json               json (parsed; else bad-json; stored as canonical JSON)
+    npy                ndarray: dtype and number of dimensions from the first
+                       file, a dimension that differs between files is None;
+                       read with the header parser, never unpickled (object
+                       dtypes, another dtype or size: bad-array)
+    wav, flac, mp3, ogg, opus, m4a
+                       bytes, as they are (decode them in the Loader's workers)
+    anything else      str when the first file of that extension is UTF-8 text,
+                       else bytes
+  Every record must have the same fields, the set most records have: a record
+  with other files (a stray README.md) is bad input (other-fields), as is a file
+  without an extension (no-extension). Folders on object storage are read as
+  images only. Detection takes a folder with sub-folders and no image at its
+  top as an image folder: name --from files for a tree of other files.
+
 image field:
   images are recognized by content, never by name, and stored byte for byte
   unless --max-side shrinks them (a JPEG stays a JPEG, another format becomes a

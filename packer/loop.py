@@ -40,7 +40,7 @@ from .options import PackOptions
 from .plan import created_by, listing_fingerprint, shuffle_order, work_options
 from .report import PackProgress, PackSummary
 from .resolve import open_sink
-from .work import WorkOptions, iter_loaded, prepare
+from .work import WorkOptions, iter_loaded, load, os_error, prepare, read_file
 
 __all__ = ["Item", "listing_items", "open_writer", "pack_listing", "record_items", "resume_point",
            "write_items"]
@@ -75,6 +75,9 @@ def listing_items(listing: Listing, start: int, work: WorkOptions, workers: int
                   ) -> Iterator[Item]:
     """The items of a listing from input ``start`` on (files read in order, maybe in
     worker processes)."""
+    if listing.members is not None:
+        yield from _member_items(listing, start, work)
+        return
     paths, keys, problems = listing.paths, listing.keys, listing.problems
     columns = list(listing.columns.items())
     image = listing.fields[0].name
@@ -105,6 +108,55 @@ def listing_items(listing: Listing, start: int, work: WorkOptions, workers: int
                        got.nbytes_in)
     finally:
         loaded.close()
+
+
+def _member_items(listing: Listing, start: int, work: WorkOptions) -> Iterator[Item]:
+    """The items of a listing of any files (:mod:`formats.codecs.anyfiles`): each record's
+    files read here, images checked (and maybe re-encoded) like every image, the others
+    parsed by their field's type."""
+    from formats.codecs.anyfiles import MAX_FILE_BYTES, FileProblem, file_value
+
+    fields = {f.name: f for f in listing.fields}
+    columns = list(listing.columns.items())
+    for i in range(start, len(listing)):
+        key, members = listing.keys[i], listing.members[i]
+        if i in listing.problems:
+            kind, reason = listing.problems[i]
+            yield Item(None, None, key, listing.paths[i], 0, kind, reason)
+            continue
+        record: dict[str, Any] = {}
+        meta: dict[str, Any] = {}
+        nbytes = 0
+        bad = None
+        for name, path in members:
+            got = load(path, work) if fields[name].type in IMAGE_TYPES else None
+            if got is not None:
+                nbytes += got.nbytes_in
+                if got.kind is not None:
+                    bad = (path, got.kind, f"{os.path.basename(path)}: {got.reason}")
+                    break
+                record[name] = got.data
+                if "width" not in meta:
+                    meta = {"width": got.width, "height": got.height}
+                continue
+            try:
+                data = read_file(path, MAX_FILE_BYTES)
+                nbytes += len(data)
+                record[name] = file_value(fields[name], data, path)
+            except FileProblem as exc:
+                bad = (path, exc.kind, f"{os.path.basename(path)}: {exc.reason}")
+                break
+            except OSError as exc:
+                failed = os_error(path, exc)
+                bad = (path, failed.kind, f"{os.path.basename(path)}: {failed.reason}")
+                break
+        if bad is not None:
+            yield Item(None, None, key, bad[0], nbytes, bad[1], bad[2])
+            continue
+        record["key"] = key
+        for name, values in columns:
+            record[name] = values[i]
+        yield Item(record, meta, key, listing.paths[i], nbytes)
 
 
 def _prepare_record(rec: Record, images: list[str], work: WorkOptions) -> Item:
@@ -373,7 +425,7 @@ def pack_listing(listing: Listing, dst: Path, options: PackOptions, progress: Pa
     if options.shuffle:
         listing.reorder(shuffle_order(n, options.seed))
     summary.empty_classes = listing.empty_classes
-    summary.image_type = listing.fields[0].type
+    summary.image_type = _image_type(listing.fields, None)
     shards = options.sink == "shards"
     writer = open_writer(dst, listing.fields, listing.classes, options,
                          created_by(summary.source, summary.src, options), listing.class_info)

@@ -58,8 +58,11 @@ def listing_fingerprint(listing: Listing, options: PackOptions) -> str:
     keys = crc32c("\n".join(listing.keys).encode("utf-8", "surrogateescape"))
     columns = crc32c(json.dumps(listing.columns, sort_keys=True, default=_plain).encode())
     where = str(listing.root) if listing.location is not None else os.path.abspath(listing.root)
-    text = json.dumps([_shaping(options), listing.kind, where, len(listing), keys, columns],
-                      sort_keys=True)
+    parts = [_shaping(options), listing.kind, where, len(listing), keys, columns]
+    if listing.members is not None:  # any files: every record's files and their types
+        parts.append(crc32c(json.dumps([listing.members, [f.to_json() for f in listing.fields]])
+                            .encode("utf-8", "surrogateescape")))
+    text = json.dumps(parts, sort_keys=True)
     return f"{crc32c(text.encode()):08x}"
 
 

@@ -198,7 +198,8 @@ def _slice(listing, a: int, b: int):
         return listing.slice(a, b)
     return replace(listing, paths=listing.paths[a:b], keys=listing.keys[a:b],
                    columns={k: v[a:b] for k, v in listing.columns.items()}, empty_classes=(),
-                   problems={i - a: p for i, p in listing.problems.items() if a <= i < b})
+                   problems={i - a: p for i, p in listing.problems.items() if a <= i < b},
+                   members=None if listing.members is None else listing.members[a:b])
 
 
 def _first_last(listing, a: int, b: int) -> str:
@@ -339,7 +340,7 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
         listing.reorder(shuffle_order(n, options.seed))
     summary = PackSummary(display_uri(src), display_uri(dst), kind, "shards")
     summary.empty_classes = listing.empty_classes
-    summary.image_type = listing.fields[0].type
+    summary.image_type = next((f.type for f in listing.fields if f.type in IMAGE_TYPES), None)
     made = created_by(summary.source, summary.src, options)
     return drive(_on_ray(ray, options), str(src), listing, dst_text,
                  listing_fingerprint(listing, options), made, options, progress, summary)

@@ -32,7 +32,7 @@ from formats.errors import MissingObjectError, ObjectTooLargeError, StorageError
 from formats.sniff import image_kind, image_size, is_gray, looks_complete
 
 __all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Loaded", "WorkOptions", "iter_loaded", "load",
-           "prepare"]
+           "os_error", "prepare", "read_file"]
 
 # One input read from object storage is refused beyond this (a bound on memory).
 MAX_OBJECT_BYTES = 1 << 30
@@ -84,10 +84,14 @@ class WorkOptions:
         return self.max_side is not None or self.to_jpeg
 
 
-def _read(path: str) -> bytes:
+def read_file(path: str, max_bytes: int | None = None) -> bytes:
+    """A whole local file (``max_bytes``: larger is an ``EFBIG`` OSError, a bound on memory)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
+        if max_bytes is not None and size > max_bytes:
+            raise OSError(errno.EFBIG, f"larger than the {max_bytes:,}-byte limit on one file",
+                          path)
         data = os.read(fd, size) if size else b""
         while len(data) < size:  # short reads are legal; rare on regular files
             more = os.read(fd, size - len(data))
@@ -99,7 +103,8 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
-def _os_error(path: str, exc: OSError) -> Loaded:
+def os_error(path: str, exc: OSError) -> Loaded:
+    """An OSError reading ``path`` as bad input: its skip kind and reason."""
     if exc.errno == errno.ENOENT:
         if os.path.islink(path):
             return Loaded(None, None, None, 0, "missing", "dangling symlink")
@@ -241,10 +246,10 @@ def _shrink_to_png(data: bytes, kind: str, width: int, height: int, opts: WorkOp
 def load(path: str, opts: WorkOptions) -> Loaded:
     """Read one file and make it ready to store; bad input comes back as a kind."""
     try:
-        data = _read(path) if opts.location is None else \
+        data = read_file(path) if opts.location is None else \
             opts.location.read_bytes(path, MAX_OBJECT_BYTES)
     except OSError as exc:
-        return _os_error(path, exc)
+        return os_error(path, exc)
     except StorageError as exc:
         # A missing or oversized object is bad input; storage that keeps failing is not,
         # and must stop the pack rather than be skipped record by record.

@@ -33,6 +33,9 @@ Rules (also in ``pack-dataset --help``):
 * ``coco``: an images folder and a COCO detection JSON (:mod:`formats.codecs.coco`).
 * Every listed file counts as an input: one that turns out not to be an image
   is skipped (kind ``not-an-image``) or fails the pack, per ``--on-error``.
+* ``files`` and ``filelist`` holding any file whose extension is not an image's
+  are listed by :mod:`formats.codecs.anyfiles` instead (fields by extension,
+  sidecars grouped by key, WebDataset style); image-only ones stay as above.
 * The image field's type here is provisional (``image`` when the names include
   non-JPEG extensions, else ``jpeg``): the writer types it by what the files hold
   (``formats.DatasetWriter``: ``jpeg``, ``png`` or ``image``).
@@ -106,6 +109,9 @@ class Listing:
             Ray engine ships it to its tasks.
         drop_kinds: the problem kinds that are records the user asked to drop
             (``--drop-empty``): listed and counted as skipped, never failing a pack.
+        members: for a folder or list of any files (:mod:`formats.codecs.anyfiles`),
+            each record's ``(field, path)`` files; None for image sources, whose
+            record is the one file at ``paths[i]`` (the ``image`` field).
     """
 
     kind: str
@@ -121,6 +127,7 @@ class Listing:
     class_info: tuple[dict[str, Any], ...] | None = None
     check: Any = None
     drop_kinds: frozenset[str] = frozenset()
+    members: list[list[tuple[str, str]]] | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -130,6 +137,8 @@ class Listing:
         self.paths = [self.paths[i] for i in order]
         self.keys = [self.keys[i] for i in order]
         self.columns = {k: [v[i] for i in order] for k, v in self.columns.items()}
+        if self.members is not None:
+            self.members = [self.members[i] for i in order]
         where = {old: new for new, old in enumerate(order)}
         self.problems = {where[i]: p for i, p in self.problems.items()}
 
@@ -210,8 +219,80 @@ def image_field(paths: list[str], to_jpeg: bool) -> Field:
     return Field("image", "image" if others else "jpeg")
 
 
+def _any_files(found, kind: str) -> bool:
+    """Whether a ``files``/``filelist`` source is one of any files (then its records
+    follow :mod:`formats.codecs.anyfiles`): it holds a file with an extension that is
+    not an image's, and either no image or an image with a sidecar (``a.jpg`` +
+    ``a.txt``). Image folders, with or without stray files (a README), stay as they
+    were: a stray file is an input that is not an image."""
+    if kind not in ("files", "filelist"):
+        return False
+    from .webdataset import split_key
+
+    images = JPEG_EXTENSIONS | OTHER_IMAGE_EXTENSIONS
+    image_keys, other_keys = set(), set()
+    for _, k, _ in found:
+        ext = os.path.splitext(k)[1].lower()
+        if not ext:
+            continue
+        split = split_key(k.rsplit("/", 1)[-1])
+        stem = k[: len(k) - len(split[1]) - 1] if split else k
+        (image_keys if ext in images else other_keys).add(stem)
+    return bool(other_keys) and (not image_keys or bool(image_keys & other_keys))
+
+
+def _finish_any(kind: str, root: Path, found, columns: dict[str, list],
+                col_fields: list[Field], classes, location) -> Listing:
+    """A listing of any files (:mod:`formats.codecs.anyfiles`)."""
+    from .anyfiles import group_files, type_fields
+
+    if location is not None:
+        raise InputUsageError("a folder or list on object storage is read as images only; "
+                              "copy it to a local disk to pack other files", path=root)
+    if kind == "files":
+        keys, members, problems = group_files(found)
+        paths = [m[0][1] if m else p for m, p in zip(members, _first_paths(found, keys),
+                                                     strict=True)]
+    else:  # a file list: a row is a record of one file; its key is the path as listed
+        keys, members, problems = [], [], {}
+        for i, (p, k, pr) in enumerate(found):
+            _, one, bad = group_files([(p, os.path.basename(k), pr)])
+            keys.append(k)
+            members.append(one[0])
+            if 0 in bad:
+                problems[i] = bad[0]
+        paths = [p for p, _, _ in found]
+    images = JPEG_EXTENSIONS | OTHER_IMAGE_EXTENSIONS
+    fields = type_fields(members, problems, images, JPEG_EXTENSIONS)
+    clash = sorted({f.name for f in fields} & ({"key"} | set(columns)))
+    if clash:
+        raise InputError(f"file extensions {clash} name fields that a column or the key "
+                         "field already is; rename the files or the columns", path=root)
+    out = list(fields)
+    if "label" in columns:
+        out.append(next(f for f in col_fields if f.name == "label"))
+    out.append(Field("key", "str"))
+    out += [f for f in col_fields if f.name != "label"]
+    return Listing(kind, root, paths, keys, columns, tuple(out),
+                   None if classes is None else tuple(classes), (), problems, location,
+                   members=members)
+
+
+def _first_paths(found, keys: list[str]) -> list[str]:
+    """Each grouped record's first file (what messages name)."""
+    from .webdataset import split_key
+
+    first: dict[str, str] = {}
+    for p, k, _ in found:
+        split = split_key(k)
+        first.setdefault(k if split is None else split[0], p)
+    return [first[k] for k in keys]
+
+
 def _finish(kind: str, root: Path, found, columns: dict[str, list], col_fields: list[Field],
             to_jpeg: bool, classes=None, empty=(), location=None) -> Listing:
+    if _any_files(found, kind):
+        return _finish_any(kind, root, found, columns, col_fields, classes, location)
     paths = [p for p, _, _ in found]
     keys = [k for _, k, _ in found]
     problems = {i: pr for i, (_, _, pr) in enumerate(found) if pr is not None}
