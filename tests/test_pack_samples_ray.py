@@ -58,3 +58,20 @@ def test_ray_takes_a_lambda_and_resumes_a_finished_pack(tmp_path):
                      task_records=4, **FAST)
     assert [formats.open_shards(tmp_path / "ds")[k]["x"] for k in range(10)] == list(range(10))
     assert s.shards == 3
+
+
+def test_ray_packs_a_folder_of_any_files_like_the_local_engine(tmp_path):
+    import numpy as np
+
+    from packer import PackOptions, pack
+    from tests.test_files_any import mixed_tree
+
+    mixed_tree(tmp_path / "src", np.random.default_rng(0), n=7)
+    pack(tmp_path / "src", tmp_path / "local", PackOptions(durable=False, workers=0))
+    pack(tmp_path / "src", tmp_path / "ray", PackOptions(durable=False, engine="ray",
+                                                          task_records=3))
+    a, b = formats.open_shards(tmp_path / "local"), formats.open_shards(tmp_path / "ray")
+    assert a.fields == b.fields and len(a) == len(b) == 7
+    for i in range(7):
+        assert a[i]["key"] == b[i]["key"] and a[i]["txt"] == b[i]["txt"]
+        assert a[i]["npy"].tolist() == b[i]["npy"].tolist()
