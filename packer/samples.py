@@ -260,6 +260,12 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         raise UsageError("inputs is empty: nothing to pack")
     if (engine == "local" and options.num_workers > 0) or engine == "ray":
         _check_pickles(fn, engine)
+        try:  # ranges of inputs travel to the workers pickled too
+            pickle.dumps(inputs[0])
+        except Exception as exc:
+            raise UsageError(f"{_name(0, inputs[0])} cannot be sent to worker processes "
+                             f"({type(exc).__name__}: {exc}); pass picklable inputs (paths, "
+                             "ids...) or workers=0") from None
     if is_uri(dst) and engine == "ray":  # tasks upload their shards themselves
         from .ray_engine import pack_samples_on_ray
         from .remote import hold_remote_dst

@@ -196,6 +196,14 @@ def test_a_function_that_does_not_pickle_is_refused_before_anything_runs(tmp_pat
     assert s.records_written == 3
 
 
+def test_inputs_that_do_not_pickle_are_refused_with_workers(tmp_path):
+    import threading
+
+    with pytest.raises(UsageError, match=r"input 0 .*cannot be sent to worker processes"):
+        pack_samples(flaky, [threading.Lock()], tmp_path / "ds", workers=2, **FAST)
+    assert not (tmp_path / "ds").exists()
+
+
 @pytest.mark.parametrize("inputs, words", [("abc", "sequence"), (range(0), "empty"),
                                            (5, "sequence")])
 def test_bad_arguments_are_usage_errors(tmp_path, inputs, words):
