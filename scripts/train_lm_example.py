@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.make_data:
         from scripts.pack_text_example import main as pack_text
 
-        if pack_text(["--out", str(args.data), "--documents", str(args.documents),
-                      "--seed", str(args.seed)]) != 0:
+        if pack_text(["--out", str(args.data), "--docs", str(args.documents),
+                      "--overwrite"]) not in (0, None):
             return 1
     torch.manual_seed(args.seed)
     blocks = TokenBlocks(args.data, args.block_size, args.batch_size, seed=args.seed,
