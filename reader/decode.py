@@ -451,10 +451,16 @@ def _target_region(image: np.ndarray, box: Box, out: np.ndarray):
     clipped, region = _split_box(box, image.shape[0], image.shape[1], out.shape[:2])
     if region is None:
         return clipped, out
-    out[...] = 0
     rows, cols = region
     if rows.stop <= rows.start or cols.stop <= cols.start:
+        out[...] = 0
         return clipped, None
+    # Zero only what the resample will not write: a PadToMultiple or Pad makes this the
+    # common case, and zeroing the whole image first cost 6% of the decode.
+    out[:rows.start] = 0
+    out[rows.stop:] = 0
+    out[rows, :cols.start] = 0
+    out[rows, cols.stop:] = 0
     return clipped, out[rows, cols]
 
 

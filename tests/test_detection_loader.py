@@ -517,3 +517,24 @@ def test_a_field_named_like_a_size_column_is_refused(tmp_path):
     with Loader(root, 2, num_workers=0,
                 decode_options=reader.DecodeOptions(transform=DETECTION, fields=("image",))) as lo:
         assert next(iter(lo))["image_size"].shape == (2, 2)
+
+
+def test_pad_to_multiple_pads_with_zeros_when_slots_are_reused(tmp_path):
+    root = tmp_path / "noise"
+    rng = np.random.default_rng(0)
+    shapes = [(37, 50), (50, 37), (41, 41), (64, 33)]
+    with DatasetWriter(root, [Field("image", "jpeg")], shard_size=None, records_per_shard=4,
+                       durable=False) as w:
+        for h, wd in shapes:
+            img = rng.integers(100, 256, (h, wd, 3), dtype=np.uint8)  # never zero
+            w.write({"image": simplejpeg.encode_jpeg(img, quality=95)})
+    with Loader(root, 2, transform=[Resize(40), PadToMultiple(32)], shuffle=True,
+                num_workers=0, copy=True) as lo:
+        for _ in range(3):  # later epochs reuse slots that held other images
+            for b in lo:
+                for im in b["image"]:
+                    rows = np.flatnonzero(im.any(axis=(1, 2)))
+                    cols = np.flatnonzero(im.any(axis=(0, 2)))
+                    h, w = rows[-1] + 1, cols[-1] + 1  # the resized image's extent
+                    assert min(h, w) == 40 and len(rows) == h and len(cols) == w
+                    assert not im[h:].any() and not im[:, w:].any()
