@@ -32,17 +32,30 @@ MODES = ("padded", "ragged")
 
 @dataclass(frozen=True)
 class Padded:
-    """Pad a field to a fixed size instead of the batch's largest sample.
+    """Pad a field to a fixed size, or the batch's largest sample up to a multiple.
 
     Attributes:
         to: the padded size of the varying dimensions: ``(height, width)`` for an
             image, the count for a per-sample array (``boxes``). A larger sample is
             an error naming its record.
+        multiple: pad the batch's largest size up to a multiple of this (detectron2's
+            ``size_divisibility``: ``Padded(multiple=32)`` for a stride-32 backbone).
+            Unlike the ``PadToMultiple`` transform, ``NAME_size`` then keeps each
+            image's own size.
     """
 
-    to: int | tuple[int, ...]
+    to: int | tuple[int, ...] | None = None
+    multiple: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.multiple, int) or isinstance(self.multiple, bool) \
+                or self.multiple < 1:
+            raise ValueError(f"Padded(multiple=...) needs an int >= 1, got {self.multiple!r}")
+        if self.to is None:
+            return
+        if self.multiple != 1:
+            raise ValueError("Padded takes to= (a fixed size) or multiple= (the batch's "
+                             "largest, rounded up), not both")
         to = (self.to,) if isinstance(self.to, int) else tuple(int(x) for x in self.to)
         if not to or min(to) < 1:
             raise ValueError(f"Padded(to=...) needs sizes >= 1, got {self.to!r}")
@@ -130,6 +143,7 @@ class VarField:
         bound: the largest size of each varying dimension in any sample.
         to: ``Padded(to=...)``'s fixed size, or None (pad to the batch's largest).
         batch_size: the most samples in a batch.
+        multiple: ``Padded(multiple=...)``: the batch's sizes rounded up to it.
     """
 
     name: str
@@ -141,11 +155,13 @@ class VarField:
     batch_size: int
     channels_first: bool = False
     to: tuple[int, ...] | None = None
+    multiple: int = 1
 
     @property
     def capacity(self) -> int:
         """Elements the slot region holds: a whole batch of the largest samples."""
-        dims = self.to or self.bound
+        m = self.multiple
+        dims = self.to or tuple(-(-d // m) * m for d in self.bound)
         return self.batch_size * math.prod(dims) * math.prod(self.inner)
 
     def slot_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -180,7 +196,9 @@ class VarField:
                         raise ValueError(f"field {self.name!r}: sample {i} has size {s}, "
                                          f"larger than Padded(to={dims})")
             else:
-                dims = tuple(max((s[d] for s in sizes), default=0) for d in range(self.var_dims))
+                m = self.multiple
+                dims = tuple(-(-max((s[d] for s in sizes), default=0) // m) * m
+                             for d in range(self.var_dims))
             shape = (n, *self.sample_shape(dims))
             whole = flat[:math.prod(shape)].reshape(shape)
             slot[self.name + "_size"][:n] = sizes if n else 0

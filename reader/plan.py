@@ -149,9 +149,10 @@ def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
 def _var(name: str, mode, dtype, var_dims: int, inner, bound, batch_size: int,
          channels_first: bool = False) -> VarField:
     """A :class:`VarField` from a ``collate`` value ("padded", "ragged" or ``Padded``)."""
-    fixed = mode.to if isinstance(mode, Padded) else None
-    return VarField(name, "padded" if isinstance(mode, Padded) else mode, np.dtype(dtype).str,
-                    var_dims, tuple(inner), tuple(bound), batch_size, channels_first, fixed)
+    padded = isinstance(mode, Padded)
+    return VarField(name, "padded" if padded else mode, np.dtype(dtype).str, var_dims,
+                    tuple(inner), tuple(bound), batch_size, channels_first,
+                    mode.to if padded else None, mode.multiple if padded else 1)
 
 
 def _rows(ds, f) -> np.ndarray:
@@ -242,7 +243,8 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
                 specs.append((m, np.uint8, (b, *size)))
                 mask_vars.append((m, None))
             else:
-                like_image = image_var.mode if image_var.to is None else Padded(image_var.to)
+                like_image = (image_var.mode if image_var.mode == "ragged" else
+                              Padded(image_var.to, 1 if image_var.to else image_var.multiple))
                 v = _var(m, collate.get(m, like_image), np.uint8, 2, (), image_var.bound, b)
                 var_fields.append(v)
                 mask_vars.append((m, v))

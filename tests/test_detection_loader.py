@@ -538,3 +538,20 @@ def test_pad_to_multiple_pads_with_zeros_when_slots_are_reused(tmp_path):
                     h, w = rows[-1] + 1, cols[-1] + 1  # the resized image's extent
                     assert min(h, w) == 40 and len(rows) == h and len(cols) == w
                     assert not im[h:].any() and not im[:, w:].any()
+
+
+def test_padded_to_a_multiple_keeps_each_images_size(det_path):
+    resize = [ResizeShortestEdge((48, 64, 80), max_size=120), RandomHorizontalFlip()]
+    with Loader(det_path, 8, transform=resize, collate={"image": Padded(multiple=32)},
+                num_workers=0, seed=3) as lo:
+        for b in lo:
+            sizes = b["image_size"]
+            n, hb, wb, _ = b["image"].shape
+            assert hb % 32 == 0 and wb % 32 == 0
+            assert hb - 32 < sizes[:, 0].max() <= hb and wb - 32 < sizes[:, 1].max() <= wb
+            assert sizes.min() >= 48 and (sizes % 32).any()  # the images' own sizes
+            assert b["mask"].shape == (n, hb, wb)  # masks pad like their image
+            for i, (h, w) in enumerate(sizes):
+                assert not b["image"][i, h:].any() and not b["image"][i, :, w:].any()
+    with pytest.raises(ValueError, match="not both"):
+        Padded(to=64, multiple=32)
