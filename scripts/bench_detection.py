@@ -2,7 +2,7 @@
 
     python -m scripts.bench_detection [--data DIR] [--images 2000] [--repeat 3] [--quick]
 
-A COCO-like set (``scripts.synth.coco_detection``: JPEGs of 480-640 px a side, 1-20
+A COCO-like set (``scripts.synth.coco_detection(shapes="coco")``: JPEGs of 480-640 px, 1-20
 boxes each) is generated once under ``--data`` and packed with
 ``pack-dataset --from coco``; later runs reuse both. Warm page cache throughout,
 workers = cores. The pipeline is issue 16's: decode + ``ResizeShortestEdge`` (short
@@ -63,15 +63,15 @@ def cached_coco(root: Path, n: int, seed: int = 0) -> tuple[Path, Path, Path]:
     unless a complete one is there (markers written last, as ``cached_image_folder`` does)."""
     from scripts.synth import coco_detection
 
-    src = root / f"coco-{n}-seed{seed}"
+    src = root / f"coco-{n}-seed{seed}-cocoshapes"
     images, ann = src / "images", src / "annotations.json"
     if not (src / ".complete").exists():
         t = time.perf_counter()
         print(f"generating {n} detection JPEGs in {src} ...", file=sys.stderr)
-        coco_detection(src, n, seed=seed, workers=os.cpu_count() or 1)
+        coco_detection(src, n, seed=seed, workers=os.cpu_count() or 1, shapes="coco")
         (src / ".complete").write_text(f"{n} {seed}")
         print(f"  done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
-    shards = root / f"coco-{n}-seed{seed}.shards"
+    shards = root / f"coco-{n}-seed{seed}-cocoshapes.shards"
     if not (shards / "manifest.json").exists():
         cmd = [sys.executable, "-m", "packer.cli", str(images), str(shards), "--from", "coco",
                "--annotations", str(ann), "--quiet"]

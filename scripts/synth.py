@@ -271,9 +271,14 @@ def _background(rng: np.random.Generator, width: int, height: int) -> np.ndarray
 def _detection_image(job: tuple) -> tuple[int, int, list]:
     """Draw and write one image of :func:`coco_detection`; returns (width, height,
     [(class index, [x, y, w, h], area, polygon), ...]). Module-level so it pickles."""
-    path, seed, index, min_side, max_side, max_objects, colours, quality = job
+    path, seed, index, min_side, max_side, max_objects, colours, quality, shapes = job
     rng = np.random.default_rng([seed, index])
     width, height = (int(s) for s in rng.integers(min_side, max_side + 1, 2))
+    if shapes == "coco":
+        # COCO's photos: the long side max_side, the short one mostly 3/4 of it (here
+        # min_side or more), seven in ten landscape.
+        short = min_side if rng.random() < 0.6 else int(rng.integers(min_side, max_side + 1))
+        width, height = (max_side, short) if rng.random() < 0.7 else (short, max_side)
     img = _background(rng, width, height)
     objects = []
     for _ in range(int(rng.integers(1, max_objects + 1))):
@@ -309,7 +314,7 @@ def _detection_image(job: tuple) -> tuple[int, int, list]:
 def coco_detection(root: str | Path, n_images: int = 200, *, seed: int = 0,
                    min_side: int = 480, max_side: int = 640, max_objects: int = 20,
                    classes: Sequence[str] | None = None, quality: int = 90,
-                   workers: int = 1) -> tuple[Path, Path]:
+                   workers: int = 1, shapes: str = "any") -> tuple[Path, Path]:
     """Write a COCO-style detection dataset: ``root/images/NNNNNN.jpg`` and
     ``root/annotations.json``.
 
@@ -331,6 +336,10 @@ def coco_detection(root: str | Path, n_images: int = 200, *, seed: int = 0,
         seed: seed of every size, position, class and pixel.
         min_side, max_side: the range of each side, in pixels.
         max_objects: most objects per image (at least one).
+        shapes: ``"any"``: both sides drawn from the range (mostly near-square);
+            ``"coco"``: COCO's photo shapes, the long side ``max_side``, the short one
+            ``min_side`` six times in ten (else drawn from the range), seven in ten
+            landscape (what aspect-ratio grouping is for).
         classes: class names (at most 8 unless you want repeated colours); default
             the names of :data:`DETECTION_CLASSES`, which are their colours.
         quality: JPEG quality.
@@ -341,6 +350,8 @@ def coco_detection(root: str | Path, n_images: int = 200, *, seed: int = 0,
     """
     import json
 
+    if shapes not in ("any", "coco"):
+        raise ValueError(f"shapes must be 'any' or 'coco', not {shapes!r}")
     if not 1 <= min_side <= max_side or max_objects < 1 or n_images < 0:
         raise ValueError(f"need 1 <= min_side <= max_side and max_objects >= 1, got "
                          f"{min_side}, {max_side}, {max_objects}")
@@ -350,8 +361,8 @@ def coco_detection(root: str | Path, n_images: int = 200, *, seed: int = 0,
     root = Path(root)
     images = root / "images"
     images.mkdir(parents=True, exist_ok=True)
-    jobs = [(images / f"{i:06d}.jpg", seed, i, min_side, max_side, max_objects, colours, quality)
-            for i in range(n_images)]
+    jobs = [(images / f"{i:06d}.jpg", seed, i, min_side, max_side, max_objects, colours, quality,
+             shapes) for i in range(n_images)]
     if workers > 1 and len(jobs) > 1:
         with mp.get_context("spawn").Pool(workers) as pool:
             drawn = pool.map(_detection_image, jobs, chunksize=32)

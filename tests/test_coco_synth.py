@@ -52,3 +52,15 @@ def test_an_object_is_drawn_in_its_class_colour(tmp_path):
         centre = img[y + h // 2 - 2 : y + h // 2 + 2, x + w // 2 - 2 : x + w // 2 + 2]
         k = [c["id"] for c in doc["categories"]].index(a["category_id"])
         assert np.abs(centre.reshape(-1, 3).mean(0) - colours[k]).max() < 40
+
+
+def test_coco_shapes_are_cocos_photo_shapes(tmp_path):
+    import json
+
+    _, ann = coco_detection(tmp_path, 40, seed=2, min_side=48, max_side=64, max_objects=1,
+                            shapes="coco")
+    sizes = [(im["width"], im["height"]) for im in json.loads(ann.read_text())["images"]]
+    assert all(max(s) == 64 and 48 <= min(s) <= 64 for s in sizes)
+    landscape = sum(w > h for w, h in sizes)
+    assert 0 < landscape < len(sizes)  # both orientations, mostly landscape
+    assert landscape > len(sizes) // 2
