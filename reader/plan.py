@@ -290,8 +290,9 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
                                  "dimension varies")
             main.append(n)
     sample = None
+    # Per-batch draws are made where a whole batch is planned: the sample path.
     needs_sample = (image_var is not None or masks or arrays or boxes is not None
-                    or (core is not None and core.samples))
+                    or (core is not None and (core.samples or core.per_batch)))
     if needs_sample and not raw:
         if opts.decoded_cache is not None:
             raise ValueError("decoded_cache serves the fixed-size image path (one image field, "

@@ -187,6 +187,7 @@ class SampleBuilder:
         plans: list = []
         decoder = self.pipeline.decoder() if spec.image else None
         t = time.perf_counter()
+        draws = self.pipeline.pipeline.batch_draws(rng) if spec.image else None
         for i, v in enumerate(views):
             self.current = idx[i]
             try:
@@ -195,7 +196,7 @@ class SampleBuilder:
                 hw = self._skip(i, exc, valid)
                 skipped += 1
             sizes.append(hw)
-            plans.append(self.pipeline.pipeline.plan(*hw, rng) if hw != (0, 0) else None)
+            plans.append(self.pipeline.pipeline.plan(*hw, rng, draws) if hw != (0, 0) else None)
         decode_s += time.perf_counter() - t
 
         t = time.perf_counter()

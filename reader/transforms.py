@@ -232,11 +232,15 @@ class ResizeShortestEdge:
         max_size: the longer side's bound (the image is scaled down to it).
         sample_style: ``"choice"`` picks one of ``short_edge_length``;
             ``"range"`` draws an int uniformly from ``[min, max]`` of a pair.
+        per_batch: draw one shorter side per batch instead of per image (YOLO-style
+            multi-scale training): the images of a batch then differ only by their
+            aspect ratio, so padded batches carry far less padding.
     """
 
     short_edge_length: int | tuple[int, ...]
     max_size: int | None = None
     sample_style: str = "choice"
+    per_batch: bool = False
 
     def __post_init__(self) -> None:
         lengths = ((self.short_edge_length,) if isinstance(self.short_edge_length, int)
@@ -266,9 +270,10 @@ class ResizeShortestEdge:
             nh, nw = nh / shrink, nw / shrink
         return (nh + 0.5).astype(np.int64), (nw + 0.5).astype(np.int64)
 
-    def _apply(self, view: _View, rng: np.random.Generator) -> _View:
+    def _apply(self, view: _View, rng: np.random.Generator, drawn: int | None = None) -> _View:
+        size = self._draw(rng) if drawn is None else drawn
         nh, nw = self._sides(np.array(view.height, np.float64), np.array(view.width, np.float64),
-                             self._draw(rng))
+                             size)
         return view.resize(int(nh), int(nw))
 
     def _bound(self, h: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -551,11 +556,31 @@ class ImagePipeline:
         # The decoder's scratch buffer is per process; workers build their own.
         return {**self.__dict__, "_decoder": None}
 
-    def plan(self, height: int, width: int, rng: np.random.Generator) -> Plan:
-        """Fold the geometric specs into one :class:`Plan` for a ``height`` x ``width`` image."""
+    @property
+    def per_batch(self) -> bool:
+        """Some spec draws once per batch (:meth:`batch_draws`), not per image."""
+        return any(getattr(t, "per_batch", False) for t in self.geometric)
+
+    def batch_draws(self, rng: np.random.Generator) -> tuple:
+        """The draws of the specs that draw once per batch (None for the others), from
+        the batch's stream, before any image's plan."""
+        return tuple(t._draw(rng) if getattr(t, "per_batch", False) else None
+                     for t in self.geometric)
+
+    def plan(self, height: int, width: int, rng: np.random.Generator,
+             draws: tuple | None = None) -> Plan:
+        """Fold the geometric specs into one :class:`Plan` for a ``height`` x ``width`` image.
+
+        ``draws``: the batch's :meth:`batch_draws`; without them, an image is a batch of
+        its own (its per-batch specs draw here)."""
+        if draws is None and self.per_batch:
+            draws = self.batch_draws(rng)
         view = _View((0.0, 0.0, float(width), float(height)), height, width)
-        for t in self.geometric:
-            view = t._apply(view, rng)
+        for i, t in enumerate(self.geometric):
+            if draws is not None and draws[i] is not None:
+                view = t._apply(view, rng, draws[i])
+            else:
+                view = t._apply(view, rng)
         return Plan(view.box, (view.height, view.width), view.flip)
 
     def __call__(

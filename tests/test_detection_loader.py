@@ -555,3 +555,19 @@ def test_padded_to_a_multiple_keeps_each_images_size(det_path):
                 assert not b["image"][i, h:].any() and not b["image"][i, :, w:].any()
     with pytest.raises(ValueError, match="not both"):
         Padded(to=64, multiple=32)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_one_short_side_per_batch(det_path, workers):
+    per_batch = [ResizeShortestEdge((48, 64, 80), per_batch=True), CenterCrop(40)]
+    with Loader(det_path, 6, transform=[ResizeShortestEdge((48, 64, 80), per_batch=True)],
+                num_workers=workers, seed=1) as lo:
+        shorts = []
+        for b in lo:
+            s = b["image_size"].min(axis=1)
+            assert (s == s[0]).all()  # one short side for the whole batch
+            shorts.append(int(s[0]))
+    assert len(set(shorts)) > 1  # but not the same for every batch
+    with Loader(det_path, 6, transform=per_batch, num_workers=0) as lo:
+        assert lo.spec.sample is not None  # drawn where a whole batch is planned
+        assert next(iter(lo))["image"].shape == (6, 40, 40, 3)
