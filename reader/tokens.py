@@ -41,6 +41,9 @@ from .sampler import Sampler
 
 __all__ = ["TokenBlocks"]
 
+# Separates the token-block stream from the record-order one (both keyed by seed, epoch).
+_BLOCK_STREAM = 0x746F6B656E
+
 _HEADER = 16  # u64 ndim = 1, u64 length: the variable-shape ndarray header (FORMAT.md)
 
 
@@ -53,11 +56,11 @@ class TokenBlocks:
         batch_size: blocks per batch (an ``[n, block_size + 1]`` array), or None for
             one block at a time (a read-only zero-copy view when it lies in one record).
         field: the token field: an uncompressed integer ``ndarray`` of shape ``[None]``.
-        shuffle: ``"block"`` (default): shards in a random order, blocks shuffled within
-            windows of ``window`` blocks of a shard (LitData shuffles chunks, then
-            items within a chunk, the same way): a batch is one gather from one
-            shard. ``"full"``: one permutation of all blocks (batches then mix shards
-            and cost a gather per shard they touch). ``False``: in order.
+        shuffle: ``"block"`` (default): shards in a random order, then the blocks of
+            each shard in a random order (LitData shuffles chunks, then items within
+            a chunk, the same way): a batch is one gather from one shard. ``"full"``:
+            one permutation of all blocks (batches then mix shards and cost a gather
+            per shard they touch). ``False``: in order.
         seed, drop_last, rank, world_size: as for :class:`reader.Loader`.
         check_crc: verify each record's checksum the first time it is read.
 
@@ -100,14 +103,18 @@ class TokenBlocks:
             raise ValueError(f"a block needs block_size + 1 = {self.block_size + 1} tokens; "
                              f"{field!r} of {ds.root} holds {total} in all")
         # Blocks by the shard their first token is in: the "block" order shuffles shards,
-        # then blocks within windows of a shard, so a batch is one gather from one shard.
+        # then the blocks of each shard, so a batch is one gather from one shard.
         token_at = self._starts[ds.starts]
         block_starts = np.minimum(-(-token_at // self.block_size), self.num_blocks)
-        self.sampler = Sampler(self.num_blocks, block_starts, self.batch_size or 1, self.options)
+        self.sampler = _BlockOrder(self.num_blocks, block_starts, self.batch_size or 1,
+                                   self.options)
         self.epoch = 0
         self.position = 0
-        self._verified = np.zeros(len(self._count), bool)
-        self._unverified = len(self._count)  # once 0, batches skip the check altogether
+        # Records no block reads (no tokens, or only after the last whole block) need no
+        # check: once every other one is checked, batches skip the check altogether.
+        end = self.num_blocks * self.block_size + 1
+        self._verified = (self._count == 0) | (self._starts[:-1] >= end)
+        self._unverified = int((~self._verified).sum())
         self._rows: dict[int, np.ndarray] = {}
         self._plan: tuple | None = None  # (epoch, per-block arrays)
 
@@ -139,57 +146,43 @@ class TokenBlocks:
     # -- the epoch's plan --------------------------------------------------------------
 
     def _epoch_plan(self, epoch: int) -> tuple:
-        """This rank's epoch, in numpy, once: for each batch, its runs of blocks that lie
-        in one record of one shard (gathered by one fancy index each) and the pieces
-        of the blocks that cross records (one per record touched).
-
-        Within a batch the plan goes in shard order, blocks that cross a record last,
-        so each shard's blocks are one run; ``row`` says where each lands in the batch
-        (the sampler's order).
-        """
+        """This rank's epoch, in numpy, once: each block's record, first token's element
+        in its shard's data and whether it lies in one record; each batch's shard when
+        its blocks all lie in records of that one shard (-1 otherwise: the rare batch at
+        a shard's end, or one with a block across records); and the pieces of the blocks
+        that cross records (one per record touched)."""
         if self._plan is not None and self._plan[0] == epoch:
             return self._plan[1]
         width = self.block_size + 1
         b = self.batch_size or 1
         blocks = self.sampler.rank_indices(epoch)
-        batch = np.arange(len(blocks)) // b
         first = blocks * self.block_size
         # Records of no tokens share their start with the next one: side="right" finds
         # the last of them, which holds the token.
         rec = np.searchsorted(self._starts, first, side="right") - 1
         inside = first - self._starts[rec] + width <= self._count[rec]
-        order = np.lexsort((self._shard[rec], ~inside, batch))
-        row = order - batch[order] * b  # where each planned block goes in its batch
-        blocks, rec, inside, first = blocks[order], rec[order], inside[order], first[order]
         shard = self._shard[rec]
         elem = self._elem[rec] + first - self._starts[rec]
-        # Runs of inside blocks of one shard within one batch: [start, end) in delivery order.
-        key = np.where(inside, shard, -1) + (len(self._starts) + 1) * batch
-        cut = np.flatnonzero(np.diff(key)) + 1
-        run_start = np.concatenate([[0], cut]).astype(np.int64)
-        run_end = np.append(cut, len(key)).astype(np.int64)
-        keep = inside[run_start]
-        runs = (run_start[keep], run_end[keep], shard[run_start[keep]])
-        run_bounds = np.searchsorted(runs[0], np.arange(0, len(blocks) + b, b))
-        # Pieces of the crossing blocks.
-        last = np.searchsorted(self._starts, first + width - 1, side="right") - 1
-        per = np.where(inside, 0, last - rec + 1)
+        heads = np.arange(0, len(blocks), b)
+        single = ((np.minimum.reduceat(shard, heads) == np.maximum.reduceat(shard, heads))
+                  & np.logical_and.reduceat(inside, heads)) if len(blocks) else np.zeros(0, bool)
+        shard_of = np.where(single, shard[heads] if len(blocks) else 0, -1).tolist()
+        # Pieces of the blocks that cross records: (position, record, shard, source
+        # element, offset in the block, length).
+        cross = np.flatnonzero(~inside)
+        last = np.searchsorted(self._starts, first[cross] + width - 1, side="right") - 1
+        per = last - rec[cross] + 1
         bounds = np.zeros(len(blocks) + 1, np.int64)
-        np.cumsum(per, out=bounds[1:])
-        owner = np.repeat(np.arange(len(blocks)), per)
-        prec = np.repeat(rec, per) + (np.arange(bounds[-1]) - np.repeat(bounds[:-1], per))
+        np.add.at(bounds, cross + 1, per)
+        np.cumsum(bounds, out=bounds)
+        owner = np.repeat(cross, per)
+        prec = np.repeat(rec[cross], per) + (np.arange(per.sum()) - np.repeat(
+            np.cumsum(per) - per, per))
         lo = np.maximum(self._starts[prec], first[owner])
         hi = np.minimum(self._starts[prec + 1], first[owner] + width)
         pieces = (owner, prec, self._shard[prec], self._elem[prec] + lo - self._starts[prec],
                   lo - first[owner], hi - lo)
-        # The usual batch: one run, no piece (every block inside a record of one shard):
-        # its shard, else -1, as a list (read per batch without numpy scalars).
-        single = (np.diff(run_bounds) == 1) & (bounds[np.minimum(np.arange(1, len(run_bounds))
-                                                                * b, len(blocks))]
-                                              == bounds[np.arange(len(run_bounds) - 1) * b])
-        shard_of = np.full(len(run_bounds) - 1, -1, np.int64)
-        shard_of[single] = runs[2][run_bounds[:-1][single]]
-        plan = (rec, elem, row, bounds, pieces, runs, run_bounds, shard_of.tolist())
+        plan = (rec, shard, elem, inside, bounds, pieces, shard_of)
         self._plan = (epoch, plan)
         return plan
 
@@ -210,7 +203,7 @@ class TokenBlocks:
             self.epoch, self.position = epoch + 1, 0
 
     def _batch(self, epoch: int, k: int) -> np.ndarray:
-        rec, elem, row, bounds, pieces, runs, run_bounds, shard_of = self._epoch_plan(epoch)
+        rec, shard, elem, inside, bounds, pieces, shard_of = self._epoch_plan(epoch)
         b = self.batch_size or 1
         lo, hi = k * b, min((k + 1) * b, len(rec))
         if self.check_crc and self._unverified:
@@ -218,24 +211,24 @@ class TokenBlocks:
             self._verify(pieces[1][int(bounds[lo]):int(bounds[hi])])
         s = shard_of[k]
         if s >= 0:
-            # The usual case: every block inside a record of one shard, one gather (and
-            # the plan's order is the sampler's: one run sorts as it came).
+            # The usual batch: every block inside a record of one shard, one gather.
             rows = self._overlapping_rows(s)
             if self.batch_size is None:
                 return rows[int(elem[lo])]  # a read-only view of the shard
             return rows[elem[lo:hi]]
         width = self.block_size + 1
-        p0, p1 = int(bounds[lo]), int(bounds[hi])
-        r0, r1 = int(run_bounds[k]), int(run_bounds[k + 1])
         out = np.empty((hi - lo, width), self.dtype)
-        for a, z, s in zip(*(r[r0:r1].tolist() for r in runs), strict=True):
-            out[row[a:z]] = self._overlapping_rows(s)[elem[a:z]]
+        ins, sh, el = inside[lo:hi], shard[lo:hi], elem[lo:hi]
+        for t in np.unique(sh[ins]).tolist():
+            at = np.flatnonzero(ins & (sh == t))
+            out[at] = self._overlapping_rows(t)[el[at]]
+        p0, p1 = int(bounds[lo]), int(bounds[hi])
         if p1 > p0:
             flat = out.reshape(-1)
             owner, _, pshard, src, dst, length = (a[p0:p1].tolist() for a in pieces)
-            for i, s, e, d, n in zip(owner, pshard, src, dst, length, strict=True):
-                at = int(row[i]) * width + d
-                flat[at:at + n] = self._view(s)[e:e + n]
+            for i, t, e, d, n in zip(owner, pshard, src, dst, length, strict=True):
+                at = (i - lo) * width + d
+                flat[at:at + n] = self._view(t)[e:e + n]
         return out if self.batch_size is not None else out[0]
 
     def _overlapping_rows(self, s: int) -> np.ndarray:
@@ -303,3 +296,18 @@ class TokenBlocks:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+
+class _BlockOrder(Sampler):
+    """The sampler's order, ranks and batches, with the ``"block"`` order made of whole
+    shards: shards shuffled, then all the blocks of each (the records' ``"block"`` order
+    shuffles windows of a fixed size, which straddle shard boundaries)."""
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        if self.options.shuffle != "block":
+            return super().global_order(epoch)
+        rng = np.random.default_rng([self.options.seed, int(epoch), _BLOCK_STREAM])
+        starts = self.shard_starts.tolist()
+        parts = [starts[s] + rng.permutation(starts[s + 1] - starts[s])
+                 for s in rng.permutation(len(starts) - 1).tolist()]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
