@@ -201,8 +201,10 @@ class ShardWriter:
                 os.fsync(f.fileno())
 
     def _meta_table_bytes(self) -> bytes:
-        table = pa.table({k: pa.array(v, META_SCHEMA.field(k).type) for k, v in self._meta.items()},
-                         schema=META_SCHEMA)
+        # Built from buffers: pa.array() imports pandas (half a second, in every process
+        # that seals a shard) to ask whether its input is a pandas object.
+        table = pa.Table.from_arrays([_arrow_column(self._meta[f.name], f.type)
+                                      for f in META_SCHEMA], schema=META_SCHEMA)
         sink = io.BytesIO()
         pq.write_table(table, sink, compression="zstd")
         return sink.getvalue()
@@ -229,3 +231,20 @@ def entry_matches_files(root: Path, entry: ShardEntry) -> bool:
     except OSError:
         return False
     return True
+
+
+def _arrow_column(values: list, typ: pa.DataType) -> pa.Array:
+    """A column of Python ints or strs (None for null) as an Arrow array of ``typ``."""
+    n = len(values)
+    valid = np.fromiter((v is not None for v in values), bool, n)
+    nulls = n - int(valid.sum())
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    if pa.types.is_string(typ):
+        data = [v.encode("utf-8") if v is not None else b"" for v in values]
+        offsets = np.zeros(n + 1, np.int32)
+        np.cumsum(np.fromiter(map(len, data), np.int64, n), out=offsets[1:])
+        return pa.Array.from_buffers(typ, n, [bitmap, pa.py_buffer(offsets),
+                                              pa.py_buffer(b"".join(data))], null_count=nulls)
+    dtype = {pa.int64(): np.int64, pa.int32(): np.int32}[typ]
+    data = np.fromiter((0 if v is None else v for v in values), dtype, n)
+    return pa.Array.from_buffers(typ, n, [bitmap, pa.py_buffer(data)], null_count=nulls)
