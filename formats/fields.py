@@ -216,8 +216,8 @@ def _encode_ndarray(f: Field, value: Any):
     data = np.ascontiguousarray(arr, dtype=np.dtype(f.dtype)).view(np.uint8).reshape(-1)
     if f.fixed_shape:
         return memoryview(data)
-    head = np.array([arr.ndim, *arr.shape], dtype="<u8").tobytes()
-    return head + data.tobytes()
+    head = struct.pack(f"<{1 + arr.ndim}Q", arr.ndim, *arr.shape)
+    return b"".join((head, data))  # one copy (header + array), not two
 
 
 def decode_value(f: Field, view: memoryview) -> Any:

@@ -110,6 +110,7 @@ class DatasetWriter:
         self.created_by = dict(created_by or {})
         self.durable = durable
         self._names = [f.name for f in self.fields]
+        self._name_set = frozenset(self._names)
         # The metadata table's width and height come from this field's header when the
         # caller gives none: size-aware batching and slot sizing read them, not the images.
         self._sized = next((f.name for f in self.fields if f.type in IMAGE_TYPES), None)
@@ -266,7 +267,7 @@ class DatasetWriter:
         Raises:
             SchemaError: missing or unknown fields, or a value of the wrong type.
         """
-        if len(record) != len(self.fields) or any(n not in record for n in self._names):
+        if record.keys() != self._name_set:
             missing = [n for n in self._names if n not in record]
             extra = [n for n in record if n not in self._names]
             raise SchemaError("record does not match the schema", record=self.records_written,

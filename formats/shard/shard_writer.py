@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..checksum import crc32c, file_crc32c
+from ..checksum import _crc32c, crc32c, file_crc32c
 from ..fields import Field
 from ..files import temp_name, writev_all
 from .layout import (
@@ -26,7 +26,6 @@ from .layout import (
     INDEX_MAGIC,
     MAJOR,
     MINOR,
-    align_up,
     index_sections,
 )
 from .manifest import ShardEntry
@@ -121,23 +120,43 @@ class ShardWriter:
             meta: metadata table values (``label``, ``key``, ``width``,
                 ``height``; missing ones are null). ``size`` is filled in here.
         """
+        # The per-record path of every pack: _put's work inlined, the gather checked
+        # once per record (at most two pieces per field: padding, payload).
+        if len(self._pieces) + 2 * len(payloads) > _GATHER_PIECES:
+            self._flush()
+        pieces, offsets, lengths, crcs = self._pieces, self._offsets, self._lengths, self._crcs
+        mask = self.alignment - 1
+        pos = start = self._pos
+        crc = self._crc
         size = 0
         for payload in payloads:
-            pad = align_up(self._pos, self.alignment) - self._pos
-            while pad:
-                chunk = _ZEROS[: min(pad, len(_ZEROS))]
-                self._put(chunk)
-                pad -= len(chunk)
+            if not isinstance(payload, bytes) and not (isinstance(payload, memoryview)
+                                                       and payload.readonly):
+                payload = bytes(payload)  # the caller may reuse a mutable buffer
+            pad = ((pos + mask) & ~mask) - pos
+            if pad:
+                zeros = _ZEROS[:pad]  # alignment <= 4096: one slice of zeros
+                pieces.append(zeros)
+                crc = _crc32c(zeros, crc)
+                pos += pad
             n = len(payload)
-            self._offsets.append(self._pos)
-            self._lengths.append(n)
-            self._crcs.append(crc32c(payload))
+            offsets.append(pos)
+            lengths.append(n)
+            crcs.append(_crc32c(payload))
             if n:
-                self._put(payload)
-            size += n
+                pieces.append(payload)
+                crc = _crc32c(payload, crc)
+                pos += n
+                size += n
+        meta_cols = self._meta
         for k in ("label", "key", "width", "height"):
-            self._meta[k].append(meta.get(k))
-        self._meta["size"].append(size)
+            meta_cols[k].append(meta.get(k))
+        meta_cols["size"].append(size)
+        self._crc = crc
+        self._pending += pos - start
+        self._pos = pos
+        if self._pending >= _GATHER_BYTES or len(pieces) >= _GATHER_PIECES:
+            self._flush()
 
     def seal(self) -> ShardEntry:
         """Finish the three files, rename them to their final names, return the entry."""
@@ -248,3 +267,4 @@ def _arrow_column(values: list, typ: pa.DataType) -> pa.Array:
     dtype = {pa.int64(): np.int64, pa.int32(): np.int32}[typ]
     data = np.fromiter((0 if v is None else v for v in values), dtype, n)
     return pa.Array.from_buffers(typ, n, [bitmap, pa.py_buffer(data)], null_count=nulls)
+
