@@ -194,13 +194,38 @@ class TokenBlocks:
     def __iter__(self):
         epoch, k = self.epoch, self.position
         n = self.sampler.num_batches
-        while k < n:
-            out = self._batch(epoch, k)
-            k += 1
-            self.position = k
-            yield out
+        if self.batch_size is None:
+            yield from self._views(epoch, k, n)
+        else:
+            while k < n:
+                out = self._batch(epoch, k)
+                k += 1
+                self.position = k
+                yield out
         if self.epoch == epoch:
             self.epoch, self.position = epoch + 1, 0
+
+    def _views(self, epoch: int, k: int, n: int):
+        """One block at a time: a row of the shard's overlapping-rows view (zero-copy)
+        for a block inside a record, a copy for one across records. Per block only list
+        lookups: the shard's file size is checked when the shard changes (a view is read
+        after it is yielded, so a check per block would guard nothing more)."""
+        rec, shard, elem, inside, *_ = self._epoch_plan(epoch)
+        shards, elems, ins = shard.tolist(), elem.tolist(), inside.tolist()
+        current, rows = -1, None
+        for i in range(k, n):
+            if self.check_crc and self._unverified:
+                self._verify(rec[i:i + 1])
+            if ins[i]:
+                s = shards[i]
+                if s != current:
+                    current, rows = s, self._overlapping_rows(s)
+                out = rows[elems[i]]
+            else:
+                current = -1
+                out = self._batch(epoch, i)
+            self.position = i + 1
+            yield out
 
     def _batch(self, epoch: int, k: int) -> np.ndarray:
         rec, shard, elem, inside, bounds, pieces, shard_of = self._epoch_plan(epoch)

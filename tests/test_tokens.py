@@ -88,19 +88,21 @@ def test_ranks_split_shuffled_blocks_evenly_and_reproducibly(path, stream, world
         assert len(starts) == len(set(starts))  # none twice
 
 
-def test_resume_mid_epoch_is_exact(path):
-    with TokenBlocks(path, 8, 3, seed=1) as tb:
+@pytest.mark.parametrize("batch_size", [3, None])
+def test_resume_mid_epoch_is_exact(path, batch_size):
+    with TokenBlocks(path, 8, batch_size, seed=1) as tb:
         tb.set_epoch(1)
         it = iter(tb)
         next(it)
         state = tb.state_dict()
         rest = list(it)
-    with TokenBlocks(path, 8, 3, seed=1) as again:
+    with TokenBlocks(path, 8, batch_size, seed=1) as again:
         again.load_state_dict(state)
         resumed = list(again)
     assert len(resumed) == len(rest) > 0
     assert all(np.array_equal(a, b) for a, b in zip(resumed, rest, strict=True))
-    with TokenBlocks(path, 16, 3, seed=1) as other, pytest.raises(ValueError, match="block_size"):
+    with TokenBlocks(path, 16, batch_size, seed=1) as other, \
+            pytest.raises(ValueError, match="block_size"):
         other.load_state_dict(state)
 
 
