@@ -44,7 +44,6 @@ whose header or size is wrong (``bad-array``).
 
 from __future__ import annotations
 
-import io
 import os
 from collections import Counter
 from typing import Any
@@ -54,6 +53,7 @@ import numpy as np
 from ..bounded import parse_json
 from ..errors import FormatError
 from ..fields import Field
+from ..npy import read_npy_header
 from .webdataset import split_key
 
 __all__ = ["AUDIO_EXTENSIONS", "MAX_FILE_BYTES", "FileProblem", "file_value", "group_files",
@@ -106,22 +106,10 @@ def npy_header(data: bytes) -> tuple[np.dtype, tuple[int, ...], bool, int]:
     Raises:
         FileProblem: not an ``.npy`` header, or a dtype holding Python objects.
     """
-    buf = io.BytesIO(data)
-    fmt = np.lib.format
     try:
-        version = fmt.read_magic(buf)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(buf)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = fmt.read_array_header_2_0(buf)
-        else:
-            raise ValueError(f"npy version {version} is not read")
-    except (ValueError, EOFError, SyntaxError, TypeError) as exc:
-        raise FileProblem("bad-array", f"not a valid .npy header ({exc})") from None
-    if dtype.hasobject:
-        raise FileProblem("bad-array", f".npy of dtype {dtype} holds Python objects (never "
-                          "unpickled)")
-    return dtype, tuple(shape), fortran, buf.tell()
+        return read_npy_header(data)
+    except ValueError as exc:
+        raise FileProblem("bad-array", str(exc)) from None
 
 
 def _head(path: str, n: int) -> bytes:

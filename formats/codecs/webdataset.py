@@ -64,6 +64,7 @@ from ..bounded import (
 )
 from ..errors import FormatError, SchemaError, UnsafePathError
 from ..fields import Field, ImageKinds
+from ..npy import read_npy_header
 from ..sniff import IMAGE_EXTENSION, sniff
 from .outputs import AtomicFile, prepare_output_dir
 from .paths import (
@@ -118,21 +119,12 @@ def _field_for(ext: str, data: bytes) -> Field:
 def _read_npy(f: Field, data: bytes, path: Path, key: str) -> np.ndarray:
     """The array of an ``.npy`` member, its header checked against its size (no
     header makes numpy allocate what the member does not hold) and ``f``."""
-    buf = io.BytesIO(data)
-    fmt = np.lib.format
     try:
-        version = fmt.read_magic(buf)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(buf)
-        elif version == (2, 0):
-            shape, fortran, dtype = fmt.read_array_header_2_0(buf)
-        else:
-            raise ValueError(f"npy version {version} is not read")
-    except (ValueError, EOFError, SyntaxError, TypeError) as exc:
-        raise SchemaError(f"sample {key!r}: field {f.name!r} is not a valid .npy ({exc})",
-                          path=path) from None
+        dtype, shape, fortran, offset = read_npy_header(data)
+    except ValueError as exc:
+        raise SchemaError(f"sample {key!r}: field {f.name!r}: {exc}", path=path) from None
     want = np.dtype(f.dtype)
-    if dtype.hasobject or dtype != want:
+    if dtype != want:
         raise SchemaError(f"sample {key!r}: field {f.name!r} holds another dtype", path=path,
                           found=str(dtype), expected=want.str)
     if len(shape) != len(f.shape) or any(
@@ -140,12 +132,12 @@ def _read_npy(f: Field, data: bytes, path: Path, key: str) -> np.ndarray:
         raise SchemaError(f"sample {key!r}: field {f.name!r} holds another shape", path=path,
                           found=list(shape), expected=list(f.shape))
     count = int(np.prod(shape, dtype=np.int64))
-    if len(data) - buf.tell() != count * dtype.itemsize:
+    if len(data) - offset != count * dtype.itemsize:
         raise SchemaError(f"sample {key!r}: field {f.name!r}: .npy size does not match its "
-                          "header", path=path, found=len(data) - buf.tell(),
+                          "header", path=path, found=len(data) - offset,
                           expected=count * dtype.itemsize)
-    arr = np.frombuffer(data, dtype, count, buf.tell()).reshape(shape, order="F" if fortran
-                                                                 else "C")
+    arr = np.frombuffer(data, dtype, count, offset).reshape(shape, order="F" if fortran
+                                                             else "C")
     return np.ascontiguousarray(arr)
 
 
