@@ -360,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs")
     p.add_argument("--peers-python", default=os.environ.get("SHARDPACK_PEERS_PYTHON"),
                    help="python of the virtualenv with mosaicml-streaming and litdata")
+    p.add_argument("--workloads", action="store_true",
+                   help="then the detection, token-stream and pack-from-a-function benchmarks "
+                        "(scripts/bench_detection.py, bench_tokens.py, bench_pack_samples.py), "
+                        "each printing its own table of ratios")
     args = p.parse_args(argv)
     if args.quick:
         args.count, args.pipeline_count, args.random_count = 2_000, 600, 1_000
@@ -626,7 +630,30 @@ def main(argv: list[str] | None = None) -> int:
     print()
     suite.print()
     shutil.rmtree(scratch, ignore_errors=True)
+    if args.workloads:
+        workloads(args)
     return 0
+
+
+WORKLOADS = (
+    ("detection: decode + resize + flip with boxes, aspect-ratio batches", "scripts.bench_detection",
+     ["--repeat", "1"]),
+    ("token streams: blocks against memcpy and LitData's TokensLoader", "scripts.bench_tokens", []),
+    ("packing from a Python function: against LitData and MDSWriter", "scripts.bench_pack_samples",
+     ["--repeat", "1"]),
+)
+
+
+def workloads(args) -> None:
+    """The other workloads' benchmarks, one after the other in this run (each measures its
+    own limit and peers side by side and prints ratios)."""
+    peers = ["--peers-python", args.peers_python] if args.peers_python else []
+    for title, module, extra in WORKLOADS:
+        print(f"\n## {title}", flush=True)
+        take = peers if module != "scripts.bench_detection" else []
+        r = subprocess.run([sys.executable, "-m", module, *extra, *take], cwd=HERE.parent)
+        if r.returncode:
+            print(f"{module} failed with exit status {r.returncode}")
 
 
 if __name__ == "__main__":
