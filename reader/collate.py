@@ -200,6 +200,13 @@ class VarField:
                 dims = tuple(-(-max((s[d] for s in sizes), default=0) // m) * m
                              for d in range(self.var_dims))
             shape = (n, *self.sample_shape(dims))
+            if math.prod(shape) > flat.size:
+                big = max(range(n), key=lambda i: math.prod(sizes[i]))
+                raise ValueError(
+                    f"field {self.name!r}: sample {big} of the batch has size {sizes[big]}, "
+                    f"larger than any the slot was sized for ({self.bound}, the largest the "
+                    "dataset's sizes allow: a metadata table whose width or height is wrong, "
+                    "or a SampleTransform that makes samples larger)")
             whole = flat[:math.prod(shape)].reshape(shape)
             slot[self.name + "_size"][:n] = sizes if n else 0
             regions = []
@@ -216,8 +223,11 @@ class VarField:
         np.cumsum(counts, out=offsets[1:n + 1])
         total = int(offsets[n])
         if total * per > flat.size:
+            big = max(range(n), key=lambda i: counts[i])
             raise ValueError(f"field {self.name!r}: the batch holds {total * per} elements, "
-                             f"more than the slot's {flat.size}")
+                             f"more than the slot's {flat.size} (its largest, sample {big}, "
+                             f"has size {sizes[big]}; the slot was sized for {self.bound} a "
+                             "sample)")
         if self.var_dims > 1:
             slot[self.name + "_size"][:n] = sizes if n else 0
             shape = (total * per,)

@@ -156,6 +156,27 @@ def pick_device(options: DeviceOptions, rank: int, count: int) -> int:
     return int(local) if local is not None else rank % count
 
 
+def check_layout(loader, options: DeviceOptions) -> None:
+    """Refuse device options this loader's images cannot get: the GPU converts and
+    normalizes padded (or fixed-size) uint8 image batches only.
+
+    Raises:
+        ValueError: the image field is ragged, or normalized on the CPU already,
+            and ``options`` asks for a conversion.
+    """
+    image = next((v for v in loader.plan.var_fields if v.name == loader.image_field), None)
+    converts = options.dtype != "uint8" or options.layout != "NHWC"
+    if image is not None and image.mode == "ragged" and converts:
+        raise ValueError("device='cuda' converts whole image batches; a ragged image field "
+                         "arrives as it is, image by image (uint8 HWC): collate the image "
+                         "padded, or pass DeviceOptions(dtype='uint8', layout='NHWC')")
+    core = getattr(loader.spec.pipeline, "pipeline", None)
+    if core is not None and core.normalize is not None and converts:
+        raise ValueError("the transforms end with Normalize (float32 on the CPU) and "
+                         "device_options convert on the GPU as well: keep one of the two "
+                         "(DeviceOptions(dtype='uint8', layout='NHWC') passes images as they are)")
+
+
 def make_sink(loader) -> CudaSink:
     """The loader's sink for ``device="cuda"`` (see ``reader.loader.CpuSink`` for the protocol)."""
     state = getattr(loader, "_cuda_state", None)
@@ -279,7 +300,7 @@ class CudaSink:
                     # indexing reads them (a device scalar read would synchronize).
                     out[name] = Ragged(dev, np.array(value.offsets),
                                        None if value.shapes is None else np.array(value.shapes))
-                elif dev.ndim == 4 and dev.dtype == cp.uint8:
+                elif name == self.loader.image_field and dev.ndim == 4 and dev.dtype == cp.uint8:
                     out[name] = self._images(dev)
                 else:
                     out[name] = dev

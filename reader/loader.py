@@ -50,6 +50,8 @@ __all__ = ["CpuSink", "Loader"]
 
 log = logging.getLogger(__name__)
 
+DEFAULT_BATCH_SIZE = 256
+
 class Loader:
     """Batches of a dataset as dicts of field -> numpy array (or list, for bytes/str fields).
 
@@ -61,8 +63,8 @@ class Loader:
 
     Args:
         source: a dataset folder or an open ``ShardDataset``.
-        batch_size: records per batch; with ``batch_sampler``, what it takes
-            (``AspectRatioBatches``: the batch size or None for its own;
+        batch_size: records per batch (None: 256); with ``batch_sampler``, what it
+            takes (``AspectRatioBatches``: the batch size, or None for its own;
             ``BudgetBatches``: None, its budget decides).
         batch_sampler: size-aware batches (:mod:`reader.batching`):
             ``AspectRatioBatches(...)`` groups records of similar shape,
@@ -105,7 +107,7 @@ class Loader:
         device_options: ``reader.device.DeviceOptions`` for ``device="cuda"``.
     """
 
-    def __init__(self, source: str | Path | ShardDataset, batch_size: int | None = 256, *,
+    def __init__(self, source: str | Path | ShardDataset, batch_size: int | None = None, *,
                  batch_sampler: Any = None,
                  num_workers: int | str = "auto", prefetch: int | str = "auto",
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
@@ -123,7 +125,7 @@ class Loader:
                  device_options: Any = None) -> None:
         # Argument errors first, before anything is opened.
         if batch_sampler is None:
-            batch_size = check_batch_size(batch_size)
+            batch_size = check_batch_size(DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
         elif not hasattr(batch_sampler, "bind"):
             raise TypeError("batch_sampler must be a reader.batching.AspectRatioBatches or "
                             f"BudgetBatches, not {type(batch_sampler).__name__} {batch_sampler!r}")
@@ -172,6 +174,10 @@ class Loader:
         self.num_workers = resolve_num_workers(self.worker_options.num_workers)
         self._plan_fields()
         self._refuse_idle_options()
+        if device == "cuda" and not self.raw:
+            from .device import check_layout
+
+            check_layout(self, self.device_options)
         # num_workers="auto": measured and adjusted while the loader runs (reader.autoscale).
         self._scaler = None
         if self.worker_options.num_workers == "auto" and not self.raw and self.num_workers:

@@ -23,6 +23,7 @@ from .collate import Padded, VarField
 from .imaging import make_pipeline
 from .sample import Annotations, SampleSpec
 from .slots import SlotLayout
+from .transforms import Resize, ResizeShortestEdge
 
 __all__ = ["PER_BOX_NAMES", "BatchPlan", "plan_batch"]
 
@@ -85,6 +86,11 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
 
     boxes_default = "boxes" if ("boxes" in names and types["boxes"].type == "ndarray"
                                 and tuple(types["boxes"].shape) == (None, 4)) else None
+    if ann.boxes is None and "boxes" in names and boxes_default is None and image is not None:
+        f = types["boxes"]
+        raise ValueError(f"field 'boxes' is {f.type} {f.dtype or ''} {f.shape or ''}, not the "
+                         "[None, 4] xyxy boxes that follow the image's geometry: pass "
+                         "annotations=reader.Annotations(boxes='') to read it as it is")
     boxes = named(ann.boxes, boxes_default, "boxes")
     if boxes is not None and not (_var_rows(types[boxes]) and types[boxes].shape[1:] == (4,)):
         raise ValueError(f"boxes field {boxes!r} must be an ndarray of shape [None, 4] (xyxy "
@@ -150,6 +156,10 @@ def _var(name: str, mode, dtype, var_dims: int, inner, bound, batch_size: int,
          channels_first: bool = False) -> VarField:
     """A :class:`VarField` from a ``collate`` value ("padded", "ragged" or ``Padded``)."""
     padded = isinstance(mode, Padded)
+    if padded and mode.to is not None and len(mode.to) != var_dims:
+        what = "(height, width)" if var_dims == 2 else "one count (rows)"
+        raise ValueError(f"collate[{name!r}]: Padded(to={mode.to}) gives {len(mode.to)} "
+                         f"size(s); {name!r} varies in {var_dims} dimension(s): give {what}")
     return VarField(name, "padded" if padded else mode, np.dtype(dtype).str, var_dims,
                     tuple(inner), tuple(bound), batch_size, channels_first,
                     mode.to if padded else None, mode.multiple if padded else 1)
@@ -212,6 +222,13 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
                                                         image, rows)
         if image is not None:
             pipeline = make_pipeline(opts.transform)
+            pairs = getattr(getattr(pipeline, "pipeline", None), "keypoint_pairs", ())
+            if pairs and keypoints is not None:
+                k = types[keypoints].shape[1]
+                bad = [p for p in pairs if not (0 <= p[0] < k and 0 <= p[1] < k)]
+                if bad:
+                    raise ValueError(f"RandomHorizontalFlip(keypoint_pairs=...) names keypoint "
+                                     f"{bad[0]}; {keypoints!r} holds {k} per instance")
         elif opts.transform is not None:
             raise ValueError("transform would have no effect: none of the fields read is an "
                              "image (fields=..., image_field=...)")
@@ -234,11 +251,19 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
             specs.append((image, dtype, (b, *pipeline.output_shape)))
         else:
             bound = core.max_output(*_image_sizes(ds, image))
+            # Rounding in one resize changes the aspect ratio the next one sees, by a
+            # pixel or two: a margin per resizing spec after the first keeps the bound.
+            resizes = sum(isinstance(t, (Resize, ResizeShortestEdge)) for t in core.geometric)
+            bound = tuple(d + 2 * max(resizes - 1, 0) for d in bound)
             image_var = _var(image, collate.get(image, "padded"), core.dtype, 2, (3,), bound, b,
                              bool(core.normalize and core.normalize.channels_first))
             var_fields.append(image_var)
         for m in masks:
             if fixed_image:
+                if m in collate:
+                    raise ValueError(f"collate[{m!r}]: this pipeline's masks all have the size "
+                                     f"{pipeline.output_shape[:2]}; only varying-size fields "
+                                     "are padded or ragged")
                 size = core.resample_shape[:2] if core is not None else pipeline.output_shape[:2]
                 specs.append((m, np.uint8, (b, *size)))
                 mask_vars.append((m, None))
@@ -279,7 +304,10 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
                                  "fields are padded or ragged")
             slot_fields.append((n, f.type))
         elif _var_rows(f):
-            v = _var(n, collate.get(n, "ragged"), f.dtype, 1, f.shape[1:],
+            dtype = f.dtype
+            if n in (boxes, keypoints) and image is not None and np.dtype(dtype).kind in "iub":
+                dtype = np.float32  # moved coordinates are fractional: never truncated
+            v = _var(n, collate.get(n, "ragged"), dtype, 1, f.shape[1:],
                      (int(rows(n).max(initial=0)),), b)
             arrays.append(v)
             var_fields.append(v)

@@ -24,6 +24,7 @@ on the whole sample, and what they return is written in step 5.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +162,7 @@ class SampleBuilder:
         """Returns ``(io_s, decode_s, transform_s, assemble_s, bytes, skipped, shapes)``."""
         spec, ds = self.spec, self.ds
         idx = indices.tolist()
+        self._idx = idx
         n = len(idx)
         t = time.perf_counter()
         nbytes = 0
@@ -213,7 +215,7 @@ class SampleBuilder:
                                                           skipped + k)
         else:
             d, tr, a, k = self._decode_into_slot(idx, views, masks, sizes, plans, slot, shapes,
-                                                 rng, valid)
+                                                 rng, valid, arrays)
             decode_s, transform_s, skipped = decode_s + d, transform_s + tr, skipped + k
             t = time.perf_counter()
             self._write_arrays(arrays, slot, shapes)
@@ -278,7 +280,8 @@ class SampleBuilder:
                 kept = move_keypoints(kept, plan, self.pipeline.pipeline.keypoint_pairs)
             arrays[name][i] = kept
 
-    def _decode_into_slot(self, idx, views, masks, sizes, plans, slot, shapes, rng, valid):
+    def _decode_into_slot(self, idx, views, masks, sizes, plans, slot, shapes, rng, valid,
+                          arrays):
         """Step 3 on the fast path: every image straight into its region of the slot."""
         spec = self.spec
         if not spec.image:
@@ -286,13 +289,13 @@ class SampleBuilder:
         t = time.perf_counter()  # laying out the padded or ragged regions is assembly
         out_sizes = [p.size if p is not None else (0, 0) for p in plans]
         if spec.image_var is not None:
-            regions, shapes[spec.image] = spec.image_var.regions(slot, out_sizes)
+            regions, shapes[spec.image] = self._regions(spec.image_var, slot, out_sizes, idx)
         else:
             regions = slot[spec.image]
         mask_regions = []
         for name, var in spec.masks:
             if var is not None:
-                r, shapes[name] = var.regions(slot, out_sizes)
+                r, shapes[name] = self._regions(var, slot, out_sizes, idx)
             else:
                 r = slot[name]
             mask_regions.append(r)
@@ -318,6 +321,12 @@ class SampleBuilder:
                 regions[i][...] = 0
                 for r in mask_regions:
                     r[i][...] = 0
+                # As a sample whose header did not read: no boxes, no size (its region,
+                # laid out already, holds zeros; a ragged one keeps its place).
+                for name in arrays:
+                    arrays[name][i] = arrays[name][i][:0]
+                if spec.image_var is not None and spec.image_var.mode == "padded":
+                    slot[spec.image + "_size"][i] = 0
                 skipped += 1
                 continue
             decode_s += time.perf_counter() - t - tr
@@ -392,7 +401,7 @@ class SampleBuilder:
         if spec.image_var is not None:
             cf = spec.image_var.channels_first
             sizes = [im.shape[1:] if cf else im.shape[:2] for im in images]
-            regions, shapes[spec.image] = spec.image_var.regions(slot, sizes)
+            regions, shapes[spec.image] = self._regions(spec.image_var, slot, sizes, self._idx)
         else:
             regions = slot[spec.image]
         for i, im in enumerate(images):
@@ -406,7 +415,7 @@ class SampleBuilder:
         for name, var in spec.masks:
             ms = [s[name] for s in samples]
             if var is not None:
-                r, shapes[name] = var.regions(slot, [m.shape for m in ms])
+                r, shapes[name] = self._regions(var, slot, [m.shape for m in ms], self._idx)
             else:
                 r = slot[name]
             for i, m in enumerate(ms):
@@ -417,10 +426,21 @@ class SampleBuilder:
         arrays = {f.name: [s[f.name] for s in samples] for f in spec.arrays}
         self._write_arrays(arrays, slot, shapes)
 
+    def _regions(self, var: VarField, slot: dict, sizes: list, idx: list):
+        """``var.regions``; when the batch does not fit its slot, the error names the
+        record of the largest sample (the likely culprit) as the one being worked on."""
+        try:
+            return var.regions(slot, sizes)
+        except ValueError:
+            if sizes:
+                self.current = idx[max(range(len(sizes)), key=lambda i: math.prod(sizes[i]))]
+            raise
+
     def _write_arrays(self, arrays: dict, slot: dict, shapes: dict) -> None:
         """Step 5: the per-sample arrays, padded or ragged."""
         for f in self.spec.arrays:
             values = arrays[f.name]
-            regions, shapes[f.name] = f.regions(slot, [(len(a),) for a in values])
+            regions, shapes[f.name] = self._regions(f, slot, [(len(a),) for a in values],
+                                                    self._idx)
             for region, a in zip(regions, values, strict=True):
                 region[: len(a)] = a

@@ -260,13 +260,18 @@ class TokenBlocks:
         """Every ``block_size + 1`` run of shard ``s``'s tokens as one row (a view whose rows
         overlap): a fancy index on it copies whole rows in C."""
         self.dataset.shard(s)  # the file still has its full size (the guard against SIGBUS)
-        rows = self._rows.get(s)
+        rows = self._rows.pop(s, None)  # re-inserted last: the dict is in order of use
         if rows is None:
             view = self._view(s)
             width = self.block_size + 1
             item = self.dtype.itemsize
-            rows = self._rows[s] = as_strided(view, shape=(max(view.size - width + 1, 0), width),
-                                              strides=(item, item), writeable=False)
+            rows = as_strided(view, shape=(max(view.size - width + 1, 0), width),
+                              strides=(item, item), writeable=False)
+            # A view holds its shard's map open: keep no more than the dataset keeps open.
+            limit = getattr(self.dataset, "max_open", None) or len(self.dataset.starts)
+            while len(self._rows) >= max(1, limit - 1):
+                del self._rows[next(iter(self._rows))]
+        self._rows[s] = rows
         return rows
 
     def _verify(self, records: np.ndarray) -> None:

@@ -80,25 +80,34 @@ def to_torch(batch: dict, *, channels_first: bool = False, dtype: Any = None,
         for k in list(out):
             size = batch.get(k + "_size")
             if isinstance(size, np.ndarray) and isinstance(batch[k], np.ndarray):
-                out[k + "_mask"] = torch.from_numpy(_padding_mask(batch[k], size, k == image_field
-                                                                  and channels_first))
+                if k + "_mask" in batch:
+                    raise ValueError(f"padding_mask would add {k + '_mask'!r}, which the batch "
+                                     "already has (a field of that name): read it under "
+                                     "fields=... without it, or leave padding_mask off")
+                out[k + "_mask"] = torch.from_numpy(_padding_mask(batch[k], size))
     return out
 
 
 def _image(t, channels_first: bool, dtype):
     if channels_first:
         t = t.movedim(-1, -3)
-    if dtype is not None:
-        t = t.to(dtype)
-        if t.is_floating_point():
+    if dtype is not None and t.dtype != dtype:
+        # uint8 pixels become 0..1; an image normalized already (float) is only cast.
+        scale = not t.is_floating_point()
+        t = t.to(dtype)  # a new tensor (the dtype changed): the slot is never written
+        if scale and t.is_floating_point():
             t = t.div_(255.0)
     return t.contiguous()
 
 
-def _padding_mask(values: np.ndarray, sizes: np.ndarray, channels_first: bool) -> np.ndarray:
-    """``[n, *varying dims]`` bool: True inside each sample's size."""
+def _padding_mask(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``[n, *varying dims]`` bool: True inside each sample's size. The varying dimensions
+    follow the batch dimension, except in a channels-first image (``Normalize(
+    channels_first=True)``: ``[n, 3, H, W]``), where they are the last ones."""
     k = sizes.shape[1]
-    dims = values.shape[1:1 + k] if not channels_first else values.shape[-k:]
+    inner = values.ndim - 1 - k
+    first = inner == 1 and values.shape[1] in (1, 3) and values.shape[-1] not in (1, 3)
+    dims = values.shape[-k:] if first else values.shape[1:1 + k]
     mask = np.ones((len(values), *dims), bool)
     for d in range(k):
         index = np.arange(dims[d]).reshape((1,) + (1,) * d + (-1,) + (1,) * (k - d - 1))
@@ -154,15 +163,16 @@ class TorchBatchDataset:
         self._builder = None
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return self.loader.sampler.num_batches_in(self.epoch)  # this dataset's epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def __getitem__(self, k: int) -> dict:
         lo = self.loader
-        if not 0 <= k < len(lo):
-            raise IndexError(f"batch {k} out of range for an epoch of {len(lo)} batches")
+        n = len(self)
+        if not 0 <= k < n:
+            raise IndexError(f"batch {k} out of range for epoch {self.epoch} of {n} batches")
         if self._builder is None:
             self._builder = BatchBuilder(lo.dataset, lo.spec)
         indices = lo.sampler.batch(self.epoch, k)

@@ -571,3 +571,88 @@ def test_one_short_side_per_batch(det_path, workers):
     with Loader(det_path, 6, transform=per_batch, num_workers=0) as lo:
         assert lo.spec.sample is not None  # drawn where a whole batch is planned
         assert next(iter(lo))["image"].shape == (6, 40, 40, 3)
+
+
+# -- regressions found by review ---------------------------------------------------------
+
+def test_torch_conversion_never_writes_the_slot(det_path):
+    torch = pytest.importorskip("torch", reason="the torch adapter needs PyTorch")
+    from reader.torch_adapter import to_torch
+
+    with Loader(det_path, 2, transform=[*DETECTION, Normalize()], num_workers=0) as lo:
+        b = next(iter(lo))
+        before = b["image"].copy()
+        t = to_torch(b, dtype=torch.float32, padding_mask=True)
+        assert np.array_equal(b["image"], before)  # normalized images are cast, not scaled
+        assert np.allclose(t["image"].numpy(), before)
+        n, hb, wb, _ = b["image"].shape
+        assert t["image_mask"].shape == (n, hb, wb)
+    with Loader(det_path, 2, transform=[*DETECTION, Normalize(channels_first=True)],
+                num_workers=0) as lo:
+        b = next(iter(lo))
+        t = to_torch(b, padding_mask=True)
+        assert t["image_mask"].shape == (2, *b["image"].shape[2:])
+
+
+def test_review_refusals(det_path):
+    with pytest.raises(ValueError, match="masks all have the size"):
+        Loader(det_path, 4, transform=[CenterCrop(32)], collate={"mask": "ragged"})
+    with pytest.raises(ValueError, match="give one count"):
+        Loader(det_path, 4, transform=DETECTION, collate={"boxes": Padded(to=(4, 4))})
+    with pytest.raises(ValueError, match=r"give \(height, width\)"):
+        Loader(det_path, 4, transform=DETECTION, collate={"image": Padded(to=64)})
+    from reader.batching import AspectRatioBatches, BudgetBatches
+
+    with Loader(det_path, batch_sampler=AspectRatioBatches(batch_size=4),
+                transform=DETECTION) as lo:  # no batch size given: the sampler's own
+        assert lo.batch_size == 4
+    with Loader(det_path, batch_sampler=BudgetBatches(8 * 128 * 128), transform=DETECTION) as lo:
+        assert len(lo) > 0
+
+
+def test_boxes_of_another_shape_are_refused(tmp_path):
+    root = tmp_path / "b5"
+    rng = np.random.default_rng(0)
+    fields = [Field("image", "jpeg"), Field("boxes", "ndarray", dtype="float32", shape=(None, 5))]
+    with DatasetWriter(root, fields, shard_size=None, records_per_shard=4, durable=False) as w:
+        w.write({"image": _record(rng, 1)["image"], "boxes": np.zeros((1, 5), np.float32)})
+    with pytest.raises(ValueError, match=r"not the \[None, 4\] xyxy boxes"):
+        Loader(root, 1, transform=DETECTION)
+    with Loader(root, 1, transform=DETECTION, annotations=reader.Annotations(boxes=""),
+                num_workers=0) as lo:
+        assert next(iter(lo))["boxes"][0].shape == (1, 5)
+
+
+def test_integer_boxes_are_moved_as_floats(tmp_path):
+    root = tmp_path / "intboxes"
+    rng = np.random.default_rng(0)
+    fields = [Field("image", "jpeg"), Field("boxes", "ndarray", dtype="int32", shape=(None, 4))]
+    with DatasetWriter(root, fields, shard_size=None, records_per_shard=4, durable=False) as w:
+        img = np.zeros((64, 64, 3), np.uint8)
+        w.write({"image": simplejpeg.encode_jpeg(img), "boxes": np.array([[10, 10, 21, 31]],
+                                                                         np.int32)})
+    with Loader(root, 1, transform=[Resize((32, 32))], num_workers=0) as lo:
+        boxes = next(iter(lo))["boxes"][0]
+    assert boxes.dtype == np.float32 and boxes.tolist() == [[5.0, 5.0, 10.5, 15.5]]
+    del rng
+
+
+def test_a_decode_failure_after_layout_empties_the_sample(tmp_path):
+    root = tmp_path / "trunc"
+    rng = np.random.default_rng(0)
+    fields = [Field("image", "image"), Field("boxes", "ndarray", dtype="float32", shape=(None, 4)),
+              Field("labels", "ndarray", dtype="int64", shape=(None,))]
+    with DatasetWriter(root, fields, shard_size=None, records_per_shard=4, durable=False) as w:
+        for i in range(2):
+            rec = _record(rng, 2)
+            data = rec["image"]
+            if i == 1:  # a PNG whose header reads but whose body does not decode
+                png = cv2.imencode(".png", rng.integers(0, 255, (40, 48, 3), dtype=np.uint8))[1]
+                data = png.tobytes()[:200]
+            w.write({"image": data, "boxes": np.array([[1, 1, 9, 9]], np.float32),
+                     "labels": np.array([1])})
+    with Loader(root, 2, transform=DETECTION, num_workers=0, on_error="skip") as lo:
+        b = next(iter(lo))
+    assert b["valid"].tolist() == [True, False]
+    assert len(b["boxes"][1]) == 0 and len(b["labels"][1]) == 0
+    assert tuple(b["image_size"][1]) == (0, 0)

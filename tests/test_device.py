@@ -208,3 +208,24 @@ def test_cuda_path_carries_padded_and_ragged_fields(tmp_path, rng, fake_cupy):
         assert np.array_equal(values, w["boxes"].values)
         assert np.array_equal(offsets, w["boxes"].offsets)
     assert all(lo <= a and a + n <= hi for a, n in fake_cupy.copies)
+
+
+def test_cuda_refuses_conversions_it_cannot_make(tmp_path, rng, fake_cupy):
+    import simplejpeg
+
+    import formats
+    import reader
+    from reader.transforms import Normalize, ResizeShortestEdge
+
+    with formats.DatasetWriter(tmp_path, [formats.Field("image", "jpeg")]) as w:
+        for _ in range(3):
+            w.write({"image": simplejpeg.encode_jpeg(rng.integers(0, 256, (30, 40, 3),
+                                                                  dtype=np.uint8))})
+    with pytest.raises(ValueError, match="ragged image field"):
+        reader.Loader(tmp_path, 2, transform=[ResizeShortestEdge(32)], device="cuda",
+                      collate={"image": "ragged"})
+    with pytest.raises(ValueError, match="Normalize"):
+        reader.Loader(tmp_path, 2, transform=[ResizeShortestEdge(32), Normalize()], device="cuda")
+    ok = DeviceOptions(dtype="uint8", layout="NHWC")
+    reader.Loader(tmp_path, 2, transform=[ResizeShortestEdge(32)], device="cuda",
+                  collate={"image": "ragged"}, device_options=ok).close()

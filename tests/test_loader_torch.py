@@ -43,3 +43,32 @@ def test_inside_torch_dataloader_matches_the_loader(ds_path):
         assert np.array_equal(a["image"], b["image"].numpy())
         assert np.array_equal(a["label"], b["label"].numpy())
         assert a["key"] == b["key"]
+
+
+def test_batch_dataset_follows_its_own_epoch_and_masks_never_clash(tmp_path):
+    import torch
+
+    from formats import DatasetWriter, Field
+    from reader import Loader
+    from reader.batching import BudgetBatches
+    from reader.torch_adapter import TorchBatchDataset, to_torch
+
+    rng = np.random.default_rng(0)
+    with DatasetWriter(tmp_path / "d", [Field("tokens", "ndarray", dtype="int32", shape=(None,))],
+                       shard_size=None, records_per_shard=50) as w:
+        for _ in range(200):
+            w.write({"tokens": np.arange(rng.integers(1, 60), dtype=np.int32)})
+    with Loader(tmp_path / "d", None, batch_sampler=BudgetBatches(256, size="field:tokens"),
+                collate={"tokens": "padded"}, shuffle=True, num_workers=0) as lo:
+        ds = TorchBatchDataset(lo)
+        counts = []
+        for e in range(4):
+            ds.set_epoch(e)
+            counts.append(len(ds))
+            assert len(ds) == lo.sampler.num_batches_in(e)
+            ds[len(ds) - 1]  # the last batch of that epoch, not of the loader's
+        b = next(iter(lo))
+        b["tokens_mask"] = np.zeros(1)
+        with pytest.raises(ValueError, match="already has"):
+            to_torch(b, padding_mask=True)
+    assert isinstance(torch.from_numpy(np.zeros(1)), torch.Tensor)

@@ -168,3 +168,13 @@ def test_budgeted_document_batches_through_the_loader(path, docs, padded):
     assert sorted(seen) == sorted(tuple(d.astype(np.int32)) for d in docs)
     with pytest.raises(ValueError, match="budget"):
         Loader(path, None, batch_sampler=BudgetBatches(100, size="field:tokens"))
+
+
+def test_open_shards_stay_within_max_open(tmp_path, docs):
+    from formats import open_shards
+
+    root = _write(tmp_path / "many", docs * 4, per_shard=1)  # 48 shards
+    ds = open_shards(root, max_open=3)
+    with TokenBlocks(ds, 8, 4, shuffle="full") as tb:
+        for _ in tb:
+            assert len(tb._rows) <= 2  # a view holds its shard's map open
