@@ -305,6 +305,11 @@ class _Budget(BoundBatches):
                          {**settings, "sort_window": int(window)})
         self.sizes, self.budget, self.padded = sizes, budget, spec.padded
         self.cap, self.window = cap, window
+        # The field the budget counts, if one: a batch never holds more of it than the
+        # budget, which bounds that field's slot region (reader.plan).
+        size = spec.size
+        self.size_field = (size[len("field:"):] if isinstance(size, str)
+                           and size.startswith("field:") else None)
 
     @property
     def num_batches(self) -> int:

@@ -144,6 +144,8 @@ class VarField:
         to: ``Padded(to=...)``'s fixed size, or None (pad to the batch's largest).
         batch_size: the most samples in a batch.
         multiple: ``Padded(multiple=...)``: the batch's sizes rounded up to it.
+        limit: the most rows a batch holds in all (a ``BudgetBatches`` over this
+            field), or None.
     """
 
     name: str
@@ -156,13 +158,18 @@ class VarField:
     channels_first: bool = False
     to: tuple[int, ...] | None = None
     multiple: int = 1
+    limit: int | None = None
 
     @property
     def capacity(self) -> int:
-        """Elements the slot region holds: a whole batch of the largest samples."""
+        """Elements the slot region holds: a whole batch of the largest samples, or
+        ``limit`` rows when the batches are budgeted in this field's rows."""
         m = self.multiple
         dims = self.to or tuple(-(-d // m) * m for d in self.bound)
-        return self.batch_size * math.prod(dims) * math.prod(self.inner)
+        whole = self.batch_size * math.prod(dims) * math.prod(self.inner)
+        if self.limit is not None:
+            whole = min(whole, self.limit * math.prod(self.inner))
+        return whole
 
     def slot_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """The ``(name, dtype, shape)`` regions it takes in a slot (:class:`SlotLayout`)."""

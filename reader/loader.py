@@ -201,7 +201,9 @@ class Loader:
         ds, opts = self.dataset, self.decode_options
         check_fields(opts, {f.name: f.type for f in ds.fields}, ds.root)
         self.raw = not opts.decode
-        plan, _ = plan_batch(ds, opts, self.sampler.max_batch_size, raw=self.raw)
+        field = getattr(self.sampler, "size_field", None)
+        budget = (field, self.sampler.budget, self.sampler.padded) if field else None
+        plan, _ = plan_batch(ds, opts, self.sampler.max_batch_size, raw=self.raw, budget=budget)
         self.fields = opts.fields or tuple(f.name for f in ds.fields)
         self.image_field = plan.image
         self.main_fields = plan.main_fields

@@ -153,7 +153,7 @@ def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _var(name: str, mode, dtype, var_dims: int, inner, bound, batch_size: int,
-         channels_first: bool = False) -> VarField:
+         channels_first: bool = False, limit: int | None = None) -> VarField:
     """A :class:`VarField` from a ``collate`` value ("padded", "ragged" or ``Padded``)."""
     padded = isinstance(mode, Padded)
     if padded and mode.to is not None and len(mode.to) != var_dims:
@@ -162,7 +162,7 @@ def _var(name: str, mode, dtype, var_dims: int, inner, bound, batch_size: int,
                          f"size(s); {name!r} varies in {var_dims} dimension(s): give {what}")
     return VarField(name, "padded" if padded else mode, np.dtype(dtype).str, var_dims,
                     tuple(inner), tuple(bound), batch_size, channels_first,
-                    mode.to if padded else None, mode.multiple if padded else 1)
+                    mode.to if padded else None, mode.multiple if padded else 1, limit)
 
 
 def _rows(ds, f) -> np.ndarray:
@@ -178,7 +178,8 @@ def _rows(ds, f) -> np.ndarray:
     return np.array([ds.get(r, f.name).shape[0] for r in range(len(ds))], np.int64)
 
 
-def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict]:
+def plan_batch(ds, opts, batch_size: int, *, raw: bool,
+               budget: tuple[str, int, bool] | None = None) -> tuple[BatchPlan, dict]:
     """Decide each field's path (see the module docstring).
 
     Args:
@@ -186,6 +187,8 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
         opts: the loader's :class:`reader.options.DecodeOptions`.
         batch_size: the most records in a batch (the sampler's largest batch).
         raw: ``decode=False``: every field read in the main process.
+        budget: ``(field, budget, padded)`` when batches are budgeted in a field's
+            rows (``BudgetBatches(size="field:NAME")``): its region holds that many.
 
     Returns:
         ``(plan, types)``: the plan, and the schema as field name -> Field.
@@ -305,10 +308,15 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool) -> tuple[BatchPlan, dict
             slot_fields.append((n, f.type))
         elif _var_rows(f):
             dtype = f.dtype
+            limit = None
+            mode = collate.get(n, "ragged")
+            if budget is not None and budget[0] == n and (
+                    mode == "ragged" or (mode == "padded" and budget[2])):
+                limit = budget[1]  # the batch's rows (padded or summed) stay within it
             if n in (boxes, keypoints) and image is not None and np.dtype(dtype).kind in "iub":
                 dtype = np.float32  # moved coordinates are fractional: never truncated
-            v = _var(n, collate.get(n, "ragged"), dtype, 1, f.shape[1:],
-                     (int(rows(n).max(initial=0)),), b)
+            v = _var(n, mode, dtype, 1, f.shape[1:], (int(rows(n).max(initial=0)),), b,
+                     limit=limit)
             arrays.append(v)
             var_fields.append(v)
         else:

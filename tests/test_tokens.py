@@ -155,6 +155,8 @@ def test_budgeted_document_batches_through_the_loader(path, docs, padded):
     with Loader(path, None, batch_sampler=spec, collate=collate, shuffle=True, seed=1,
                 num_workers=1, copy=True) as lo:
         batches = list(lo)
+        # The slot holds the budget's rows, not the largest batch times the longest record.
+        assert lo.layout.field("tokens").nbytes <= budget * 4
     seen = []
     for b in batches:
         if padded:
