@@ -113,7 +113,7 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
         # The usual names (checked per record, so a broken one is an error, never a shift),
         # and any field with one row per box in every record (the index says).
         per_box = tuple(n for n in names if n != boxes and _var_rows(types[n]) and (
-            n in PER_BOX_NAMES or (types[n].compression == "none"
+            n in PER_BOX_NAMES or (types[n].compression == types[boxes].compression == "none"
                                    and np.array_equal(rows(n), rows(boxes)))))
     else:
         per_box = ()
@@ -163,6 +163,16 @@ def _var(name: str, mode, dtype, var_dims: int, inner, bound, batch_size: int,
     return VarField(name, "padded" if padded else mode, np.dtype(dtype).str, var_dims,
                     tuple(inner), tuple(bound), batch_size, channels_first,
                     mode.to if padded else None, mode.multiple if padded else 1, limit)
+
+
+def _max_rows(ds, f, rows) -> int:
+    """The most rows of ``f`` in any record: from the index, or for a compressed field
+    from the manifest's largest uncompressed payload (no record is decompressed)."""
+    if f.compression == "none":
+        return int(rows(f.name).max(initial=0))
+    raw = ds.manifest.max_raw_size.get(f.name, 0)
+    header = 8 * (1 + len(f.shape))
+    return max(0, (raw - header) // max(math.prod(f.shape[1:]) * np.dtype(f.dtype).itemsize, 1))
 
 
 def _rows(ds, f) -> np.ndarray:
@@ -315,8 +325,7 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
                 limit = budget[1]  # the batch's rows (padded or summed) stay within it
             if n in (boxes, keypoints) and image is not None and np.dtype(dtype).kind in "iub":
                 dtype = np.float32  # moved coordinates are fractional: never truncated
-            v = _var(n, mode, dtype, 1, f.shape[1:], (int(rows(n).max(initial=0)),), b,
-                     limit=limit)
+            v = _var(n, mode, dtype, 1, f.shape[1:], (_max_rows(ds, f, rows),), b, limit=limit)
             arrays.append(v)
             var_fields.append(v)
         else:

@@ -656,3 +656,22 @@ def test_a_decode_failure_after_layout_empties_the_sample(tmp_path):
     assert b["valid"].tolist() == [True, False]
     assert len(b["boxes"][1]) == 0 and len(b["labels"][1]) == 0
     assert tuple(b["image_size"][1]) == (0, 0)
+
+
+def test_compressed_arrays_are_bounded_from_the_manifest(tmp_path):
+    root = tmp_path / "z"
+    fields = [Field("image", "jpeg"),
+              Field("boxes", "ndarray", dtype="float32", shape=(None, 4), compression="zstd"),
+              Field("labels", "ndarray", dtype="int64", shape=(None,), compression="zstd")]
+    rng = np.random.default_rng(0)
+    most = 0
+    with DatasetWriter(root, fields, shard_size=None, records_per_shard=4, durable=False) as w:
+        for i in range(6):
+            rec = _record(rng, i)
+            most = max(most, len(rec["boxes"]))
+            w.write({k: rec[k] for k in ("image", "boxes", "labels")}, meta=rec["_meta"])
+    with Loader(root, 3, transform=DETECTION, num_workers=0) as lo:
+        boxes = lo.plan.var_fields[[v.name for v in lo.plan.var_fields].index("boxes")]
+        assert boxes.bound == (most,) and most > 0  # the most boxes of a record
+        for b in lo:
+            assert np.array_equal(b["boxes"].lengths, b["labels"].lengths)
