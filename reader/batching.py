@@ -97,12 +97,9 @@ def _check_length(arr: np.ndarray, dataset: Any, what: str) -> None:
 
 # -- sizes from a dataset ---------------------------------------------------------------
 
-def image_sizes(dataset: Any) -> np.ndarray:
-    """``(height, width)`` of every record, from the metadata table (no data file read).
-
-    Raises:
-        ValueError: a record whose width or height is unknown (null or 0), naming the first.
-    """
+def known_image_sizes(dataset: Any) -> np.ndarray:
+    """``(height, width)`` of every record from the metadata table (no data file read),
+    0 where the table has none."""
     import pyarrow.compute as pc
 
     table = dataset.metadata(["width", "height"])
@@ -110,6 +107,16 @@ def image_sizes(dataset: Any) -> np.ndarray:
             for c in ("height", "width")]
     hw = np.stack(cols, axis=1) if len(table) else np.zeros((0, 2), np.int64)
     _check_length(hw, dataset, "the metadata table")
+    return hw
+
+
+def image_sizes(dataset: Any) -> np.ndarray:
+    """``(height, width)`` of every record, from the metadata table (no data file read).
+
+    Raises:
+        ValueError: a record whose width or height is unknown (null or 0), naming the first.
+    """
+    hw = known_image_sizes(dataset)
     bad = np.flatnonzero((hw <= 0).any(axis=1))
     if bad.size:
         i = int(bad[0])

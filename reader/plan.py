@@ -19,6 +19,7 @@ import numpy as np
 
 from formats.fields import BYTES_TYPES, IMAGE_TYPES
 
+from .batching import field_sizes, known_image_sizes
 from .collate import Padded, VarField
 from .imaging import make_pipeline
 from .sample import Annotations, SampleSpec
@@ -134,22 +135,19 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
 def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
     """Every record's (heights, widths): the metadata table, headers where it has none."""
     try:
-        table = ds.metadata(["height", "width"])
-        hs = np.nan_to_num(table.column("height").to_numpy(zero_copy_only=False)).astype(np.int64)
-        ws = np.nan_to_num(table.column("width").to_numpy(zero_copy_only=False)).astype(np.int64)
+        hw = known_image_sizes(ds)
     except Exception:  # no table (an old or foreign dataset): read every header
-        hs = ws = np.zeros(len(ds), np.int64)
-    unknown = np.flatnonzero((hs <= 0) | (ws <= 0))
+        hw = np.zeros((len(ds), 2), np.int64)
+    unknown = np.flatnonzero((hw <= 0).any(axis=1))
     if unknown.size:
         from .decode import image_size
 
-        hs, ws = hs.copy(), ws.copy()
         for r in unknown.tolist():
             try:
-                hs[r], ws[r] = image_size(ds.payload(r, image))
+                hw[r] = image_size(ds.payload(r, image))
             except Exception:
                 continue  # a corrupt image: the worker reports (or skips) it when read
-    return hs, ws
+    return hw[:, 0], hw[:, 1]
 
 
 def _var(name: str, mode, dtype, var_dims: int, inner, bound, batch_size: int,
@@ -173,19 +171,6 @@ def _max_rows(ds, f, rows) -> int:
     raw = ds.manifest.max_raw_size.get(f.name, 0)
     header = 8 * (1 + len(f.shape))
     return max(0, (raw - header) // max(math.prod(f.shape[1:]) * np.dtype(f.dtype).itemsize, 1))
-
-
-def _rows(ds, f) -> np.ndarray:
-    """Rows of field ``f`` (first dimension varying) in every record, from the shard
-    index alone when it is stored uncompressed (payload length less the header)."""
-    if len(ds) == 0:
-        return np.zeros(0, np.int64)
-    inner = math.prod(f.shape[1:]) * np.dtype(f.dtype).itemsize
-    if f.compression == "none":
-        _, _, lengths = ds.spans(np.arange(len(ds), dtype=np.int64), f.name)
-        header = 8 * (1 + len(f.shape))  # u64 ndim, u64 dims[ndim] (FORMAT.md)
-        return (np.asarray(lengths, np.int64) - header) // max(inner, 1)
-    return np.array([ds.get(r, f.name).shape[0] for r in range(len(ds))], np.int64)
 
 
 def plan_batch(ds, opts, batch_size: int, *, raw: bool,
@@ -215,9 +200,9 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
                          f"({', '.join(names)})")
     found: dict[str, np.ndarray] = {}
 
-    def rows(name: str) -> np.ndarray:
+    def rows(name: str) -> np.ndarray:  # an uncompressed field's rows per record, by the index
         if name not in found:
-            found[name] = _rows(ds, types[name])
+            found[name] = field_sizes(ds, name)
         return found[name]
 
     image = pipeline = None
