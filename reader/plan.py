@@ -349,8 +349,8 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
         specs.extend(v.slot_specs())
     if image is not None and opts.on_error == "skip":
         specs.append(("valid", np.bool_, (b,)))
-    fixed = tuple(s[0] for s in specs if s[0] not in {v.name for v in var_fields}
-                  and not any(s[0] in (v.name + "_offsets", v.name + "_size") for v in var_fields))
+    in_var = {name for v in var_fields for name, *_ in v.slot_specs()}
+    fixed = tuple(s[0] for s in specs if s[0] not in in_var)
     plan = BatchPlan(image=image, pipeline=pipeline, slot_fields=tuple(slot_fields),
                      sample=sample, main_fields=tuple(main), fixed=fixed,
                      var_fields=tuple(var_fields), layout=SlotLayout.build(specs))

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from .collate import VarField
+from .dataset import page_in
 from .geometry import move_boxes, move_keypoints
 
 __all__ = ["Annotations", "FieldDecoder", "SampleBuilder", "SampleSpec"]
 
-PAGE_STRIDE = 4096
 
 
 @dataclass(frozen=True)
@@ -162,17 +162,11 @@ class SampleBuilder:
         """Returns ``(io_s, decode_s, transform_s, assemble_s, bytes, skipped, shapes)``."""
         spec, ds = self.spec, self.ds
         idx = indices.tolist()
-        self._idx = idx
         n = len(idx)
         t = time.perf_counter()
-        nbytes = 0
         views = ds.payloads(indices, spec.image) if spec.image else []
         masks = [ds.payloads(indices, name) for name, _ in spec.masks]
-        for v in (*views, *(m for ms in masks for m in ms)):
-            nbytes += len(v)
-            if len(v):
-                a = np.frombuffer(v, np.uint8)
-                int(a[::PAGE_STRIDE].sum()) + int(a[-1])  # page the record in
+        nbytes = page_in(views) + sum(page_in(ms) for ms in masks)
         decoded = dict(spec.decoders)
         arrays = {f.name: [self._array(r, f) for r in idx] for f in spec.arrays
                   if f.name not in decoded}
@@ -218,7 +212,7 @@ class SampleBuilder:
                                                  rng, valid, arrays)
             decode_s, transform_s, skipped = decode_s + d, transform_s + tr, skipped + k
             t = time.perf_counter()
-            self._write_arrays(arrays, slot, shapes)
+            self._write_arrays(arrays, slot, shapes, idx)
             assemble_s = a + time.perf_counter() - t
         self.current = None
         return io_s, decode_s, transform_s, assemble_s, nbytes, skipped, shapes
@@ -371,7 +365,7 @@ class SampleBuilder:
                 transform_s += time.perf_counter() - t
             samples.append(sample)
         t = time.perf_counter()
-        self._write_samples(samples, slot, shapes)
+        self._write_samples(samples, slot, shapes, idx)
         return decode_s, transform_s, time.perf_counter() - t, skipped
 
     def _call(self, fn, sample: dict, rng) -> dict:
@@ -394,14 +388,14 @@ class SampleBuilder:
                                 f"{self.current}; expected {dtype} with {ndim} dimensions")
         return result
 
-    def _write_samples(self, samples: list[dict], slot: dict, shapes: dict) -> None:
+    def _write_samples(self, samples: list[dict], slot: dict, shapes: dict, idx: list) -> None:
         spec = self.spec
         pipeline = self.pipeline.pipeline
         images = [s[spec.image] for s in samples]
         if spec.image_var is not None:
             cf = spec.image_var.channels_first
             sizes = [im.shape[1:] if cf else im.shape[:2] for im in images]
-            regions, shapes[spec.image] = self._regions(spec.image_var, slot, sizes, self._idx)
+            regions, shapes[spec.image] = self._regions(spec.image_var, slot, sizes, idx)
         else:
             regions = slot[spec.image]
         for i, im in enumerate(images):
@@ -415,7 +409,7 @@ class SampleBuilder:
         for name, var in spec.masks:
             ms = [s[name] for s in samples]
             if var is not None:
-                r, shapes[name] = self._regions(var, slot, [m.shape for m in ms], self._idx)
+                r, shapes[name] = self._regions(var, slot, [m.shape for m in ms], idx)
             else:
                 r = slot[name]
             for i, m in enumerate(ms):
@@ -424,7 +418,7 @@ class SampleBuilder:
                 else:
                     r[i][...] = 0
         arrays = {f.name: [s[f.name] for s in samples] for f in spec.arrays}
-        self._write_arrays(arrays, slot, shapes)
+        self._write_arrays(arrays, slot, shapes, idx)
 
     def _regions(self, var: VarField, slot: dict, sizes: list, idx: list):
         """``var.regions``; when the batch does not fit its slot, the error names the
@@ -436,11 +430,10 @@ class SampleBuilder:
                 self.current = idx[max(range(len(sizes)), key=lambda i: math.prod(sizes[i]))]
             raise
 
-    def _write_arrays(self, arrays: dict, slot: dict, shapes: dict) -> None:
+    def _write_arrays(self, arrays: dict, slot: dict, shapes: dict, idx: list) -> None:
         """Step 5: the per-sample arrays, padded or ragged."""
         for f in self.spec.arrays:
             values = arrays[f.name]
-            regions, shapes[f.name] = self._regions(f, slot, [(len(a),) for a in values],
-                                                    self._idx)
+            regions, shapes[f.name] = self._regions(f, slot, [(len(a),) for a in values], idx)
             for region, a in zip(regions, values, strict=True):
                 region[: len(a)] = a

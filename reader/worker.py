@@ -26,6 +26,7 @@ import numpy as np
 
 from formats.errors import CorruptRecordError, ShardpackError
 
+from .dataset import page_in
 from .leases import own_fork
 from .sample import SampleBuilder
 from .timing import WorkerTiming
@@ -33,7 +34,6 @@ from .timing import WorkerTiming
 __all__ = ["BatchBuilder", "BatchDone", "BatchFailed", "BatchSpec", "BatchStale", "Task",
            "WorkerPool", "batch_rng", "worker_loop"]
 
-PAGE_STRIDE = 4096
 IDLE_POLL_S = 1.0
 RETIRE = "retire"  # the task that makes one worker exit once its answers are sent
 
@@ -178,15 +178,11 @@ class BatchBuilder:
     def _images(self, indices, arrays, rng, valid) -> tuple:
         """The classification path: one fixed-size image per record, fused decode."""
         spec, ds = self.spec, self.ds
-        nbytes = skipped = 0
+        skipped = 0
         decode_s = transform_s = 0.0
         views = ds.payloads(indices, spec.image_field)
         t = time.perf_counter()
-        for v in views:
-            nbytes += len(v)
-            if len(v):
-                a = np.frombuffer(v, np.uint8)
-                int(a[::PAGE_STRIDE].sum()) + int(a[-1])  # page the record in
+        nbytes = page_in(views)
         io_s = time.perf_counter() - t
         images = arrays[spec.image_field]
         run, cache = spec.pipeline.run, spec.cache
