@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -42,7 +42,7 @@ from .report import PackProgress, PackSummary
 from .resolve import open_sink
 from .work import WorkOptions, iter_loaded, load, os_error, prepare, read_file
 
-__all__ = ["Item", "listing_items", "open_writer", "pack_listing", "record_items", "resume_point",
+__all__ = ["Item", "Run", "listing_items", "open_writer", "pack_listing", "record_items", "resume_point",
            "write_items"]
 
 _ADVANCE_EVERY = 64
@@ -69,6 +69,21 @@ class Item(NamedTuple):
     reason: str | None = None
     dropped: bool = False
     at: Any = None
+
+
+class Run(NamedTuple):
+    """Consecutive good records given column by column (field -> one value per
+    record): what a source making many small records hands the loop in place of an
+    :class:`Item` each, so the writer works per run (:meth:`DatasetWriter.write_run`).
+
+    ``nbytes``: each record's input bytes. ``at(k)``: where the source stands after
+    the run's first ``k`` records (as :attr:`Item.at`), asked for only when a shard
+    seals inside the run.
+    """
+
+    columns: dict[str, list]
+    nbytes: list[int]
+    at: Callable[[int], Any] | None = None
 
 
 def listing_items(listing: Listing, start: int, work: WorkOptions, workers: int
@@ -323,6 +338,25 @@ def write_items(items: Iterator[Item], writer, *, shards: bool, total: int | Non
     try:
         with _writing(writer, shards) as write:
             for item in items:
+                if type(item) is Run:
+                    k = len(item.nbytes)
+                    if shards:
+                        writer.write_run(item.columns, None, _run_state(item, n, skipped,
+                                                                        bytes_in, plan))
+                    else:
+                        for record in _records(item):
+                            write(record, None)
+                    n += k
+                    written += k
+                    size = sum(item.nbytes)
+                    bytes_in += size
+                    last_at = item.at(k) if item.at is not None else None
+                    pending += k
+                    pending_bytes += size
+                    if pending >= _ADVANCE_EVERY:
+                        progress.advance(pending, pending_bytes)
+                        pending = pending_bytes = 0
+                    continue
                 n += 1
                 bytes_in += item.nbytes
                 if item.kind is None:
@@ -338,7 +372,7 @@ def write_items(items: Iterator[Item], writer, *, shards: bool, total: int | Non
                 last_at = item.at
                 pending += 1
                 pending_bytes += item.nbytes
-                if pending == _ADVANCE_EVERY:
+                if pending >= _ADVANCE_EVERY:
                     progress.advance(pending, pending_bytes)
                     pending = pending_bytes = 0
             progress.advance(pending, pending_bytes)
@@ -372,6 +406,23 @@ def _state(n: int, skipped: Counter, bytes_in: int, plan: str, at: Any) -> dict:
     if at is not None:
         state["at"] = at
     return state
+
+
+def _run_state(run: Run, n: int, skipped: Counter, bytes_in: int, plan: str
+               ) -> Callable[[int], dict]:
+    """The progress value after the run's first ``k`` records (as :func:`_state`),
+    for the writer to ask when one of them seals a shard."""
+    def state(k: int) -> dict:
+        at = run.at(k) if run.at is not None else None
+        return _state(n + k, skipped, bytes_in + sum(run.nbytes[:k]), plan, at)
+    return state
+
+
+def _records(run: Run) -> Iterator[Item]:
+    """A run's records one by one (for the sinks that take records)."""
+    names = list(run.columns)
+    for j, values in enumerate(zip(*run.columns.values(), strict=True)):
+        yield Item(dict(zip(names, values, strict=True)), None, "", "", run.nbytes[j])
 
 
 @contextmanager

@@ -30,6 +30,8 @@ starts); ``workers=0`` takes any callable.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import pickle
 import reprlib
@@ -38,7 +40,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from formats.checksum import crc32c
 from formats.fields import Field
@@ -46,11 +48,19 @@ from formats.storage import display_uri, is_uri
 from formats.version import package_version
 
 from .errors import PackError, UsageError
-from .loop import Item, open_writer, write_items
+from .loop import Item, Run, open_writer, write_items
 from .options import DEFAULT_TASK_RECORDS, PackOptions, parse_size
 from .plan import check_paths
 from .report import PackProgress, PackSummary
-from .schema import INFER_SAMPLES, Bad, check_sample, describe, infer_fields, parse_schema
+from .schema import (
+    INFER_SAMPLES,
+    Bad,
+    check_run,
+    check_sample,
+    describe,
+    infer_fields,
+    parse_schema,
+)
 
 __all__ = ["SOURCE_KIND", "SampleRange", "made_by", "pack_samples", "plan_samples"]
 
@@ -70,6 +80,8 @@ def _call(fn: Callable, x: Any) -> tuple[list | None, str | None]:
     samples: list = []
     try:
         out = fn(x)
+        if type(out) is dict:
+            return [out], None
         if isinstance(out, Iterator) and not isinstance(out, dict):
             for s in out:
                 samples.append(s)
@@ -105,27 +117,36 @@ def _items(i: int, x: Any, samples: list | None, error: str | None, fields: tupl
     return out
 
 
-class _Done(NamedTuple):
-    """Raw ``(index, samples, error)`` triples, or checked items, of inputs [start, stop)."""
+def _chunk(fn: Callable, inputs: Sequence, start: int, stop: int, fields: tuple[Field, ...],
+           max_bytes: int | None, offset: int = 0) -> list:
+    """The items of inputs ``[start, stop)``: one :class:`~packer.loop.Run` of all
+    their samples when every call succeeded and every sample fits as is
+    (:func:`check_run`), else an item per sample (:func:`_items` names the bad ones)."""
+    made = [_call(fn, inputs[i]) for i in range(start, stop)]
+    if all(error is None for _, error in made):
+        counts = [len(samples) for samples, _ in made]
+        flat = [s for samples, _ in made for s in samples] if max(counts) > 1 else \
+            [samples[0] for samples, _ in made if samples]
+        checked = check_run(flat, fields, max_bytes)
+        if checked is not None:
+            columns, nbytes = checked
+            return [Run(columns, nbytes, _where(start, counts))]
+    items: list = []
+    for i, (samples, error) in zip(range(start, stop), made, strict=True):
+        items.extend(_items(i, inputs[i], samples, error, fields, max_bytes, offset))
+    return items
 
-    start: int
-    stop: int
-    raw: list | None
-    items: list[Item] | None
 
+def _where(start: int, counts: list[int]) -> Callable[[int], tuple[int, int]]:
+    """``Item.at`` of the ``k``-th sample of inputs from ``start`` on giving ``counts``
+    samples each: ``(i + 1, 0)`` after an input's last sample, else ``(i, j)``."""
+    ends = list(itertools.accumulate(counts))
 
-def _run(fn: Callable, inputs: Sequence, start: int, stop: int,
-         fields: tuple[Field, ...] | None, max_bytes: int | None, offset: int = 0) -> _Done:
-    """Run ``fn`` over ``inputs[start:stop]``: raw when ``fields`` is None, else checked."""
-    raw, items = ([], None) if fields is None else (None, [])
-    for i in range(start, stop):
-        x = inputs[i]
-        samples, error = _call(fn, x)
-        if raw is not None:
-            raw.append((i, samples, error))
-        else:
-            items.extend(_items(i, x, samples, error, fields, max_bytes, offset))
-    return _Done(start, stop, raw, items)
+    def at(k: int) -> tuple[int, int]:
+        i = bisect.bisect_left(ends, k)
+        j = k - (ends[i - 1] if i else 0)
+        return (start + i + 1, 0) if j == counts[i] else (start + i, j)
+    return at
 
 
 # -- the driver ------------------------------------------------------------------------
@@ -423,12 +444,11 @@ class SampleRange:
                     plan=self.fingerprint, dst=dst, options=options, progress=progress,
                     summary=summary)
 
-    def _items(self, max_bytes: int | None) -> Iterator[Item]:
-        step = 64  # inputs per progress report
+    def _items(self, max_bytes: int | None) -> Iterator[Item | Run]:
+        step = 64  # inputs per chunk: a run for the writer, a progress report
         for a in range(0, len(self.inputs), step):
-            done = _run(self.fn, self.inputs, a, min(len(self.inputs), a + step),
-                        self.fields, max_bytes, self.offset)
-            yield from done.items
+            yield from _chunk(self.fn, self.inputs, a, min(len(self.inputs), a + step),
+                              self.fields, max_bytes, self.offset)
 
 
 def plan_samples(fn, inputs: Sequence, fields, options: PackOptions,

@@ -44,7 +44,8 @@ from formats.sniff import image_kind
 from .errors import PackError, UsageError
 from .work import WorkOptions, prepare
 
-__all__ = ["INFER_SAMPLES", "Bad", "check_sample", "describe", "infer_fields", "parse_schema"]
+__all__ = ["INFER_SAMPLES", "Bad", "check_run", "check_sample", "describe", "infer_fields",
+           "parse_schema"]
 
 #: How many samples (the first, in input order) inference reads.
 INFER_SAMPLES = 64
@@ -220,6 +221,73 @@ def check_sample(sample: Any, fields: tuple[Field, ...], max_bytes: int | None,
         raise Bad("too-large", f"{nbytes:,} bytes, more than the shard size ({max_bytes:,}); "
                   "raise shard_size")
     return record, nbytes
+
+
+def check_run(samples: list, fields: tuple[Field, ...], max_bytes: int | None
+              ) -> tuple[dict[str, list], list[int]] | None:
+    """Many samples checked at once, column by column: the columns to write and each
+    sample's payload bytes, when every sample fits without a conversion; None when
+    one may not (then :func:`check_sample` decides sample by sample, and names it).
+
+    Accepts nothing :func:`check_sample` refuses: the values taken here are the
+    exact types it passes unchanged (a Python ``int``, ``float``, ``str``, ``bytes``,
+    an ndarray of the field's dtype and shape).
+    """
+    keys = {f.name for f in fields}
+    if not samples or not all(type(s) is dict and s.keys() == keys for s in samples):
+        return None
+    columns: dict[str, list] = {}
+    total = np.zeros(len(samples), np.int64)
+    for f in fields:
+        values = [s[f.name] for s in samples]
+        sizes = _column_bytes(f, values)
+        if sizes is None:
+            return None
+        columns[f.name] = values
+        total += sizes
+    if max_bytes is not None and len(total) and int(total.max()) > max_bytes:
+        return None
+    return columns, total.tolist()
+
+
+def _column_bytes(f: Field, values: list) -> np.ndarray | int | None:
+    """Each value's payload bytes, or None when a value is not of the one type
+    :func:`check_run` takes for the field as is."""
+    t = f.type
+    if t == "int":
+        if not all(type(v) is int for v in values) or \
+                not _INT64[0] <= min(values) <= max(values) <= _INT64[1]:
+            return None
+        return 8
+    if t == "float":
+        return 8 if all(type(v) is float for v in values) else None
+    if t == "str":
+        if not all(type(v) is str for v in values):
+            return None
+        try:  # an ASCII str's UTF-8 length is its length
+            return np.fromiter((len(v) if v.isascii() else len(v.encode("utf-8")) for v in values),
+                               np.int64, len(values))
+        except UnicodeEncodeError:
+            return None
+    if t == "bytes":
+        ok = all(type(v) is bytes for v in values)
+        return np.fromiter(map(len, values), np.int64, len(values)) if ok else None
+    if t == "ndarray":
+        dtype, ndim = np.dtype(f.dtype), len(f.shape)
+        if not all(type(v) is np.ndarray and v.dtype == dtype and v.ndim == ndim for v in values):
+            return None
+        fixed = [(j, d) for j, d in enumerate(f.shape) if d is not None]
+        if fixed and any(v.shape[j] != d for v in values for j, d in fixed):
+            return None
+        head = 0 if f.fixed_shape else 8 * (1 + ndim)
+        return np.fromiter((v.nbytes for v in values), np.int64, len(values)) + head
+    if t == "json":
+        try:
+            return np.fromiter((len(json.dumps(v, ensure_ascii=False, allow_nan=False).encode())
+                                for v in values), np.int64, len(values))
+        except (TypeError, ValueError, RecursionError):
+            return None
+    return None  # images: each payload is checked by its header, one by one
 
 
 def _wrong(f: Field, value: Any) -> Bad:

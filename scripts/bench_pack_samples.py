@@ -83,6 +83,38 @@ def produce_and_discard(n: int, workers: int) -> float:
     return time.perf_counter() - t
 
 
+def _write_range(args: tuple[int, int, str]) -> int:
+    from crc32c import crc32c
+
+    start, stop, path = args
+    crc = 0
+    with open(path, "wb") as f:
+        for a in range(start, stop, 64):
+            samples = [sample(i) for i in range(a, min(stop, a + 64))]
+            data = b"".join(p for s in samples for p in (s["text"].encode(), s["tokens"]))
+            crc = crc32c(data, crc)
+            f.write(data)
+    return stop - start
+
+
+def produce_and_write(n: int, workers: int, out: Path) -> float:
+    """The floor of any packer: the function's samples, their bytes joined per 64
+    inputs, checksummed and appended to one file per range of inputs (ranges as
+    ``pack_samples`` cuts them); no index, no check, no format."""
+    import multiprocessing as mp
+
+    from packer.samples import default_range_records
+
+    out.mkdir(parents=True)
+    step = default_range_records(n)
+    chunks = [(a, min(n, a + step), str(out / f"{a}.bin")) for a in range(0, n, step)]
+    t = time.perf_counter()
+    with mp.get_context("fork").Pool(workers) as pool:
+        done = sum(pool.imap_unordered(_write_range, chunks))
+    assert done == n
+    return time.perf_counter() - t
+
+
 def ours(n: int, workers: int, out: Path) -> float:
     from packer import pack_samples
 
@@ -160,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
           f"workers ({os.cpu_count()} cores); load {load:.2f} at start; median of {repeat}")
     cases = {
         "produce and discard": lambda o: produce_and_discard(n, w),
+        "produce and write bytes": lambda o: produce_and_write(n, w, o),
         "pack_samples": lambda o: ours(n, w, o),
         "LitData optimize": lambda o: _peer(args.peers_python, "litdata", n, w, o),
         "MDSWriter + Pool.imap": lambda o: _peer(args.peers_python, "mds", n, w, o),

@@ -144,9 +144,9 @@ def manifest_bytes(manifest: Manifest) -> bytes:
     return data
 
 
-def write_manifest(root: Path, manifest: Manifest) -> None:
-    """Write ``root/manifest.json`` atomically."""
-    atomic_write_bytes(root / MANIFEST_NAME, manifest_bytes(manifest))
+def write_manifest(root: Path, manifest: Manifest, *, durable: bool = True) -> None:
+    """Write ``root/manifest.json`` atomically (and, when ``durable``, flushed to disk)."""
+    atomic_write_bytes(root / MANIFEST_NAME, manifest_bytes(manifest), durable=durable)
 
 
 def read_manifest(root: str | Path, *, follow_symlinks: bool = False) -> Manifest:
