@@ -10,7 +10,10 @@ microseconds of CPU per sample (a real tokenizer costs 100-500 µs per document)
 Cases, each timed around the call that packs (``durable=False``, page cache warm):
 
 * **produce and discard**: W forked worker processes run the function over the
-  inputs and drop every sample; the limit the others are measured against;
+  inputs (in the ranges ``pack_samples`` cuts) and drop every sample; the limit the
+  others are measured against;
+* **produce and write bytes**: the same, each 64 samples' bytes joined, checksummed
+  and appended to one file per range: the least any packer does (no format);
 * **pack_samples**: ``pack_samples(sample, range(N), dst, workers=W)``;
 * **LitData**: ``litdata.optimize(fn=sample, inputs=list(range(N)), num_workers=W)``
   (each worker writes its own chunks);
@@ -72,10 +75,19 @@ def _discard_range(args: tuple[int, int]) -> int:
     return stop - start
 
 
+def _ranges(n: int) -> list[tuple[int, int]]:
+    """The inputs cut as ``pack_samples`` cuts them (a task each): the limits get the
+    same few, large tasks (small ones cost the pool's messages, not the function)."""
+    from packer.samples import default_range_records
+
+    step = default_range_records(n)
+    return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+
 def produce_and_discard(n: int, workers: int) -> float:
     import multiprocessing as mp
 
-    chunks = [(a, min(n, a + 256)) for a in range(0, n, 256)]
+    chunks = _ranges(n)
     t = time.perf_counter()
     with mp.get_context("fork").Pool(workers) as pool:
         done = sum(pool.imap_unordered(_discard_range, chunks))
@@ -103,11 +115,8 @@ def produce_and_write(n: int, workers: int, out: Path) -> float:
     ``pack_samples`` cuts them); no index, no check, no format."""
     import multiprocessing as mp
 
-    from packer.samples import default_range_records
-
     out.mkdir(parents=True)
-    step = default_range_records(n)
-    chunks = [(a, min(n, a + step), str(out / f"{a}.bin")) for a in range(0, n, step)]
+    chunks = [(a, b, str(out / f"{a}.bin")) for a, b in _ranges(n)]
     t = time.perf_counter()
     with mp.get_context("fork").Pool(workers) as pool:
         done = sum(pool.imap_unordered(_write_range, chunks))
