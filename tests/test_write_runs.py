@@ -30,6 +30,9 @@ FIELDS = (
     Field("packed", "bytes", compression="zstd"),
     Field("rows", "ndarray", dtype="|u1", shape=(None, 3)),
     Field("key", "str"),
+    Field("zgrid", "ndarray", dtype="<i2", shape=(2, 2), compression="zstd"),
+    Field("ztokens", "ndarray", dtype="<i8", shape=(None,), compression="zstd"),
+    Field("ztext", "str", compression="zstd"),
 )
 
 
@@ -49,6 +52,9 @@ def record(i: int, rng: np.random.Generator) -> dict:
         "packed": b"ab" * int(rng.integers(0, 500)),
         "rows": np.zeros((i % 5, 3), np.uint8),
         "key": f"k{i:05d}",
+        "zgrid": np.full((2, 2), i, np.int16),
+        "ztokens": np.arange(i % 40, dtype=np.int64),
+        "ztext": "z" * (i % 90),
     }
 
 
@@ -91,6 +97,17 @@ def test_runs_make_the_files_records_make(tmp_path, kw, lengths):
     assert len(ds) == len(RECORDS)
     got = ds[len(RECORDS) - 1]
     assert got["key"] == RECORDS[-1]["key"] and np.array_equal(got["tokens"], RECORDS[-1]["tokens"])
+    assert ds.manifest.max_raw_size["zgrid"] == 8  # bytes, not the array's len()
+    assert ds.manifest.max_raw_size["ztokens"] == 16 + 8 * 39  # shape header + data
+
+
+def test_a_long_run_of_small_shards_is_written_in_bounded_windows(tmp_path, monkeypatch):
+    import formats.shard.dataset_writer as dw
+
+    monkeypatch.setattr(dw, "_RUN_WINDOW", 50)
+    _by_record(tmp_path / "a", RECORDS, shard_size=30_000)
+    _by_run(tmp_path / "b", RECORDS, (700,), shard_size=30_000)
+    assert dataset_files(tmp_path / "a") == dataset_files(tmp_path / "b")
 
 
 def test_image_columns_are_typed_by_content_and_sized_from_headers(tmp_path):
@@ -168,7 +185,8 @@ def odd(i):
     r["label"] = int(r["label"])
     r["score"] = float(r["score"])
     r["blob"] = bytes(r["blob"])
-    del r["packed"]
+    for k in ("packed", "zgrid", "ztokens", "ztext"):
+        del r[k]
     return r
 
 

@@ -26,8 +26,10 @@ class Column(NamedTuple):
     """One field's payloads for a run of records.
 
     A payload is ``heads[i] + bodies[i]`` (``heads`` is None when every payload is
-    its body alone): an ndarray's shape header and its data stay two buffers on the
-    way to ``writev``, never joined. ``lengths`` and ``crcs`` are the payloads'.
+    its body alone): an ndarray's shape header and its data are never joined here
+    (the shard writer copies every piece of a run once, into its data file's
+    buffer). A body is any C-contiguous buffer (bytes, an ndarray); ``lengths``
+    and ``crcs`` are the payloads', in bytes.
     """
 
     heads: list | None

@@ -36,6 +36,8 @@ from .shard_writer import ShardWriter, entry_matches_files
 
 __all__ = ["JOURNAL_NAME", "DatasetWriter", "shard_name"]
 
+# write_run lays out and appends at most this many records at a time.
+_RUN_WINDOW = 4096
 # The shard list's share of the manifest (the rest: schema, classes, created_by).
 _MANIFEST_SHARD_BUDGET = MAX_MANIFEST_BYTES - (2 << 20)
 
@@ -335,14 +337,15 @@ class DatasetWriter:
                 self._shard = ShardWriter(self.root, shard_name(len(self.sealed)), self.fields,
                                           self.alignment, self.durable)
             shard = self._shard
-            offsets, ends = shard.layout(lengths[i:])
-            k = n - i
+            # A bounded window: a run of many small shards stays linear in its length.
+            k = min(n - i, _RUN_WINDOW)
             if self.records_per_shard is not None:
                 k = min(k, max(1, self.records_per_shard - shard.records))
+            offsets, ends = shard.layout(lengths[i:i + k])
             if self.shard_size is not None:  # the record that reaches the size seals
                 k = min(k, int(np.searchsorted(ends, self.shard_size)) + 1)
             part = slice(i, i + k)
-            whole = k == n
+            whole = k == n  # the common case: no slicing
             shard.append_run([c if whole else _column_part(c, part) for c in encoded],
                              {key: v if whole else v[part] for key, v in meta_cols.items()},
                              lengths[part], offsets[:k])
@@ -358,7 +361,8 @@ class DatasetWriter:
         if comp is None:
             return column
         heads = column.heads or [b""] * len(column.bodies)
-        raws = [b"".join((h, b)) if h else b for h, b in zip(heads, column.bodies, strict=True)]
+        # Joined even without a head: a body may be an array, whose len() is not bytes.
+        raws = [b"".join((h, b)) for h, b in zip(heads, column.bodies, strict=True)]
         self._max_raw[f.name] = max(self._max_raw[f.name], max(map(len, raws)))
         return column_of([comp.compress(r) for r in raws])
 
