@@ -27,6 +27,7 @@ __all__ = [
     "ImageKinds",
     "decode_value",
     "encode_value",
+    "json_payload",
     "stored_image_type",
 ]
 
@@ -173,11 +174,26 @@ class Field:
         )
 
 
+def json_payload(value: Any) -> bytes:
+    """A ``json`` field's payload: sorted keys, no spaces, no NaN, UTF-8 (FORMAT.md, "Field
+    types").
+
+    Raises:
+        TypeError, ValueError, RecursionError: ``value`` is not JSON (a set, NaN, a
+            dict with keys of mixed types, a lone surrogate, too deep).
+    """
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
 def encode_value(f: Field, value: Any):
-    """The uncompressed payload of ``value`` for field ``f`` (a bytes-like object)."""
+    """The uncompressed payload of ``value`` for field ``f`` (a bytes-like object whose
+    ``len()`` is its size in bytes)."""
     t = f.type
     try:
         if t in BYTES_TYPES:
+            if isinstance(value, memoryview) and (value.ndim != 1 or value.itemsize != 1):
+                return value.cast("B")  # len() of a view of ints counts the ints
             if isinstance(value, (bytes, bytearray, memoryview)):
                 return value
             if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1:
@@ -196,10 +212,9 @@ def encode_value(f: Field, value: Any):
                 raise TypeError(f"expected str, got {type(value).__name__}")
             return value.encode("utf-8")
         if t == "json":
-            return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                              allow_nan=False).encode("utf-8")
+            return json_payload(value)
         return _encode_ndarray(f, value)
-    except (TypeError, ValueError, OverflowError, struct.error) as exc:
+    except (TypeError, ValueError, OverflowError, RecursionError, struct.error) as exc:
         raise SchemaError(f"field {f.name!r} ({t}): {exc}") from exc
 
 

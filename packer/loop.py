@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import Counter
@@ -412,9 +413,13 @@ def _run_state(run: Run, n: int, skipped: Counter, bytes_in: int, plan: str
                ) -> Callable[[int], dict]:
     """The progress value after the run's first ``k`` records (as :func:`_state`),
     for the writer to ask when one of them seals a shard."""
+    cumulative: list[int] = []  # made once, at the first seal: a run may seal many times
+
     def state(k: int) -> dict:
+        if not cumulative:
+            cumulative.extend(itertools.accumulate(run.nbytes))
         at = run.at(k) if run.at is not None else None
-        return _state(n + k, skipped, bytes_in + sum(run.nbytes[:k]), plan, at)
+        return _state(n + k, skipped, bytes_in + cumulative[k - 1], plan, at)
     return state
 
 

@@ -30,7 +30,6 @@ reason (the pack applies ``on_error`` to it in one place, :func:`packer.loop.wri
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from formats.errors import SchemaError
-from formats.fields import BYTES_TYPES, IMAGE_TYPES, Field
+from formats.fields import BYTES_TYPES, IMAGE_TYPES, Field, json_payload
 from formats.sniff import image_kind
 
 from .errors import PackError, UsageError
@@ -283,8 +282,7 @@ def _column_bytes(f: Field, values: list) -> np.ndarray | int | None:
         return np.fromiter((v.nbytes for v in values), np.int64, len(values)) + head
     if t == "json":
         try:
-            return np.fromiter((len(json.dumps(v, ensure_ascii=False, allow_nan=False).encode())
-                                for v in values), np.int64, len(values))
+            return np.fromiter(map(len, map(json_payload, values)), np.int64, len(values))
         except (TypeError, ValueError, RecursionError):
             return None
     return None  # images: each payload is checked by its header, one by one
@@ -327,7 +325,7 @@ def _value(f: Field, value: Any, name: str) -> tuple[Any, int]:
         return value, len(value)
     if t == "json":
         try:
-            n = len(json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8"))
+            n = len(json_payload(value))  # as the writer encodes it: mixed key types fail here
         except (TypeError, ValueError, RecursionError) as exc:
             raise Bad("not-json", f"field {f.name!r}: not JSON ({exc})") from None
         return value, n

@@ -255,3 +255,85 @@ def test_check_run_takes_only_what_check_sample_takes_unchanged(type_):
             assert columns["v"][0] is record["v"] and sizes == [nbytes], value
     assert check_run([{"v": VALUES[type_][0]}, {"w": 1}], fields, None) is None
     assert check_run([{"v": VALUES[type_][0]}], fields, 0) is None  # too large
+
+
+def test_a_view_of_ints_in_a_bytes_field_is_stored_as_its_bytes(tmp_path):
+    fields = (Field("b", "bytes"), Field("z", "bytes", compression="zstd"))
+    ints = np.arange(3, dtype="<i4")
+    grid = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    values = {"b": [memoryview(ints), memoryview(grid), b"hi"],
+              "z": [memoryview(ints).toreadonly(), memoryview(grid), b"zz"]}
+    with DatasetWriter(tmp_path / "a", fields, durable=False) as w:
+        for j in range(3):
+            w.write({k: v[j] for k, v in values.items()})
+    with DatasetWriter(tmp_path / "b", fields, durable=False) as w:
+        w.write_run(values)
+    assert dataset_files(tmp_path / "a") == dataset_files(tmp_path / "b")
+    ds = formats.open_shards(tmp_path / "b")
+    assert [bytes(ds[j]["b"]) for j in range(3)] == [ints.tobytes(), grid.tobytes(), b"hi"]
+    assert bytes(ds[0]["z"]) == ints.tobytes() and ds.manifest.max_raw_size["z"] == 12
+
+
+def test_runs_of_large_records_are_joined_a_few_megabytes_at_a_time(tmp_path, monkeypatch):
+    import formats.shard.dataset_writer as dw
+    from formats.shard.shard_writer import ShardWriter
+
+    monkeypatch.setattr(dw, "_RUN_BYTES", 20_000)
+    windows = []
+    append_run = ShardWriter.append_run
+
+    def counted(self, columns, meta, lengths, offsets):
+        windows.append(int(lengths.sum()))
+        return append_run(self, columns, meta, lengths, offsets)
+
+    monkeypatch.setattr(ShardWriter, "append_run", counted)
+    _by_run(tmp_path / "b", RECORDS, (700,), shard_size=1 << 30)
+    _by_record(tmp_path / "a", RECORDS, shard_size=1 << 30)
+    assert dataset_files(tmp_path / "a") == dataset_files(tmp_path / "b")
+    biggest = max(sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in r.values())
+                  for r in RECORDS) + 10_000  # a generous bound on one record's payloads
+    assert len(windows) > 10 and max(windows) <= 20_000 + biggest
+
+
+def test_meta_columns_of_another_length_are_refused_before_anything_is_written(tmp_path):
+    with DatasetWriter(tmp_path / "ds", (Field("x", "int"),), records_per_shard=3,
+                       durable=False) as w:
+        with pytest.raises(SchemaError, match="columns of different lengths"):
+            w.write_run({"x": [1, 2, 3, 4]}, meta={"label": [10, 11]})
+        w.write_run({"x": [1, 2]}, meta={"label": [10, 11]})
+    ds = formats.open_shards(tmp_path / "ds")
+    assert len(ds) == 2 and ds.metadata(["label"]).column("label").to_pylist() == [10, 11]
+
+
+def test_a_run_states_its_progress_at_any_seal_from_one_running_total():
+    from collections import Counter
+
+    from packer.loop import Run, _run_state
+
+    sizes = list(range(1, 2001))
+    state = _run_state(Run({"x": sizes}, sizes, lambda k: (k, 0)), 100, Counter(a=2), 7, "p")
+    for k in (1, 2, 999, 2000):
+        assert state(k) == {"next": 100 + k, "skipped": {"a": 2}, "bytes_in": 7 + sum(sizes[:k]),
+                            "plan": "p", "at": (k, 0)}
+
+
+def _deep(depth: int) -> list:
+    top = node = []
+    for _ in range(depth):
+        node.append([])
+        node = node[0]
+    return top
+
+
+@pytest.mark.parametrize("value, words", [({1: 1, "a": 2}, "not JSON"), (_deep(5000), "not JSON")],
+                         ids=["mixed-keys", "too-deep"])
+def test_json_the_writer_cannot_encode_is_bad_input_not_a_crash(tmp_path, value, words):
+    def fn(i):
+        return {"m": value if i == 70 else {"i": i}}
+
+    s = pack_samples(fn, range(100), tmp_path / "ds", workers=0, durable=False, progress=False,
+                     on_error="skip")
+    assert s.records_written == 99 and dict(s.skipped) == {"not-json": 1}
+    assert words in (tmp_path / "ds" / "skipped.jsonl").read_text()
+    with pytest.raises(SchemaError, match="field 'm'"):
+        formats.fields.encode_value(Field("m", "json"), value)

@@ -36,8 +36,10 @@ from .shard_writer import ShardWriter, entry_matches_files
 
 __all__ = ["JOURNAL_NAME", "DatasetWriter", "shard_name"]
 
-# write_run lays out and appends at most this many records at a time.
+# write_run lays out and appends at most this many records (and, but for a single
+# record, bytes) at a time: the shard writer joins each window into one buffer.
 _RUN_WINDOW = 4096
+_RUN_BYTES = 4 << 20
 # The shard list's share of the manifest (the rest: schema, classes, created_by).
 _MANIFEST_SHARD_BUDGET = MAX_MANIFEST_BYTES - (2 << 20)
 
@@ -319,9 +321,10 @@ class DatasetWriter:
             raise SchemaError("columns do not match the schema",
                               found=f"missing {missing}, unknown {extra}", expected=self._names)
         n = len(columns[self._names[0]])
-        if any(len(columns[name]) != n for name in self._names):
+        given = [*columns.items(), *((f"meta {k}", v) for k, v in (meta or {}).items())]
+        if any(len(v) != n for _, v in given):
             raise SchemaError("columns of different lengths",
-                              found={name: len(columns[name]) for name in self._names})
+                              found={name: len(v) for name, v in given})
         if not n:
             return
         encoded = [self._encode_column(f, comp, columns[f.name])
@@ -330,6 +333,7 @@ class DatasetWriter:
             for value in columns[name]:
                 self._kinds.note(name, value)
         lengths = np.stack([c.lengths for c in encoded], axis=1)
+        ends = np.cumsum(lengths.sum(axis=1))  # payload bytes up to each record
         meta_cols = self._meta_columns(columns, meta, n)
         i = 0
         while i < n:
@@ -337,13 +341,15 @@ class DatasetWriter:
                 self._shard = ShardWriter(self.root, shard_name(len(self.sealed)), self.fields,
                                           self.alignment, self.durable)
             shard = self._shard
-            # A bounded window: a run of many small shards stays linear in its length.
-            k = min(n - i, _RUN_WINDOW)
+            # A bounded window (records and bytes): a run of many small shards stays
+            # linear in its length, and large records are not all joined at once.
+            budget = int(np.searchsorted(ends, (ends[i - 1] if i else 0) + _RUN_BYTES, "right"))
+            k = min(n - i, _RUN_WINDOW, max(1, budget - i))
             if self.records_per_shard is not None:
                 k = min(k, max(1, self.records_per_shard - shard.records))
-            offsets, ends = shard.layout(lengths[i:i + k])
+            offsets, sizes = shard.layout(lengths[i:i + k])
             if self.shard_size is not None:  # the record that reaches the size seals
-                k = min(k, int(np.searchsorted(ends, self.shard_size)) + 1)
+                k = min(k, int(np.searchsorted(sizes, self.shard_size)) + 1)
             part = slice(i, i + k)
             whole = k == n  # the common case: no slicing
             shard.append_run([c if whole else _column_part(c, part) for c in encoded],
