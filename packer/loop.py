@@ -7,7 +7,9 @@ Invariants:
   container source's records have each image payload prepared the same way
   (:func:`packer.work.prepare`: checked, re-encoded with ``--max-side``, converted
   with ``--to-jpeg``). Bad input comes back as an item with a skip kind, and
-  ``--on-error`` is applied to it in one place, :func:`write_items`.
+  ``--on-error`` is applied to it in one place, :func:`write_items`. A source of
+  many small records may hand over a :class:`Run` of good ones instead (a
+  function's checked samples): the same records, written column by column.
 * Records are written by this process alone, so the bytes never depend on
   ``workers``.
 * Each ``write`` carries a progress value ``{"next", "skipped", "bytes_in",
@@ -314,7 +316,7 @@ def resume_point(writer, plan: str, dst: Path) -> dict | None:
     return last
 
 
-def write_items(items: Iterator[Item], writer, *, shards: bool, total: int | None,
+def write_items(items: Iterator[Item | Run], writer, *, shards: bool, total: int | None,
                 start: dict, plan: str, dst: Path, options: PackOptions,
                 progress: PackProgress, summary: PackSummary) -> None:
     """Write every item in order, applying ``--on-error`` to the bad ones; complete
