@@ -62,7 +62,8 @@ from .errors import MissingObjectError, ObjectTooLargeError, StorageError, Unsaf
 from .files import temp_name
 
 __all__ = ["S3_QUERY_KEYS", "Location", "ParsedURI", "Retry", "StoredFile", "URIError",
-           "default_cache_folder", "display_uri", "is_uri", "open_location", "parse_uri"]
+           "default_cache_folder", "display_uri", "is_uri", "local_path", "open_location",
+           "parse_uri"]
 
 T = TypeVar("T")
 _CHUNK = 8 << 20
@@ -76,6 +77,13 @@ def is_uri(path: object) -> bool:
     text = str(path)
     scheme, sep, _ = text.partition("://")
     return bool(sep) and scheme.isidentifier() and scheme.lower() != "file"
+
+
+def local_path(path: str | Path) -> str | Path:
+    """A local path as given, with a ``file://`` prefix taken off (``file:///data/x``
+    is ``/data/x``, never a folder named ``file:`` under the current one)."""
+    text = str(path)
+    return text[len("file://"):] if text.lower().startswith("file://") else path
 
 
 def default_cache_folder() -> Path:
@@ -508,8 +516,8 @@ def open_location(path: str | Path, filesystem: pafs.FileSystem | None = None,
     """
     text = str(path)
     if not is_uri(text):
-        if filesystem is None and text.lower().startswith("file://"):
-            text = text[len("file://"):]
+        if filesystem is None:
+            text = str(local_path(text))
         if filesystem is not None:
             return Location(filesystem, text, text, retry)
         return Location(pafs.LocalFileSystem(), str(Path(text).resolve()), text, retry)

@@ -123,10 +123,11 @@ class PackOptions:
             raise UsageError("--ray-address and --task-records need --engine ray")
         for name in ("shard_size", "records_per_shard", "max_side", "task_records"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v <= 0):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise UsageError(f"{name} must be a positive integer, not {v!r}")
-        if self.workers is not None and self.workers < 0:
-            raise UsageError(f"workers must be >= 0, not {self.workers}")
+        if self.workers is not None and (not isinstance(self.workers, int) or
+                                         isinstance(self.workers, bool) or self.workers < 0):
+            raise UsageError(f"workers must be an integer >= 0, not {self.workers!r}")
         if not 1 <= self.quality <= 100:
             raise UsageError(f"quality must be in 1..100, not {self.quality}")
         if self.image_root is not None and self.source != "parquet":

@@ -113,8 +113,11 @@ class RangeResult:
                 "max_raw_size": self.max_raw_size, "field_types": self.field_types}
 
     @classmethod
-    def from_json(cls, obj: Any, where: str) -> RangeResult:
+    def from_json(cls, obj: Any, where: str, per_input: bool = True) -> RangeResult:
         """Parse a done-marker; names must be exactly the range's own.
+
+        ``per_input``: each input is one record, written or skipped (a listing), so the
+        counts must add up to the range; a function's input may give any number.
 
         Raises:
             PackError: anything missing, mistyped or misnamed (``where`` names the marker).
@@ -134,7 +137,8 @@ class RangeResult:
         except (KeyError, TypeError, ValueError) as exc:
             raise PackError(f"not a valid done-marker ({exc})", path=where) from None
         counted = out.records_written + sum(out.skipped.values())
-        if counted != out.stop - out.start or sum(s.records for s in shards) != out.records_written:
+        if (per_input and counted != out.stop - out.start) or \
+                sum(s.records for s in shards) != out.records_written:
             raise PackError("done-marker counts disagree with its range", path=where,
                             found=counted, expected=out.stop - out.start)
         return out
@@ -253,8 +257,10 @@ class Output:
 
 
 def prepare(out: Output, plan: str, ranges: list[tuple[int, int]],
-            resume: bool) -> dict[int, RangeResult]:
+            resume: bool, per_input: bool = True) -> dict[int, RangeResult]:
     """Ready DST for a run; returns the ranges already done (by start), kept for a resume.
+
+    ``per_input``: as :meth:`RangeResult.from_json`.
 
     Without ``resume`` everything of an earlier pack is deleted. With it, the
     plan must match (else nothing is touched), and a range is kept when its
@@ -280,7 +286,7 @@ def prepare(out: Output, plan: str, ranges: list[tuple[int, int]],
             if not m or (int(m[1]), int(m[2])) not in bounds:
                 continue
             try:
-                result = RangeResult.from_json(out.read_json(name), name)
+                result = RangeResult.from_json(out.read_json(name), name, per_input)
             except PackError:
                 continue  # a torn or foreign marker: the range is packed again
             if result.plan == plan and (result.start, result.stop) == (int(m[1]), int(m[2])) \

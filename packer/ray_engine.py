@@ -391,7 +391,9 @@ def drive(run_ranges, src: str, listing, dst_text: str, plan: str, made: dict,
     n = len(listing)
     ranges = split(n, range_records or options.range_records)
     output = Output(dst_text, options.durable)
-    results = prepare(output, plan, ranges, options.resume)
+    # A function's input may give several samples (or none): its counts are samples.
+    results = prepare(output, plan, ranges, options.resume,
+                      per_input=isinstance(listing, Listing))
     resumed = sum(r.records_written for r in results.values())
     todo = [r for r in ranges if r[0] not in results]
     task_options = replace(options, shuffle=False, resume=False, overwrite=False, workers=0,

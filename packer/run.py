@@ -23,7 +23,7 @@ from formats.base import Record
 from formats.codecs.folders import BUILTIN_SOURCES, Listing
 from formats.fields import IMAGE_TYPES
 from formats.shard import ownership
-from formats.storage import display_uri, is_uri
+from formats.storage import display_uri, is_uri, local_path
 
 from .destination import claim
 from .errors import PackInterrupted, UsageError
@@ -68,6 +68,7 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     """
     options = options or PackOptions()
     progress = progress or PackProgress()
+    src, dst = local_path(src), local_path(dst)
     check_names(options)
     check_source_options(options.source, options, remote=is_uri(src))
     if options.resume and options.sink != "shards":

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import os
 import pickle
 import reprlib
@@ -42,9 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from formats.checksum import crc32c
-from formats.fields import Field
-from formats.storage import display_uri, is_uri
+from formats.fields import Field, json_payload
+from formats.storage import display_uri, is_uri, local_path
 from formats.version import package_version
 
 from .errors import PackError, UsageError
@@ -74,17 +77,40 @@ def _name(i: int, x: Any, j: int | None = None) -> str:
     return f"input {i} ({_repr.repr(x)})" + ("" if j is None else f" sample {j}")
 
 
+def _freeze(sample: Any) -> Any:
+    """``sample`` as the function can no longer change it: samples are written a chunk
+    of inputs later, and a function may reuse its dict, array or buffer for the next
+    sample (a generator yielding one dict, updated). A new dict; arrays copied
+    (C-contiguous, as they are stored), byte buffers as bytes, json containers as
+    fresh ones. Anything else is immutable, or refused by the check as it is."""
+    if type(sample) is not dict:
+        return sample
+    out = dict(sample)
+    for k, v in out.items():
+        if isinstance(v, np.ndarray):
+            out[k] = v.copy()
+        elif isinstance(v, (bytearray, memoryview)):
+            out[k] = bytes(v)  # a view of ints: its bytes, as a bytes field stores them
+        elif isinstance(v, (dict, list)):
+            try:
+                out[k] = json.loads(json_payload(v))
+            except (TypeError, ValueError, RecursionError):
+                pass  # not JSON: the check names it
+    return out
+
+
 def _call(fn: Callable, x: Any) -> tuple[list | None, str | None]:
-    """The samples ``fn(x)`` gives (one returned, or every one a generator yields), or
-    why it raised (the exception and where, the samples given before)."""
+    """The samples ``fn(x)`` gives (one returned, or every one a generator yields),
+    each frozen as it comes (:func:`_freeze`), or why it raised (the exception and
+    where, the samples given before)."""
     samples: list = []
     try:
         out = fn(x)
         if type(out) is dict:
-            return [out], None
+            return [_freeze(out)], None
         if isinstance(out, Iterator) and not isinstance(out, dict):
             for s in out:
-                samples.append(s)
+                samples.append(_freeze(s))
         else:
             samples.append(out)
         return samples, None
@@ -261,6 +287,7 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         PackError: no schema could be inferred, or a worker process died.
         PackInterrupted: Ctrl-C; sealed shards are kept for ``resume=True``.
     """
+    dst = local_path(dst)
     if not callable(fn):
         raise UsageError(f"fn must be callable, not {type(fn).__name__}")
     if isinstance(inputs, (str, bytes, dict)) or not hasattr(inputs, "__iter__"):
@@ -270,7 +297,8 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         inputs = list(inputs)
     if isinstance(shard_size, str):
         shard_size = parse_size(shard_size)
-    if task_records is not None and (not isinstance(task_records, int) or task_records <= 0):
+    if task_records is not None and (not isinstance(task_records, int) or
+                                     isinstance(task_records, bool) or task_records <= 0):
         raise UsageError(f"task_records must be a positive integer, not {task_records!r}")
     # Resolved before the engine is chosen: local ranges and Ray tasks cut the same ranges.
     task_records = task_records or default_range_records(len(inputs))
@@ -284,12 +312,7 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         raise UsageError("inputs is empty: nothing to pack")
     if (engine == "local" and options.num_workers > 0) or engine == "ray":
         _check_pickles(fn, engine)
-        try:  # ranges of inputs travel to the workers pickled too
-            pickle.dumps(inputs[0])
-        except Exception as exc:
-            raise UsageError(f"{_name(0, inputs[0])} cannot be sent to worker processes "
-                             f"({type(exc).__name__}: {exc}); pass picklable inputs (paths, "
-                             "ids...) or workers=0") from None
+        _check_inputs_pickle(inputs)
     if is_uri(dst) and engine == "ray":  # tasks upload their shards themselves
         from .ray_engine import pack_samples_on_ray
         from .remote import hold_remote_dst
@@ -314,6 +337,23 @@ def default_range_records(n: int) -> int:
     fifth of a 50,000-input pack (five ranges); the count follows the inputs alone, so
     the bytes stay the same for any number of workers."""
     return max(1000, min(DEFAULT_TASK_RECORDS, -(-n // 64)))
+
+
+def _check_inputs_pickle(inputs: Sequence) -> None:
+    """Ranges of inputs travel to the workers pickled: every input must pickle (the
+    first that does not is named), before anything is written."""
+    try:
+        pickle.dumps(list(inputs), protocol=4)
+        return
+    except Exception:
+        pass
+    for i, x in enumerate(inputs):
+        try:
+            pickle.dumps(x, protocol=4)
+        except Exception as exc:
+            raise UsageError(f"{_name(i, x)} cannot be sent to worker processes "
+                             f"({type(exc).__name__}: {exc}); pass picklable inputs (paths, "
+                             "ids...) or workers=0") from None
 
 
 def _check_pickles(fn: Callable, engine: str) -> None:

@@ -104,7 +104,7 @@ def _field(name: Any, spec: Any) -> Field:
         if m is None:
             return Field(name, spec.strip())
         dims = [d.strip() for d in m.group(2).split(",")] if m.group(2).strip() else []
-        shape = tuple(None if d in ("None", "?", "") else int(d) for d in dims)
+        shape = tuple(None if d in ("None", "?") else int(d) for d in dims)  # "": a typo
         return Field(name, "ndarray", dtype=m.group(1), shape=shape)
     except (SchemaError, ValueError) as exc:
         raise UsageError(f"schema field {name!r}: {spec!r} is not a type ({exc}); use int, "
@@ -150,7 +150,8 @@ def infer_fields(samples: list[tuple[str, dict]]) -> tuple[Field, ...]:
         PackError: a value of a type no field holds, naming the input and the field.
     """
     first_name, first = samples[0]
-    alike = [s for _, s in samples if isinstance(s, dict) and list(s) == list(first)]
+    keys = set(first)  # the same fields in another order are alike too
+    alike = [s for _, s in samples if isinstance(s, dict) and s.keys() == keys]
     fields = []
     for key in first:
         if not isinstance(key, str) or not key:
@@ -174,6 +175,10 @@ def infer_fields(samples: list[tuple[str, dict]]) -> tuple[Field, ...]:
             fields.append(Field(key, kind))
             continue
         arr = next(v for v in values if isinstance(v, np.ndarray))
+        if arr.dtype.names is not None or arr.dtype.subdtype is not None:
+            raise PackError(f"field {key!r} holds an ndarray of the structured dtype "
+                            f"{arr.dtype}: store each of its fields as an array of its own "
+                            "(or .view(np.uint8) and declare the schema)", path=where)
         if arr.dtype.hasobject or arr.dtype.itemsize == 0:
             raise PackError(f"field {key!r} holds an ndarray of dtype {arr.dtype}: only "
                             "fixed-size dtypes are stored", path=where)
@@ -335,7 +340,7 @@ def _value(f: Field, value: Any, name: str) -> tuple[Any, int]:
 def _array_bytes(f: Field, value: Any) -> int:
     if not isinstance(value, np.ndarray):
         raise _wrong(f, value)
-    if value.dtype != np.dtype(f.dtype):
+    if value.dtype.newbyteorder("<") != np.dtype(f.dtype):  # byte order aside (stored LE)
         raise Bad("dtype", f"field {f.name!r}: an ndarray of {value.dtype.str}, where the schema "
                   f"says {describe(f)} (cast it in the function: .astype({f.dtype!r}))")
     if value.ndim != len(f.shape) or any(

@@ -281,3 +281,111 @@ def test_a_worker_that_dies_is_an_error_not_a_hang(tmp_path):
     with pytest.raises(PackError, match="worker process died"):
         pack_samples(_die_in_a_worker, range(50), tmp_path / "ds", schema={"x": "int"},
                      workers=2, **FAST)
+
+
+def two_each(i):
+    """Two samples an input (a range's records are never its inputs' count)."""
+    yield {"x": np.arange(3, dtype=np.int32) + i, "n": 2 * i}
+    yield {"x": np.arange(2, dtype=np.int32) - i, "n": 2 * i + 1}
+
+
+def test_a_resume_keeps_the_ranges_of_inputs_that_give_several_samples(tmp_path):
+    o = {"workers": 0, "records_per_shard": 7, "shard_size": None, "durable": False,
+         "task_records": 10}
+    pack_samples(two_each, range(100), tmp_path / "full", progress=False, **o)
+    with pytest.raises(PackInterrupted):
+        pack_samples(two_each, range(100), tmp_path / "cut", progress=_StopAfter(45), **o)
+    again = pack_samples(two_each, range(100), tmp_path / "cut", progress=False, resume=True,
+                         **o)
+    assert again.resumed_records >= 80  # four ranges of ten inputs, two samples each
+    assert dataset_files(tmp_path / "cut") == dataset_files(tmp_path / "full")
+
+
+_BUF = np.zeros(4, np.int32)
+_RAW = bytearray(3)
+
+
+def reuses_its_buffers(i):
+    """Returns the same array and buffer every time, and a generator's one dict."""
+    _BUF[:] = i
+    _RAW[:] = bytes([i % 256]) * 3
+    return {"a": _BUF, "b": _RAW, "m": {"i": [i]}}
+
+
+def reuses_its_dict(i):
+    d = {"n": 0, "tags": []}
+    for j in range(3):
+        d["n"] = 10 * i + j
+        d["tags"].append(j)
+        yield d
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_function_that_reuses_its_buffers_and_dicts_loses_nothing(tmp_path, workers):
+    pack_samples(reuses_its_buffers, range(100), tmp_path / "a", workers=workers, **FAST)
+    ds = formats.open_shards(tmp_path / "a")
+    assert [int(ds[i]["a"][0]) for i in range(100)] == list(range(100))
+    assert [bytes(ds[i]["b"]) for i in range(100)] == [bytes([i]) * 3 for i in range(100)]
+    assert [ds[i]["m"] for i in range(100)] == [{"i": [i]} for i in range(100)]
+    pack_samples(reuses_its_dict, range(30), tmp_path / "b", workers=workers, **FAST)
+    ds = formats.open_shards(tmp_path / "b")
+    assert [ds[k]["n"] for k in range(90)] == [10 * i + j for i in range(30) for j in range(3)]
+    assert [ds[k]["tags"] for k in range(3)] == [[0], [0, 1], [0, 1, 2]]
+
+
+def test_arrays_in_either_byte_order_are_stored_as_little_endian(tmp_path):
+    def fn(i):
+        return {"a": np.array([1.5, i], ">f8" if i % 2 else "<f8")}
+
+    pack_samples(fn, range(10), tmp_path / "ds", workers=0, **FAST)
+    ds = formats.open_shards(tmp_path / "ds")
+    assert ds.fields[0].dtype == "<f8"
+    assert [float(ds[i]["a"][1]) for i in range(10)] == list(range(10))
+
+
+def structured(i):
+    return {"a": np.zeros(2, [("x", "<f4"), ("y", "<f4")])}
+
+
+def test_a_structured_array_is_refused_with_the_way_out(tmp_path):
+    with pytest.raises(PackError, match=r"structured dtype.*array of its own"):
+        pack_samples(structured, range(5), tmp_path / "ds", workers=0, **FAST)
+
+
+def test_an_input_that_does_not_pickle_is_named_before_anything_is_written(tmp_path):
+    import threading
+
+    inputs = [1, 2, threading.Lock(), 4]
+    with pytest.raises(UsageError, match=r"input 2 \(.*lock.*\) cannot be sent"):
+        pack_samples(flaky, inputs, tmp_path / "ds", workers=2, **FAST)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_file_uri_is_the_local_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pack_samples(flaky, range(3), f"file://{tmp_path}/ds", workers=0, on_error="skip", **FAST)
+    assert (tmp_path / "ds" / "manifest.json").exists() and not (tmp_path / "file:").exists()
+
+
+def reordered(i):
+    return {"a": i, "b": 0.5} if i % 2 else {"b": 1, "a": i}
+
+
+def test_samples_with_their_keys_in_another_order_are_alike(tmp_path):
+    pack_samples(reordered, range(10), tmp_path / "ds", workers=0, **FAST)
+    ds = formats.open_shards(tmp_path / "ds")
+    assert {f.name: f.type for f in ds.fields} == {"b": "float", "a": "int"}
+    assert len(ds) == 10 and ds[1]["b"] == 0.5 and ds[0]["b"] == 1.0
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"schema": {"x": "float32[None, 4,]"}}, "not a type"),
+    ({"workers": True}, "workers must be an integer"),
+    ({"workers": 1.5}, "workers must be an integer"),
+    ({"records_per_shard": True, "shard_size": None}, "records_per_shard must be a positive"),
+    ({"task_records": True}, "task_records must be a positive"),
+])
+def test_odd_arguments_are_usage_errors(tmp_path, kw, words):
+    with pytest.raises(UsageError, match=words):
+        pack_samples(flaky, range(3), tmp_path / "ds", **{**FAST, **kw})
+    assert not (tmp_path / "ds").exists()

@@ -430,3 +430,13 @@ def test_an_option_that_would_change_nothing_is_refused(tmp_path, rng, capsys):
         pack(blobs, tmp_path / "e", opts(max_side=8))
     assert main([str(src), str(tmp_path / "q"), "--quiet", "--max-side", "8",
                  "--quality", "70"]) == 0
+
+
+def test_file_uris_are_local_paths_for_src_and_dst(tmp_path, monkeypatch):
+    import numpy as np
+
+    image_folder(tmp_path / "src", np.random.default_rng(0))
+    monkeypatch.chdir(tmp_path)
+    s = pack(f"file://{tmp_path}/src", f"file://{tmp_path}/out", opts())
+    assert s.records_written == 10 and (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "file:").exists()
