@@ -251,7 +251,8 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
     Args:
         fn: called once per input; returns one sample (a dict of field -> value) or
             yields several (a generator). Must pickle when ``workers`` > 0 or on Ray
-            (a function defined at the top level of a module).
+            (a function defined at the top level of a module). Each sample is copied
+            as it comes (its dict, arrays and buffers), so ``fn`` may reuse them.
         inputs: a sequence (a list, a range...): what ``fn`` is called with, in order.
         dst: the output folder (or an object-store URI), claimed as ``pack-dataset``
             claims it: a folder holding other files is refused unless ``overwrite``.
