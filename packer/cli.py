@@ -33,7 +33,9 @@ sources (--from; detected when omitted):
   filelist     a .csv/.tsv/.jsonl file with a 'path' column (relative to the
                list's folder; absolute and '..' paths allowed: it is your own
                list); other columns become int/float/str fields, typed on every
-               row; a str 'label' column becomes class indices. In a JSONL list,
+               row (a CSV/TSV cell is a number only as plain decimal: 007, +5
+               and 1_000 stay text, as written); an integer beyond int64 is a
+               bad row; a str 'label' column becomes class indices. In a JSONL list,
                a column of lists of numbers becomes an ndarray field: shape [None]
                (flat lists) or [None, k] (lists of k-long lists, k the same in
                every row), int64 when every number is an integer, else float32;

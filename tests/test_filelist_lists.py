@@ -116,8 +116,9 @@ def test_csv_cells_hold_json_for_list_types_and_text_stays_text(tmp_path, rng):
         (tmp_path / f"{i}.jpg").write_bytes(jpeg(rng))
     lst = tmp_path / "list.csv"
     lst.write_text('path,zip,pts\n0.jpg,007,"[1.5, 2]"\n1.jpg,010,"[]"\n2.jpg,123,"[3]"\n')
-    pack(lst, tmp_path / "plain", opts())  # as before: inferred int and str
-    assert fields(tmp_path / "plain") == {"zip": ("int", None, None), "pts": ("str", None, None)}
+    pack(lst, tmp_path / "plain", opts())  # inferred: "007" is no plain integer, so text
+    assert fields(tmp_path / "plain") == {"zip": ("str", None, None), "pts": ("str", None, None)}
+    assert column(tmp_path / "plain", "zip") == ["007", "010", "123"]
     pack(lst, tmp_path / "dst", opts(field_types=(("zip", "str"), ("pts", "float32"))))
     assert column(tmp_path / "dst", "zip") == ["007", "010", "123"]
     assert [a.tolist() for a in column(tmp_path / "dst", "pts")] == [[1.5, 2.0], [], [3.0]]
@@ -161,3 +162,45 @@ def test_field_misuse_is_a_usage_error(tmp_path, rng, capsys):
         pack(tmp_path, tmp_path / "y", opts(source="files", field_types=(("v", "json"),)))
     assert main([str(lst), str(tmp_path / "z"), "-q", "--field", "v=float32"]) == 0
     assert column(tmp_path / "z", "v")[0].dtype == np.float32
+
+
+def test_csv_cells_come_back_as_written_line_breaks_and_all(tmp_path, rng):
+    import csv
+
+    notes = ["a\nb", "c\r\nd", "e\u2028f", "plain"]
+    ids = ["00123", "1_000", "+5", " 7 "]
+    with open(tmp_path / "list.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "note", "id", "n"])
+        for i in range(4):
+            (tmp_path / f"{i}.jpg").write_bytes(jpeg(rng))
+            w.writerow([f"{i}.jpg", notes[i], ids[i], str(-i)])
+    pack(tmp_path / "list.csv", tmp_path / "ds", opts())
+    assert column(tmp_path / "ds", "note") == notes
+    assert column(tmp_path / "ds", "id") == ids  # none is a plain integer: text, as written
+    assert fields(tmp_path / "ds")["n"] == ("int", None, None)
+    assert column(tmp_path / "ds", "n") == [0, -1, -2, -3]
+
+
+def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path, rng):
+    (tmp_path / "0.jpg").write_bytes(jpeg(rng))
+    (tmp_path / "list.jsonl").write_text('{"path": "0.jpg", "t": "x\u2028y\u0085z"}\n',
+                                         encoding="utf-8")
+    pack(tmp_path / "list.jsonl", tmp_path / "ds", opts())
+    assert column(tmp_path / "ds", "t") == ["x\u2028y\u0085z"]
+
+
+@pytest.mark.parametrize("suffix, body, line", [
+    (".csv", f"path,big\n0.jpg,1\n1.jpg,{1 << 63}\n", 3),
+    (".jsonl", '{"path": "0.jpg", "big": 1}\n{"path": "1.jpg", "big": ' + f'{1 << 63}}}\n', 2),
+])
+def test_an_integer_beyond_int64_is_a_bad_row_named_by_line(tmp_path, rng, suffix, body, line):
+    for i in range(2):
+        (tmp_path / f"{i}.jpg").write_bytes(jpeg(rng))
+    lst = tmp_path / f"list{suffix}"
+    lst.write_text(body)
+    with pytest.raises(PackInputError,
+                       match=rf"line {line}: column 'big' \(int\): {1 << 63} does not fit"):
+        pack(lst, tmp_path / "dst", opts())
+    s = pack(lst, tmp_path / "ok", opts(on_error="skip"))
+    assert dict(s.skipped) == {"bad-row": 1} and column(tmp_path / "ok", "big") == [1]

@@ -155,3 +155,44 @@ def test_image_only_folders_pack_as_before(tmp_path, rng):
     pack(src, tmp_path / "ds", opts())
     ds = formats.open_shards(tmp_path / "ds")
     assert [f.name for f in ds.fields] == ["image", "key"] and ds[0]["key"] == "0.jpg"
+
+
+def test_npy_files_of_any_byte_order_and_zero_dims_come_back(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.arange(6, dtype=">i4").reshape(2, 3))  # big-endian
+    np.save(src / "b.npy", np.arange(6, dtype="<i4").reshape(2, 3) + 10)
+    pack(src, tmp_path / "ds", opts(source="files"))
+    ds = formats.open_shards(tmp_path / "ds")
+    assert ds.fields[0].dtype == "<i4"
+    assert [ds[i]["npy"].tolist() for i in range(2)] == [[[0, 1, 2], [3, 4, 5]],
+                                                       [[10, 11, 12], [13, 14, 15]]]
+    scalars = tmp_path / "scalars"
+    scalars.mkdir()
+    for i in range(2):
+        np.save(scalars / f"{i}.npy", np.array(i + 0.5))
+    pack(scalars, tmp_path / "ds0", opts(source="files"))
+    ds = formats.open_shards(tmp_path / "ds0")
+    assert ds.fields[0].shape == () and [float(ds[i]["npy"]) for i in range(2)] == [0.5, 1.5]
+
+
+@pytest.mark.parametrize("name, body, kind, words", [
+    ("n.json", '{"x": NaN}', "bad-json", "cannot be stored as JSON text"),
+    ("n.json", '{"x": 1e400}', "bad-json", "cannot be stored as JSON text"),
+    ("n.npy", None, "bad-array", "structured dtype"),
+])
+def test_files_the_writer_cannot_store_are_named_and_skippable(tmp_path, name, body, kind, words):
+    src = tmp_path / "src"
+    src.mkdir()
+    ext = name.rsplit(".", 1)[1]
+    if ext == "json":
+        (src / "a.json").write_text('{"x": 1}')
+        (src / name).write_text(body)
+    else:
+        np.save(src / "a.npy", np.zeros(2, [("x", "<f4"), ("y", "<f4")]))
+        np.save(src / name, np.zeros(2, [("x", "<f4"), ("y", "<f4")]))
+    with pytest.raises(PackInputError, match=words) as e:
+        pack(src, tmp_path / "dst", opts(source="files"))
+    assert e.value.kind == kind and (f"n.{ext}" in str(e.value) or f"a.{ext}" in str(e.value))
+    s = pack(src, tmp_path / "ok", opts(source="files", on_error="skip"))
+    assert s.skipped[kind] >= 1

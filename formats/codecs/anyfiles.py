@@ -52,7 +52,7 @@ import numpy as np
 
 from ..bounded import parse_json
 from ..errors import FormatError
-from ..fields import Field
+from ..fields import Field, json_payload
 from ..npy import read_npy_header
 from .webdataset import split_key
 
@@ -184,6 +184,7 @@ def _array_field(name: str, paths: list[tuple[int, str]],
         except FileProblem as bad:
             problems[i] = (bad.kind, f"{os.path.basename(p)}: {bad.reason}")
             continue
+        dtype = dtype.newbyteorder("<")  # either byte order: stored little-endian
         if first is None:
             first = (dtype, list(shape))
         elif dtype != first[0] or len(shape) != len(first[1]):
@@ -214,12 +215,22 @@ def file_value(f: Field, data: bytes, name: str) -> Any:
                               f"{f.name!r} holds text") from None
     if f.type == "json":
         try:
-            return parse_json(data, path=name, what="JSON file", error=FormatError,
-                              max_bytes=MAX_FILE_BYTES)
+            value = parse_json(data, path=name, what="JSON file", error=FormatError,
+                               max_bytes=MAX_FILE_BYTES)
         except FormatError as exc:
             raise FileProblem("bad-json", exc.message) from None
+        try:
+            json_payload(value)  # what the writer stores must exist
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise FileProblem("bad-json", f"JSON that cannot be stored as JSON text ({exc}: "
+                              "NaN, Infinity, a number beyond a float, or a lone "
+                              "surrogate)") from None
+        return value
     dtype, shape, fortran, offset = npy_header(data[:_NPY_HEADER])
-    if dtype != np.dtype(f.dtype) or len(shape) != len(f.shape) or any(
+    if dtype.names is not None or dtype.subdtype is not None:
+        raise FileProblem("bad-array", f"an array of the structured dtype {dtype}, which is not "
+                          "stored: save each of its fields as an array of its own")
+    if dtype.newbyteorder("<") != np.dtype(f.dtype) or len(shape) != len(f.shape) or any(
             d is not None and d != n for d, n in zip(f.shape, shape, strict=True)):
         raise FileProblem("bad-array", f"{dtype.str} {list(shape)}, where field {f.name!r} "
                           f"holds {f.dtype} {list(f.shape)}")
@@ -228,4 +239,7 @@ def file_value(f: Field, data: bytes, name: str) -> Any:
         raise FileProblem("bad-array", f"{len(data) - offset} bytes of data, where its header "
                           f"says {count * dtype.itemsize}")
     arr = np.frombuffer(data, dtype, count, offset).reshape(shape, order="F" if fortran else "C")
-    return np.ascontiguousarray(arr)
+    if dtype.byteorder == ">":
+        arr = arr.astype(dtype.newbyteorder("<"))  # stored little-endian (FORMAT.md)
+    # ascontiguousarray would make a 0-d array 1-d.
+    return np.ascontiguousarray(arr) if arr.ndim > 1 else arr

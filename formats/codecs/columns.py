@@ -3,8 +3,13 @@
 Inferred types (``pack-dataset --help`` says the same):
 
 * numbers and text: ``int`` when every value is an integer, ``float`` when every
-  value is a number, ``str`` when every value is text (a CSV/TSV cell is text
-  that parses as an int or a float in every row). Mixed types are refused.
+  value is a number, ``str`` when every value is text. A CSV/TSV column is
+  ``int`` when every cell is an integer as written in plain decimal (``-12``,
+  ``0``; never ``007``, ``+5``, ``1_000`` or `` 7 ``, which would not come back
+  as written), ``float`` when every cell is such an integer or a plain decimal
+  number (``-1.5``, ``2e-3``; not ``nan`` or ``inf``), else ``str``, kept as
+  written. Mixed types are refused. An integer beyond int64 is a problem of its
+  row (named by line), never a float or a wrapped value.
 * lists (JSONL only): ``ndarray`` when every value is a list of numbers (shape
   ``[None]``) or every value is a list of lists of numbers of one length ``k``
   across the whole column (shape ``[None, k]``); empty lists fit both. dtype
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +54,7 @@ DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"
 TYPES = ("int", "float", "str", "json", *DTYPES)
 
 _F32_MAX = float(np.finfo(np.float32).max)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 @dataclass
@@ -116,15 +123,14 @@ def _as_arrays(name: str, values: list, dtype: str, shape: tuple) -> Column:
 
 def _infer(name: str, values: list, from_text: bool, lines: list[int], where) -> Column:
     if from_text:
-        for cast, type_ in ((int, "int"), (float, "float")):
-            try:
-                return Column(Field(name, type_), [cast(v) for v in values])
-            except ValueError:
-                pass
+        if all(map(_PLAIN_INT.fullmatch, values)):
+            return _ints(name, [int(v) for v in values], lines, where)
+        if all(map(_PLAIN_FLOAT.fullmatch, values)):
+            return Column(Field(name, "float"), [float(v) for v in values])
         return Column(Field(name, "str"), values)
     kinds = {type(v) for v in values}
     if kinds <= {int}:
-        return Column(Field(name, "int"), values)
+        return _ints(name, values, lines, where)
     if kinds <= {int, float}:
         return Column(Field(name, "float"), [float(v) for v in values])
     if kinds <= {str}:
@@ -152,6 +158,20 @@ def _infer(name: str, values: list, from_text: bool, lines: list[int], where) ->
                      expected=type(values[0]).__name__)
 
 
+# Numbers as written in plain decimal (ASCII digits): the only cells inference reads as
+# numbers, so no cell is rewritten ("007" stays text, as "+5", "1_000" and " 7 " do).
+_PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_PLAIN_FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+
+
+def _ints(name: str, values: list[int], lines: list[int], where) -> Column:
+    """An ``int`` column; a value beyond int64 is its row's problem."""
+    problems = {i: f"{where} line {lines[i]}: column {name!r} (int): {v} does not fit in "
+                   "an int64" for i, v in enumerate(values) if not _INT64[0] <= v <= _INT64[1]}
+    return Column(Field(name, "int"), [None if i in problems else v
+                                       for i, v in enumerate(values)], problems)
+
+
 # -- a type given with --field ------------------------------------------------------------
 
 def _finite(v: Any) -> bool:
@@ -174,11 +194,16 @@ def _scalar(type_: str, v: Any, from_text: bool) -> Any:
         if type_ == "str":
             return v
         try:
-            return int(v) if type_ == "int" else float(v)
+            n = int(v) if type_ == "int" else float(v)
         except ValueError:
             raise ValueError(f"{v[:40]!r} is not {'an integer' if type_ == 'int' else 'a number'}") \
                 from None
+        if type_ == "int" and not _INT64[0] <= n <= _INT64[1]:
+            raise ValueError(f"{v[:40]!r} does not fit in an int64")
+        return n
     if type_ == "int" and type(v) is int:
+        if not _INT64[0] <= v <= _INT64[1]:
+            raise ValueError(f"{v} does not fit in an int64")
         return v
     if type_ == "float" and _number(v):
         return float(v)

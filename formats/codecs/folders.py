@@ -44,6 +44,7 @@ Rules (also in ``pack-dataset --help``):
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import stat
@@ -463,12 +464,15 @@ def _read_rows(src: Path, text: str | None, where) -> tuple[list[dict[str, Any]]
     suffix = src.suffix.lower()
     if text is None:
         try:
-            text = src.read_text("utf-8-sig")
+            text = src.read_bytes().decode("utf-8-sig")  # line ends as written (no newline
+            # translation: a quoted CSV cell's "\r\n" is its text)
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"cannot read file list: {exc}", path=where) from None
     if suffix in (".jsonl", ".ndjson"):
         rows, lines = [], []
-        for n, line in enumerate(text.splitlines(), 1):
+        # Lines end at "\n" alone: splitlines() would also cut at U+2028 or U+0085,
+        # which JSON strings may hold as they are.
+        for n, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
             try:
@@ -481,13 +485,29 @@ def _read_rows(src: Path, text: str | None, where) -> tuple[list[dict[str, Any]]
             rows.append(row)
             lines.append(n)
         return rows, lines
-    reader = csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
-    rows = list(reader)
-    for n, row in enumerate(rows, 2):
-        if None in row or None in row.values():
-            raise InputError(f"line {n}: wrong number of columns", path=where,
-                            expected=len(reader.fieldnames or ()))
-    return rows, list(range(2, len(rows) + 2))
+    # The csv module reads the text as a file: a quoted cell may hold line breaks
+    # (splitlines() had cut them out), and each row's first line is counted.
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if suffix == ".tsv" else ",")
+    header: list[str] | None = None
+    rows, lines = [], []
+    while True:
+        first = reader.line_num + 1
+        try:
+            cells = next(reader, None)
+        except csv.Error as exc:
+            raise InputError(f"line {first}: not CSV ({exc})", path=where) from None
+        if cells is None:
+            return rows, lines
+        if not cells:
+            continue  # a blank line
+        if header is None:
+            header = cells
+        elif len(cells) != len(header):
+            raise InputError(f"line {first}: wrong number of columns", path=where,
+                            found=len(cells), expected=len(header))
+        else:
+            rows.append(dict(zip(header, cells, strict=True)))
+            lines.append(first)
 
 
 def list_remote_file(location, name: str, *, to_jpeg: bool = False,
