@@ -215,3 +215,20 @@ def test_parquet_not_parquet(tmp_path):
 def test_missing_input(tmp_path):
     with pytest.raises(FormatError, match="not found"):
         open_source("webdataset", str(tmp_path / "shard-{000..003}.tar"))
+
+
+def test_a_webdataset_json_member_holding_nan_is_named_not_a_writer_crash(tmp_path):
+    import io
+    import tarfile
+
+    from packer import PackOptions, pack
+
+    with tarfile.open(tmp_path / "a.tar", "w") as t:
+        for key, body in (("s0", b'{"x": 1}'), ("s1", b'{"x": NaN}')):
+            for ext, data in (("json", body), ("txt", b"hello")):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    with pytest.raises(Exception, match=r"a\.tar.*sample 's1': \.json holds what JSON text cannot"):
+        pack(tmp_path / "a.tar", tmp_path / "out", PackOptions(source="webdataset", workers=0,
+                                                                durable=False))

@@ -63,7 +63,7 @@ from ..bounded import (
     refuse_special_file,
 )
 from ..errors import FormatError, SchemaError, UnsafePathError
-from ..fields import Field, ImageKinds
+from ..fields import Field, ImageKinds, json_payload
 from ..npy import read_npy_header
 from ..sniff import IMAGE_EXTENSION, sniff
 from .outputs import AtomicFile, prepare_output_dir
@@ -488,7 +488,14 @@ class WebDatasetSource:
 
     def _value(self, f: Field, ext: str, data: bytes, path: Path, key: str):
         if f.type == "json":
-            return parse_json(data, path=path, what=f"sample {key!r}: .{ext}")
+            value = parse_json(data, path=path, what=f"sample {key!r}: .{ext}")
+            try:
+                json_payload(value)  # what a writer stores must exist
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise SchemaError(f"sample {key!r}: .{ext} holds what JSON text cannot ({exc}: "
+                                  "NaN, Infinity, a number beyond a float, or a lone "
+                                  "surrogate)", path=path) from None
+            return value
         if f.type == "ndarray":
             return _read_npy(f, data, path, key)
         try:
