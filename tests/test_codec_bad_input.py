@@ -218,9 +218,6 @@ def test_missing_input(tmp_path):
 
 
 def test_a_webdataset_json_member_holding_nan_is_named_not_a_writer_crash(tmp_path):
-    import io
-    import tarfile
-
     from packer import PackOptions, pack
 
     with tarfile.open(tmp_path / "a.tar", "w") as t:
