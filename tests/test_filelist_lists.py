@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import formats
-from formats.errors import InputError
+from formats.errors import InputError, InputUsageError
 from packer import PackInputError, PackOptions, UsageError, pack
 from packer.cli import main
 from tests.helpers_packer import jpeg
@@ -204,3 +204,12 @@ def test_an_integer_beyond_int64_is_a_bad_row_named_by_line(tmp_path, rng, suffi
         pack(lst, tmp_path / "dst", opts())
     s = pack(lst, tmp_path / "ok", opts(on_error="skip"))
     assert dict(s.skipped) == {"bad-row": 1} and column(tmp_path / "ok", "big") == [1]
+
+
+def test_field_label_str_is_refused_not_ignored(tmp_path, rng):
+    (tmp_path / "0.jpg").write_bytes(jpeg(rng))
+    (tmp_path / "list.csv").write_text("path,label\n0.jpg,cat\n")
+    with pytest.raises(InputUsageError, match=r"label=str.*another name"):
+        pack(tmp_path / "list.csv", tmp_path / "ds", opts(field_types=(("label", "str"),)))
+    assert not (tmp_path / "ds").exists()
+    assert main([str(tmp_path / "list.csv"), str(tmp_path / "ds"), "--field", "label=str"]) == 2

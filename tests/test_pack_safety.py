@@ -457,3 +457,26 @@ def test_an_image_folder_output_with_an_empty_class_is_replaced_whole(tmp_path, 
     assert (dst / "cat" / "mine.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]
     assert survey(dst).foreign == ["cat/mine.txt"]
+
+
+def test_the_temp_files_of_a_killed_writer_not_yet_reaped_are_ours(tmp_path):
+    """A writer killed with SIGKILL answers kill(pid, 0) until its parent reaps it;
+    a resume started in that time must still clear its temporary files."""
+    import subprocess
+    import time
+
+    from formats.shard.ownership import survey
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / f".shard-00003.rec.tmp-{child.pid}").write_bytes(b"x")
+        (tmp_path / "_journal.jsonl").write_text("{}\n")
+        assert f".shard-00003.rec.tmp-{child.pid}" not in survey(tmp_path).ours  # alive
+        child.kill()
+        deadline = time.monotonic() + 5
+        while f".shard-00003.rec.tmp-{child.pid}" not in survey(tmp_path).ours:
+            assert time.monotonic() < deadline, "a zombie writer's temp file stays foreign"
+            time.sleep(0.01)
+    finally:
+        child.kill()
+        child.wait()

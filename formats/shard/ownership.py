@@ -73,7 +73,20 @@ def _pid_gone(pid: int) -> bool:
         return True
     except (PermissionError, OverflowError):
         return False
-    return False
+    return _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` died and waits to be reaped (a killed writer whose parent is
+    slow to reap it still answers ``kill(pid, 0)``); False where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) state ...": comm may hold spaces and parentheses; the state follows
+    # the last ")".
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"Z"
 
 
 @dataclass
