@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from formats.codecs.folders import BUILTIN_SOURCES, Listing, detect_builtin, list_source
+from formats.shard import ownership
 from formats.storage import is_uri
 
 from .errors import UsageError
@@ -79,6 +80,13 @@ def detect_source(src: Path) -> str:
         kind = reg.detect(src)
         if kind:
             return kind
+    if src.is_dir():
+        found = ownership.survey(src)
+        if found.dataset is None and (found.journal or found.ray_plan):
+            raise UsageError("SRC is a pack that did not finish (it holds our journal and no "
+                             "manifest.json): finish it with --resume (the same SRC and "
+                             "options, this folder as DST), or remove it; --from files "
+                             "packs its files as they are", path=src)
     kind = detect_builtin(src)
     if kind is None:
         raise UsageError("cannot tell what SRC is; name it with --from", path=src)

@@ -480,3 +480,13 @@ def test_the_temp_files_of_a_killed_writer_not_yet_reaped_are_ours(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_pack_that_did_not_finish_is_not_taken_for_a_folder_of_files(tmp_path):
+    from packer import PackOptions, UsageError, pack
+
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "_journal.jsonl").write_text('{"fields": []}\n')
+    with pytest.raises(UsageError, match=r"did not finish.*--resume"):
+        pack(tmp_path / "half", tmp_path / "out", PackOptions(workers=0, durable=False))
+    assert not (tmp_path / "out").exists()
