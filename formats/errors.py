@@ -67,8 +67,10 @@ class ShardpackError(ValueError):
         if self.offset is not None:
             where.append(f"at byte {self.offset}")
         text = self.message
-        if self.found is not None or self.expected is not None:
-            text += f": found {self.found!r}, expected {self.expected!r}"
+        said = [f"{k} {v!r}" for k, v in (("found", self.found), ("expected", self.expected))
+                if v is not None]  # never "expected None"
+        if said:
+            text += ": " + ", ".join(said)
         return f"{' '.join(where)}: {text}" if where else text
 
     def __reduce__(self):

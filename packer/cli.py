@@ -90,6 +90,8 @@ any files (--from files, --from filelist):
                        bytes, as they are (decode them in the Loader's workers)
     anything else      str when the first file of that extension is UTF-8 text,
                        else bytes
+  An empty file of these kinds is an empty value ('' or b''; an empty .json or
+  .npy is bad input); an empty image is bad input as above.
   Every record must have the same fields, the set most records have: a record
   with other files (a stray README.md) is bad input (other-fields), as is a file
   without an extension (no-extension). Folders on object storage are read as

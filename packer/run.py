@@ -108,7 +108,7 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
                              path=src)
         source = open_source(kind, src, options)
         root = src
-    if (options.max_side or options.to_jpeg) and not isinstance(source, Listing) \
+    if (options.max_side or options.to_jpeg) \
             and not any(f.type in IMAGE_TYPES for f in source.fields):
         raise UsageError("SRC has no image field: --max-side and --to-jpeg would change "
                          "nothing", path=display_uri(src))

@@ -213,3 +213,15 @@ def test_field_label_str_is_refused_not_ignored(tmp_path, rng):
         pack(tmp_path / "list.csv", tmp_path / "ds", opts(field_types=(("label", "str"),)))
     assert not (tmp_path / "ds").exists()
     assert main([str(tmp_path / "list.csv"), str(tmp_path / "ds"), "--field", "label=str"]) == 2
+
+
+def test_a_column_of_booleans_says_what_to_do(tmp_path, rng):
+    (tmp_path / "0.jpg").write_bytes(jpeg(rng))
+    (tmp_path / "list.jsonl").write_text('{"path": "0.jpg", "flag": true}\n')
+    with pytest.raises(InputError) as e:
+        pack(tmp_path / "list.jsonl", tmp_path / "ds", opts())
+    text = str(e.value)
+    assert "line 1 holds a boolean" in text and "--field flag=json" in text
+    assert "expected" not in text
+    pack(tmp_path / "list.jsonl", tmp_path / "ok", opts(field_types=(("flag", "json"),)))
+    assert column(tmp_path / "ok", "flag") == [True]

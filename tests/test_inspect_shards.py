@@ -122,6 +122,9 @@ def test_stats_plot(dataset, capsys, tmp_path):
 def test_errors_and_usage(dataset, capsys, tmp_path):
     _, root = dataset
     code, _, err = run(capsys, tmp_path / "nothing", "info")
+    assert code == 1 and "the path does not exist" in err  # as every command says it
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, tmp_path / "empty", "info")
     assert code == 1 and "no manifest.json" in err
     code, _, err = run(capsys, root, "show", "99")
     assert code == 2 and "out of range" in err

@@ -151,11 +151,15 @@ def _infer(name: str, values: list, from_text: bool, lines: list[int], where) ->
             f"column {name!r}: line {lines[nested[0]]} holds {_describe(values[nested[0]])}, "
             f"line {lines[other]} {_describe(values[other])}: rows disagree; give "
             f"--field {name}=json to store every value as JSON", path=where)
-    bad = next(i for i, v in enumerate(values) if type(v) not in (int, float, str) or
-               type(v) is not type(values[0]))
-    raise InputError(f"column {name!r}: rows disagree on the type (or it is not int, float or str)",
-                     path=where, record=bad, found=type(values[bad]).__name__,
-                     expected=type(values[0]).__name__)
+    odd = next((i for i, v in enumerate(values) if type(v) not in (int, float, str)), None)
+    if odd is not None:  # a bool or a null: no column type takes it as it is
+        raise InputError(f"column {name!r}: line {lines[odd]} holds {_describe(values[odd])}, "
+                         f"which an int, float or str column cannot hold; give --field "
+                         f"{name}=json to store the values as JSON", path=where)
+    bad = next(i for i, v in enumerate(values) if type(v) is not type(values[0]))
+    raise InputError(f"column {name!r}: rows disagree on the type: line {lines[0]} holds "
+                     f"{_describe(values[0])}, line {lines[bad]} {_describe(values[bad])}",
+                     path=where)
 
 
 # Numbers as written in plain decimal (ASCII digits): the only cells inference reads as

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from ..audio_header import audio_info
 from ..fields import BYTES_TYPES, IMAGE_TYPES, Field
 from ..sniff import IMAGE_EXTENSION, IMAGE_KINDS, image_size, sniff
-from .dataset import ShardDataset, read_metadata
+from .dataset import ShardDataset, check_dataset_path, read_metadata
 from .field_lengths import distribution, field_lengths, length_fields, ragged_fields
 from .layout import MAJOR
 from .manifest import ShardEntry, read_manifest
@@ -50,6 +50,8 @@ def dataset_info(path: str | Path, *, follow_symlinks: bool = False,
     (through ``fetch_index`` for a remote dataset).
     """
     root = Path(path)
+    if fetch_index is None:  # a local dataset: a missing path is said as such
+        check_dataset_path(root)
     m = read_manifest(root, follow_symlinks=follow_symlinks)
     out = {
         "path": str(root),
