@@ -50,7 +50,7 @@ from formats.fields import Field, json_payload
 from formats.storage import display_uri, is_uri, local_path
 from formats.version import package_version
 
-from .errors import PackError, UsageError
+from .errors import PackError, PackInputError, UsageError
 from .loop import Item, Run, open_writer, write_items
 from .options import DEFAULT_TASK_RECORDS, PackOptions, parse_size
 from .plan import check_paths
@@ -421,9 +421,13 @@ class _LocalRanges:
         queue = list(reversed(todo))
         running: dict = {}
         clean = False
+        # The bad input a failure names is the first in input order, whichever worker
+        # met its own first: a range's failure waits for the ranges before it.
+        failed: tuple[int, PackInputError] | None = None
         try:
-            while queue or running:
-                while queue and len(running) < self.workers:
+            while (queue and failed is None) or any(
+                    failed is None or a < failed[0] for a, _ in running.values()):
+                while queue and failed is None and len(running) < self.workers:
                     a, b = queue.pop()
                     running[pool.submit(pack_range, job, part.slice(a, b), a,
                                         PackProgress())] = (a, b)
@@ -436,7 +440,13 @@ class _LocalRanges:
                         raise PackError(
                             f"a worker process died while packing inputs {a}..{b - 1} (killed, "
                             "or out of memory?); resume=True keeps the ranges done") from None
+                    except PackInputError as exc:
+                        if failed is None or a < failed[0]:
+                            failed = (a, exc)
+                        continue
                     progress.advance(b - a, results[a].bytes_in)
+            if failed is not None:
+                raise failed[1]
             clean = True
         finally:
             if not clean:

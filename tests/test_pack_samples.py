@@ -389,3 +389,19 @@ def test_odd_arguments_are_usage_errors(tmp_path, kw, words):
     with pytest.raises(UsageError, match=words):
         pack_samples(flaky, range(3), tmp_path / "ds", **{**FAST, **kw})
     assert not (tmp_path / "ds").exists()
+
+
+def slow_then_bad(i):
+    import time
+
+    if 60 <= i < 69:
+        time.sleep(0.04)  # the range holding input 69 is the slower to fail
+    if i in (69, 75):
+        raise ValueError(f"bad input {i}")
+    return {"x": i}
+
+
+def test_the_bad_input_named_is_the_first_in_input_order_with_workers(tmp_path):
+    with pytest.raises(PackInputError, match=r"input 69 \(69\)"):
+        pack_samples(slow_then_bad, range(100), tmp_path / "ds", workers=2, task_records=10,
+                     schema={"x": "int"}, **FAST)
