@@ -437,5 +437,6 @@ def _finish(output: Output, listing, summary: PackSummary, made: dict,
                         max_raw_size=max_raw)
     output.write_bytes(MANIFEST_NAME, manifest_bytes(manifest))
     output.sync()
+    summary.image_type = next((f.type for f in fields if f.type in IMAGE_TYPES), None)
     summary.complete = True
     output.remove_state()

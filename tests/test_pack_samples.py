@@ -97,9 +97,10 @@ def test_schema_is_inferred_and_values_come_back(tmp_path):
 
 
 def test_images_are_typed_by_content_and_labels_reach_the_metadata(tmp_path):
-    pack_samples(images, range(6), tmp_path / "ds", workers=0, **FAST)
+    s = pack_samples(images, range(6), tmp_path / "ds", workers=0, **FAST)
     ds = formats.open_shards(tmp_path / "ds")
     assert [(f.name, f.type) for f in ds.fields] == [("image", "jpeg"), ("label", "int")]
+    assert s.image_type == "jpeg"  # the summary's "image field" line
     meta = ds.metadata()
     assert meta.column("label").to_pylist() == [0, 1, 0, 1, 0, 1]
     assert meta.column("width").to_pylist() == [20, 21, 22, 23, 24, 25]
