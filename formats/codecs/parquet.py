@@ -14,7 +14,7 @@ of its image fields as their payloads are (``shardpack_image_types``), so our
 source reads back each value as its type; files from elsewhere are typed from
 the column types (an image column: ``jpeg`` if its first image is one, else
 ``image``, whatever the later rows hold; a bool column is ``int``, 0 and 1, as the
-format has no bool scalar; a list column of bools is an ``ndarray`` of bool).
+format has no bool scalar).
 
 An ``Image`` struct with ``bytes`` null and a ``path`` (what ``Dataset.to_parquet``
 writes for images loaded from files) is read from that file: a relative path is
