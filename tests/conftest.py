@@ -24,6 +24,20 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray cluster for a module (starting Ray costs seconds); modules that
+    need it skip first when the ray extra is missing (pytest.importorskip)."""
+    import logging
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.ERROR)
+    yield
+    ray.shutdown()
+
+
 # -- hostile-input cases (tests/hostile.py): their totals close the run ----------------
 
 def pytest_configure(config):

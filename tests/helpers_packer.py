@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import simplejpeg
 
+from packer import PackProgress
+
 
 def jpeg(rng: np.random.Generator, width: int = 24, height: int = 16, quality: int = 85) -> bytes:
     """A small, valid JPEG of random content."""
@@ -41,3 +43,16 @@ def image_folder(root: Path, rng: np.random.Generator, classes=("cat", "dog"), p
 def dataset_files(root: Path) -> dict[str, bytes]:
     """Every file in a dataset folder, name -> bytes (for byte-for-byte comparisons)."""
     return {p.name: p.read_bytes() for p in sorted(Path(root).iterdir()) if p.is_file()}
+
+
+
+class StopAfter(PackProgress):
+    """A pack's progress that simulates Ctrl-C once ``n`` inputs are done."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.done = n, 0
+
+    def advance(self, records, nbytes):
+        self.done += records
+        if self.done >= self.n:
+            raise KeyboardInterrupt

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'shardpack[ray]'")
@@ -13,13 +11,7 @@ from packer import PackOptions, pack  # noqa: E402
 from tests.helpers_coco import make_coco  # noqa: E402
 from tests.test_coco_options import values  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def test_ray_packs_the_records_the_local_engine_packs(tmp_path, rng):

@@ -23,9 +23,8 @@ from formats.codecs.webdataset import WebDatasetSource, _member_header
 from formats.errors import CorruptRecordError
 from packer import PackOptions, pack
 from packer.errors import PackInterrupted
-from packer.report import PackProgress
 from tests.helpers_codecs import make_dataset, make_records
-from tests.helpers_packer import dataset_files
+from tests.helpers_packer import StopAfter, dataset_files
 
 # -- the Example decoder ---------------------------------------------------------------
 
@@ -295,17 +294,6 @@ def test_container_pack_error_names_file_and_record_for_any_workers(sources):
     assert bad.name in errors[0] and "record 0" in errors[0]
 
 
-class _StopAfter(PackProgress):
-    """Ctrl-C after ``n`` inputs."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.done = n, 0
-
-    def advance(self, records, nbytes):
-        self.done += records
-        if self.done >= self.n:
-            raise KeyboardInterrupt
-
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "webdataset", "parquet"])
 def test_container_pack_interrupt_then_resume_is_byte_identical(sources, fmt, monkeypatch):
@@ -314,7 +302,7 @@ def test_container_pack_interrupt_then_resume_is_byte_identical(sources, fmt, mo
     o = PackOptions(source=fmt, workers=2, records_per_shard=2, durable=False)
     pack(root / fmt, root / "full", o)
     with pytest.raises(PackInterrupted):
-        pack(root / fmt, root / "cut", o, progress=_StopAfter(7))
+        pack(root / fmt, root / "cut", o, progress=StopAfter(7))
     again = pack(root / fmt, root / "cut", PackOptions(**{**o.__dict__, "resume": True}))
     assert again.resumed_records >= 4 and again.records_written == len(recs)
     assert dataset_files(root / "cut") == dataset_files(root / "full")

@@ -15,11 +15,10 @@ from packer import (
     PackError,
     PackInputError,
     PackInterrupted,
-    PackProgress,
     UsageError,
     pack_samples,
 )
-from tests.helpers_packer import dataset_files, jpeg
+from tests.helpers_packer import StopAfter, dataset_files, jpeg
 
 FAST = {"durable": False, "progress": False}
 
@@ -233,17 +232,6 @@ def test_dst_is_claimed_like_the_command_line(tmp_path):
         pack_samples(make, range(3), dst, workers=0, **FAST)
 
 
-class _StopAfter(PackProgress):
-    """Ctrl-C after ``n`` inputs."""
-
-    def __init__(self, n):
-        self.n, self.done = n, 0
-
-    def advance(self, records, nbytes):
-        self.done += records
-        if self.done >= self.n:
-            raise KeyboardInterrupt
-
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_interrupt_then_resume_is_byte_identical(tmp_path, workers):
@@ -252,7 +240,7 @@ def test_interrupt_then_resume_is_byte_identical(tmp_path, workers):
          "durable": False, "task_records": 30}
     full = pack_samples(clips, range(400), tmp_path / "full", progress=False, **o)
     with pytest.raises(PackInterrupted):
-        pack_samples(clips, range(400), tmp_path / "cut", progress=_StopAfter(150), **o)
+        pack_samples(clips, range(400), tmp_path / "cut", progress=StopAfter(150), **o)
     assert not (tmp_path / "cut" / "manifest.json").exists()
     again = pack_samples(clips, range(400), tmp_path / "cut", progress=False, resume=True, **o)
     assert dataset_files(tmp_path / "cut") == dataset_files(tmp_path / "full")
@@ -264,7 +252,7 @@ def test_resume_refuses_other_inputs(tmp_path):
     o = {"workers": 0, "records_per_shard": 5, "shard_size": None, "durable": False,
          "task_records": 10}
     with pytest.raises(PackInterrupted):
-        pack_samples(make, range(100), tmp_path / "cut", progress=_StopAfter(40), **o)
+        pack_samples(make, range(100), tmp_path / "cut", progress=StopAfter(40), **o)
     with pytest.raises(PackError, match="cannot resume"):
         pack_samples(make, range(1, 101), tmp_path / "cut", progress=False, resume=True, **o)
 
@@ -295,7 +283,7 @@ def test_a_resume_keeps_the_ranges_of_inputs_that_give_several_samples(tmp_path)
          "task_records": 10}
     pack_samples(two_each, range(100), tmp_path / "full", progress=False, **o)
     with pytest.raises(PackInterrupted):
-        pack_samples(two_each, range(100), tmp_path / "cut", progress=_StopAfter(45), **o)
+        pack_samples(two_each, range(100), tmp_path / "cut", progress=StopAfter(45), **o)
     again = pack_samples(two_each, range(100), tmp_path / "cut", progress=False, resume=True,
                          **o)
     assert again.resumed_records >= 80  # four ranges of ten inputs, two samples each

@@ -4,7 +4,6 @@ records, bad inputs named by their index in the whole pack, a resume."""
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 
@@ -26,12 +25,7 @@ def assert_same_records(a_path, b_path) -> None:
     assert formats.verify_dataset(b_path) == []
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def test_ray_packs_the_records_the_local_engine_packs(tmp_path):

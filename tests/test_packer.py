@@ -13,7 +13,6 @@ import formats
 from packer import (
     PackInterrupted,
     PackOptions,
-    PackProgress,
     PackSummary,
     UsageError,
     format_summary,
@@ -21,7 +20,7 @@ from packer import (
     parse_size,
 )
 from packer.cli import main
-from tests.helpers_packer import dataset_files, image_folder, jpeg, png
+from tests.helpers_packer import StopAfter, dataset_files, image_folder, jpeg, png
 
 FAST = {"durable": False, "workers": 0}
 
@@ -212,17 +211,6 @@ def test_an_image_field_is_typed_by_content_not_by_name(tmp_path, rng):
     assert formats.open_shards(tmp_path / "jpeg").fields[0].type == "jpeg"
 
 
-class _StopAfter(PackProgress):
-    """Simulates Ctrl-C after ``n`` inputs."""
-
-    def __init__(self, n):
-        self.n, self.done = n, 0
-
-    def advance(self, records, nbytes):
-        self.done += records
-        if self.done >= self.n:
-            raise KeyboardInterrupt
-
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_interrupt_then_resume_is_byte_identical(tmp_path, rng, shuffle):
@@ -236,7 +224,7 @@ def test_interrupt_then_resume_is_byte_identical(tmp_path, rng, shuffle):
     full = pack(src, tmp_path / "full", o)
     assert full.records_skipped == 2 and full.records_in == 400
     with pytest.raises(PackInterrupted) as e:
-        pack(src, tmp_path / "cut", o, progress=_StopAfter(200))
+        pack(src, tmp_path / "cut", o, progress=StopAfter(200))
     assert not (tmp_path / "cut" / "manifest.json").exists()
     assert e.value.summary.shards >= 10
     again = pack(src, tmp_path / "cut", PackOptions(**{**o.__dict__, "resume": True}))
@@ -251,7 +239,7 @@ def test_resume_refuses_other_options(tmp_path, rng):
     src = tmp_path / "src"
     image_folder(src, rng, per_class=40)
     with pytest.raises(PackInterrupted):
-        pack(src, tmp_path / "d", opts(records_per_shard=5), progress=_StopAfter(64))
+        pack(src, tmp_path / "d", opts(records_per_shard=5), progress=StopAfter(64))
     with pytest.raises(formats.ManifestError, match="cannot resume"):
         pack(src, tmp_path / "d", opts(records_per_shard=6, resume=True))
     with pytest.raises(formats.ShardpackError, match="cannot resume"):
@@ -299,7 +287,7 @@ def test_cli_interrupt_prints_resume_hint(tmp_path, rng, capsys, monkeypatch):
     image_folder(src, rng, per_class=50)
     import packer.cli as cli
 
-    monkeypatch.setattr(cli, "_TqdmProgress", lambda quiet: _StopAfter(64))
+    monkeypatch.setattr(cli, "_TqdmProgress", lambda quiet: StopAfter(64))
     rc = main([str(src), str(tmp_path / "d"), "--records-per-shard", "4", "--workers", "0"])
     assert rc == 130
     err = capsys.readouterr().err
