@@ -64,6 +64,12 @@ def encode_column(f: Field, values: Sequence[Any], first: int = 0) -> Column:
             pass  # encode_value names the record below
     elif t in BYTES_TYPES and all(type(v) is bytes for v in values):
         return column_of(list(values))
+    return _one_by_one(f, values, first)
+
+
+def _one_by_one(f: Field, values: Sequence[Any], first: int) -> Column:
+    """The column of values no fast path takes: encode_value on each (casting, or
+    naming the record that does not fit)."""
     return column_of([_one(f, v, first + i) for i, v in enumerate(values)])
 
 
@@ -85,11 +91,11 @@ def column_of(bodies: list) -> Column:
 def _scalars(f: Field, values: Sequence[Any], first: int) -> Column:
     exact = int if f.type == "int" else float
     if not all(type(v) is exact for v in values):  # numpy scalars, bools, ints as floats
-        return column_of([_one(f, v, first + i) for i, v in enumerate(values)])
+        return _one_by_one(f, values, first)
     try:
         words = np.array(values, "<i8" if exact is int else "<f8")
     except OverflowError:  # an int beyond int64: encode_value names it
-        return column_of([_one(f, v, first + i) for i, v in enumerate(values)])
+        return _one_by_one(f, values, first)
     view = memoryview(words.tobytes())
     n = len(values)
     return Column(None, [view[i:i + 8] for i in range(0, 8 * n, 8)], np.full(n, 8, np.int64),
