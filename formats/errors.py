@@ -118,8 +118,11 @@ class InputError(ShardpackError):
 
 
 class InputUsageError(InputError):
-    """SRC is not the kind of input the named source reads; nothing was read (a usage
-    error: ``pack-dataset`` exits with status 2)."""
+    """SRC is not the kind of input the named (or detected) source reads, or an option
+    does not fit what SRC holds; nothing was read. The way out is often an option,
+    but it is found by looking at SRC, so it is a data error like any other
+    (``pack-dataset`` prints one line and exits with status 1); options that
+    contradict each other are the packer's ``UsageError`` (status 2)."""
 
 
 class UnsafePathError(ShardpackError):

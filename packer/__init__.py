@@ -47,13 +47,14 @@ sources ``imagefolder``, ``files``, ``filelist``, ``coco`` first, and the sink `
 ``on_error`` and ``durable``.
 """
 
-from .errors import PackError, PackInputError, PackInterrupted, UsageError
+from .errors import DestinationError, PackError, PackInputError, PackInterrupted, UsageError
 from .options import PackOptions, parse_size
 from .report import PackProgress, PackSummary, format_summary
 from .run import pack
 from .samples import pack_samples
 
 __all__ = [
+    "DestinationError",
     "PackError",
     "PackInputError",
     "PackInterrupted",

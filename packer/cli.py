@@ -2,6 +2,11 @@
 
 Exit status: 0 success, 1 a data or IO error (the message names the file and
 the reason), 2 bad usage, 130 interrupted (finished shards kept; ``--resume``).
+Usage is what the command line says by itself (a wrong flag, a bad option value,
+options that contradict each other, a URI that cannot be parsed): the usage block,
+then the message. What is found by looking at SRC or DST (DST holding other files,
+SRC not what ``--from`` reads, an option that does not fit what SRC holds) is a
+data error: one line, status 1.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import json
 import shlex
 import sys
 
-from formats.errors import InputUsageError, ShardpackError
+from formats.errors import ShardpackError
 from formats.storage import URIError
 from formats.version import package_version
 
@@ -160,7 +165,9 @@ object storage:
   fetched whole into $SHARDPACK_CACHE/sources. A remote DST is packed in a local
   staging folder under $SHARDPACK_CACHE (kept for --resume), then uploaded,
   manifest last.
-exit status: 0 ok, 1 data or IO error, 2 usage, 130 interrupted.
+exit status: 0 ok; 1 data or IO error, anything found by looking at SRC or DST (one
+  line); 2 usage: flags and values that are wrong by themselves (after this usage
+  block); 130 interrupted.
 """
 
 
@@ -311,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             annotations=args.annotations, drop_empty=args.drop_empty,
             field_types=tuple(args.field_types))
         summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))
-    # SRC that is not what --from reads, or a URI that cannot be understood, is usage too.
-    except (UsageError, InputUsageError, URIError) as exc:
+    # A URI that cannot be understood is usage too; what SRC or DST hold is not (below).
+    except (UsageError, URIError) as exc:
         parser.print_usage(sys.stderr)
         print(f"pack-dataset: error: {exc}", file=sys.stderr)
         return 2

@@ -55,7 +55,7 @@ from formats.shard.ownership import (
     write_ledger,
 )
 
-from .errors import PackError, UsageError
+from .errors import DestinationError, PackError, UsageError
 from .options import PackOptions
 
 __all__ = ["Destination", "claim"]
@@ -134,7 +134,7 @@ def _read_marker(path: Path) -> dict | None:
 def _refuse_foreign(s: Survey, dst: Path) -> None:
     shown = ", ".join(repr(n) for n in s.foreign[:_SHOWN])
     more = f" and {len(s.foreign) - _SHOWN} more" if len(s.foreign) > _SHOWN else ""
-    raise UsageError(f"DST holds files that shardpack did not write ({shown}{more}); pack into "
+    raise DestinationError(f"DST holds files that shardpack did not write ({shown}{more}); pack into "
                      "an empty or new folder, or pass --overwrite to pack beside them (they "
                      "are kept as they are)", path=dst)
 
@@ -167,7 +167,7 @@ class Destination:
         try:
             real.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UsageError(f"cannot create DST ({exc.strerror})", path=dst) from None
+            raise DestinationError(f"cannot create DST ({exc.strerror})", path=dst) from None
         self._locks.append(_lock(real))
         try:
             self._prepare()
@@ -182,7 +182,7 @@ class Destination:
         pending = self._recover()
         s = survey(self._real)
         if s.bad_manifest is not None:
-            raise UsageError(f"DST holds a manifest.json that is not a valid shardpack manifest "
+            raise DestinationError(f"DST holds a manifest.json that is not a valid shardpack manifest "
                              f"({s.bad_manifest}); it is never replaced: remove it yourself",
                              path=self.dst)
         if o.resume and pending:
@@ -191,7 +191,7 @@ class Destination:
         if pending:
             self._drop_staging()
         if s.complete and not o.overwrite:
-            raise UsageError("DST is already a dataset; pass --overwrite to replace it",
+            raise DestinationError("DST is already a dataset; pass --overwrite to replace it",
                              path=self.dst)
         interrupted = s.journal or s.ray_plan
         if s.foreign and not o.overwrite and not (o.resume and interrupted):

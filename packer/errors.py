@@ -1,15 +1,18 @@
 """Errors of the packer, on the ``formats`` base so every message names its file.
 
-``UsageError`` is a bad command line or a bad destination (exit status 2);
-``PackInputError`` is one bad input file (exit status 1), carrying the skip
-``kind`` so the same value feeds ``skipped.jsonl``.
+``UsageError`` is a command line (or call) that contradicts itself: found without
+reading SRC or DST, it is ``pack-dataset``'s exit status 2 with the usage block.
+Everything found by looking at SRC or DST is a data error (exit status 1, one
+line): ``DestinationError`` for a DST that cannot take the pack as it is,
+``formats.errors.InputError`` for SRC, and ``PackInputError`` for one bad input
+file, carrying the skip ``kind`` so the same value feeds ``skipped.jsonl``.
 """
 
 from __future__ import annotations
 
 from formats.errors import ShardpackError
 
-__all__ = ["PackError", "PackInputError", "PackInterrupted", "UsageError"]
+__all__ = ["DestinationError", "PackError", "PackInputError", "PackInterrupted", "UsageError"]
 
 
 class PackError(ShardpackError):
@@ -17,7 +20,15 @@ class PackError(ShardpackError):
 
 
 class UsageError(PackError):
-    """Options or paths that contradict each other; nothing was written."""
+    """Options or paths that contradict each other, seen without reading SRC or DST;
+    nothing was written (``pack-dataset``: exit status 2, with the usage block)."""
+
+
+class DestinationError(PackError):
+    """DST cannot take the pack as it is: it holds files shardpack did not write, a
+    manifest that is not ours, a dataset (without ``overwrite``), or it cannot be
+    created or written. Found by looking at DST, so a data error (``pack-dataset``:
+    exit status 1, one line); nothing was written."""
 
 
 class PackInputError(PackError):

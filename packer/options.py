@@ -167,6 +167,12 @@ class PackOptions:
             if type_ not in TYPES:
                 raise UsageError(f"--field {name}={type_}: unknown type; choose from "
                                  f"{', '.join(TYPES)}")
+        if "path" in names:
+            raise UsageError("--field cannot type 'path': it names the file to read")
+        if ("label", "str") in pairs:
+            raise UsageError("--field label=str: a text 'label' column always becomes class "
+                             "indices (their names are the manifest's classes); give the "
+                             "column another name to keep it as text")
 
     @property
     def num_workers(self) -> int:

@@ -16,10 +16,10 @@ from typing import Any
 from formats.checksum import crc32c
 from formats.codecs.folders import Listing
 from formats.codecs.paths import expand_inputs
-from formats.errors import FormatError
+from formats.errors import FormatError, InputError
 from formats.version import package_version
 
-from .errors import UsageError
+from .errors import DestinationError, UsageError
 from .options import PackOptions
 from .work import WorkOptions
 
@@ -31,9 +31,9 @@ def check_paths(src: Path | None, dst: Path) -> None:
     """SRC exists and DST is a folder outside it (what DST holds is the claim's business:
     :mod:`packer.destination`)."""
     if src is not None and not src.exists():
-        raise UsageError("SRC does not exist", path=src)
+        raise InputError("SRC does not exist", path=src)
     if dst.exists() and not dst.is_dir():
-        raise UsageError("DST exists and is not a folder", path=dst)
+        raise DestinationError("DST exists and is not a folder", path=dst)
     rs, rd = (src or dst).resolve(), dst.resolve()
     if src is not None and src.is_dir() and (rd == rs or rs in rd.parents):
         raise UsageError("DST is inside SRC; it would pack itself", path=dst)
@@ -99,7 +99,7 @@ def pattern_files(src: Path) -> list[Path] | None:
     pattern).
 
     Raises:
-        UsageError: a pattern that matches no file.
+        InputError: a pattern that matches no file.
     """
     import glob
     import re
@@ -110,7 +110,7 @@ def pattern_files(src: Path) -> list[Path] | None:
     try:
         return expand_inputs(text, ("",))
     except FormatError:
-        raise UsageError("SRC is a pattern (glob or braces) that matches no file; a pattern "
+        raise InputError("SRC is a pattern (glob or braces) that matches no file; a pattern "
                          "names container files (tfrecord, webdataset, parquet), never "
                          "folders", path=src) from None
 

@@ -47,13 +47,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from formats.codecs.folders import BUILTIN_SOURCES, Listing, list_source
-from formats.errors import ShardpackError
+from formats.errors import InputError, ShardpackError
 from formats.fields import IMAGE_TYPES, stored_image_type
 from formats.shard import ownership
 from formats.shard.manifest import MANIFEST_NAME, Manifest, manifest_bytes, read_manifest
 from formats.storage import display_uri, is_uri
 
-from .errors import PackError, PackInterrupted, UsageError
+from .errors import DestinationError, PackError, PackInterrupted, UsageError
 from .loop import pack_listing
 from .options import PackOptions
 from .plan import check_paths, created_by, listing_fingerprint, shuffle_order
@@ -294,10 +294,10 @@ def _check(src: Path | None, dst: str, options: PackOptions) -> None:
         check_paths(src, Path(dst))
         return
     if src is not None and not src.exists():
-        raise UsageError("SRC does not exist", path=src)
+        raise InputError("SRC does not exist", path=src)
     if Output(dst).location.exists(MANIFEST_NAME) and not options.overwrite:
-        raise UsageError("DST is already a dataset; pass --overwrite to replace it",
-                         path=display_uri(dst))
+        raise DestinationError("DST is already a dataset; pass --overwrite to replace it",
+                               path=display_uri(dst))
 
 
 def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,

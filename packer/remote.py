@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from formats.codecs.folders import LIST_EXTENSIONS, detect_remote, list_remote, list_remote_file
-from formats.errors import ManifestError, StorageError
+from formats.errors import InputUsageError, ManifestError, StorageError
 from formats.files import try_lock
 from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest, read_manifest
 from formats.shard.ownership import dataset_files
@@ -39,7 +39,7 @@ from formats.storage import (
     open_location,
 )
 
-from .errors import PackError, UsageError
+from .errors import DestinationError, PackError, UsageError
 from .options import PackOptions
 from .report import PackProgress, PackSummary
 from .resolve import detect_source, open_source
@@ -73,7 +73,7 @@ def open_remote_source(src: str, options: PackOptions, *, copy: bool = True
             ``(kind or None, None, None)``.
 
     Raises:
-        UsageError: nothing recognizes SRC, or ``--from filelist`` names a folder.
+        InputError: nothing recognizes SRC, or ``--from filelist`` names a folder.
         PackError: another pack holds the local copy of SRC.
         StorageError: storage failed (names the object).
     """
@@ -96,8 +96,8 @@ def open_remote_source(src: str, options: PackOptions, *, copy: bool = True
         if kind in ("imagefolder", "files"):
             return kind, list_remote(kind, location, to_jpeg=to_jpeg, names=names), None
         if kind == "filelist":
-            raise UsageError("--from filelist: give the list file itself as SRC",
-                             path=location.uri)
+            raise InputUsageError("--from filelist: give the list file itself as SRC",
+                                  path=location.uri)
     if not copy:
         return kind, None, None
     held = SourceCopy(src)
@@ -163,7 +163,7 @@ def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress |
             _publish_stage(stage, location, options.overwrite)
             return summary
         if location.exists(MANIFEST_NAME) and not options.overwrite:
-            raise UsageError("DST is already a dataset; pass --overwrite to replace it",
+            raise DestinationError("DST is already a dataset; pass --overwrite to replace it",
                              path=display_uri(dst))
         _probe(location)
         if not options.resume and stage.exists():
@@ -181,7 +181,7 @@ def _probe(location: Location) -> None:
     try:
         location.write_bytes(probe, b"")
     except StorageError as exc:
-        raise UsageError(f"cannot write to DST ({exc.message})", path=location.uri) from None
+        raise DestinationError(f"cannot write to DST ({exc.message})", path=location.uri) from None
     try:
         location.delete(probe)
     except StorageError as exc:  # a write-only role: packing needs no delete (replacing does)
@@ -206,7 +206,7 @@ def _dataset_objects(location: Location) -> set[str]:
     """The objects the dataset at ``location`` consists of (none when it has no manifest).
 
     Raises:
-        UsageError: a ``manifest.json`` that is not a valid one (never replaced).
+        DestinationError: a ``manifest.json`` that is not a valid one (never replaced).
     """
     if not location.exists(MANIFEST_NAME):
         return set()
@@ -214,7 +214,7 @@ def _dataset_objects(location: Location) -> set[str]:
     try:
         manifest = decode_manifest(raw, display_uri(location.uri_of(MANIFEST_NAME)))
     except ManifestError as exc:
-        raise UsageError(f"DST holds a manifest.json that is not a valid shardpack manifest "
+        raise DestinationError(f"DST holds a manifest.json that is not a valid shardpack manifest "
                          f"({exc.message}); it is never replaced: remove it yourself",
                          path=display_uri(location.uri)) from None
     return dataset_files(manifest)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from formats.codecs.folders import BUILTIN_SOURCES, Listing, detect_builtin, list_source
+from formats.errors import InputError, InputUsageError
 from formats.shard import ownership
 from formats.storage import is_uri
 
@@ -73,7 +74,8 @@ def detect_source(src: Path) -> str:
     """The source kind of SRC: our shards, a registry codec's, or a built-in one.
 
     Raises:
-        UsageError: nothing recognizes SRC.
+        InputError: SRC is an unfinished pack of ours.
+        InputUsageError: nothing recognizes SRC.
     """
     reg = registry()
     if reg is not None and hasattr(reg, "detect"):
@@ -83,13 +85,13 @@ def detect_source(src: Path) -> str:
     if src.is_dir():
         found = ownership.survey(src)
         if found.dataset is None and (found.journal or found.ray_plan):
-            raise UsageError("SRC is a pack that did not finish (it holds our journal and no "
+            raise InputError("SRC is a pack that did not finish (it holds our journal and no "
                              "manifest.json): finish it with --resume (the same SRC and "
                              "options, this folder as DST), or remove it; --from files "
                              "packs its files as they are", path=src)
     kind = detect_builtin(src)
     if kind is None:
-        raise UsageError("cannot tell what SRC is; name it with --from", path=src)
+        raise InputUsageError("cannot tell what SRC is; name it with --from", path=src)
     return kind
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from formats import DatasetWriter, open_shards
 from formats.base import Record
 from formats.codecs.folders import BUILTIN_SOURCES, Listing
+from formats.errors import InputUsageError
 from formats.fields import IMAGE_TYPES
 from formats.shard import ownership
 from formats.storage import display_uri, is_uri, local_path
@@ -61,7 +62,10 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         The counters; ``complete`` is true once the output is complete.
 
     Raises:
-        UsageError: bad options or paths; nothing was written.
+        UsageError: options that contradict each other; nothing was written.
+        DestinationError: DST cannot take the pack as it is; nothing was written.
+        InputError: SRC is missing or not what the options say it is (an
+            ``InputUsageError``); nothing was written.
         PackInputError: a bad input with ``on_error="fail"`` (names file, kind, reason).
         PackError: any other data problem (a file list that does not parse...).
         PackInterrupted: Ctrl-C; sealed shards are kept for ``resume``.
@@ -110,8 +114,8 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         root = src
     if (options.max_side or options.to_jpeg) \
             and not any(f.type in IMAGE_TYPES for f in source.fields):
-        raise UsageError("SRC has no image field: --max-side and --to-jpeg would change "
-                         "nothing", path=display_uri(src))
+        raise InputUsageError("SRC has no image field: --max-side and --to-jpeg would "
+                              "change nothing", path=display_uri(src))
     summary = PackSummary(display_uri(src), display_uri(dst), kind, options.sink)
 
     def run(folder: Path) -> PackSummary:

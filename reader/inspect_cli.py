@@ -7,8 +7,10 @@ folder named ``info``?) the first word is the dataset, as it always was.
 
 Subcommands are rows of :data:`COMMANDS` (name, handler, configure_parser, help);
 add one by appending a row. Handlers live in :mod:`reader.inspect_commands`; each
-returns an exit status: 0 ok, 1 damaged or bad data, 2 usage. No traceback
-reaches the user for bad data or a failing disk: those print
+returns an exit status: 0 ok, 1 damaged or bad data or anything else found by
+reading DST (a record index out of range, a field it does not have), 2 usage: the
+command line by itself (argparse, with the usage block). No traceback reaches the
+user for bad data or a failing disk: those print one line,
 ``inspect-shards: error: <message>``.
 
 DST may be a URI (``s3://bucket/dataset``): the dataset is read through the local
@@ -26,7 +28,6 @@ unless ``--follow-symlinks`` (FORMAT.md, §8).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -44,8 +45,7 @@ from .inspect_commands import (
     cmd_show,
     cmd_stats,
     cmd_verify,
-    error,
-    say,
+    refuse,
 )
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -176,17 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `inspect-shards DST ls | head`: the reader has all it wanted
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more is flushed to the pipe
         return 0
-    except IndexError as exc:  # a record index out of range: a usage error
-        error(str(exc.args[0]) if exc.args else str(exc))
-        return 2
+    except IndexError as exc:  # a record index out of range: found by reading DST
+        return refuse(args, str(exc.args[0]) if exc.args else str(exc))
     except (ShardpackError, OSError) as exc:
         message = str(exc)
         if isinstance(exc, UnsafePathError) and not args.follow_symlinks:
             message += " (inspect-shards: pass --follow-symlinks)"
-        if args.json:
-            say(json.dumps({"ok": False, "error": message}))
-        error(message)
-        return 1
+        return refuse(args, message)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """The handlers of ``inspect-shards`` (:mod:`reader.inspect_cli`) and their tables.
 
 Each ``cmd_*`` takes the parsed arguments and returns an exit status: 0 ok, 1
-damaged or bad data, 2 usage. The figures come from :mod:`formats.shard.summary` and
+damaged or bad data, or anything else found by reading DST (a record index out of
+range, a field or a label it does not have): one line, through :func:`refuse`.
+Usage (status 2, with the usage block) is argparse's alone: what the command line
+says by itself. The figures come from :mod:`formats.shard.summary` and
 :func:`formats.verify_dataset`; this module only formats them (a table for
 people, ``--json`` for scripts); a record's values print as one line each,
 excerpted (``show``). Names and values come from files that may hold anything:
@@ -34,7 +37,7 @@ from formats.shard.summary import (
 from .dataset import open_dataset
 
 __all__ = ["cmd_extract", "cmd_info", "cmd_ls", "cmd_monitor_report", "cmd_show", "cmd_stats",
-           "cmd_verify", "error", "say"]
+           "cmd_verify", "error", "refuse", "say"]
 
 
 def _printable(text: str, stream) -> str:
@@ -52,6 +55,15 @@ def say(text: str, stream=None) -> None:
 def error(text: str) -> None:
     """Print ``inspect-shards: error: <text>`` on stderr."""
     say(f"inspect-shards: error: {text}", sys.stderr)
+
+
+def refuse(args: argparse.Namespace, message: str) -> int:
+    """Report what DST does not allow (with ``--json``, also as ``{"ok": false}`` on
+    stdout); returns exit status 1."""
+    if getattr(args, "json", False):
+        say(json.dumps({"ok": False, "error": message}))
+    error(message)
+    return 1
 
 
 def _emit(args, obj, text: str) -> None:
@@ -179,9 +191,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         classes = dataset_info(args.dst, follow_symlinks=args.follow_symlinks)["classes"]
         try:
             label = resolve_label(classes, label)
-        except ValueError as exc:  # names no class: a usage error
-            error(str(exc))
-            return 2
+        except ValueError as exc:  # names no class of this dataset
+            return refuse(args, str(exc))
     rows = list_records(args.dst, offset=args.offset, limit=args.limit, label=label,
                         follow_symlinks=args.follow_symlinks)
     text = _table([[r["index"], r["key"], r["label"], r["size"],
@@ -258,11 +269,9 @@ def cmd_extract(args: argparse.Namespace) -> int:
             try:
                 field = default_field(ds)
             except ValueError as exc:
-                error(str(exc))
-                return 2
+                return refuse(args, str(exc))
         if field not in ds.field_index:
-            error(f"no field {field!r}; fields are {[f.name for f in ds.fields]}")
-            return 2
+            return refuse(args, f"no field {field!r}; fields are {[f.name for f in ds.fields]}")
         data = field_bytes(ds, args.index, field)
         out = Path(args.out)
         if _is_folder(args.out):

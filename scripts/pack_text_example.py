@@ -71,7 +71,7 @@ def sample(i: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from packer import UsageError, format_summary, pack_samples
+    from packer import DestinationError, UsageError, format_summary, pack_samples
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="/tmp/shardpack-text.shards", help="output folder")
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"pack_text_example: error: {exc}", file=sys.stderr)
         return 2
+    except DestinationError as exc:  # --out holds a dataset or other files: found there
+        print(f"pack_text_example: error: {exc}", file=sys.stderr)
+        return 1
     print(format_summary(summary), file=sys.stderr)
     print(os.path.abspath(args.out))
     return 0

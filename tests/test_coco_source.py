@@ -258,7 +258,7 @@ def test_max_side_scales_boxes_polygons_area_and_size_with_the_image(tmp_path, r
         pack(images_dir, tmp_path / "rle", opts(ann, max_side=64))
     assert not (tmp_path / "rle" / "manifest.json").exists()
     assert main([str(images_dir), str(tmp_path / "rle"), "--annotations", str(ann),
-                 "--max-side", "64", "-q"]) == 2
+                 "--max-side", "64", "-q"]) == 1  # found in SRC: a data error
 
 
 def test_the_command_line_names_coco_options_and_refuses_misuse(tmp_path, rng, capsys):
@@ -270,10 +270,13 @@ def test_the_command_line_names_coco_options_and_refuses_misuse(tmp_path, rng, c
     assert out["records_written"] == 2 and out["skipped_by_kind"] == {"no-annotations": 1}
     for argv in (["--from", "coco"], ["--drop-empty"], ["--from", "files", "--annotations", str(ann)],
                  ["--annotations", str(ann), "--field", "boxes=float32"],
-                 ["--annotations", str(ann), "--to", "imagefolder"],
-                 ["--annotations", str(tmp_path / "nope.json")]):
+                 ["--annotations", str(ann), "--to", "imagefolder"]):
         assert main([str(images_dir), str(tmp_path / "x"), "-q", *argv]) == 2, argv
         assert "error:" in capsys.readouterr().err
+    # A missing file is found by looking, as a missing SRC is: a data error.
+    assert main([str(images_dir), str(tmp_path / "x"), "-q", "--annotations",
+                 str(tmp_path / "nope.json")]) == 1
+    assert "nope.json: --annotations: no such file" in capsys.readouterr().err
     ann.write_text('{"images": 3}')
     assert main([str(images_dir), str(tmp_path / "y"), "-q", "--annotations", str(ann)]) == 1
     assert "annotations.json" in capsys.readouterr().err

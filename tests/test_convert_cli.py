@@ -55,10 +55,10 @@ def test_unknown_format_is_usage_error(tmp_path, packed, capsys):
     assert cli.main([str(src), str(tmp_path / "x"), "--to", "zip", "--quiet"]) == 2
 
 
-def test_a_folder_source_given_the_wrong_kind_of_src_is_usage_error(tmp_path, capsys):
-    (tmp_path / "list.txt").write_text("not a folder")
+def test_a_folder_source_given_the_wrong_kind_of_src_is_a_data_error(tmp_path, capsys):
+    (tmp_path / "list.txt").write_text("not a folder")  # found by looking at SRC
     assert cli.main([str(tmp_path / "list.txt"), str(tmp_path / "out"), "--from", "imagefolder",
-                     "--quiet"]) == 2
+                     "--quiet"]) == 1
     assert "--from imagefolder needs a folder" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     (tmp_path / "rows.csv").write_text("name\nx.jpg\n")  # no 'path' column: data, not usage
@@ -88,9 +88,14 @@ def test_src_as_a_glob_or_brace_pattern(tmp_path, packed, capsys):
     assert [bytes(r["image"]) for r in open_shards(tmp_path / "b")] == [
         r["image"] for r in recs[:3] + recs[6:]]
     capsys.readouterr()
-    assert cli.main([str(tmp_path / "tf" / "nope-*.tfrecord"), str(tmp_path / "n")]) == 2
+    assert cli.main([str(tmp_path / "tf" / "nope-*.tfrecord"), str(tmp_path / "n")]) == 1
     assert "matches no file" in capsys.readouterr().err
-    assert cli.main([str(tmp_path / "pack*"), str(tmp_path / "n"), "--from", "imagefolder"]) == 2
+    assert cli.main([str(tmp_path / "pack*"), str(tmp_path / "n"), "--from", "imagefolder"]) == 1
+    assert "matches no file" in capsys.readouterr().err
+    # A pattern for a source that reads one folder is wrong whatever it matches: usage.
+    assert cli.main([str(tmp_path / "tf" / "shard-*.tfrecord"), str(tmp_path / "n"),
+                     "--from", "imagefolder"]) == 2
+    assert "reads one folder or list" in capsys.readouterr().err
     assert not (tmp_path / "n").exists()
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import formats
-from formats.errors import InputError, InputUsageError
+from formats.errors import InputError
 from packer import PackInputError, PackOptions, UsageError, pack
 from packer.cli import main
 from tests.helpers_packer import jpeg
@@ -151,10 +151,14 @@ def test_list_columns_survive_other_formats(tmp_path, rng):
 
 def test_field_misuse_is_a_usage_error(tmp_path, rng, capsys):
     lst = jsonl(tmp_path, rng, {"v": [[1], [2]]})
-    for argv in (["--field", "nope=json"], ["--field", "path=str"], ["--field", "v=float128"],
+    for argv in (["--field", "path=str"], ["--field", "v=float128"],
                  ["--field", "v=json", "--field", "v=int"]):
         assert main([str(lst), str(tmp_path / "x"), "-q", *argv]) == 2, argv
         assert "--field" in capsys.readouterr().err
+    # A column the list does not have is found by reading SRC: a data error, one line.
+    assert main([str(lst), str(tmp_path / "x"), "-q", "--field", "nope=json"]) == 1
+    err = capsys.readouterr().err
+    assert "--field names ['nope']" in err and "usage:" not in err
     with pytest.raises(SystemExit) as info:  # argparse's own usage error
         main([str(lst), str(tmp_path / "x"), "--field", "v"])
     assert info.value.code == 2 and "expected NAME=TYPE" in capsys.readouterr().err
@@ -209,7 +213,7 @@ def test_an_integer_beyond_int64_is_a_bad_row_named_by_line(tmp_path, rng, suffi
 def test_field_label_str_is_refused_not_ignored(tmp_path, rng):
     (tmp_path / "0.jpg").write_bytes(jpeg(rng))
     (tmp_path / "list.csv").write_text("path,label\n0.jpg,cat\n")
-    with pytest.raises(InputUsageError, match=r"label=str.*another name"):
+    with pytest.raises(UsageError, match=r"label=str.*another name"):
         pack(tmp_path / "list.csv", tmp_path / "ds", opts(field_types=(("label", "str"),)))
     assert not (tmp_path / "ds").exists()
     assert main([str(tmp_path / "list.csv"), str(tmp_path / "ds"), "--field", "label=str"]) == 2

@@ -200,12 +200,12 @@ def test_files_the_writer_cannot_store_are_named_and_skippable(tmp_path, name, b
 
 @pytest.mark.parametrize("option", [{"max_side": 64}, {"to_jpeg": True}])
 def test_image_options_on_files_without_images_are_refused(tmp_path, option):
-    from packer import UsageError
+    from formats.errors import InputUsageError
 
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.txt").write_text("hello")
     (src / "b.txt").write_text("world")
-    with pytest.raises(UsageError, match="no image field"):
+    with pytest.raises(InputUsageError, match="no image field"):
         pack(src, tmp_path / "ds", opts(source="files", **option))
     assert not (tmp_path / "ds").exists()

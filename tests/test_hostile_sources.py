@@ -442,7 +442,7 @@ CLI_CASES = {
     "stats on an odd folder name": (["stats"], 0, "records: 9"),
     "ls on an odd folder name": (["ls"], 0, "index"),
     "info --json on an odd folder name": (["info", "--json"], 0, "ds-\\udcff"),
-    "show of a missing record names it": (["show", "99"], 2, "inspect-shards: error: "),
+    "show of a missing record names it": (["show", "99"], 1, "inspect-shards: error: "),
 }
 
 

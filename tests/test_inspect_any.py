@@ -312,4 +312,4 @@ def test_extract_takes_a_raw_field_extension_from_its_name_or_the_key(tmp_path, 
         code, _, err = run(capsys, root, "extract", index, "--field", field, "--out", f"{tmp_path}/o/")
         assert code == 0 and (tmp_path / "o" / name).exists(), (name, err)
     code, _, err = run(capsys, root, "extract", "0", "--out", tmp_path / "x")  # no image field
-    assert code == 2 and "--field" in err and "'blob'" in err
+    assert code == 1 and "--field" in err and "'blob'" in err

@@ -18,7 +18,7 @@ import pytest
 import formats
 from formats.codecs.registry import convert, open_source
 from formats.shard.ownership import LEDGER_NAME, survey
-from packer import PackError, PackOptions, UsageError, pack
+from packer import DestinationError, PackError, PackOptions, pack
 from packer.cli import main
 from packer.destination import _lock, claim
 from tests.helpers_codecs import make_dataset, make_records
@@ -96,7 +96,7 @@ def test_every_source_refuses_a_folder_of_user_files_and_packs_beside_them(tmp_p
     dst = tmp_path / "out"
     dst.mkdir()
     plant(dst)
-    with pytest.raises(UsageError, match=r"did not write.*part-1\.pdf"):
+    with pytest.raises(DestinationError, match=r"did not write.*part-1\.pdf"):
         pack(src, dst, opts(source=kind))
     assert user_files_intact(dst) and sorted(survey(dst).foreign) == sorted(
         {n.split("/")[0] for n in USER_FILES})
@@ -115,11 +115,11 @@ def test_every_sink_keeps_user_files_and_replaces_only_its_own_output(tmp_path, 
     dst = tmp_path / "out"
     dst.mkdir()
     plant(dst)
-    with pytest.raises(UsageError, match="did not write"):
+    with pytest.raises(DestinationError, match="did not write"):
         pack(src, dst, opts(sink=sink))
     assert pack(src, dst, opts(sink=sink, overwrite=True)).complete
     assert user_files_intact(dst) and records_of(dst, sink) == 9
-    with pytest.raises(UsageError, match="already a dataset"):
+    with pytest.raises(DestinationError, match="already a dataset"):
         pack(other, dst, opts(sink=sink))
     assert pack(other, dst, opts(sink=sink, overwrite=True)).complete
     assert user_files_intact(dst) and records_of(dst, sink) == 5  # nothing of the first left
@@ -144,7 +144,7 @@ def test_a_damaged_manifest_is_never_replaced(tmp_path, rng):
     dst.mkdir()
     (dst / "manifest.json").write_text('{"not": "ours"}')
     for overwrite in (False, True):
-        with pytest.raises(UsageError, match="not a valid shardpack manifest"):
+        with pytest.raises(DestinationError, match="not a valid shardpack manifest"):
             pack(src, dst, opts(overwrite=overwrite))
     assert (dst / "manifest.json").read_text() == '{"not": "ours"}'
 
@@ -265,14 +265,14 @@ def test_a_replace_killed_after_moving_user_files_gives_them_back(tmp_path, rng)
     assert s.complete and user_files_intact(dst) and not dest.staging.exists()
 
 
-def test_cli_refusals_are_usage_errors_that_name_dst(tmp_path, rng, capsys):
+def test_cli_refusals_are_data_errors_that_name_dst(tmp_path, rng, capsys):
     src = make_source("imagefolder", tmp_path / "in", rng)
     dst = tmp_path / "out"
     dst.mkdir()
     plant(dst)
-    assert main([str(src), str(dst), "--quiet"]) == 2
+    assert main([str(src), str(dst), "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert str(dst) in err and "--overwrite" in err
+    assert str(dst) in err and "--overwrite" in err and "usage:" not in err
     assert main([str(src), str(dst), "--quiet", "--overwrite"]) == 0
     assert user_files_intact(dst)
 
@@ -483,10 +483,11 @@ def test_the_temp_files_of_a_killed_writer_not_yet_reaped_are_ours(tmp_path):
 
 
 def test_a_pack_that_did_not_finish_is_not_taken_for_a_folder_of_files(tmp_path):
-    from packer import PackOptions, UsageError, pack
+    from formats.errors import InputError
+    from packer import PackOptions, pack
 
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "_journal.jsonl").write_text('{"fields": []}\n')
-    with pytest.raises(UsageError, match=r"did not finish.*--resume"):
+    with pytest.raises(InputError, match=r"did not finish.*--resume"):
         pack(tmp_path / "half", tmp_path / "out", PackOptions(workers=0, durable=False))
     assert not (tmp_path / "out").exists()

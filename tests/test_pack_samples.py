@@ -12,6 +12,7 @@ import pytest
 import formats
 from formats import Field
 from packer import (
+    DestinationError,
     PackError,
     PackInputError,
     PackInterrupted,
@@ -224,11 +225,11 @@ def test_dst_is_claimed_like_the_command_line(tmp_path):
     dst = tmp_path / "ds"
     dst.mkdir()
     (dst / "notes.txt").write_text("mine")
-    with pytest.raises(UsageError, match="did not write"):
+    with pytest.raises(DestinationError, match="did not write"):
         pack_samples(flaky, range(3), dst, schema={"x": "int"}, workers=0, **FAST)
     pack_samples(make, range(3), dst, workers=0, overwrite=True, **FAST)
     assert (dst / "notes.txt").read_text() == "mine"
-    with pytest.raises(UsageError, match="already a dataset"):
+    with pytest.raises(DestinationError, match="already a dataset"):
         pack_samples(make, range(3), dst, workers=0, **FAST)
 
 

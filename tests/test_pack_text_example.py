@@ -22,6 +22,9 @@ def test_it_packs_documents_with_byte_tokens_and_prints_the_folder(tmp_path, cap
         assert tokens[-1] == ex.EOD and (tokens[:-1] < 256).all()
         assert bytes(tokens[:-1].astype(np.uint8)).decode("utf-8") == text
     assert int(max(ds[i]["tokens"].max() for i in range(len(ds)))) == ex.VOCAB_SIZE - 1
+    # Again without --overwrite: found in --out, so one line and status 1, no traceback.
+    assert ex.main(["--out", str(out), "--docs", "40", "--workers", "0"]) == 1
+    assert "already a dataset" in capsys.readouterr().err
 
 
 def test_the_corpus_is_deterministic_and_not_ascii_only():

@@ -10,6 +10,7 @@ import types
 import pytest
 
 import formats
+from formats.errors import InputUsageError
 from packer import (
     PackInterrupted,
     PackOptions,
@@ -269,7 +270,7 @@ def test_cli_json_and_exit_codes(tmp_path, rng, capsys):
     assert main([str(src), str(dst), "--json", "--quiet", "--workers", "0"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["records_written"] == 10 and out["complete"]
-    assert main([str(src), str(dst), "--quiet"]) == 2  # already a dataset
+    assert main([str(src), str(dst), "--quiet"]) == 1  # already a dataset: found in DST
     assert "--overwrite" in capsys.readouterr().err
     assert main([str(src), str(dst), "--quiet", "--overwrite", "--shard-size", "1KB"]) == 0
     assert formats.open_shards(dst).manifest.shards.__len__() > 1
@@ -414,7 +415,7 @@ def test_an_option_that_would_change_nothing_is_refused(tmp_path, rng, capsys):
     blobs = tmp_path / "blobs"
     with formats.DatasetWriter(blobs, [formats.Field("n", "int")], records_per_shard=2) as w:
         w.write({"n": 1})
-    with pytest.raises(UsageError, match="no image field"):
+    with pytest.raises(InputUsageError, match="no image field"):
         pack(blobs, tmp_path / "e", opts(max_side=8))
     assert main([str(src), str(tmp_path / "q"), "--quiet", "--max-side", "8",
                  "--quality", "70"]) == 0

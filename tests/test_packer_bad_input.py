@@ -10,7 +10,7 @@ import pytest
 
 import formats
 from formats.errors import InputError
-from packer import PackError, PackInputError, PackOptions, UsageError, pack
+from packer import DestinationError, PackError, PackInputError, PackOptions, UsageError, pack
 from tests.helpers_packer import image_folder, jpeg
 
 
@@ -153,7 +153,7 @@ def test_dst_already_a_dataset(tmp_path, rng):
     image_folder(src, rng)
     pack(src, tmp_path / "dst", opts())
     before = (tmp_path / "dst" / "manifest.json").read_bytes()
-    with pytest.raises(UsageError, match="already a dataset"):
+    with pytest.raises(DestinationError, match="already a dataset"):
         pack(src, tmp_path / "dst", opts())
     assert (tmp_path / "dst" / "manifest.json").read_bytes() == before
     (src / "cat" / "000.jpg").unlink()
@@ -173,7 +173,7 @@ def test_skip_list_removed_when_overwritten_clean(tmp_path, rng):
 
 
 def test_missing_src(tmp_path):
-    with pytest.raises(UsageError, match="does not exist"):
+    with pytest.raises(InputError, match="does not exist"):
         pack(tmp_path / "nope", tmp_path / "dst", opts())
 
 

@@ -192,7 +192,7 @@ def test_command_line(tmp_path, rng, capsys):
     dst = tmp_path / "out"
     assert main([str(src), str(dst), "--quiet", "--workers", "0"]) == 0  # a local dataset
     args = [str(src), str(dst), "--engine", "ray", "--task-records", "12", "--json"]
-    assert main(args) == 2  # already a dataset
+    assert main(args) == 1  # already a dataset: found in DST
     assert "--overwrite" in capsys.readouterr().err
     assert main([*args, "--overwrite"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -337,9 +337,9 @@ def test_pack_to_s3_and_back(endpoint, tmp_path, monkeypatch):
         pack(src, dst, options)
     from packer.cli import main
 
-    assert main([str(src), dst, "--quiet"]) == 2  # usage: DST is a dataset
+    assert main([str(src), dst, "--quiet"]) == 1  # found in DST: it is a dataset
     gone = s3_uri(endpoint, "no-such-bucket", "x")
-    assert main([str(src), gone, "--quiet", "--records-per-shard", "4"]) == 2  # cannot write
+    assert main([str(src), gone, "--quiet", "--records-per-shard", "4"]) == 1  # cannot write
     mine = {"notes.rec": b"mine", "part-1.pdf": b"%PDF", "shard-notes.idx": b"idx"}
     for name, data in mine.items():  # a user's objects beside the dataset
         open_location(dst).write_bytes(name, data)

@@ -537,12 +537,6 @@ def _list_file(src: Path, to_jpeg: bool, *, text: str | None = None, location=No
     where = where or src
     rows, lines = _read_rows(src, text, where)
     names = list(rows[0]) if rows else []
-    if "path" in field_types:
-        raise InputUsageError("--field cannot type 'path': it names the file to read", path=where)
-    if field_types.get("label") == "str":
-        raise InputUsageError("--field label=str: a text 'label' column always becomes class "
-                              "indices (their names are the manifest's classes); give the "
-                              "column another name to keep it as text", path=where)
     unknown = sorted(set(field_types) - set(names))
     if unknown:
         raise InputUsageError(f"--field names {unknown}, which the list has no column of to "
