@@ -97,7 +97,8 @@ class Cursor:
 
     Attributes:
         epoch: the current epoch.
-        position: the next batch of ``epoch`` to deliver.
+        position: the next batch of ``epoch`` to deliver in the running (or last) loop;
+            the loader moves it when a new loop starts (``Loader._start_loop``).
         skipped: records skipped so far (``on_error="skip"``), all epochs.
         slowest: the longest issue-to-done time of a batch so far, all epochs (s):
             what a late batch is measured against.
@@ -275,8 +276,7 @@ class RawEpoch:
             batch = {k: v if isinstance(v, np.ndarray) else
                      [bytes(x) if isinstance(x, memoryview) else x for x in v]
                      for k, v in batch.items()}
-        k, self.k = self.k, self.k + 1
-        ctx.cursor.delivered(self.epoch, k)
+        k = self.k
         if ctx.monitor is not None:
             dt = time.perf_counter() - t0
             nbytes = 0
@@ -284,6 +284,8 @@ class RawEpoch:
                 nbytes += sum(map(len, batch[name]))
             ctx.monitor.on_batch(BatchTiming(k, self.epoch, -1, len(indices), nbytes, 0, 0.0, 0.0,
                                              0.0, dt, dt, dt, dt, dt, 0))
+        self.k = k + 1
+        ctx.cursor.delivered(self.epoch, k)  # last, as in Epoch._deliver
         return batch
 
     def shutdown(self) -> None:
@@ -548,7 +550,6 @@ class Epoch:
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)
-        cursor.delivered(self.epoch, k)
         self._adapt(waited)
         if ctx.scaler is not None and self.pool is not None:
             self._scale(t_call, waited, t.busy_s)
@@ -557,6 +558,9 @@ class Epoch:
             ctx.monitor.on_batch(timing)
         if self.next_deliver >= self.n and self.pool is not None:
             self._release_pool()  # nothing left to build: free (or hand back) the processes early
+        # Last: a KeyboardInterrupt (or a monitor's error) before this line loses the batch
+        # with the call, and state_dict() still names it as unseen.
+        cursor.delivered(self.epoch, k)
         return batch
 
     def _adapt(self, waited: float) -> None:

@@ -57,9 +57,18 @@ class Loader:
 
     Batches on CPU are leased views into a shared-memory slot: the slot is reused
     only once nothing refers to the batch (:mod:`reader.leases`); pass ``copy=True``
-    to get owned arrays. The loader is a cursor:
-    a new ``iter()`` continues where the last one stopped (``state_dict()`` says
-    where); the end of an epoch moves it to the next epoch's first batch.
+    to get owned arrays.
+
+    Loops are what PyTorch users know (torch's ``DataLoader``; torchdata's
+    ``StatefulDataLoader`` for resume): every ``iter()`` starts the current epoch at
+    its first batch, unless :meth:`load_state_dict` was called since the last
+    ``iter()``, which resumes exactly at the batch it names. An epoch whose last
+    batch was delivered is finished, and the next ``iter()`` starts the next epoch;
+    a loop left early (``break``, an exception, ``KeyboardInterrupt``) leaves the
+    epoch where it is, and a new loop reads it again from its first batch.
+    :meth:`state_dict`, taken in a loop or after one was left, names the next
+    unseen batch, so a new Loader given it continues there. One iterator runs at a
+    time: a new ``iter()`` ends the previous one.
 
     Args:
         source: a dataset folder or an open ``ShardDataset``.
@@ -189,6 +198,7 @@ class Loader:
         if self.monitor is not None and hasattr(self.monitor, "count_workers"):
             self.monitor.count_workers(self._worker_pids)
         self.cursor = Cursor()  # epoch, position (next batch to deliver), skipped, slowest
+        self._resume = False  # load_state_dict() since the last iter(): it starts there
         self._ring: SlotRing | None = None
         self._pool: WorkerPool | None = None  # persistent_workers only
         self._active: weakref.ref | None = None
@@ -375,10 +385,23 @@ class Loader:
         self._stop_active("a newer iter() of this Loader replaced this iterator: a Loader runs "
                           "one iterator at a time (zip(loader, loader), or next(iter(loader)) "
                           "inside a loop over it, reads one stream of batches, not two)")
+        self._start_loop()
         ctx = self._context()
         it = RawEpoch(ctx) if self.raw else Epoch(ctx)
         self._active = weakref.ref(it)
         return it
+
+    def _start_loop(self) -> None:
+        """Move the cursor to where a new ``iter()`` starts (the rule in the class docstring)."""
+        c = self.cursor
+        n = self.sampler.num_batches_in(c.epoch)
+        if 0 < n <= c.position:
+            # Every batch was delivered (by a loop not run to its end, or before a loaded
+            # state was saved): the epoch is finished.
+            c.finished(c.epoch, n)
+        elif not self._resume:
+            c.position = 0  # a loop left early: its epoch again, from the first batch
+        self._resume = False
 
     def _context(self) -> EpochContext:
         """What the next epoch gets from this loader (see :class:`reader.epoch.EpochContext`)."""
@@ -410,20 +433,24 @@ class Loader:
         self._active = None
 
     def set_epoch(self, epoch: int) -> None:
-        """Make ``epoch`` current; a different epoch starts at its first batch, the
-        current one keeps its position (so a resumed state survives the usual
+        """Make ``epoch`` current, starting at its first batch; the current epoch is left
+        as it is (so a state loaded by :meth:`load_state_dict` survives the usual
         ``set_epoch`` at the top of a training loop)."""
         if epoch != self.epoch:
             self._stop_active(f"set_epoch({epoch}) moved this Loader to another epoch")
             self.epoch, self.position = int(epoch), 0
+            self._resume = False
 
     def state_dict(self) -> dict:
-        """Where the loader is: the next batch to deliver, plus what the order depends on."""
+        """Where the loader is: the next unseen batch of the current (or last) loop, plus
+        what the order depends on. :meth:`load_state_dict` on any Loader of the same order
+        resumes there."""
         return {"epoch": self.epoch, "batch": self.position, "num_batches": len(self),
                 **self.sampler.describe()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue exactly at the batch after the last one delivered when ``state`` was taken.
+        """Make the next ``iter()`` continue exactly at the batch after the last one
+        delivered when ``state`` was taken (a running iterator is ended).
 
         Raises:
             ValueError: the state was taken with a different order, batching or partitioning.
@@ -446,6 +473,7 @@ class Loader:
                              "sampler), which this loader does not use: cannot resume exactly")
         self._stop_active("load_state_dict() moved this Loader to the saved position")
         self.epoch, self.position = int(state["epoch"]), int(state["batch"])
+        self._resume = True
 
     def stats(self) -> dict:
         """The monitor's figures, or a minimal dict when no monitor is attached."""

@@ -64,6 +64,14 @@ class TokenBlocks:
         seed, drop_last, rank, world_size: as for :class:`reader.Loader`.
         check_crc: verify each record's checksum the first time it is read.
 
+    Loops follow the Loader's rule: every ``iter()`` starts the current epoch at its
+    first batch, unless :meth:`load_state_dict` was called since the last ``iter()``;
+    an epoch whose last batch was delivered is finished (the next ``iter()`` starts
+    the next one); a loop left early leaves the epoch where it is; :meth:`state_dict`
+    names the next unseen batch of the running (or last) loop. One iterator runs at
+    a time: a new ``iter()``, :meth:`set_epoch` to another epoch or
+    :meth:`load_state_dict` ends the previous one (its next ``next()`` says why).
+
     Raises:
         ValueError: the field is not an integer ``[None]`` array, is compressed, or
             the dataset holds fewer than ``block_size + 1`` tokens.
@@ -109,7 +117,9 @@ class TokenBlocks:
         self.sampler = _BlockOrder(self.num_blocks, block_starts, self.batch_size or 1,
                                    self.options)
         self.epoch = 0
-        self.position = 0
+        self.position = 0  # the next batch of the running (or last) loop
+        self._resume = False  # load_state_dict() since the last iter(): it starts there
+        self._loop: _Loop | None = None  # the running iterator's
         # Records no block reads (no tokens, or only after the last whole block) need no
         # check: once every other one is checked, batches skip the check altogether.
         end = self.num_blocks * self.block_size + 1
@@ -192,20 +202,39 @@ class TokenBlocks:
     # -- iteration ---------------------------------------------------------------------
 
     def __iter__(self):
-        epoch, k = self.epoch, self.position
+        # Not a generator itself: where the loop starts is decided now, at iter().
         n = self.sampler.num_batches
+        if 0 < n <= self.position:
+            self.epoch, self.position = self.epoch + 1, 0  # every batch was delivered
+        elif not self._resume:
+            self.position = 0  # a loop left early: its epoch again, from the first batch
+        self._resume = False
+        self._end_loop("a newer iter() of this TokenBlocks replaced this iterator: one "
+                       "iterator runs at a time")
+        loop = self._loop = _Loop()
+        return self._serve(loop, self.epoch, self.position, n)
+
+    def _serve(self, loop: _Loop, epoch: int, k: int, n: int):
         if self.batch_size is None:
-            yield from self._views(epoch, k, n)
+            yield from self._views(loop, epoch, k, n)
         else:
             while k < n:
+                if loop.ended is not None:
+                    raise RuntimeError(loop.ended)
                 out = self._batch(epoch, k)
                 k += 1
                 self.position = k
                 yield out
-        if self.epoch == epoch:
+        if loop.ended is None and self.epoch == epoch:
             self.epoch, self.position = epoch + 1, 0
 
-    def _views(self, epoch: int, k: int, n: int):
+    def _end_loop(self, why: str) -> None:
+        """End the running iterator: its next ``next()`` raises ``RuntimeError(why)``."""
+        if self._loop is not None:
+            self._loop.ended = why
+            self._loop = None
+
+    def _views(self, loop: _Loop, epoch: int, k: int, n: int):
         """One block at a time: a row of the shard's overlapping-rows view (zero-copy)
         for a block inside a record, a copy for one across records. Per block only list
         lookups: the shard's file size is checked when the shard changes (a view is read
@@ -214,6 +243,8 @@ class TokenBlocks:
         shards, elems, ins = shard.tolist(), elem.tolist(), inside.tolist()
         current, rows = -1, None
         for i in range(k, n):
+            if loop.ended is not None:
+                raise RuntimeError(loop.ended)
             if self.check_crc and self._unverified:
                 self._verify(rec[i:i + 1])
             if ins[i]:
@@ -292,17 +323,22 @@ class TokenBlocks:
     # -- position ----------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Make ``epoch`` current (a different one starts at its first batch)."""
+        """Make ``epoch`` current, starting at its first batch; the current epoch is left
+        as it is (a loaded state survives ``set_epoch`` at the top of a training loop)."""
         if epoch != self.epoch:
+            self._end_loop(f"set_epoch({epoch}) moved this TokenBlocks to another epoch")
             self.epoch, self.position = int(epoch), 0
+            self._resume = False
 
     def state_dict(self) -> dict:
-        """The next batch to deliver, and what the block order depends on."""
+        """The next unseen batch of the running (or last) loop, and what the block order
+        depends on."""
         return {"epoch": self.epoch, "batch": self.position, "block_size": self.block_size,
                 "num_tokens": self.num_tokens, **self.sampler.describe()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue at the batch after the last one delivered when ``state`` was taken.
+        """Make the next ``iter()`` continue at the batch after the last one delivered when
+        ``state`` was taken (a running iterator is ended).
 
         Raises:
             ValueError: the state was taken with another order, block size or dataset.
@@ -312,9 +348,12 @@ class TokenBlocks:
             if key not in ("epoch", "batch") and state.get(key) != value:
                 raise ValueError(f"token state was saved with {key}={state.get(key)!r}, this "
                                  f"reader has {key}={value!r}: cannot resume exactly")
+        self._end_loop("load_state_dict() moved this TokenBlocks to the saved position")
         self.epoch, self.position = int(state["epoch"]), int(state["batch"])
+        self._resume = True
 
     def close(self) -> None:
+        self._end_loop("this TokenBlocks was closed")
         self._plan = None
         self._rows = {}
         if self._owns:
@@ -326,6 +365,14 @@ class TokenBlocks:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+class _Loop:
+    """One iterator of a :class:`TokenBlocks`; ``ended`` says why a newer call ended it."""
+
+    __slots__ = ("ended",)
+
+    def __init__(self) -> None:
+        self.ended: str | None = None
 
 
 class _BlockOrder(Sampler):

@@ -116,7 +116,11 @@ def _padding_mask(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
 
 
 class TorchLoader:
-    """Iterates a :class:`reader.Loader`, yielding dicts of torch tensors."""
+    """Iterates a :class:`reader.Loader`, yielding dicts of torch tensors.
+
+    Loops follow the Loader's rule (every ``iter()`` starts the current epoch at its
+    first batch unless ``load_state_dict()`` was called since; see :class:`reader.Loader`).
+    """
 
     def __init__(self, loader, *, channels_first: bool = False, dtype: Any = None,
                  padding_mask: bool = False) -> None:
@@ -130,8 +134,13 @@ class TorchLoader:
         return len(self.loader)
 
     def __iter__(self):
+        # The loader's iter() now, not at the first next(): the loop starts (and
+        # state_dict() describes it) when iter() is called, as with the Loader itself.
+        return self._tensors(iter(self.loader))
+
+    def _tensors(self, batches):
         field = self.loader.image_field or "image"
-        for batch in self.loader:
+        for batch in batches:
             yield to_torch(batch, channels_first=self.channels_first, dtype=self.dtype,
                            image_field=field, padding_mask=self.padding_mask)
 

@@ -30,6 +30,44 @@ def test_torch_loader_is_zero_copy_and_converts(ds_path):
         assert float(b["image"].min()) >= 0.0 and float(b["image"].max()) <= 1.0
 
 
+@pytest.mark.parametrize("how", ["break", "exception", "interrupt"])
+def test_torch_loops_start_the_epoch_again_and_resume_from_a_state(ds_path, how):
+    kw = dict(num_workers=2, shuffle=True, seed=5, transform=CropPipeline())
+    with Loader(ds_path, 8, **kw) as lo:
+        want = [b["label"].tolist() for b in TorchLoader(lo)]
+    with Loader(ds_path, 8, **kw) as lo:
+        tl = TorchLoader(lo)
+        seen = []
+        try:
+            for b in tl:
+                seen.append(b["label"].tolist())
+                if len(seen) == 3:
+                    if how == "break":
+                        break
+                    raise ValueError if how == "exception" else KeyboardInterrupt
+        except (ValueError, KeyboardInterrupt):
+            pass
+        state = tl.state_dict()
+        it = iter(tl)
+        assert tl.state_dict()["batch"] == 0  # the new loop's state, from iter() on
+        assert [b["label"].tolist() for b in it] == want
+    assert seen == want[:3] and state["batch"] == 3
+    with Loader(ds_path, 8, **kw) as lo:
+        tl = TorchLoader(lo)
+        tl.load_state_dict(state)
+        assert seen + [b["label"].tolist() for b in tl] == want
+
+
+def test_torch_dataloader_over_batches_starts_every_loop_at_the_first(ds_path):
+    with Loader(ds_path, 16, num_workers=0, shuffle=True, seed=4, transform=CropPipeline(),
+                copy=True) as lo:
+        dl = torch.utils.data.DataLoader(TorchBatchDataset(lo), batch_size=None, num_workers=0)
+        first = next(iter(dl))["label"]
+        assert torch.equal(next(iter(dl))["label"], first)
+        whole = [b["label"] for b in dl]
+        assert len(whole) == 4 and torch.equal(whole[0], first)
+
+
 def test_inside_torch_dataloader_matches_the_loader(ds_path):
     with Loader(ds_path, 16, num_workers=2, shuffle=True, seed=4, transform=CropPipeline(),
                 copy=True) as lo:

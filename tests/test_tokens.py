@@ -106,6 +106,67 @@ def test_resume_mid_epoch_is_exact(path, batch_size):
         other.load_state_dict(state)
 
 
+def _rows(batches):
+    return [np.array(b, copy=True) for b in batches]
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("how", ["break", "exception", "interrupt"])
+@pytest.mark.parametrize("batch_size", [None, 3])
+@pytest.mark.parametrize("order", [dict(seed=1), dict(shuffle="full", seed=2, rank=1,
+                                                      world_size=2, drop_last=True)])
+def test_a_new_loop_after_one_left_early_reads_the_whole_epoch(path, how, batch_size, order):
+    with TokenBlocks(path, 8, batch_size, **order) as tb:
+        tb.set_epoch(2)
+        want = [_rows(tb), _rows(tb)]
+    with TokenBlocks(path, 8, batch_size, **order) as tb:
+        tb.set_epoch(2)
+        seen = []
+        try:
+            for b in tb:
+                seen.append(np.array(b, copy=True))
+                if len(seen) == 2:
+                    if how == "break":
+                        break
+                    raise ValueError if how == "exception" else KeyboardInterrupt
+        except (ValueError, KeyboardInterrupt):
+            pass
+        state = tb.state_dict()
+        assert (state["epoch"], state["batch"]) == (2, 2) and _same(seen, want[0][:2])
+        it = iter(tb)
+        assert tb.state_dict()["batch"] == 0  # the state is the new loop's
+        assert _same(_rows(it), want[0])
+        assert _same(_rows(tb), want[1])  # the finished epoch moved to the next one
+    with TokenBlocks(path, 8, batch_size, **order) as tb:
+        tb.load_state_dict(state)
+        tb.set_epoch(2)  # keeps the loaded position
+        assert _same(_rows(tb), want[0][2:])
+        assert _same(_rows(tb), want[1])
+
+
+def test_token_loops_take_every_batch_or_give_way(path):
+    import itertools
+
+    with TokenBlocks(path, 8, 4, seed=3) as tb:
+        n = len(tb)
+        want = [_rows(tb) for _ in range(2)]
+        tb.set_epoch(0)
+        assert _same(_rows(itertools.islice(tb, n)), want[0])
+        assert _same(_rows(tb), want[1])  # every batch delivered: the epoch was finished
+        old = iter(tb)
+        next(old)
+        new = iter(tb)
+        with pytest.raises(RuntimeError, match="one iterator runs at a time"):
+            next(old)
+        next(new)
+        tb.set_epoch(7)
+        with pytest.raises(RuntimeError, match=r"set_epoch\(7\)"):
+            next(new)
+
+
 def test_epochs_differ(path):
     with TokenBlocks(path, 8, 64, seed=0) as tb:
         a = next(iter(tb))
