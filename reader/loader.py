@@ -50,7 +50,16 @@ __all__ = ["CpuSink", "Loader"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCH_SIZE = 256
+
+class _DefaultBatchSize(int):
+    """The Loader's default ``batch_size``, 256, which also says it was left out: with a
+    ``batch_sampler`` the sampler then sets the size (an explicit 256 is passed to it)."""
+
+    def __repr__(self) -> str:
+        return "256"
+
+
+DEFAULT_BATCH_SIZE = _DefaultBatchSize(256)
 
 class Loader:
     """Batches of a dataset as dicts of field -> numpy array (or list, for bytes/str fields).
@@ -72,9 +81,11 @@ class Loader:
 
     Args:
         source: a dataset folder or an open ``ShardDataset``.
-        batch_size: records per batch (None: 256); with ``batch_sampler``, what it
-            takes (``AspectRatioBatches``: the batch size, or None for its own;
-            ``BudgetBatches``: None, its budget decides).
+        batch_size: records per batch. A Loader always makes batches: ``None`` (torch's
+            "no batching") is refused; ``1`` gives batches of one record. With
+            ``batch_sampler``, leave it out for the sampler's own size
+            (``AspectRatioBatches(batch_size=...)``, ``BudgetBatches``' budget), or give
+            ``AspectRatioBatches()`` its size here.
         batch_sampler: size-aware batches (:mod:`reader.batching`):
             ``AspectRatioBatches(...)`` groups records of similar shape,
             ``BudgetBatches(...)`` bounds the pixels or tokens of a batch. Every
@@ -116,7 +127,7 @@ class Loader:
         device_options: ``reader.device.DeviceOptions`` for ``device="cuda"``.
     """
 
-    def __init__(self, source: str | Path | ShardDataset, batch_size: int | None = None, *,
+    def __init__(self, source: str | Path | ShardDataset, batch_size: int = DEFAULT_BATCH_SIZE, *,
                  batch_sampler: Any = None,
                  num_workers: int | str = "auto", prefetch: int | str = "auto",
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
@@ -133,12 +144,22 @@ class Loader:
                  worker_options: WorkerOptions | None = None,
                  device_options: Any = None) -> None:
         # Argument errors first, before anything is opened.
+        if batch_size is None:
+            raise TypeError(
+                "batch_size=None: a Loader always makes batches; leave batch_size out for the "
+                "batch sampler's own size" if batch_sampler is not None else
+                "batch_size=None: a Loader always makes batches (torch's batch_size=None, one "
+                "sample at a time, has no equivalent here); pass a number of records (leave it "
+                "out for 256; 1 for batches of one record), or read single records with "
+                "reader.open_dataset(path)[i]")
         if batch_sampler is None:
-            batch_size = check_batch_size(DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
+            batch_size = check_batch_size(batch_size)
         elif not hasattr(batch_sampler, "bind"):
             raise TypeError("batch_sampler must be a reader.batching.AspectRatioBatches or "
                             f"BudgetBatches, not {type(batch_sampler).__name__} {batch_sampler!r}")
-        elif batch_size is not None:
+        elif batch_size is DEFAULT_BATCH_SIZE:
+            batch_size = None  # left out: the batch sampler sets the size
+        else:
             batch_size = check_batch_size(batch_size)
         self.decode_options = group_options(
             DecodeOptions, decode_options, "decode_options", transform=transform, decode=decode,

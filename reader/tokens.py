@@ -53,8 +53,9 @@ class TokenBlocks:
     Args:
         source: a dataset folder or an open ``ShardDataset``.
         block_size: tokens per training example; each block holds ``block_size + 1``.
-        batch_size: blocks per batch (an ``[n, block_size + 1]`` array), or None for
-            one block at a time (a read-only zero-copy view when it lies in one record).
+        batch_size: blocks per batch (an ``[n, block_size + 1]`` array), or None (as
+            in torch: no batching) for one block at a time, a ``[block_size + 1]`` array
+            (a read-only zero-copy view when it lies in one record).
         field: the token field: an uncompressed integer ``ndarray`` of shape ``[None]``.
         shuffle: ``"block"`` (default): shards in a random order, then the blocks of
             each shard in a random order (LitData shuffles chunks, then items within

@@ -371,7 +371,7 @@ def test_budget_batches_vary_in_size_and_resume_exactly(det_path):
     from reader.batching import BudgetBatches
 
     def loader():
-        return Loader(det_path, None, batch_sampler=BudgetBatches(8 * 64 * 64, size="pixels"),
+        return Loader(det_path, batch_sampler=BudgetBatches(8 * 64 * 64, size="pixels"),
                       transform=DETECTION, shuffle=True, seed=2, num_workers=1, copy=True)
 
     with loader() as lo:

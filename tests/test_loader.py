@@ -234,6 +234,29 @@ def test_options_and_errors(ds_path):
     assert reader.options.resolve_num_workers("auto") >= 1
 
 
+def test_batch_size_has_one_meaning_per_spelling(ds_path):
+    from reader.batching import AspectRatioBatches, BudgetBatches
+
+    kw = dict(num_workers=0, transform=CropPipeline())
+    with Loader(ds_path, **kw) as lo:  # left out: 256
+        assert lo.batch_size == 256 and [len(b["label"]) for b in lo] == [200]
+        assert type(lo.state_dict()["batch_size"]) is int
+    # None is torch's "no batching", which a Loader does not do: refused, saying what to pass.
+    with pytest.raises(TypeError, match=r"always makes batches.*leave it out for 256; 1 for"):
+        Loader(ds_path, None, **kw)
+    budget = BudgetBatches(40 * 48 * 10, size="pixels")
+    with pytest.raises(TypeError, match="leave batch_size out for the batch sampler's own size"):
+        Loader(ds_path, None, batch_sampler=budget, **kw)
+    with Loader(ds_path, batch_sampler=budget, **kw) as lo:  # left out: the budget's size
+        assert lo.batch_size == 10
+    with pytest.raises(ValueError, match="batch_size=256 with BudgetBatches"):
+        Loader(ds_path, 256, batch_sampler=budget, **kw)  # given, even as 256: not left out
+    with Loader(ds_path, 16, batch_sampler=AspectRatioBatches(), **kw) as lo:
+        assert lo.batch_size == 16
+    with Loader(ds_path, batch_sampler=AspectRatioBatches(batch_size=16), **kw) as lo:
+        assert lo.batch_size == 16
+
+
 @pytest.mark.parametrize(("kw", "error", "words"), [
     ({"batch_size": "32"}, TypeError, "batch_size must be an int >= 1, not str '32'"),
     ({"batch_size": True}, TypeError, "not bool True"),

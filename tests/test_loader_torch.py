@@ -96,7 +96,7 @@ def test_batch_dataset_follows_its_own_epoch_and_masks_never_clash(tmp_path):
                        shard_size=None, records_per_shard=50) as w:
         for _ in range(200):
             w.write({"tokens": np.arange(rng.integers(1, 60), dtype=np.int32)})
-    with Loader(tmp_path / "d", None, batch_sampler=BudgetBatches(256, size="field:tokens"),
+    with Loader(tmp_path / "d", batch_sampler=BudgetBatches(256, size="field:tokens"),
                 collate={"tokens": "padded"}, shuffle=True, num_workers=0) as lo:
         ds = TorchBatchDataset(lo)
         counts = []

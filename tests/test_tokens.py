@@ -213,7 +213,7 @@ def test_budgeted_document_batches_through_the_loader(path, docs, padded):
     budget = 256
     spec = BudgetBatches(budget, size="field:tokens", padded=padded)
     collate = {"tokens": "padded" if padded else "ragged"}
-    with Loader(path, None, batch_sampler=spec, collate=collate, shuffle=True, seed=1,
+    with Loader(path, batch_sampler=spec, collate=collate, shuffle=True, seed=1,
                 num_workers=1, copy=True) as lo:
         batches = list(lo)
         # The slot holds the budget's rows, not the largest batch times the longest record.
@@ -230,7 +230,7 @@ def test_budgeted_document_batches_through_the_loader(path, docs, padded):
         seen += [tuple(r) for r in rows]
     assert sorted(seen) == sorted(tuple(d.astype(np.int32)) for d in docs)
     with pytest.raises(ValueError, match="budget"):
-        Loader(path, None, batch_sampler=BudgetBatches(100, size="field:tokens"))
+        Loader(path, batch_sampler=BudgetBatches(100, size="field:tokens"))
 
 
 def test_open_shards_stay_within_max_open(tmp_path, docs):
