@@ -1,6 +1,6 @@
 """Train a small object detector with the shardpack Loader; resumable from a checkpoint.
 
-    python -m scripts.train_detection_example --data /tmp/det --make-data --steps 300
+    python -m scripts.train_detection_example --data /tmp/det --make-data --steps 300 --checkpoint ckpt.pt
     python -m scripts.train_detection_example --data /tmp/det --steps 600 --resume ckpt.pt
 
 ``--make-data`` draws a COCO-style set (``scripts.synth.coco_detection``: coloured
@@ -18,8 +18,9 @@ a random flip that moves the boxes with the image, padding to a multiple of 32, 
 batches of one orientation (``AspectRatioBatches``), so little of a batch is
 padding. A batch holds the padded images with each one's size, and the boxes and
 labels as ragged arrays; ``to_torch`` turns those into lists of tensors, one per
-image. The checkpoint holds the model, the optimizer and ``loader.state_dict()``, so
-a resumed run continues at exactly the next unseen batch.
+image. The checkpoint (saved every ``--save-every`` steps and at the end of the run)
+holds the model, the optimizer and ``loader.state_dict()``, so a resumed run continues
+at exactly the next unseen batch (see :mod:`scripts.checkpoint`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from scripts import checkpoint
 
 STRIDE = 4  # input pixels per cell of the model's output grid
 WIDTH = 32  # channels of the backbone's last layer and of the heads
@@ -229,12 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) // 2),
                    help="torch's threads (default: half the cores; the Loader's workers "
                         "use the rest)")
-    p.add_argument("--checkpoint", type=Path, default=None, help="save here every --save-every steps")
-    p.add_argument("--save-every", type=int, default=100)
-    p.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
+    checkpoint.add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=25)
     args = p.parse_args(argv)
+    try:
+        checkpoint.check_arguments(p, args)
+    except checkpoint.CheckpointError as exc:
+        print(f"train_detection_example: error: {exc}", file=sys.stderr)
+        return 1
 
     try:
         import torch
@@ -263,13 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     untrained = build_model(num_classes)  # the same seed's starting point, kept for comparison
     untrained.load_state_dict(model.state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
-    step = 0
+    step, saved = 0, None  # saved: the step this run last saved at
     if args.resume is not None:
-        ckpt = torch.load(args.resume, weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        loader.load_state_dict(ckpt["loader"])
-        step = ckpt["step"]
+        try:
+            step = checkpoint.load(args.resume, model, opt, "loader", loader)
+        except checkpoint.CheckpointError as exc:
+            loader.close()
+            print(f"train_detection_example: error: {exc}", file=sys.stderr)
+            return 1
         print(f"resumed at step {step}, epoch {loader.epoch}, batch {loader.position}")
 
     t0, seen, loss_sum = time.perf_counter(), 0, 0.0
@@ -291,10 +298,12 @@ def main(argv: list[str] | None = None) -> int:
                           f"{seen / (time.perf_counter() - t0):.0f} img/s", flush=True)
                     loss_sum = 0.0
                 if args.checkpoint is not None and step % args.save_every == 0:
-                    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                "loader": loader.state_dict(), "step": step}, args.checkpoint)
+                    checkpoint.save(args.checkpoint, step, model, opt, "loader", loader)
+                    saved = step
                 if step >= args.steps:
                     break
+        if args.checkpoint is not None and saved != step:
+            checkpoint.save(args.checkpoint, step, model, opt, "loader", loader)
     print(f"done: {step} steps, {seen} images in {time.perf_counter() - t0:.1f} s", flush=True)
 
     with loader_for(args.data / "held_out", args.batch_size, train=False, short=short,

@@ -1,10 +1,11 @@
 """Train a small CNN with the shardpack Loader; resumable from a checkpoint.
 
-    python -m scripts.train_example --data /tmp/tiny-ds --make-data --steps 300
+    python -m scripts.train_example --data /tmp/tiny-ds --make-data --steps 300 --checkpoint ckpt.pt
     python -m scripts.train_example --data /tmp/tiny-ds --steps 600 --resume ckpt.pt
 
-The checkpoint holds the model, the optimizer and the loader's ``state_dict()``,
-so a resumed run continues at exactly the next unseen batch.
+The checkpoint (saved every ``--save-every`` steps and at the end of the run) holds
+the model, the optimizer and the loader's ``state_dict()``, so a resumed run continues
+at exactly the next unseen batch (see :mod:`scripts.checkpoint`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from scripts import checkpoint
 
 
 def make_data(root: Path, n: int, classes: int, side: int, seed: int = 0) -> None:
@@ -47,12 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300, help="total optimizer steps")
     p.add_argument("--workers", default="auto")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--checkpoint", type=Path, default=None, help="save here every --save-every steps")
-    p.add_argument("--save-every", type=int, default=100)
-    p.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
+    checkpoint.add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=50)
     args = p.parse_args(argv)
+    try:
+        checkpoint.check_arguments(p, args)
+    except checkpoint.CheckpointError as exc:
+        print(f"train_example: error: {exc}", file=sys.stderr)
+        return 1
 
     try:
         import torch
@@ -89,13 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         model = model.cuda(loader.device_options.device_id or 0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    step = 0
+    step, saved = 0, None  # saved: the step this run last saved at
     if args.resume is not None:
-        ckpt = torch.load(args.resume, weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        loader.load_state_dict(ckpt["loader"])
-        step = ckpt["step"]
+        try:
+            step = checkpoint.load(args.resume, model, opt, "loader", loader)
+        except checkpoint.CheckpointError as exc:
+            loader.close()
+            print(f"train_example: error: {exc}", file=sys.stderr)
+            return 1
         print(f"resumed at step {step}, epoch {loader.epoch}, batch {loader.position}")
 
     t0, seen, correct, total, loss_sum = time.perf_counter(), 0, 0, 0, 0.0
@@ -123,10 +130,12 @@ def main(argv: list[str] | None = None) -> int:
                           f"acc {correct / total:.3f}  {seen / dt:.0f} img/s", flush=True)
                     loss_sum, correct, total = 0.0, 0, 0
                 if args.checkpoint is not None and step % args.save_every == 0:
-                    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                "loader": loader.state_dict(), "step": step}, args.checkpoint)
+                    checkpoint.save(args.checkpoint, step, model, opt, "loader", loader)
+                    saved = step
                 if step >= args.steps:
                     break
+        if args.checkpoint is not None and saved != step:
+            checkpoint.save(args.checkpoint, step, model, opt, "loader", loader)
     print(f"done: {step} steps, {seen} images in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -1,6 +1,6 @@
 """Train a tiny byte-level language model on token blocks; resumable from a checkpoint.
 
-    python -m scripts.train_lm_example --data /tmp/text.shards --make-data --steps 300
+    python -m scripts.train_lm_example --data /tmp/text.shards --make-data --steps 300 --checkpoint lm.pt
     python -m scripts.train_lm_example --data /tmp/text.shards --steps 600 --resume lm.pt
 
 The data is a packed text dataset whose ``tokens`` field holds each document's
@@ -8,8 +8,9 @@ token ids (``scripts.pack_text_example`` makes one: UTF-8 bytes as ids 0-255, 25
 ends a document). :class:`reader.TokenBlocks` cuts the stream of all documents
 into shuffled blocks of ``block_size + 1`` tokens, across document boundaries;
 the model learns to predict ``block[1:]`` from ``block[:-1]``. The checkpoint
-holds the model, the optimizer and the reader's ``state_dict()``, so a resumed
-run continues at exactly the next unseen batch.
+(saved every ``--save-every`` steps and at the end of the run) holds the model, the
+optimizer and the reader's ``state_dict()``, so a resumed run continues at exactly
+the next unseen batch (see :mod:`scripts.checkpoint`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import math
 import sys
 import time
 from pathlib import Path
+
+from scripts import checkpoint
 
 VOCAB = 257  # byte values and the end-of-document id (scripts.pack_text_example)
 
@@ -64,13 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--steps", type=int, default=300, help="total optimizer steps")
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--checkpoint", type=Path, default=None,
-                   help="save here every --save-every steps")
-    p.add_argument("--save-every", type=int, default=100)
-    p.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
+    checkpoint.add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=50)
     args = p.parse_args(argv)
+    try:
+        checkpoint.check_arguments(p, args)
+    except checkpoint.CheckpointError as exc:
+        print(f"train_lm_example: error: {exc}", file=sys.stderr)
+        return 1
 
     try:
         import torch
@@ -91,13 +96,14 @@ def main(argv: list[str] | None = None) -> int:
                          drop_last=True)
     model = build_model(args.dim, args.layers, args.block_size)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    step = 0
+    step, saved = 0, None  # saved: the step this run last saved at
     if args.resume is not None:
-        ckpt = torch.load(args.resume, weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        blocks.load_state_dict(ckpt["blocks"])
-        step = ckpt["step"]
+        try:
+            step = checkpoint.load(args.resume, model, opt, "blocks", blocks)
+        except checkpoint.CheckpointError as exc:
+            blocks.close()
+            print(f"train_lm_example: error: {exc}", file=sys.stderr)
+            return 1
         print(f"resumed at step {step}, epoch {blocks.epoch}, batch {blocks.position}")
     print(f"{blocks.num_tokens:,} tokens, {blocks.num_blocks:,} blocks of {args.block_size} + 1; "
           f"{len(blocks)} batches per epoch; loss of a uniform guess {math.log(VOCAB):.2f}")
@@ -123,10 +129,12 @@ def main(argv: list[str] | None = None) -> int:
                           f"{seen / dt:.0f} tokens/s", flush=True)
                     loss_sum, logged = 0.0, 0
                 if args.checkpoint is not None and step % args.save_every == 0:
-                    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                "blocks": blocks.state_dict(), "step": step}, args.checkpoint)
+                    checkpoint.save(args.checkpoint, step, model, opt, "blocks", blocks)
+                    saved = step
                 if step >= args.steps:
                     break
+        if args.checkpoint is not None and saved != step:
+            checkpoint.save(args.checkpoint, step, model, opt, "blocks", blocks)
     print(f"done: {step} steps, {seen:,} tokens in {time.perf_counter() - t0:.1f} s")
     return 0
 

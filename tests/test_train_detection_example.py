@@ -26,8 +26,10 @@ def test_trains_and_resumes_exactly(tmp_path, capsys):
     assert (data / "train" / "manifest.json").exists() and (data / "held_out" / "manifest.json").exists()
     assert "done: 16 steps" in straight
 
-    assert main([*common, "--steps", "8", "--checkpoint", str(ckpt), "--save-every", "8"]) == 0
+    # Fewer steps than --save-every (100 by default): saved at the end of the run.
+    assert main([*common, "--steps", "8", "--checkpoint", str(ckpt)]) == 0
     capsys.readouterr()
+    assert ckpt.exists()
     assert main([*common, "--steps", "16", "--resume", str(ckpt)]) == 0
     resumed = capsys.readouterr().out
     assert re.search(r"resumed at step 8, epoch \d+, batch \d+", resumed), resumed
@@ -43,3 +45,11 @@ def test_trains_and_resumes_exactly(tmp_path, capsys):
     m = re.search(r"recall (\d\.\d+) precision (\d\.\d+) \(untrained: recall (\d\.\d+)", straight)
     assert m, straight
     assert all(0 <= float(x) <= 1 for x in m.groups())
+
+
+def test_a_missing_resume_checkpoint_is_one_line(tmp_path, capsys):
+    ckpt = tmp_path / "det.pt"
+    assert main(["--data", str(tmp_path / "det"), "--make-data", "--resume", str(ckpt)]) == 1
+    assert capsys.readouterr().err == (f"train_detection_example: error: {ckpt}: the --resume "
+                                       "checkpoint does not exist\n")
+    assert not (tmp_path / "det").exists()  # refused before --make-data
