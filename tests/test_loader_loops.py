@@ -240,3 +240,19 @@ def test_the_decoded_cache_serves_a_restarted_epoch_the_same(ds_path):
     assert len(got) == len(want)
     for (gl, gi), (wl, wi) in zip(got, want, strict=True):
         assert gl == wl and np.array_equal(gi, wi)
+
+
+@pytest.mark.parametrize("how", ["break", "interrupt"])
+def test_the_gpu_sink_serves_a_restarted_epoch_whole(ds_path, monkeypatch, how):
+    import sys
+
+    from tests import fake_cupy  # numpy standing in for cupy (see tests/test_device.py)
+
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    kw = dict(shuffle=True, seed=2, transform=[CenterCrop(24)], num_workers=2)
+    want = one_epoch(ds_path, **kw)
+    with loader(ds_path, device="cuda", **kw) as lo:
+        assert stop_early(lo, how) == want[:STOP_AT]  # labels: device arrays, here numpy
+        assert lo.state_dict()["batch"] == STOP_AT
+        assert labels(lo) == want and lo.epoch == 1
+
