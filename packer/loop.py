@@ -58,9 +58,7 @@ class Item(NamedTuple):
     ``kind``/``reason`` then say why. ``name`` is what the skip list and errors call
     it (a key, or the source's record origin); ``path`` the file an error names.
     ``dropped``: skipped because the user asked (``--drop-empty``), not for being
-    bad: listed and counted, but never failing the pack. ``at``: where the source
-    stands after this item, when an item count alone cannot say (a function's input
-    may give several samples): stored with a sealed shard for the resume.
+    bad: listed and counted, but never failing the pack.
     """
 
     record: dict[str, Any] | None
@@ -71,7 +69,6 @@ class Item(NamedTuple):
     kind: str | None = None
     reason: str | None = None
     dropped: bool = False
-    at: Any = None
 
 
 class Run(NamedTuple):
@@ -79,14 +76,11 @@ class Run(NamedTuple):
     record): what a source making many small records hands the loop in place of an
     :class:`Item` each, so the writer works per run (:meth:`DatasetWriter.write_run`).
 
-    ``nbytes``: each record's input bytes. ``at(k)``: where the source stands after
-    the run's first ``k`` records (as :attr:`Item.at`), asked for only when a shard
-    seals inside the run.
+    ``nbytes``: each record's input bytes.
     """
 
     columns: dict[str, list]
     nbytes: list[int]
-    at: Callable[[int], Any] | None = None
 
 
 def listing_items(listing: Listing, start: int, work: WorkOptions, workers: int
@@ -337,7 +331,6 @@ def write_items(items: Iterator[Item | Run], writer, *, shards: bool, total: int
     progress.start(total, n)
     fail = options.on_error == "fail"
     pending = pending_bytes = 0
-    last_at = start.get("at")
     try:
         with _writing(writer, shards) as write:
             for item in items:
@@ -353,7 +346,6 @@ def write_items(items: Iterator[Item | Run], writer, *, shards: bool, total: int
                     written += k
                     size = sum(item.nbytes)
                     bytes_in += size
-                    last_at = item.at(k) if item.at is not None else None
                     pending += k
                     pending_bytes += size
                     if pending >= _ADVANCE_EVERY:
@@ -364,7 +356,7 @@ def write_items(items: Iterator[Item | Run], writer, *, shards: bool, total: int
                 bytes_in += item.nbytes
                 if item.kind is None:
                     # The progress value: our writer stores it; a foreign sink has no use.
-                    write(item, _state(n, skipped, bytes_in, plan, item.at) if shards else None)
+                    write(item, _state(n, skipped, bytes_in, plan) if shards else None)
                     written += 1
                 else:
                     if fail and not item.dropped:
@@ -372,7 +364,6 @@ def write_items(items: Iterator[Item | Run], writer, *, shards: bool, total: int
                     skipped[item.kind] += 1
                     if skips is not None:
                         skips.add(item.name, item.kind, item.reason)
-                last_at = item.at
                 pending += 1
                 pending_bytes += item.nbytes
                 if pending >= _ADVANCE_EVERY:
@@ -382,7 +373,7 @@ def write_items(items: Iterator[Item | Run], writer, *, shards: bool, total: int
             if skips is not None:
                 skips.finish(options.durable)
             if shards:
-                final = _state(n, skipped, bytes_in, plan, last_at)
+                final = _state(n, skipped, bytes_in, plan)
                 manifest = writer.close(final)
                 summary.shards = len(manifest.shards)
                 summary.bytes_out = sum(s.data_bytes + s.index_bytes + s.meta_bytes
@@ -402,13 +393,10 @@ def write_items(items: Iterator[Item | Run], writer, *, shards: bool, total: int
             summary.shards = len(writer.sealed)
 
 
-def _state(n: int, skipped: Counter, bytes_in: int, plan: str, at: Any) -> dict:
+def _state(n: int, skipped: Counter, bytes_in: int, plan: str) -> dict:
     """The progress value stored with a shard this record may seal (see the module
-    docstring); ``at`` only from sources whose items say where they stand."""
-    state = {"next": n, "skipped": dict(skipped), "bytes_in": bytes_in, "plan": plan}
-    if at is not None:
-        state["at"] = at
-    return state
+    docstring)."""
+    return {"next": n, "skipped": dict(skipped), "bytes_in": bytes_in, "plan": plan}
 
 
 def _run_state(run: Run, n: int, skipped: Counter, bytes_in: int, plan: str
@@ -420,8 +408,7 @@ def _run_state(run: Run, n: int, skipped: Counter, bytes_in: int, plan: str
     def state(k: int) -> dict:
         if not cumulative:
             cumulative.extend(itertools.accumulate(run.nbytes))
-        at = run.at(k) if run.at is not None else None
-        return _state(n + k, skipped, bytes_in + cumulative[k - 1], plan, at)
+        return _state(n + k, skipped, bytes_in + cumulative[k - 1], plan)
     return state
 
 

@@ -16,13 +16,26 @@ Protocol:
    its own shards, so samples never cross a process boundary, and a range's bytes
    depend on the range alone: the output is the same for any ``workers`` and either
    engine (shard boundaries follow ``task_records``).
-3. **Inside a range**, each input's samples are checked against the schema
-   (:func:`packer.schema.check_sample`) and become :class:`packer.loop.Item` values
-   in order: an input whose function raises is one bad item (kind ``raised``; the
-   samples it yielded before are not written, and the reason says how many); a
-   sample that does not fit is one bad item.
-4. **Resume** keeps every range whose done-marker is in DST and packs the others
-   again (the fingerprint: the function's name, every input, the schema, the options).
+3. **Inside a range**, samples stream to the writer as the function gives them: a
+   generator is consumed one sample at a time, and samples (of one input or many)
+   reach the writer in runs bounded in bytes and samples
+   (:class:`packer.sample_runs.Runs`), checked against the schema as a run
+   (:func:`packer.schema.check_run`) or one by one
+   (:func:`packer.schema.check_sample`). Memory is bounded whatever one input
+   yields, even without end; the bytes do not depend on where runs end. A sample
+   that does not fit is one bad item. An input whose function raises is one bad
+   item after the samples it gave before, which are kept: kind ``raised`` when it
+   gave none, ``partial`` when it gave some (with ``on_error="skip"`` they are
+   written, and the skip list and the summary count the input as ``partial``; with
+   ``fail`` the pack stops, naming it, and nothing of its range is published).
+4. **Resume** restarts at an input boundary: a range's done-marker
+   (``.ray/range-A-B.json``) is written only once every input of ``[A, B)`` is
+   finished and its shards published, so the markers are the record of the inputs
+   finished. A resume keeps every range whose marker is in DST and packs the others
+   again from their first input; whatever an unfinished range had written (its
+   scratch folder, shards sealed in the middle of an input included) is deleted
+   first. The fingerprint a resume must match: the function's name, every input,
+   the schema, the options.
 
 ``fn`` must pickle to run in worker processes or on Ray (checked before anything
 starts); ``workers=0`` takes any callable.
@@ -30,36 +43,29 @@ starts); ``workers=0`` takes any callable.
 
 from __future__ import annotations
 
-import bisect
-import itertools
-import json
 import os
 import pickle
 import reprlib
 import signal
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from formats.checksum import crc32c
-from formats.fields import Field, json_payload
+from formats.errors import ShardpackError
+from formats.fields import Field
 from formats.storage import display_uri, is_uri, local_path
 from formats.version import package_version
 
-from .errors import PackError, PackInputError, UsageError
+from .errors import PackError, PackInputError, PackInterrupted, UsageError
 from .loop import Item, Run, open_writer, write_items
 from .options import DEFAULT_TASK_RECORDS, PackOptions, parse_size
 from .plan import check_paths
 from .report import PackProgress, PackSummary
+from .sample_runs import Runs, freeze, raised, several
 from .schema import (
     INFER_SAMPLES,
-    Bad,
-    check_run,
-    check_sample,
     describe,
     infer_fields,
     parse_schema,
@@ -77,104 +83,6 @@ def _name(i: int, x: Any, j: int | None = None) -> str:
     return f"input {i} ({_repr.repr(x)})" + ("" if j is None else f" sample {j}")
 
 
-def _freeze(sample: Any) -> Any:
-    """``sample`` as the function can no longer change it: samples are written a chunk
-    of inputs later, and a function may reuse its dict, array or buffer for the next
-    sample (a generator yielding one dict, updated). A new dict; arrays copied
-    (C-contiguous, as they are stored), byte buffers as bytes, json containers as
-    fresh ones. Anything else is immutable, or refused by the check as it is."""
-    if type(sample) is not dict:
-        return sample
-    out = dict(sample)
-    for k, v in out.items():
-        if isinstance(v, np.ndarray):
-            out[k] = v.copy()
-        elif isinstance(v, (bytearray, memoryview)):
-            out[k] = bytes(v)  # a view of ints: its bytes, as a bytes field stores them
-        elif isinstance(v, (dict, list)):
-            try:
-                out[k] = json.loads(json_payload(v))
-            except (TypeError, ValueError, RecursionError):
-                pass  # not JSON: the check names it
-    return out
-
-
-def _call(fn: Callable, x: Any) -> tuple[list | None, str | None]:
-    """The samples ``fn(x)`` gives (one returned, or every one a generator yields),
-    each frozen as it comes (:func:`_freeze`), or why it raised (the exception and
-    where, the samples given before)."""
-    samples: list = []
-    try:
-        out = fn(x)
-        if type(out) is dict:
-            return [_freeze(out)], None
-        if isinstance(out, Iterator) and not isinstance(out, dict):
-            for s in out:
-                samples.append(_freeze(s))
-        else:
-            samples.append(out)
-        return samples, None
-    except Exception as exc:  # the user's code: any exception is this input's problem
-        frame = traceback.extract_tb(exc.__traceback__)[-1]
-        said = f"{type(exc).__name__}: {exc}".rstrip(": ")
-        before = f"; the {len(samples)} sample(s) it gave before are not written" if samples else ""
-        return None, (f"the function raised {said} (at {os.path.basename(frame.filename)}:"
-                      f"{frame.lineno} in {frame.name}){before}")
-
-
-def _items(i: int, x: Any, samples: list | None, error: str | None, fields: tuple[Field, ...],
-           max_bytes: int | None, offset: int = 0) -> list[Item]:
-    """One input's items, each with where the source stands after it (``at``, in this
-    range) and, when bad, its name (its index in the whole pack: ``offset`` + ``i``)."""
-    if samples is None:
-        name = _name(offset + i, x)
-        return [Item(None, None, name, name, 0, "raised", error, at=(i + 1, 0))]
-    out = []
-    last = len(samples) - 1
-    for j, s in enumerate(samples):
-        at = (i + 1, 0) if j == last else (i, j + 1)
-        try:
-            record, nbytes = check_sample(s, fields, max_bytes, "")
-        except Bad as bad:
-            name = _name(offset + i, x, j if len(samples) > 1 else None)
-            out.append(Item(None, None, name, name, 0, bad.kind, bad.reason, at=at))
-            continue
-        out.append(Item(record, None, "", "", nbytes, at=at))
-    return out
-
-
-def _chunk(fn: Callable, inputs: Sequence, start: int, stop: int, fields: tuple[Field, ...],
-           max_bytes: int | None, offset: int = 0) -> list:
-    """The items of inputs ``[start, stop)``: one :class:`~packer.loop.Run` of all
-    their samples when every call succeeded and every sample fits as is
-    (:func:`check_run`), else an item per sample (:func:`_items` names the bad ones)."""
-    made = [_call(fn, inputs[i]) for i in range(start, stop)]
-    if all(error is None for _, error in made):
-        counts = [len(samples) for samples, _ in made]
-        flat = [s for samples, _ in made for s in samples] if max(counts) > 1 else \
-            [samples[0] for samples, _ in made if samples]
-        checked = check_run(flat, fields, max_bytes)
-        if checked is not None:
-            columns, nbytes = checked
-            return [Run(columns, nbytes, _where(start, counts))]
-    items: list = []
-    for i, (samples, error) in zip(range(start, stop), made, strict=True):
-        items.extend(_items(i, inputs[i], samples, error, fields, max_bytes, offset))
-    return items
-
-
-def _where(start: int, counts: list[int]) -> Callable[[int], tuple[int, int]]:
-    """``Item.at`` of the ``k``-th sample of inputs from ``start`` on giving ``counts``
-    samples each: ``(i + 1, 0)`` after an input's last sample, else ``(i, j)``."""
-    ends = list(itertools.accumulate(counts))
-
-    def at(k: int) -> tuple[int, int]:
-        i = bisect.bisect_left(ends, k)
-        j = k - (ends[i - 1] if i else 0)
-        return (start + i + 1, 0) if j == counts[i] else (start + i, j)
-    return at
-
-
 # -- the driver ------------------------------------------------------------------------
 
 @dataclass
@@ -186,18 +94,28 @@ class _Plan:
 
 
 def _infer(fn: Callable, inputs: Sequence) -> tuple[tuple[Field, ...], int]:
-    """The schema of the first :data:`INFER_SAMPLES` dict samples (made here), and how
-    many inputs that took."""
+    """The schema of the first :data:`INFER_SAMPLES` dict samples (made here: a
+    generator is left once they are in), and how many inputs that took."""
     found: list[tuple[str, Any]] = []
     errors: list[tuple[int, str]] = []
     i, n = 0, len(inputs)
     while i < n and len(found) < INFER_SAMPLES:
-        samples, error = _call(fn, inputs[i])
-        if error:
-            errors.append((i, error))
-        for j, s in enumerate(samples or ()):
-            if len(found) < INFER_SAMPLES:
-                found.append((_name(i, inputs[i], j), s))
+        out = None
+        try:
+            out = fn(inputs[i])
+            if not several(out):
+                found.append((_name(i, inputs[i]), freeze(out)[0]))
+            else:
+                for j, s in enumerate(out):
+                    found.append((_name(i, inputs[i], j), freeze(s)[0]))
+                    if len(found) == INFER_SAMPLES:
+                        break
+        except Exception as exc:  # the user's code: this input's problem, said if no sample
+            errors.append((i, raised(exc, 0, False)))
+        finally:
+            close = getattr(out, "close", None) if several(out) else None
+            if close is not None:
+                close()  # a generator without end is left here, not run to its end
         i += 1
     dicts = [(name, s) for name, s in found if isinstance(s, dict)]
     if not dicts:
@@ -250,9 +168,10 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
 
     Args:
         fn: called once per input; returns one sample (a dict of field -> value) or
-            yields several (a generator). Must pickle when ``workers`` > 0 or on Ray
-            (a function defined at the top level of a module). Each sample is copied
-            as it comes (its dict, arrays and buffers), so ``fn`` may reuse them.
+            yields several (a generator, of any length: its samples are written as
+            they come, in runs of about 4 MB). Must pickle when ``workers`` > 0 or on
+            Ray (a function defined at the top level of a module). Each sample is
+            copied as it comes (its dict, arrays and buffers), so ``fn`` may reuse them.
         inputs: a sequence (a list, a range...): what ``fn`` is called with, in order.
         dst: the output folder (or an object-store URI), claimed as ``pack-dataset``
             claims it: a folder holding other files is refused unless ``overwrite``.
@@ -266,8 +185,12 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         records_per_shard: or at this many samples.
         on_error: ``fail`` stops at the first bad input naming it; ``skip`` lists it
             in ``dst/skipped.jsonl`` and goes on.
-        resume: finish an interrupted pack of the same function, inputs and schema.
-        overwrite: replace the dataset already in ``dst`` (swapped in at the end).
+        resume: finish an interrupted pack of the same function, inputs and schema
+            (the ranges of inputs finished are kept; the others start again at their
+            first input).
+        overwrite: replace the dataset already in ``dst``: the new one is built in
+            ``.NAME.shardpack-new`` beside it and swapped in at the end; a failed
+            pack leaves it there (the error says so) for ``resume=True``.
         durable: fsync shards before they get their final names.
         progress: True: a tqdm bar on stderr (quiet when stderr is not a terminal);
             False: none; or a :class:`~packer.PackProgress`. Counted in inputs.
@@ -279,7 +202,8 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
 
     Returns:
         The summary :func:`packer.pack` returns: records are samples (records in =
-        written + skipped); an input whose function raises counts as one skipped.
+        written + skipped); an input whose function raises counts as one skipped
+        (kind ``raised``, or ``partial`` when the samples it gave before are written).
 
     Raises:
         UsageError: bad arguments (names which); nothing was written.
@@ -382,8 +306,8 @@ def _pack(fn, inputs: Sequence, dst: Path, fields, options: PackOptions,
     summary = PackSummary(_fn_name(fn), display_uri(dst), SOURCE_KIND, "shards")
     if options.engine == "ray":
         import_ray()  # before DST is claimed: a missing extra changes nothing there
-        return claimed(dst, options, lambda folder: pack_samples_on_ray(
-            fn, inputs, folder, fields, options, progress, summary))
+        return claimed(dst, options, _staged(dst, lambda folder: pack_samples_on_ray(
+            fn, inputs, folder, fields, options, progress, summary)))
 
     def run(folder: Path) -> PackSummary:
         plan = plan_samples(fn, inputs, fields, options, task_records)
@@ -393,7 +317,32 @@ def _pack(fn, inputs: Sequence, dst: Path, fields, options: PackOptions,
                      made_by(fn, plan.fields, options, task_records), options, progress,
                      summary, range_records=task_records)
 
-    return claimed(dst, options, run)
+    return claimed(dst, options, _staged(dst, run))
+
+
+def _staged(dst: Path, run: Callable[[Path], PackSummary]) -> Callable[[Path], PackSummary]:
+    """``run(folder)`` whose failure in the staging folder (``overwrite`` of a dataset:
+    :mod:`packer.destination`, "claiming DST", step 3) says what becomes of that folder:
+    it stays beside DST, as ``pack-dataset --overwrite`` leaves it, for ``resume=True``
+    to continue (a pack without ``resume`` deletes it and starts over)."""
+
+    def staged(folder: Path) -> PackSummary:
+        try:
+            return run(folder)
+        except (ShardpackError, PackInterrupted) as exc:
+            if os.path.abspath(folder) != os.path.abspath(dst):
+                hint = (f"the new dataset stays unfinished in {folder} beside DST, which "
+                        "still holds the old one: resume=True (same function, inputs and "
+                        "options) continues it; a pack without resume deletes it and starts "
+                        "over")
+                if isinstance(exc, ShardpackError):
+                    exc.message = f"{exc.message}; {hint}"
+                    exc.args = (exc._render(),)
+                else:
+                    exc.args = (f"{exc.args[0]}; {hint}",)
+            raise
+
+    return staged
 
 
 class _LocalRanges:
@@ -483,23 +432,54 @@ class SampleRange:
         return SampleRange(self.fn, self.inputs[a:b], self.offset + a, self.fields,
                            self.fingerprint)
 
-    def name(self, i: int) -> str:
-        return _name(self.offset + i, self.inputs[i])
+    def name(self, i: int, j: int | None = None) -> str:
+        """Input ``i`` (sample ``j`` of it) by its index in the whole pack."""
+        return _name(self.offset + i, self.inputs[i], j)
 
     def pack(self, dst: Path, options: PackOptions, progress: PackProgress,
              summary: PackSummary) -> None:
         """Pack these inputs into the fresh folder ``dst`` with the pack loop."""
         writer = open_writer(dst, self.fields, None, options, {})
         n = len(self.inputs)
-        write_items(self._items(options.shard_size), writer, shards=True, total=n, start={},
-                    plan=self.fingerprint, dst=dst, options=options, progress=progress,
-                    summary=summary)
+        write_items(self._items(options.shard_size, options.on_error == "skip"), writer,
+                    shards=True, total=n, start={}, plan=self.fingerprint, dst=dst,
+                    options=options, progress=progress, summary=summary)
 
-    def _items(self, max_bytes: int | None) -> Iterator[Item | Run]:
-        step = 64  # inputs per chunk: a run for the writer, a progress report
-        for a in range(0, len(self.inputs), step):
-            yield from _chunk(self.fn, self.inputs, a, min(len(self.inputs), a + step),
-                              self.fields, max_bytes, self.offset)
+    def _items(self, max_bytes: int | None, skip: bool) -> Iterator[Item | Run]:
+        """Every input's samples, in runs (:class:`packer.sample_runs.Runs`) as they come; an input whose
+        function raises is one bad item after the samples it gave (kind ``raised``, or
+        ``partial`` when it gave some: with ``skip`` they are written)."""
+        runs = Runs(self, max_bytes)
+        for i, x in enumerate(self.inputs):
+            given, error = 0, None
+            try:
+                out = self.fn(x)
+            except Exception as exc:  # the user's code: any exception is this input's problem
+                out, error = None, raised(exc, 0, skip)
+            many = several(out)
+            runs.begin(i, many)
+            if error is None and not many:  # one sample
+                if runs.add(out):
+                    yield from runs.flush()
+                continue
+            while error is None:
+                # One sample at a time, the function's code alone under the try: what
+                # raises there is the input's problem, never the writer's.
+                try:
+                    sample = next(out)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    error = raised(exc, given, skip)
+                    break
+                given += 1
+                if runs.add(sample):
+                    yield from runs.flush()
+            if error is not None:
+                yield from runs.flush()  # the samples it gave before, in order
+                name = self.name(i)
+                yield Item(None, None, name, name, 0, "partial" if given else "raised", error)
+        yield from runs.flush()
 
 
 def plan_samples(fn, inputs: Sequence, fields, options: PackOptions,

@@ -26,8 +26,19 @@ LitData and MDS run in the peers virtualenv (``--peers-python`` or
 that imports this module for the same function. Cases run in rounds (rotated order);
 each ratio is taken within a round and the median is shown.
 
+``--memory`` measures memory instead: a function whose input ``(start, count)``
+yields ``count`` samples of 1 KB (an int32 array of 256), packed with
+``pack_samples(..., workers=W)`` in a fresh process per case: one input yielding
+300,000 samples; the same samples over 300 inputs; and one input that never ends,
+stopped after 20 s. Each case's process tree is sampled every 0.1 s: the sum of its
+processes' proportional set size (PSS, from ``/proc/PID/smaps_rollup``: shared pages
+counted once, so a forked worker does not count its parent's pages again) and the
+bytes under DST (scratch and shards); a finished case also reports its largest
+process's ``ru_maxrss``.
+
 Usage: ``python -m scripts.bench_pack_samples [--count 200000] [--workers W]
-[--repeat 3] [--work-us 0] [--quick]``.
+[--repeat 3] [--work-us 0] [--quick]``, or ``--memory [--workers W]
+[--endless-seconds 20]``.
 """
 
 from __future__ import annotations
@@ -35,7 +46,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["main", "sample"]
+__all__ = ["kb_samples", "main", "sample"]
 
 _PROSE = ("the model reads token streams from shards that are packed once and mapped "
           "many times across epochs while workers decode batches in parallel and "
@@ -159,6 +172,143 @@ def mds(n: int, workers: int, out: Path) -> float:
 PEERS = {"litdata": litdata, "mds": mds}
 
 
+# -- --memory ----------------------------------------------------------------------------
+
+_KB_TOKENS = 256  # int32: a 1 KB sample
+_MEMORY_GUARD = 2 << 30  # a case's tree is stopped here: the machine is shared
+
+
+def kb_samples(span: tuple[int, int | None]):
+    """Input ``(start, count)``: ``count`` samples of 1 KB (None: without end)."""
+    start, count = span
+    stop = None if count is None else start + count
+    j = start
+    while stop is None or j < stop:
+        yield {"tokens": np.full(_KB_TOKENS, j, np.int32)}
+        j += 1
+
+
+# case -> its inputs: 300,000 samples of 1 KB each way, or one input without end.
+MEMORY_CASES = {
+    "one input": [(0, 300_000)],
+    "300 inputs": [(k * 1000, 1000) for k in range(300)],
+    "never-ending": [(0, None)],
+}
+
+
+def _memory_case(name: str, workers: int, out: Path) -> int:
+    """In the case's own process: pack, then print the largest ``ru_maxrss`` (KiB)."""
+    from packer import pack_samples
+
+    t = time.perf_counter()
+    s = pack_samples(kb_samples, MEMORY_CASES[name], out, workers=workers, durable=False,
+                     progress=False)
+    maxrss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                 resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    print(json.dumps({"seconds": time.perf_counter() - t, "records": s.records_written,
+                      "maxrss_kib": maxrss}))
+    return 0
+
+
+def _tree_pss(root: int) -> int:
+    """Bytes: the summed PSS of ``root`` and its descendants (VmRSS where no smaps_rollup)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += [c for c, p in parents.items() if p == pid and c not in tree]
+    total = 0
+    for pid in tree:
+        for path, key in ((f"/proc/{pid}/smaps_rollup", b"Pss:"), (f"/proc/{pid}/status", b"VmRSS:")):
+            try:
+                with open(path, "rb") as f:
+                    line = next((x for x in f if x.startswith(key)), None)
+            except OSError:
+                continue
+            if line is not None:
+                total += int(line.split()[1]) << 10
+                break
+    return total
+
+
+def _disk_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def memory(workers: int, endless_seconds: float, scratch: Path) -> None:
+    """Run every :data:`MEMORY_CASES` case in a fresh process; print the figures."""
+    import packer
+
+    print(f"pack_samples peak memory: samples of 1 KB (int32[256]), workers={workers}, "
+          f"durable=False, packer from {Path(packer.__file__).parent}; load "
+          f"{os.getloadavg()[0]:.2f} at start")
+    print("tree peak: the case's process tree, summed PSS sampled every 0.1 s; "
+          "ru_maxrss: its largest process\n")
+    root = Path(__file__).resolve().parent.parent
+    peaks = {}
+    for name, inputs in MEMORY_CASES.items():
+        out = scratch / name.replace(" ", "-")
+        cmd = [sys.executable, "-m", "scripts.bench_pack_samples", "--memory-case", name,
+               "--workers", str(workers), "--out", str(out)]
+        proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        endless = inputs[0][1] is None
+        t0 = time.perf_counter()
+        peak, trace, shown = 0, [], 0.0
+        while proc.poll() is None:
+            t = time.perf_counter() - t0
+            pss = _tree_pss(proc.pid)
+            peak = max(peak, pss)
+            if endless and t >= shown:
+                trace.append((t, pss, _disk_bytes(out)))
+                shown += 2.0
+            if (endless and t >= endless_seconds) or pss > _MEMORY_GUARD:
+                os.killpg(proc.pid, signal.SIGKILL)  # the group this call started
+                if pss > _MEMORY_GUARD:
+                    trace.append((t, pss, _disk_bytes(out)))
+                break
+            time.sleep(0.1)
+        got = proc.communicate()[0].strip().splitlines()
+        if endless:
+            why = f"over {_MEMORY_GUARD >> 30} GiB" if peak > _MEMORY_GUARD else "as planned"
+            print(f"{name}: one input yielding 1 KB samples without end, killed at "
+                  f"{time.perf_counter() - t0:.1f} s ({why})")
+            print(f"{'t (s)':>6} {'tree PSS MB':>12} {'on disk MB':>11}")
+            for t, pss, disk in trace:
+                print(f"{t:>6.1f} {pss / 1e6:>12.1f} {disk / 1e6:>11.1f}")
+            continue
+        if proc.returncode or not got:
+            print(f"{name}: failed (exit {proc.returncode})")
+            continue
+        res = json.loads(got[-1])
+        peaks[name] = peak
+        if len(peaks) == 1:
+            print(f"{'case':<12} {'inputs':>6} {'samples':>8} {'seconds':>8} "
+                  f"{'tree peak MB':>13} {'ru_maxrss MB':>13}")
+        print(f"{name:<12} {len(inputs):>6} {res['records']:>8,} {res['seconds']:>8.1f} "
+              f"{peak / 1e6:>13.1f} {res['maxrss_kib'] * 1024 / 1e6:>13.1f}")
+        if len(peaks) == 2:
+            a, b = peaks.values()
+            print(f"one input ÷ 300 inputs (tree peak): {a / b:.2f} (target <= 1.3)\n")
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def _peer(python: str | None, name: str, n: int, workers: int, out: Path) -> float | str:
     """A peer's seconds, run in the peers' virtualenv (or why not)."""
     if not python:
@@ -183,9 +333,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra CPU microseconds per sample (a costlier tokenizer)")
     p.add_argument("--peers-python", default=os.environ.get("SHARDPACK_PEERS_PYTHON"))
     p.add_argument("--quick", action="store_true", help="20,000 samples, one round")
+    p.add_argument("--memory", action="store_true",
+                   help="peak memory of one input yielding many samples (see the docstring)")
+    p.add_argument("--endless-seconds", type=float, default=20.0,
+                   help="--memory: how long the never-ending input runs")
     p.add_argument("--peer", choices=sorted(PEERS), help=argparse.SUPPRESS)
+    p.add_argument("--memory-case", choices=sorted(MEMORY_CASES), help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.memory_case:  # one --memory case, in its own process
+        return _memory_case(args.memory_case, args.workers, args.out)
+    if args.memory:
+        scratch = Path(tempfile.mkdtemp(prefix="bench-samples-memory-"))
+        try:
+            memory(args.workers, args.endless_seconds, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return 0
     if args.peer:  # inside the peers' virtualenv
         print(json.dumps({"seconds": PEERS[args.peer](args.count, args.workers, args.out)}))
         return 0

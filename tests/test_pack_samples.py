@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,13 +184,177 @@ def test_bad_samples_are_skipped_and_listed(tmp_path, case):
     assert len(formats.open_shards(tmp_path / "ds")) == 9
 
 
-def test_a_generator_that_raises_midway_loses_its_samples_and_says_so(tmp_path):
-    s = pack_samples(half_then_raise, range(6), tmp_path / "ds", workers=0, on_error="skip",
-                     **FAST)
-    assert s.records_written == 10 and dict(s.skipped) == {"raised": 1}
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("run_samples", [4096, 3])
+def test_a_generator_that_raises_midway_keeps_its_samples_and_is_listed_as_partial(
+        tmp_path, monkeypatch, workers, run_samples):
+    """The samples an input gave before its function raised are written (runs of 3
+    samples: some were handed to the writer before it raised, others not yet)."""
+    monkeypatch.setattr("packer.sample_runs.RUN_SAMPLES", run_samples)
+    s = pack_samples(half_then_raise, range(6), tmp_path / "ds", workers=workers,
+                     on_error="skip", task_records=2, **FAST)
+    assert s.records_written == 11 and dict(s.skipped) == {"partial": 1}
+    assert s.records_in == 12 and s.to_json()["skipped_by_kind"] == {"partial": 1}
     line = json.loads((tmp_path / "ds" / "skipped.jsonl").read_text())
-    assert "OSError: disk went away" in line["reason"] and "1 sample(s)" in line["reason"]
-    assert [formats.open_shards(tmp_path / "ds")[k]["x"] for k in range(8, 10)] == [5, -5]
+    assert line["kind"] == "partial" and line["path"] == "input 4 (4)"
+    assert "OSError: disk went away" in line["reason"]
+    assert "after 1 sample(s); they are written" in line["reason"]
+    ds = formats.open_shards(tmp_path / "ds")
+    assert [ds[k]["x"] for k in range(len(ds))] == [0, 0, 1, -1, 2, -2, 3, -3, 4, 5, -5]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_generator_that_raises_midway_fails_the_pack_naming_it(tmp_path, workers):
+    with pytest.raises(PackInputError) as e:
+        pack_samples(half_then_raise, range(6), tmp_path / "ds", workers=workers,
+                     task_records=2, **FAST)
+    assert e.value.kind == "partial" and "input 4 (4)" in str(e.value)
+    assert "OSError: disk went away" in str(e.value) and "after 1 sample(s)" in str(e.value)
+    assert "written" not in str(e.value)  # a failed pack publishes nothing of the range
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_run_boundaries_change_no_byte(tmp_path, monkeypatch):
+    pack_samples(clips, range(300), tmp_path / "a", workers=0, records_per_shard=37,
+                 shard_size=None, **FAST)
+    monkeypatch.setattr("packer.sample_runs.RUN_SAMPLES", 5)
+    monkeypatch.setattr("packer.sample_runs.RUN_BYTES", 64)
+    pack_samples(clips, range(300), tmp_path / "b", workers=0, records_per_shard=37,
+                 shard_size=None, **FAST)
+    assert dataset_files(tmp_path / "a") == dataset_files(tmp_path / "b")
+
+
+def endless(i):
+    """Samples of 4 KB without end; at sample 3000 it raises, saying how many shards the
+    pack had sealed by then in its range's scratch folder (DST in the environment)."""
+    j = 0
+    while True:
+        if j == 3000:
+            sealed = list(Path(os.environ["SHARDPACK_TEST_DST"]).glob(".ray/work-*/shard-*.rec"))
+            raise RuntimeError(f"{len(sealed)} shards sealed")
+        yield {"t": np.full(1024, j, np.int32)}
+        j += 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_input_without_end_is_written_as_it_goes(tmp_path, monkeypatch, workers):
+    """The schema is inferred from its first samples (the generator is left there), and
+    its samples reach the shards while it runs: memory does not hold them."""
+    monkeypatch.setenv("SHARDPACK_TEST_DST", str(tmp_path / "ds"))
+    with pytest.raises(PackInputError, match="after 3000 sample") as e:
+        pack_samples(endless, [0], tmp_path / "ds", workers=workers, records_per_shard=100,
+                     shard_size=None, **FAST)
+    sealed = int(re.search(r"RuntimeError: (\d+) shards sealed", str(e.value))[1])
+    assert sealed >= 20  # runs of 1024 samples (4 MB): two of them in shards of 100
+
+
+def kb_each(i):
+    """Input ``(n, _)`` yields ``n`` samples of 1 KB."""
+    for j in range(i[0]):
+        yield {"t": np.full(256, j, np.int32)}
+
+
+def test_memory_is_bounded_whatever_one_input_yields(tmp_path, monkeypatch):
+    """8 MB of samples from one input: the traced peak stays near a run's bytes, as for
+    the same samples over many inputs."""
+    import tracemalloc
+
+    monkeypatch.setattr("packer.sample_runs.RUN_BYTES", 256 << 10)
+    peaks = {}
+    for name, inputs in (("one", [(8000, 0)]), ("many", [(80, k) for k in range(100)])):
+        tracemalloc.start()
+        s = pack_samples(kb_each, inputs, tmp_path / name, workers=0, shard_size="1MB", **FAST)
+        peaks[name] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert s.records_written == 8000
+    assert peaks["one"] < 3 << 20 and peaks["many"] < 3 << 20, peaks
+
+
+def long_inputs(i):
+    """Input i yields 400 samples; with SHARDPACK_TEST_KILL=I:FLAG in the environment,
+    input I kills the pack's whole process group at its sample 300 (once: FLAG)."""
+    kill = os.environ.get("SHARDPACK_TEST_KILL")
+    for j in range(400):
+        if kill and j == 300 and int(kill.split(":")[0]) == i:
+            try:
+                os.close(os.open(kill.split(":", 1)[1], os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+        yield {"x": np.arange(j % 7, dtype=np.int32) + i, "n": 1000 * i + j}
+
+
+_KILLED_PACK = """
+import sys
+import packer.sample_runs
+from packer import pack_samples
+sys.path.insert(0, "tests")  # the module's name under pytest: the fingerprint names fn by it
+from test_pack_samples import long_inputs
+packer.sample_runs.RUN_SAMPLES = 64  # small samples: runs of 64 reach the writer as they come
+pack_samples(long_inputs, range(6), sys.argv[1], workers=int(sys.argv[2]), progress=False,
+             records_per_shard=50, shard_size=None, task_records=2, durable=False)
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pack_killed_mid_input_resumes_byte_identical(tmp_path, workers):
+    """Killed (SIGKILL, the whole process group) at a sample in the middle of input 5,
+    after shards of that input were sealed: the resume keeps the ranges whose
+    done-markers are in DST and packs input 4 and 5's range again from input 4."""
+    o = {"records_per_shard": 50, "shard_size": None, "task_records": 2, "durable": False,
+         "progress": False, "workers": workers}
+    full = pack_samples(long_inputs, range(6), tmp_path / "full", **o)
+    env = {**os.environ, "SHARDPACK_TEST_KILL": f"5:{tmp_path / 'killed'}"}
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run([sys.executable, "-c", _KILLED_PACK, str(tmp_path / "cut"), str(workers)],
+                         cwd=root, env=env, start_new_session=True, capture_output=True,
+                         timeout=120)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    cut = tmp_path / "cut"
+    assert not (cut / "manifest.json").exists()
+    # Input 5's first 300 samples were streamed into shards of 50 before the kill.
+    assert len(list(cut.glob(".ray/work-000000000004-*/shard-*.rec"))) >= 5
+    markers = sorted(p.name for p in cut.glob(".ray/range-*.json"))
+    assert "range-000000000004-000000000006.json" not in markers and markers
+    again = pack_samples(long_inputs, range(6), cut, resume=True, **o)
+    assert dataset_files(cut) == dataset_files(tmp_path / "full")
+    assert again.resumed_records == 400 * 2 * len(markers)
+    assert again.records_written == full.records_written == 2400
+
+
+def fails_when_told(i):
+    if i == 3 and os.environ.get("SHARDPACK_TEST_FAIL"):
+        raise ValueError("told to fail")
+    return {"x": np.arange(i % 5, dtype=np.int32), "n": i}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failed_overwrite_says_resume_continues_it(tmp_path, monkeypatch, workers):
+    """As ``pack-dataset --overwrite``: the staging folder beside DST stays for resume=True
+    (the message says so), the old dataset is untouched; a pack without resume starts over."""
+    dst = tmp_path / "ds"
+    pack_samples(make, range(5), dst, workers=0, **FAST)
+    old = dataset_files(dst)
+    o = {"workers": workers, "overwrite": True, "records_per_shard": 2, "shard_size": None,
+         "task_records": 2, **FAST}
+    monkeypatch.setenv("SHARDPACK_TEST_FAIL", "1")
+    with pytest.raises(PackInputError, match=r"input 3 .*told to fail.*resume=True") as e:
+        pack_samples(fails_when_told, range(10), dst, **o)
+    staging = tmp_path / ".ds.shardpack-new"
+    assert str(staging) in str(e.value) and staging.is_dir()
+    assert dataset_files(dst) == old
+    monkeypatch.delenv("SHARDPACK_TEST_FAIL")
+    s = pack_samples(fails_when_told, range(10), dst, resume=True,
+                     **{k: v for k, v in o.items() if k != "overwrite"})
+    assert s.complete and s.resumed_records > 0 and not staging.exists()
+    assert [formats.open_shards(dst)[k]["n"] for k in range(10)] == list(range(10))
+    monkeypatch.setenv("SHARDPACK_TEST_FAIL", "1")
+    with pytest.raises(PackInputError):
+        pack_samples(fails_when_told, range(10), dst, **o)
+    monkeypatch.delenv("SHARDPACK_TEST_FAIL")
+    s = pack_samples(fails_when_told, range(10), dst, **o)  # without resume: starts over
+    assert s.complete and s.resumed_records == 0 and not staging.exists()
 
 
 def test_a_function_that_does_not_pickle_is_refused_before_anything_runs(tmp_path):

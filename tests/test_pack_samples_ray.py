@@ -11,7 +11,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 
 import formats  # noqa: E402
 from packer import PackInputError, pack_samples  # noqa: E402
-from tests.test_pack_samples import clips, flaky  # noqa: E402
+from tests.test_pack_samples import clips, flaky, half_then_raise  # noqa: E402
 
 FAST = {"durable": False, "progress": False}
 
@@ -45,6 +45,16 @@ def test_ray_names_a_bad_input_by_its_index_and_skips_it(tmp_path):
     assert s.records_in == 20 and dict(s.skipped) == {"raised": 1}
     line = json.loads((tmp_path / "b" / "skipped.jsonl").read_text())
     assert line["path"] == "input 7 (7)"
+
+
+def test_ray_keeps_the_samples_a_generator_gave_before_it_raised(tmp_path):
+    s = pack_samples(half_then_raise, range(6), tmp_path / "ds", engine="ray", task_records=2,
+                     on_error="skip", **FAST)
+    assert s.records_written == 11 and dict(s.skipped) == {"partial": 1}
+    line = json.loads((tmp_path / "ds" / "skipped.jsonl").read_text())
+    assert (line["kind"], line["path"]) == ("partial", "input 4 (4)")
+    ds = formats.open_shards(tmp_path / "ds")
+    assert [ds[k]["x"] for k in range(len(ds))] == [0, 0, 1, -1, 2, -2, 3, -3, 4, 5, -5]
 
 
 def test_ray_takes_a_lambda_and_resumes_a_finished_pack(tmp_path):

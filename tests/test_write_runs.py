@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import formats
-import packer.samples
+import packer.sample_runs
 from formats import DatasetWriter, Field
 from formats.errors import SchemaError
 from formats.shard.dataset_writer import JOURNAL_NAME
@@ -206,25 +206,17 @@ def mixed(i):
 def test_pack_samples_writes_the_files_of_its_per_sample_path(tmp_path, monkeypatch, fn,
                                                               shard_size):
     opts = {"durable": False, "progress": False, "workers": 0, "shard_size": shard_size}
+    monkeypatch.setattr(packer.sample_runs, "RUN_SAMPLES", 64)  # several runs of small samples
     runs = []
     write_run = DatasetWriter.write_run
     monkeypatch.setattr(DatasetWriter, "write_run",
                         lambda self, columns, *a: runs.append(1) or write_run(self, columns, *a))
     pack_samples(fn, range(300), tmp_path / "runs", **opts)
     assert len(runs) >= 3  # the run path was taken (for some chunks at least)
-    monkeypatch.setattr(packer.samples, "check_run", lambda *a: None)
+    monkeypatch.setattr(packer.sample_runs, "check_run", lambda *a: None)
     pack_samples(fn, range(300), tmp_path / "items", **opts)
     a, b = dataset_files(tmp_path / "runs"), dataset_files(tmp_path / "items")
     assert a == b and any(k.endswith(".rec") for k in a)
-
-
-def test_where_a_run_stands_is_where_its_items_stand():
-    counts = [1, 0, 3, 2, 0, 1]
-    expected = []  # Item.at of each sample, as packer.samples._items gives it
-    for i, c in enumerate(counts):
-        expected += [(10 + i + 1, 0) if j == c - 1 else (10 + i, j + 1) for j in range(c)]
-    at = packer.samples._where(10, counts)
-    assert [at(k) for k in range(1, sum(counts) + 1)] == expected
 
 
 VALUES = {
@@ -311,10 +303,10 @@ def test_a_run_states_its_progress_at_any_seal_from_one_running_total():
     from packer.loop import Run, _run_state
 
     sizes = list(range(1, 2001))
-    state = _run_state(Run({"x": sizes}, sizes, lambda k: (k, 0)), 100, Counter(a=2), 7, "p")
+    state = _run_state(Run({"x": sizes}, sizes), 100, Counter(a=2), 7, "p")
     for k in (1, 2, 999, 2000):
         assert state(k) == {"next": 100 + k, "skipped": {"a": 2}, "bytes_in": 7 + sum(sizes[:k]),
-                            "plan": "p", "at": (k, 0)}
+                            "plan": "p"}
 
 
 def _deep(depth: int) -> list:
