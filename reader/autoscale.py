@@ -1,37 +1,53 @@
-"""``num_workers="auto"``: a worker count measured at start and adjusted while the loader runs.
+"""``num_workers="auto"``: the worker count that gives the training loop the most batches.
 
-The seed's rule of thumb (section 5.1): ideal workers = min(cores, expected
-throughput ÷ one worker's throughput) × 1.5, bounded by memory and by what the
-storage can feed. Here both rates are measured, not guessed:
+The objective is the consumer's rate: batches the training loop gets per second of
+a window (pauses between iterations left out). Workers are not a goal in
+themselves: on a machine whose cores the trainer's own Python, other programs or
+the hypervisor also take, only a measurement says whether one worker more or one
+fewer helps. So the count is found by measuring, starting from the seed's rule.
 
-* **demand**: how fast the consumer takes batches when one is ready (the time
-  between two ``next()`` calls, minus the time ``next()`` itself waited);
-* **one worker's rate**: 1 ÷ the mean wall time a worker spends on a batch
-  (``busy_s``);
-* **what kind of work**: the workers' CPU time ÷ their busy time. Near 1 the work
-  is CPU-bound and more workers than cores only compete for them, so the rule is
-  capped at the cores; well below 1 while cores stand idle the workers wait
-  (storage, the network, a ``sleep``) and up to twice the cores may run (below 1
-  with no idle core, they wait for the CPU itself: other programs take it).
+**Start** (the seed's rule, section 5.1, on measured rates), after the first
+window: ideal workers = min(cores, a worker's time per batch ÷ the consumer's time
+per batch) × 1.5, capped at the cores when the work is CPU-bound (the workers'
+CPU time ÷ busy time at least :data:`CPU_BOUND`, or no idle core) and at twice
+the cores when the workers wait on storage.
 
-The rule sets the count once, after the first :data:`WINDOW_S` of batches (windows
-run across epochs and ``break``s, pauses between them left out). Then, once per
-window:
+**Search** (a hill climb with hysteresis; :class:`Climb` holds it, with no clock
+and no ``/proc`` so recorded traces replay through it):
 
-* **one more** worker while the consumer waited for more than :data:`WAIT_HIGH`
-  of the window, the workers were busy, and at least :data:`IDLE_CORES` of a core
-  stood idle (more workers cannot help on a machine with no idle core);
-* **one fewer** while other processes keep the machine's cores over-subscribed
-  (their CPU use plus the workers' CPU use exceeds the cores: every process's time
-  slices shrink, and fewer workers switch less; workers that wait on storage use
-  little CPU and are not counted as load);
-* **one fewer** while the consumer waited for less than :data:`WAIT_LOW` of the
-  window and one worker fewer would still be busy for less than
-  :data:`SPARE_BUSY` of its time (workers that idle only hold memory).
+* a **probe** moves the count by one and measures one window at the new count:
+  one more worker while the consumer waited more than :data:`WAIT_HIGH` of the
+  window with the workers busy; one fewer while the consumer did not wait and one
+  worker fewer would still be busy less than :data:`SPARE_BUSY` of its time, or
+  while other programs compete for the cores (fewer processes switch less; kept
+  only if the rate says so);
+* a worker more **stays** only if the rate rose by :data:`GAIN`; a worker fewer
+  stays if the rate fell by at most :data:`LOSS` (the same rate with fewer
+  processes is better). A kept probe goes on in the same direction; one that did
+  not pay is undone, and that direction is not tried again;
+* with no direction left the count is **settled**: nothing moves until the
+  machine changes. Settling takes at most three windows on a steady workload
+  (start, probe, undo), and a settled count does not flip back and forth.
 
-Bounds: 1 to twice the usable cores, and no more than the memory available
-allows (:data:`WORKER_BYTES` of headroom per worker). Every change and its reason
-is kept in :attr:`WorkerScaler.changes` and shown by the monitor.
+**Re-opening** the search, each with its signal named in the change's reason:
+
+* *over-subscription*: the cores taken by other programs while no core stood idle
+  moved by :data:`OTHERS_MOVED` since the count settled. The signal is exact
+  accounting that leaves the loader out: the machine's busy time (``/proc/stat``)
+  minus the loader's own (``/proc/PID/stat`` of the main process and every
+  worker) minus steal time (the hypervisor's, which no count of workers wins
+  back). Chosen by measurement over CPU pressure (``/proc/pressure/cpu``), which
+  the loader's own runnable workers raise as much as other programs do, and over
+  the run queue (``procs_running``), a snapshot that needs sampling between
+  windows: ``python -m scripts.bench_workers --signals`` prints all three;
+* the settled count's rate moved by :data:`RATE_MOVED` (the workload changed).
+
+Each window starts :data:`SETTLE_BATCHES` batches after a change, so a new
+worker's start and the batches already in flight do not count for the new count.
+Bounds: 1 to twice the usable cores, and no more than the memory available allows
+(:data:`WORKER_BYTES` of headroom per worker). Every change and its reason is kept
+in :attr:`WorkerScaler.changes` and shown by the monitor; the windows themselves in
+:attr:`WorkerScaler.windows`.
 """
 
 from __future__ import annotations
@@ -39,19 +55,30 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
-from .proc import machine_cpu, process_state
+from .proc import machine_cpu, process_state, worker_pids
 
-__all__ = ["ScaleChange", "WindowFigures", "WorkerScaler", "decide", "usable_cores"]
+__all__ = ["Climb", "ScaleChange", "WindowFigures", "WorkerScaler", "seed_rule",
+           "usable_cores"]
 
 WINDOW_S = 2.0
+MIN_BATCHES = 8  # a window also holds at least this many batches
+SETTLE_BATCHES = 2  # batches after a change before the next window starts
 WAIT_HIGH = 0.05
 WAIT_LOW = 0.01
 IDLE_CORES = 0.75
 SPARE_BUSY = 0.6
 CPU_BOUND = 0.7  # workers' CPU time ÷ busy time above which the work is CPU-bound
+GAIN = 0.03  # a worker more stays only if the rate rose by this share
+LOSS = 0.02  # a worker fewer stays if the rate fell by at most this share
+CONTENDED = 0.5  # cores other programs take, with no core idle, that make a contest
+NO_IDLE = 0.25  # idle cores below this: none stood idle
+OTHERS_MOVED = 0.5  # cores: other programs' load moved this much re-opens the search
+RATE_MOVED = 0.25  # the settled count's rate moved by this share re-opens the search
 WORKER_BYTES = 256 << 20
+HISTORY = 256  # windows kept in WorkerScaler.windows
 
 
 def usable_cores() -> int:
@@ -85,20 +112,24 @@ class ScaleChange:
 
 @dataclass(frozen=True)
 class WindowFigures:
-    """What one window measured (all shares of the window's wall time).
+    """What one window measured (shares are of the window's wall time).
 
     Attributes:
         workers: workers running during the window.
+        rate: batches the consumer got per second.
         wait_share: the consumer's time blocked in ``next()``.
         consumer_s: the consumer's mean time per batch outside ``next()`` (0: none seen).
         busy_s: the workers' mean wall time per batch.
         busy_workers: worker-equivalents busy (sum of busy time ÷ window).
         cpu_per_busy: the workers' CPU time ÷ their busy time (None: unknown).
         idle_cores: cores the machine left idle (None: unknown).
-        other_cores: cores used by processes other than the loader's (None: unknown).
+        other_cores: cores used by processes other than the loader's, steal left
+            out (None: unknown).
+        steal_cores: cores the hypervisor took (None: unknown).
     """
 
     workers: int
+    rate: float
     wait_share: float
     consumer_s: float
     busy_s: float
@@ -106,6 +137,15 @@ class WindowFigures:
     cpu_per_busy: float | None
     idle_cores: float | None
     other_cores: float | None
+    steal_cores: float | None = None
+
+    @property
+    def contest(self) -> float:
+        """Cores other programs took while none stood idle: the over-subscription
+        signal (0 when a core stood idle or the machine's figures are unknown)."""
+        if self.other_cores is None or self.idle_cores is None or self.idle_cores >= NO_IDLE:
+            return 0.0
+        return self.other_cores
 
 
 def seed_rule(w: WindowFigures, cores: int, hi: int) -> tuple[int, str]:
@@ -127,25 +167,117 @@ def seed_rule(w: WindowFigures, cores: int, hi: int) -> tuple[int, str]:
                f"{n} workers")
 
 
-def decide(w: WindowFigures, cores: int, hi: int) -> tuple[int, str] | None:
-    """The change (+1 or -1, and why) a window calls for, or None."""
-    n = w.workers
-    # The workers' CPU, not their busy wall time: a worker waiting on storage loads no core.
-    worker_cores = w.busy_workers * (w.cpu_per_busy if w.cpu_per_busy is not None else 1.0)
-    over = (w.other_cores is not None and w.other_cores >= 0.5
-            and w.other_cores + worker_cores > cores + 0.5)
-    if over and n > 1:
-        return -1, (f"other processes use {w.other_cores:.1f} of {cores} cores: the machine "
-                    "is over-subscribed, fewer workers compete less")
-    if (w.wait_share > WAIT_HIGH and n < hi and w.busy_workers >= 0.75 * n
-            and (w.idle_cores is None or w.idle_cores >= IDLE_CORES)):
-        idle = "" if w.idle_cores is None else f" and {w.idle_cores:.1f} cores idle"
-        return +1, (f"the consumer waited {w.wait_share:.0%} of the time, with the workers "
-                    f"busy{idle}")
-    if w.wait_share < WAIT_LOW and n > 1 and w.busy_workers < SPARE_BUSY * (n - 1):
-        return -1, (f"the consumer did not wait and the workers were busy "
-                    f"{w.busy_workers:.1f} of {n}: one fewer is enough")
-    return None
+def _others(w: WindowFigures, cores: int) -> str:
+    return f"other programs took {w.contest:.1f} of {cores} cores with none idle"
+
+
+@dataclass
+class Climb:
+    """The search for the count that gives the best rate (see the module docstring).
+
+    Pure: :meth:`step` takes one window's figures and returns the change it calls for,
+    so a trace of windows replays through it exactly.
+
+    Args:
+        cores: usable cores.
+        hi: the most workers allowed.
+    """
+
+    cores: int
+    hi: int
+    ruled: bool = False  # the seed's rule has set the count
+    rates: dict[int, float] = field(default_factory=dict)  # since the search (re)opened
+    tried: set[int] = field(default_factory=set)  # directions undone since then
+    probe: tuple[int, int, float] | None = None  # (from count, direction, contest then)
+    settled: tuple[int, float, float] | None = None  # (count, rate, contest) when settled
+
+    def step(self, w: WindowFigures) -> tuple[int, str] | None:
+        """The new worker count after window ``w`` and why, or None to keep it."""
+        n = w.workers
+        if not self.ruled:
+            self.ruled = True
+            target, why = seed_rule(w, self.cores, self.hi)
+            self.rates[n] = w.rate
+            if target != n:
+                return target, f"seed rule: {why}"
+            return self._next(w, None, f"seed rule: {why}")
+        if self.probe is not None:
+            return self._judge(w)
+        if self.settled is not None:
+            reopen = self._changed(w)
+            if reopen is None:
+                return None
+            self.settled = None
+            self.rates, self.tried = {n: w.rate}, set()
+            return self._next(w, None, reopen)
+        self.rates[n] = w.rate
+        return self._next(w, None, "")
+
+    def _judge(self, w: WindowFigures) -> tuple[int, str] | None:
+        """The window after a probe: keep the new count, or go back."""
+        base, d, contest = self.probe
+        self.probe = None
+        n = w.workers
+        if abs(w.contest - contest) >= OTHERS_MOVED:
+            # The machine changed during the probe: its window compares nothing.
+            self.rates, self.tried = {n: w.rate}, set()
+            return self._next(w, None, f"{_others(w, self.cores)} (was {contest:.1f}): "
+                                       "measuring again")
+        before = self.rates.get(base, 0.0)
+        self.rates[n] = w.rate
+        change = w.rate / before - 1.0 if before > 0 else 0.0
+        kept = change >= GAIN if d > 0 else change >= -LOSS
+        said = (f"{n} workers gave {w.rate:.1f} batches/s, {change:+.0%} on {base}'s "
+                f"{before:.1f}")
+        if kept:
+            return self._next(w, d, f"{said}: keeping {n}")
+        self.tried.add(d)
+        bar = f"not the {GAIN:.0%} a worker more must bring" if d > 0 else \
+              f"more than the {LOSS:.0%} a worker fewer may cost"
+        return base, f"{said}, {bar}: back to {base}"
+
+    def _next(self, w: WindowFigures, prefer: int | None, said: str) -> tuple[int, str] | None:
+        """Probe from ``w.workers`` (``prefer``: the direction that just paid), or settle."""
+        n = w.workers
+        d, why = self._direction(w, prefer)
+        if d == 0:
+            self.settled = (n, w.rate, w.contest)
+            return None
+        self.probe = (n, d, w.contest)
+        words = f"{said}; " if said else ""
+        return n + d, f"{words}{why}: trying {n + d}"
+
+    def _direction(self, w: WindowFigures, prefer: int | None) -> tuple[int, str]:
+        n = w.workers
+        up = down = None
+        if n < self.hi and +1 not in self.tried and w.wait_share > WAIT_HIGH \
+                and w.busy_workers >= 0.75 * n:
+            up = f"the consumer waited {w.wait_share:.0%} of the window with the workers busy"
+        if n > 1 and -1 not in self.tried:
+            if w.wait_share < WAIT_LOW and w.busy_workers < SPARE_BUSY * (n - 1):
+                down = (f"the consumer did not wait and the workers were busy "
+                        f"{w.busy_workers:.1f} of {n}")
+            elif w.contest >= CONTENDED and prefer is None:
+                down = f"{_others(w, self.cores)}: fewer processes may switch less"
+        if prefer == +1 and up:
+            return +1, up
+        if prefer == -1 and down:
+            return -1, down
+        if prefer is None and up:
+            return +1, up
+        if prefer is None and down:
+            return -1, down
+        return 0, ""
+
+    def _changed(self, w: WindowFigures) -> str | None:
+        """Why the settled count's search opens again, or None."""
+        n, rate, contest = self.settled
+        if abs(w.contest - contest) >= OTHERS_MOVED:
+            return f"{_others(w, self.cores)} (was {contest:.1f} when {n} workers settled)"
+        if rate > 0 and abs(w.rate / rate - 1.0) >= RATE_MOVED:
+            return (f"the rate moved from {rate:.1f} to {w.rate:.1f} batches/s at {n} "
+                    "workers (the workload changed)")
+        return None
 
 
 class WorkerScaler:
@@ -160,10 +292,16 @@ class WorkerScaler:
         self.cores = cores or usable_cores()
         self.hi = self._memory_cap(2 * self.cores)
         self.start = max(1, min(start or self.cores, self.hi))
+        self.climb = Climb(self.cores, self.hi)
         self.changes: list[ScaleChange] = []
-        self.ruled = False  # the seed's rule has set the count
+        self.windows: deque[WindowFigures] = deque(maxlen=HISTORY)
         self._t0 = time.perf_counter()
+        self._moved = True  # the first window starts once the workers deliver
         self.mark(self._t0, [])
+
+    @property
+    def ruled(self) -> bool:
+        return self.climb.ruled
 
     @staticmethod
     def _memory_cap(hi: int) -> int:
@@ -178,24 +316,39 @@ class WorkerScaler:
         self._last = now
 
     def mark(self, now: float, pids: list[int]) -> None:
-        """Start a window at ``now`` with workers ``pids``."""
+        """Start a window with workers ``pids``: at ``now``, or, after a change of the
+        count (and at the start), :data:`SETTLE_BATCHES` batches later, so a new
+        worker's start and the batches already in flight count for no window."""
+        self._pids = list(pids)
+        self._settle, self._moved = (SETTLE_BATCHES if self._moved else 0), False
+        self._open(now)
+
+    def _open(self, now: float) -> None:
         self._since = self._last = now
         self._waited = self._consumer = self._busy = 0.0
         self._batches = 0
         self._machine = machine_cpu()
-        self._cpu = _cpu_times([os.getpid(), *pids])
+        # Before the first change the loader has not named its workers: its children.
+        self._cpu = _cpu_times([os.getpid(), *(self._pids or worker_pids())])
 
     def on_batch(self, waited_s: float, consumer_s: float, busy_s: float) -> None:
         """One delivered batch: how long ``next()`` waited, the consumer's time
         since the previous ``next()`` returned, the worker's busy time."""
+        now = time.perf_counter()
+        if self._settle:
+            self._settle -= 1
+            if not self._settle:
+                self._open(now)
+            return
         self._waited += waited_s
         self._consumer += consumer_s
         self._busy += busy_s
         self._batches += 1
-        self._last = time.perf_counter()
+        self._last = now
 
     def due(self, now: float) -> bool:
-        return now - self._since >= WINDOW_S and self._batches >= 2
+        return (not self._settle and now - self._since >= WINDOW_S
+                and self._batches >= MIN_BATCHES)
 
     def window(self, now: float, pids: list[int]) -> WindowFigures:
         """The figures of the window ending ``now`` (then a new window starts)."""
@@ -204,38 +357,32 @@ class WorkerScaler:
         used = {p: c - self._cpu.get(p, 0.0) for p, c in cpu.items()}
         worker_cpu = sum(used.get(p, 0.0) for p in pids) if len(cpu) == len(pids) + 1 else None
         machine = machine_cpu()
-        idle = other = None
+        idle = other = steal = None
         if machine is not None and self._machine is not None and machine.total > self._machine.total:
-            share = (machine.busy - self._machine.busy) / (machine.total - self._machine.total)
+            ticks = machine.total - self._machine.total
+            share = (machine.busy - self._machine.busy) / ticks
             idle = (1.0 - share) * self.cores
-            other = max(0.0, share * self.cores - sum(used.values()) / span)
+            steal = (machine.steal - self._machine.steal) / ticks * self.cores
+            other = max(0.0, share * self.cores - sum(used.values()) / span - steal)
         b = max(self._batches, 1)
         w = WindowFigures(
-            workers=len(pids), wait_share=self._waited / span, consumer_s=self._consumer / b,
-            busy_s=self._busy / b, busy_workers=self._busy / span,
+            workers=len(pids), rate=self._batches / span, wait_share=self._waited / span,
+            consumer_s=self._consumer / b, busy_s=self._busy / b, busy_workers=self._busy / span,
             cpu_per_busy=worker_cpu / self._busy if worker_cpu is not None and self._busy else None,
-            idle_cores=idle, other_cores=other)
+            idle_cores=idle, other_cores=other, steal_cores=steal)
+        self.windows.append(w)
         self.mark(now, pids)
         return w
 
     def step(self, w: WindowFigures) -> int:
         """The worker count after window ``w`` (recording the change, if any)."""
-        n = w.workers
-        if not self.ruled:
-            self.ruled = True
-            target, why = seed_rule(w, self.cores, self.hi)
-            if target != n:
-                self._record(n, target, f"seed rule: {why}")
-            return target
-        change = decide(w, self.cores, self.hi)
-        if change is None:
-            return n
-        delta, why = change
-        self._record(n, n + delta, why)
-        return n + delta
-
-    def _record(self, before: int, after: int, reason: str) -> None:
-        self.changes.append(ScaleChange(time.perf_counter() - self._t0, before, after, reason))
+        change = self.climb.step(w)
+        if change is None or change[0] == w.workers:
+            return w.workers
+        target, why = change
+        self._moved = True
+        self.changes.append(ScaleChange(time.perf_counter() - self._t0, w.workers, target, why))
+        return target
 
 
 def _cpu_times(pids: list[int]) -> dict[int, float]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["CpuTicks", "MachineCpu", "ProcCpu", "ProcState", "describe", "machine_cpu",
-           "process_state", "process_ticks"]
+           "process_state", "process_ticks", "worker_pids"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -34,10 +34,12 @@ _STATES = {
 @dataclass(frozen=True)
 class MachineCpu:
     """Cumulative CPU time of the whole machine, in clock ticks summed over all cores:
-    ``busy`` is everything but idle and iowait."""
+    ``busy`` is everything but idle and iowait; ``steal`` (inside ``busy``) is what
+    the hypervisor gave other guests."""
 
     busy: int
     total: int
+    steal: int = 0
 
 
 def machine_cpu(root: str = "/proc") -> MachineCpu | None:
@@ -52,7 +54,7 @@ def machine_cpu(root: str = "/proc") -> MachineCpu | None:
     except (OSError, ValueError):
         return None
     total = sum(ticks)
-    return MachineCpu(total - ticks[3] - ticks[4], total)
+    return MachineCpu(total - ticks[3] - ticks[4], total, ticks[7])
 
 
 def _stat_fields(pid: int, root: str) -> list[bytes] | None:
@@ -134,7 +136,7 @@ class CpuTicks(NamedTuple):
     loader: int
 
 
-def _worker_pids() -> list[int]:
+def worker_pids() -> list[int]:
     # The loader's workers are this process's multiprocessing children; the list
     # also reaps finished ones, as every Process.start() does.
     return [p.pid for p in multiprocessing.active_children() if p.pid is not None]
@@ -157,7 +159,7 @@ class ProcCpu:
     """
 
     def __init__(self, pids: Callable[[], Iterable[int]] | None = None, root: str = "/proc") -> None:
-        self.pids = pids or _worker_pids
+        self.pids = pids or worker_pids
         self.root = root
 
     def __call__(self) -> CpuTicks | None:
