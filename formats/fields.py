@@ -18,10 +18,12 @@ from .errors import SchemaError
 from .sniff import sniff
 
 __all__ = [
+    "BOXES_FIELD",
     "BYTES_TYPES",
     "COMPRESSIONS",
     "FIELD_TYPES",
     "IMAGE_TYPES",
+    "PER_BOX_NAMES",
     "SCALAR_TYPES",
     "Field",
     "ImageKinds",
@@ -32,6 +34,12 @@ __all__ = [
 ]
 
 BYTES_TYPES = frozenset({"bytes", "jpeg", "png", "image"})
+# The detection fields found by name: the Loader (reader.Annotations) moves the boxes
+# field (ndarray [None, 4], xyxy pixels) with the image and filters the per-box fields
+# (ndarrays with one row per box) with it; pack_samples infers each of them with a
+# variable first dimension, since the number of boxes varies between images.
+BOXES_FIELD = "boxes"
+PER_BOX_NAMES = frozenset({"labels", "iscrowd", "area", "keypoints", "scores", "classes"})
 # Encoded images; a writer types such a field by what it holds (jpeg, png, or image).
 IMAGE_TYPES = frozenset({"jpeg", "png", "image"})
 

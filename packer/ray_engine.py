@@ -361,6 +361,7 @@ def pack_samples_on_ray(fn, inputs, dst: str | Path, fields, options: PackOption
     _check(None, dst_text, options)
     ray = import_ray()
     plan = plan_samples(fn, inputs, fields, options)
+    summary.per_box_fields = plan.per_box
     part = SampleRange(fn, inputs, 0, plan.fields, plan.fingerprint)
     return drive(_on_ray(ray, options), summary.src, part, dst_text, plan.fingerprint,
                  made_by(fn, plan.fields, options), options, progress, summary)

@@ -86,6 +86,9 @@ class PackSummary:
     resumed_records: int = 0
     empty_classes: tuple[str, ...] = ()
     image_type: str | None = None
+    #: Detection fields whose schema was inferred with a variable first dimension by
+    #: their name (``pack_samples``: :func:`packer.schema.per_box_fields`).
+    per_box_fields: tuple[str, ...] = ()
     complete: bool = False
 
     @property
@@ -113,6 +116,7 @@ class PackSummary:
             "mb_per_second": round(self.bytes_in / s / 1e6, 1),
             "empty_classes": list(self.empty_classes),
             "image_type": self.image_type,
+            "per_box_fields": list(self.per_box_fields),
         }
 
 
@@ -146,6 +150,9 @@ def format_summary(s: PackSummary) -> str:
         rows.insert(2, ("image field", s.image_type))
     if s.empty_classes:
         rows.append(("empty classes", ", ".join(s.empty_classes)))
+    if s.per_box_fields:
+        rows.append(("per-box fields", ", ".join(s.per_box_fields) + " (inferred with a "
+                     "variable first dimension: one row per box)"))
     if s.records_skipped:
         rows.append(("skip list", f"{s.dst}/skipped.jsonl"))
     width = max(len(k) for k, _ in rows)

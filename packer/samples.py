@@ -69,6 +69,7 @@ from .schema import (
     describe,
     infer_fields,
     parse_schema,
+    per_box_fields,
 )
 
 __all__ = ["SOURCE_KIND", "SampleRange", "made_by", "pack_samples", "plan_samples"]
@@ -91,6 +92,7 @@ class _Plan:
 
     fields: tuple[Field, ...]
     fingerprint: str
+    per_box: tuple[str, ...] = ()  # inferred: detection fields, first dimension variable
 
 
 def _infer(fn: Callable, inputs: Sequence) -> tuple[tuple[Field, ...], int]:
@@ -311,6 +313,7 @@ def _pack(fn, inputs: Sequence, dst: Path, fields, options: PackOptions,
 
     def run(folder: Path) -> PackSummary:
         plan = plan_samples(fn, inputs, fields, options, task_records)
+        summary.per_box_fields = plan.per_box
         part = SampleRange(fn, inputs, 0, plan.fields, plan.fingerprint)
         return drive(_LocalRanges(options.num_workers), summary.src, part,
                      os.path.abspath(folder), plan.fingerprint,
@@ -485,9 +488,12 @@ class SampleRange:
 def plan_samples(fn, inputs: Sequence, fields, options: PackOptions,
                  task_records: int | None = None) -> _Plan:
     """The schema (given or inferred) and the fingerprint a resume must match."""
+    per_box: tuple[str, ...] = ()
     if fields is None:
         fields, _ = _infer(fn, inputs)
-    return _Plan(tuple(fields), _fingerprint(fn, inputs, fields, options, task_records))
+        per_box = per_box_fields(fields)
+    return _Plan(tuple(fields), _fingerprint(fn, inputs, fields, options, task_records),
+                 per_box)
 
 
 def made_by(fn, fields, options: PackOptions, task_records: int | None = None) -> dict:

@@ -18,10 +18,19 @@ value                                       field
 ``dict`` / ``list``                         ``json``
 ``numpy.ndarray``                           ``ndarray`` of its dtype and shape; a
                                             dimension that differs between the first
-                                            samples is variable (``None``)
+                                            samples is variable (``None``), and so is
+                                            the first dimension of a detection field
+                                            (:func:`per_box_fields`)
 ``None``                                    the type of the first sample that holds
                                             something else there (all None: ``json``)
 ==========================================  ==============================================
+
+A detection field (``boxes`` and the per-box names of
+:data:`formats.fields.PER_BOX_NAMES`: ``labels``, ``iscrowd``, ``area``, ``keypoints``...)
+holds one row per box, and the number of boxes varies between images even when the
+first samples happen to agree: its first dimension is inferred as ``None``, so the
+Loader moves and filters it with the image (``[3, 4]`` would be refused there), and
+the pack's summary lists these fields (``per_box_fields``).
 
 Checking (:func:`check_sample`) never casts: an array of another dtype, a float in an
 ``int`` field or a str that is not UTF-8 is bad input, returned as a *kind* and a
@@ -37,14 +46,14 @@ from typing import Any
 import numpy as np
 
 from formats.errors import SchemaError
-from formats.fields import BYTES_TYPES, IMAGE_TYPES, Field, json_payload
+from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES, Field, json_payload
 from formats.sniff import image_kind
 
 from .errors import PackError, UsageError
 from .work import WorkOptions, prepare
 
 __all__ = ["INFER_SAMPLES", "Bad", "check_run", "check_sample", "describe", "infer_fields",
-           "parse_schema"]
+           "parse_schema", "per_box_fields"]
 
 #: How many samples (the first, in input order) inference reads.
 INFER_SAMPLES = 64
@@ -186,8 +195,21 @@ def infer_fields(samples: list[tuple[str, dict]]) -> tuple[Field, ...]:
         for v in values:
             if isinstance(v, np.ndarray) and v.dtype == arr.dtype and v.ndim == arr.ndim:
                 shape = [d if d == n else None for d, n in zip(shape, v.shape, strict=True)]
+        if shape and _is_per_box(key):
+            shape[0] = None  # one row per box: the count varies between images
         fields.append(Field(key, "ndarray", dtype=arr.dtype.str, shape=tuple(shape)))
     return tuple(fields)
+
+
+def _is_per_box(name: str) -> bool:
+    return name == BOXES_FIELD or name in PER_BOX_NAMES
+
+
+def per_box_fields(fields: tuple[Field, ...]) -> tuple[str, ...]:
+    """The detection fields among inferred ``fields`` (see the module docstring): what
+    a summary says was given a variable first dimension by name."""
+    return tuple(f.name for f in fields if f.type == "ndarray" and f.shape
+                 and _is_per_box(f.name))
 
 
 # -- checking one sample --------------------------------------------------------------------

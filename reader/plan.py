@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from formats.fields import BYTES_TYPES, IMAGE_TYPES
+from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 
 from .batching import field_sizes, known_image_sizes
 from .collate import Padded, VarField
@@ -26,10 +26,7 @@ from .sample import Annotations, SampleSpec
 from .slots import SlotLayout
 from .transforms import Resize, ResizeShortestEdge
 
-__all__ = ["PER_BOX_NAMES", "BatchPlan", "plan_batch"]
-
-# Fields that hold one row per box wherever detection datasets have them.
-PER_BOX_NAMES = frozenset({"labels", "iscrowd", "area", "keypoints", "scores", "classes"})
+__all__ = ["BatchPlan", "plan_batch"]
 
 
 @dataclass(frozen=True)
@@ -85,13 +82,12 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
             return value
         return default
 
-    boxes_default = "boxes" if ("boxes" in names and types["boxes"].type == "ndarray"
-                                and tuple(types["boxes"].shape) == (None, 4)) else None
-    if ann.boxes is None and "boxes" in names and boxes_default is None and image is not None:
-        f = types["boxes"]
-        raise ValueError(f"field 'boxes' is {f.type} {f.dtype or ''} {f.shape or ''}, not the "
-                         "[None, 4] xyxy boxes that follow the image's geometry: pass "
-                         "annotations=reader.Annotations(boxes='') to read it as it is")
+    boxes_default = BOXES_FIELD if (BOXES_FIELD in names
+                                    and types[BOXES_FIELD].type == "ndarray"
+                                    and tuple(types[BOXES_FIELD].shape) == (None, 4)) else None
+    if ann.boxes is None and BOXES_FIELD in names and boxes_default is None \
+            and image is not None:
+        raise ValueError(_boxes_hint(types[BOXES_FIELD]))
     boxes = named(ann.boxes, boxes_default, "boxes")
     if boxes is not None and not (_var_rows(types[boxes]) and types[boxes].shape[1:] == (4,)):
         raise ValueError(f"boxes field {boxes!r} must be an ndarray of shape [None, 4] (xyxy "
@@ -130,6 +126,22 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
         masks = tuple(n for n in names if n != image and _is_mask(n)
                       and types[n].type in IMAGE_TYPES)
     return boxes, keypoints, per_box, masks
+
+
+def _boxes_hint(f) -> str:
+    """Why a field named ``boxes`` cannot follow the image, and the way out: a fixed
+    count of boxes (every record the same) is a schema that said so, fixed by packing
+    it with a variable first dimension."""
+    text = (f"field {f.name!r} is {f.type} {f.dtype or ''} {f.shape or ''}, not the [None, 4] "
+            "xyxy boxes that follow the image's geometry: ")
+    if f.type == "ndarray" and len(f.shape or ()) == 2 and f.shape[1] == 4:
+        dtype = np.dtype(f.dtype).name
+        return text + (f"its first dimension is fixed ({f.shape[0]} boxes in every record); "
+                       f"pack it with a variable one (pack_samples(..., schema={{'{f.name}': "
+                       f"'{dtype}[None,4]', ...}}), per-box fields such as labels "
+                       "likewise [None]), or pass annotations=reader.Annotations(boxes='') "
+                       "to read it as it is, untransformed")
+    return text + "pass annotations=reader.Annotations(boxes='') to read it as it is"
 
 
 def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:

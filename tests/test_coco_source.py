@@ -97,6 +97,14 @@ def _negative_box(doc):
     doc["annotations"][1]["bbox"] = [5, 2, 4, -1]
 
 
+def _text_in_box(doc):
+    doc["annotations"][1]["bbox"] = [5, "a", 4, 3]
+
+
+def _three_values_box(doc):
+    doc["annotations"][1]["bbox"] = [5, 2, 4]
+
+
 def _unknown_category(doc):
     doc["annotations"][1]["category_id"] = 4
 
@@ -131,6 +139,10 @@ CASES = {
     "box outside the image": (_bad_box, "bad-box", ["annotation id 11", "outside"]),
     "box of zero width": (_zero_box, "bad-box", ["annotation id 11", "width 0"]),
     "box of negative height": (_negative_box, "bad-box", ["annotation id 11", "height -1"]),
+    "box holding text": (_text_in_box, "bad-box", ["annotation id 11", "[5, 'a', 4, 3]",
+                                                   "holds 'a' at [1], not a number"]),
+    "box of three values": (_three_values_box, "bad-box", ["annotation id 11",
+                                                           "has 3 values, not four numbers"]),
     "undeclared category": (_unknown_category, "unknown-category", ["annotation id 11",
                                                                    "category id 4"]),
     "annotation id used twice": (_reused_annotation_id, "bad-annotation", ["annotation id 12"]),
@@ -184,8 +196,9 @@ def test_an_annotation_of_no_image_is_an_input_of_its_own(tmp_path, rng):
     doc["annotations"].append({"id": 99, "image_id": 77, "category_id": 3, "bbox": [1, 1, 2, 2]})
     ann = tmp_path / "a.json"
     ann.write_text(json.dumps(doc))
-    with pytest.raises(formats.ShardpackError, match=r"annotation id 99 .*image id 77"):
+    with pytest.raises(formats.ShardpackError, match=r"annotation id 99 .*image id 77") as info:
         pack(images_dir, tmp_path / "fail", opts(ann))
+    assert str(info.value).count("a.json") == 1, str(info.value)  # its path, said once
     s = pack(images_dir, tmp_path / "skip", opts(ann, on_error="skip"))
     assert (s.records_written, dict(s.skipped), s.records_in) == (3, {"no-such-image": 1}, 4)
     line = json.loads((tmp_path / "skip" / "skipped.jsonl").read_text())

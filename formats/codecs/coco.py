@@ -36,9 +36,9 @@ with ``[0, 4]`` boxes, unless ``--drop-empty`` (then it is listed as skipped, ki
 
 Bad input is the record's (its image's) problem: the pack fails naming the
 annotation file, the image id and the annotation id, or skips the image with
-``--on-error skip`` (``skipped.jsonl``, kind in brackets): a box with a side <= 0,
-not finite, or reaching more than :data:`BOX_TOLERANCE` pixel outside the image
-(``bad-box``); a category id that ``categories`` does not declare
+``--on-error skip`` (``skipped.jsonl``, kind in brackets): a ``bbox`` that is not
+four numbers, a box with a side <= 0, not finite, or reaching more than
+:data:`BOX_TOLERANCE` pixel outside the image (``bad-box``); a category id that ``categories`` does not declare
 (``unknown-category``); an annotation id used twice, an area or polygon
 coordinate that is not finite, an RLE mask whose size is not the image's
 (``bad-annotation``); an image id listed twice (every entry of it:
@@ -49,7 +49,7 @@ an empty part, a backslash or NUL (``unsafe-path``: never opened, whatever
 source). An annotation whose ``image_id`` no image has is an input of its own,
 named ``annotations[K]`` (``no-such-image``). A file that is not COCO's shape
 (not an object, no ``images`` list, a value of the wrong type) fails at once
-naming the JSON path, e.g. ``annotations[12].bbox``.
+naming the JSON path, e.g. ``annotations[12].bbox`` (not a list).
 
 ``--max-side`` scales what is in pixels with the image it shrinks: boxes,
 polygon coordinates, area, height and width, each axis by its own factor
@@ -143,8 +143,8 @@ class _Ann:
     id: int
     image_id: int
     category_id: int
-    bbox: tuple[float, float, float, float]
-    area: float
+    bbox: tuple  # [x, y, w, h] as given: four numbers unless _box_problem says otherwise
+    area: float | None  # None: absent (then the stored box's area)
     iscrowd: int
     segmentation: Any
 
@@ -190,17 +190,18 @@ def _annotation(j: _Json, a: Any, k: int) -> _Ann:
     where = f"annotations[{k}]"
     if type(a) is not dict:
         raise j.fail(where, "an object", a)
+    # A list whose values are not four numbers is its image's bad box (_box_problem),
+    # named with the image and annotation ids, and skippable.
     bbox = j.get(a, "bbox", where, "list")
-    if len(bbox) != 4 or not all(_number(v) for v in bbox):
-        raise j.fail(f"{where}.bbox", "[x, y, width, height], four numbers", bbox)
     area = j.get(a, "area", where, "number", required=False)
     iscrowd = a.get("iscrowd", 0)
     if iscrowd not in (0, 1) or type(iscrowd) not in (int, bool):
         raise j.fail(f"{where}.iscrowd", "0 or 1", iscrowd)
-    x, y, w, h = (float(v) for v in bbox)
+    if len(bbox) == 4 and all(_number(v) for v in bbox):
+        bbox = [float(v) for v in bbox]
     return _Ann(k, j.get(a, "id", where, "int"), j.get(a, "image_id", where, "int"),
-                j.get(a, "category_id", where, "int"), (x, y, w, h),
-                w * h if area is None else float(area), int(iscrowd),
+                j.get(a, "category_id", where, "int"), tuple(bbox),
+                None if area is None else float(area), int(iscrowd),
                 _segmentation(j, a.get("segmentation"), f"{where}.segmentation"))
 
 
@@ -218,6 +219,11 @@ def _unsafe(name: str) -> str | None:
 
 
 def _box_problem(a: _Ann, width: int, height: int) -> str | None:
+    if len(a.bbox) != 4:
+        return f"has {len(a.bbox)} values, not four numbers"
+    odd = next((i for i, v in enumerate(a.bbox) if not _number(v)), None)
+    if odd is not None:
+        return f"holds {_what(a.bbox[odd])!r} at [{odd}], not a number"
     x, y, w, h = a.bbox
     if not all(math.isfinite(v) for v in a.bbox):
         return "is not finite"
@@ -234,12 +240,13 @@ def _annotation_problem(a: _Ann, width: int, height: int, labels: dict[int, int]
                         reused: set[int]) -> tuple[str, str] | None:
     bad = _box_problem(a, width, height)
     if bad:
-        return "bad-box", f"box [x, y, w, h] = {list(a.bbox)} {bad}"
+        shown = list(a.bbox) if len(a.bbox) <= 8 else _what(list(a.bbox))
+        return "bad-box", f"box [x, y, w, h] = {shown} {bad}"
     if a.category_id not in labels:
         return "unknown-category", f"category id {a.category_id} is not in categories"
     if a.id in reused:
         return "bad-annotation", f"annotation id {a.id} is used by more than one annotation"
-    if not math.isfinite(a.area) or a.area < 0:
+    if a.area is not None and (not math.isfinite(a.area) or a.area < 0):
         return "bad-annotation", f"area {a.area} is not a finite number >= 0"
     seg = a.segmentation
     if type(seg) is dict and seg["size"] != [height, width]:
@@ -258,7 +265,8 @@ def _arrays(anns: list[_Ann], labels: dict[int, int]) -> dict[str, Any]:
         "boxes": xywh.astype(np.float32),
         "labels": np.array([labels[a.category_id] for a in anns], np.int64),
         "iscrowd": np.array([a.iscrowd for a in anns], np.uint8),
-        "area": np.array([a.area for a in anns], np.float32),
+        "area": np.array([a.bbox[2] * a.bbox[3] if a.area is None else a.area for a in anns],
+                         np.float32),
         "segmentation": [a.segmentation for a in anns],
     }
 
@@ -357,7 +365,8 @@ def list_coco(images_dir: str | Path, annotations: str | Path | None, *, to_jpeg
     known = set(listed)
     for a in anns:  # an annotation of no listed image: an input of its own
         if a.image_id not in known:
-            problems[len(paths)] = ("no-such-image", f"{name}: annotation id {a.id} "
+            # Its input is the annotation file itself: the error names it once, as its path.
+            problems[len(paths)] = ("no-such-image", f"annotation id {a.id} "
                                     f"(annotations[{a.index}]) is for image id {a.image_id}, "
                                     "which images does not list")
             paths.append(name)
