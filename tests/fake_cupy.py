@@ -117,7 +117,8 @@ def _elementwise_kernel(in_params, out_params, body, name):
 _current = _Stream()
 runtime = types.SimpleNamespace(
     getDeviceCount=lambda: 1, hostRegister=_host_register, hostUnregister=_host_unregister,
-    CUDARuntimeError=CUDARuntimeError, getDeviceProperties=lambda i: {"name": b"fake"})
+    CUDARuntimeError=CUDARuntimeError, getDeviceProperties=lambda i: {"name": b"fake"},
+    driverGetVersion=lambda: 0, runtimeGetVersion=lambda: 0)
 cuda = types.SimpleNamespace(
     runtime=runtime, Device=_Device, Stream=_Stream, Event=_Event, ExternalStream=_Stream,
     get_current_stream=lambda: _current, get_elapsed_time=lambda a, b: 1.0,

@@ -97,12 +97,13 @@ def _gpu_or_skip():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_gpu_kernel_matches_numpy_reference(rng, layout):
+def test_gpu_kernel_matches_numpy_reference(rng, layout, dtype):
     cp = _gpu_or_skip()
     from reader.device import _CudaState
 
-    opts = DeviceOptions(dtype="float32", layout=layout)
+    opts = DeviceOptions(dtype=dtype, layout=layout)
     state = _CudaState(cp, opts, rank=0)
     images = rng.integers(0, 256, (4, 9, 11, 3), dtype=np.uint8)
     from reader.device import CudaSink
@@ -110,7 +111,9 @@ def test_gpu_kernel_matches_numpy_reference(rng, layout):
     sink = CudaSink.__new__(CudaSink)
     sink.state = state
     got = cp.asnumpy(sink._images(cp.asarray(images)))
-    np.testing.assert_allclose(got, normalize(images, opts), rtol=1e-5, atol=1e-4)
+    assert got.dtype == np.dtype(dtype)
+    tol = 1e-2 if dtype == "float16" else 1e-4  # float16 keeps 11 bits: |x| <= 2.7 here
+    np.testing.assert_allclose(got.astype(np.float32), normalize(images, opts), rtol=1e-3, atol=tol)
 
 
 def test_cuda_loader_fails_at_construction_without_cupy(tmp_path, monkeypatch):
@@ -125,8 +128,13 @@ def test_cuda_loader_fails_at_construction_without_cupy(tmp_path, monkeypatch):
         reader.Loader(tmp_path, batch_size=2, device="cuda", num_workers=0)
 
 
-@pytest.fixture
-def fake_cupy(monkeypatch):
+@pytest.fixture(params=["stand-in", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device_cupy(request, monkeypatch):
+    """The cupy the device='cuda' tests run on: numpy standing in for it (tests/fake_cupy.py,
+    which also records each copy and registration), and the real one on a GPU.
+    ``-m gpu`` selects the real one alone (scripts/gpu_check.sh does)."""
+    if request.param == "cuda":
+        return _gpu_or_skip()
     from tests import fake_cupy
 
     fake_cupy.registered.clear()
@@ -135,44 +143,57 @@ def fake_cupy(monkeypatch):
     return fake_cupy
 
 
-@pytest.mark.parametrize("pinning", ["register", "staging"])
-def test_cuda_path_end_to_end_on_a_fake_device(tmp_path, rng, fake_cupy, pinning):
-    """The whole device='cuda' flow, with numpy standing in for the GPU."""
+def _jpeg_dataset(path, rng, n):
     import simplejpeg
 
     import formats
+
+    with formats.DatasetWriter(path, [formats.Field("image", "jpeg"),
+                                      formats.Field("label", "int")]) as w:
+        for i in range(n):
+            img = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+            w.write({"image": simplejpeg.encode_jpeg(img), "label": i})
+
+
+@pytest.mark.parametrize(("pinning", "dtype", "layout"), [
+    ("register", "float32", "NCHW"), ("staging", "float32", "NCHW"),
+    ("register", "float16", "NHWC"), ("staging", "float16", "NCHW"),
+    ("register", "uint8", "NCHW")])
+def test_cuda_path_end_to_end(tmp_path, rng, device_cupy, pinning, dtype, layout):
+    """The whole device='cuda' flow (CUDA sink) gives what the CPU sink gives, normalized."""
     import reader
     from reader.transforms import CenterCrop
 
-    with formats.DatasetWriter(tmp_path, [formats.Field("image", "jpeg"),
-                                          formats.Field("label", "int")]) as w:
-        for i in range(10):  # 10 records, batch 4: the last batch is partial
-            img = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
-            w.write({"image": simplejpeg.encode_jpeg(img), "label": i})
-    opts = DeviceOptions(dtype="float32", layout="NCHW", pinning=pinning)
+    _jpeg_dataset(tmp_path, rng, 10)  # 10 records, batch 4: the last batch is partial
+    opts = DeviceOptions(dtype=dtype, layout=layout, pinning=pinning)
     cpu = reader.Loader(tmp_path, 4, num_workers=1, transform=[CenterCrop(32)], copy=True)
     want = [(normalize(b["image"], opts), b["label"]) for b in cpu]
     cpu.close()
     gpu = reader.Loader(tmp_path, 4, num_workers=1, transform=[CenterCrop(32)],
                         device="cuda", device_options=opts)
     with gpu:
-        got = [(np.asarray(b["image"]).copy(), np.asarray(b["label"]).copy()) for b in gpu]
+        got = [(device_cupy.asnumpy(b["image"]).copy(), device_cupy.asnumpy(b["label"]).copy())
+               for b in gpu]
         lo, hi = gpu.ring.address, gpu.ring.address + gpu.ring.nbytes
         mode = gpu._cuda_state.mode
     assert mode == pinning
+    assert gpu._cuda_state.registered is None  # the ring is unregistered when the loader closes
     assert len(got) == len(want) == 3
     for (gi, gl), (wi, wl) in zip(got, want, strict=True):
-        assert gi.shape == wi.shape and gi.dtype == np.float32
-        np.testing.assert_allclose(gi, wi, rtol=1e-6)
+        assert gi.shape == wi.shape and gi.dtype == np.dtype(dtype)
+        # float16: the GPU's rounding of (x - mean) * inv_std may differ by one unit in the last place.
+        atol = 1e-2 if dtype == "float16" else 1e-5
+        np.testing.assert_allclose(gi.astype(np.float32), wi.astype(np.float32), rtol=1e-3, atol=atol)
         assert np.array_equal(gl, wl)
-    in_ring = [lo <= address and address + n <= hi for address, n in fake_cupy.copies]
-    # Registered: every copy reads straight out of the ring; staging: never.
-    assert all(in_ring) if pinning == "register" else not any(in_ring)
-    assert not fake_cupy.registered  # the ring is unregistered when the loader closes
-    assert fake_cupy.copies[-2][1] == 2 * 32 * 32 * 3  # the partial batch: 2 images only
+    if device_cupy.__name__ == "tests.fake_cupy":
+        in_ring = [lo <= address and address + n <= hi for address, n in device_cupy.copies]
+        # Registered: every copy reads straight out of the ring; staging: never.
+        assert all(in_ring) if pinning == "register" else not any(in_ring)
+        assert not device_cupy.registered
+        assert device_cupy.copies[-2][1] == 2 * 32 * 32 * 3  # the partial batch: 2 images only
 
 
-def test_cuda_path_carries_padded_and_ragged_fields(tmp_path, rng, fake_cupy):
+def test_cuda_path_carries_padded_and_ragged_fields(tmp_path, rng, device_cupy):
     """Padded images with their sizes and ragged boxes reach the (fake) device, each
     copied straight out of its slot region, with the same values as on the CPU path."""
     import simplejpeg
@@ -195,9 +216,8 @@ def test_cuda_path_carries_padded_and_ragged_fields(tmp_path, rng, fake_cupy):
         want = list(cpu)
     with reader.Loader(tmp_path, 3, num_workers=1, transform=specs, seed=4, device="cuda",
                        device_options=opts) as gpu:
-        got = [{k: (v if not isinstance(v, reader.Ragged) else
-                    (np.asarray(v.values).copy(), v.offsets.copy()))
-                if not isinstance(v, np.ndarray) else np.asarray(v).copy()
+        got = [{k: (device_cupy.asnumpy(v.values).copy(), v.offsets.copy())
+                if isinstance(v, reader.Ragged) else device_cupy.asnumpy(v).copy()
                 for k, v in b.items()} for b in gpu]
         lo, hi = gpu.ring.address, gpu.ring.address + gpu.ring.nbytes
     assert len(got) == len(want) == 3
@@ -207,10 +227,11 @@ def test_cuda_path_carries_padded_and_ragged_fields(tmp_path, rng, fake_cupy):
         values, offsets = g["boxes"]
         assert np.array_equal(values, w["boxes"].values)
         assert np.array_equal(offsets, w["boxes"].offsets)
-    assert all(lo <= a and a + n <= hi for a, n in fake_cupy.copies)
+    if device_cupy.__name__ == "tests.fake_cupy":
+        assert all(lo <= a and a + n <= hi for a, n in device_cupy.copies)
 
 
-def test_cuda_refuses_conversions_it_cannot_make(tmp_path, rng, fake_cupy):
+def test_cuda_refuses_conversions_it_cannot_make(tmp_path, rng, device_cupy):
     import simplejpeg
 
     import formats
@@ -229,3 +250,31 @@ def test_cuda_refuses_conversions_it_cannot_make(tmp_path, rng, fake_cupy):
     ok = DeviceOptions(dtype="uint8", layout="NHWC")
     reader.Loader(tmp_path, 2, transform=[ResizeShortestEdge(32)], device="cuda",
                   collate={"image": "ragged"}, device_options=ok).close()
+
+
+@pytest.mark.gpu
+def test_cuda_path_hands_torch_tensors_through_dlpack(tmp_path, rng):
+    _gpu_or_skip()
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip(f"torch {torch.__version__} is a build without CUDA")
+    import reader
+    from reader.transforms import CenterCrop
+
+    _jpeg_dataset(tmp_path, rng, 10)
+    opts = DeviceOptions(dtype="float16", layout="NCHW", output="torch")
+    with reader.Loader(tmp_path, 4, num_workers=1, transform=[CenterCrop(32)], copy=True) as cpu:
+        want = [(normalize(b["image"], opts), b["label"]) for b in cpu]
+    with reader.Loader(tmp_path, 4, num_workers=1, transform=[CenterCrop(32)], device="cuda",
+                       device_options=opts) as gpu:
+        got = []
+        for b in gpu:
+            image, label = b["image"], b["label"]
+            assert isinstance(image, torch.Tensor) and image.device.type == "cuda"
+            assert image.dtype == torch.float16 and isinstance(label, torch.Tensor)
+            # Work queued on torch's stream after delivery sees the finished batch.
+            got.append((image.float().cpu().numpy(), label.cpu().numpy()))
+    assert len(got) == len(want) == 3
+    for (gi, gl), (wi, wl) in zip(got, want, strict=True):
+        np.testing.assert_allclose(gi, wi.astype(np.float32), rtol=1e-3, atol=1e-2)
+        assert np.array_equal(gl, wl)
