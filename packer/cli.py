@@ -54,16 +54,21 @@ sources (--from; detected when omitted):
                one record per entry of 'images', in its order: image, key
                (file_name), image_id, height, width (checked against the image),
                boxes (float32 [N,4], x0,y0,x1,y1 in pixels: COCO's x,y,w,h as
-               x,y,x+w,y+h), labels (int64 [N]: index of the category among the
-               categories sorted by id; the manifest's classes are their names,
-               its class_info the categories), iscrowd (uint8 [N]), area
-               (float32 [N]), segmentation (json: each box's polygons or RLE).
+               x,y,x+w,y+h, clipped to the image: a box may reach 1 px past an
+               edge and is stored cut there; the summary counts them), labels
+               (int64 [N]: index of the category among the categories sorted by
+               id; the manifest's classes are their names, its class_info the
+               categories), iscrowd (uint8 [N]), area (float32 [N]; the stored
+               box's when absent), segmentation (json: each box's polygons or
+               RLE).
                Images without annotations are kept (0 boxes) unless --drop-empty.
-               Bad annotations (a box with a side <= 0 or over 1 px outside the
-               image, an undeclared category, an image id listed twice, an
-               annotation of no image, a file_name leaving SRC, a size that is
-               not the image's) stop the pack or are skipped with the image,
-               named by annotation file, image id and annotation id.
+               Bad annotations (a bbox that is not four numbers, a box with a
+               side <= 0 or over 1 px outside the image, an undeclared category,
+               an image id listed twice, an annotation of no image, a file_name
+               leaving SRC, a size that is not the image's, an RLE mask whose
+               counts do not cover height x width or whose compact string does
+               not decode) stop the pack or are skipped with the image, named by
+               annotation file, image id and annotation id.
                --max-side scales boxes, polygons, area, height and width with
                the image; it is refused when it would shrink an RLE mask.
   other names (tfrecord, webdataset, parquet, shards...) come from formats.codecs.registry

@@ -470,6 +470,7 @@ def pack_listing(listing: Listing, dst: Path, options: PackOptions, progress: Pa
     if options.shuffle:
         listing.reorder(shuffle_order(n, options.seed))
     summary.empty_classes = listing.empty_classes
+    summary.boxes_clipped = listing.boxes_clipped
     summary.image_type = _image_type(listing.fields, None)
     shards = options.sink == "shards"
     writer = open_writer(dst, listing.fields, listing.classes, options,

@@ -340,6 +340,7 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
         listing.reorder(shuffle_order(n, options.seed))
     summary = PackSummary(display_uri(src), display_uri(dst), kind, "shards")
     summary.empty_classes = listing.empty_classes
+    summary.boxes_clipped = listing.boxes_clipped
     summary.image_type = next((f.type for f in listing.fields if f.type in IMAGE_TYPES), None)
     made = created_by(summary.source, summary.src, options)
     return drive(_on_ray(ray, options), str(src), listing, dst_text,

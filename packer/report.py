@@ -86,6 +86,7 @@ class PackSummary:
     resumed_records: int = 0
     empty_classes: tuple[str, ...] = ()
     image_type: str | None = None
+    boxes_clipped: int = 0  # --from coco: boxes cut to their image (formats.codecs.coco)
     #: Detection fields whose schema was inferred with a variable first dimension by
     #: their name (``pack_samples``: :func:`packer.schema.per_box_fields`).
     per_box_fields: tuple[str, ...] = ()
@@ -116,6 +117,7 @@ class PackSummary:
             "mb_per_second": round(self.bytes_in / s / 1e6, 1),
             "empty_classes": list(self.empty_classes),
             "image_type": self.image_type,
+            "boxes_clipped": self.boxes_clipped,
             "per_box_fields": list(self.per_box_fields),
         }
 
@@ -150,6 +152,8 @@ def format_summary(s: PackSummary) -> str:
         rows.insert(2, ("image field", s.image_type))
     if s.empty_classes:
         rows.append(("empty classes", ", ".join(s.empty_classes)))
+    if s.boxes_clipped:
+        rows.append(("boxes clipped", f"{s.boxes_clipped} (cut to their image's edges)"))
     if s.per_box_fields:
         rows.append(("per-box fields", ", ".join(s.per_box_fields) + " (inferred with a "
                      "variable first dimension: one row per box)"))

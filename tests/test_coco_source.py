@@ -181,14 +181,15 @@ def test_bad_annotations_fail_naming_file_and_ids_or_are_skipped(tmp_path, rng, 
     assert all(bytes(r["image"]) != (tmp_path / "outside.jpg").read_bytes() for r in kept)
 
 
-def test_a_box_within_the_tolerance_is_kept_as_given(tmp_path, rng):
+def test_a_box_within_the_tolerance_is_clipped_to_the_image(tmp_path, rng):
     images_dir, doc = _doc(tmp_path, rng)
     doc["annotations"][0]["bbox"] = [-0.75, 0, 40.5, 30.9]
     ann = tmp_path / "a.json"
     ann.write_text(json.dumps(doc))
-    pack(images_dir, tmp_path / "dst", opts(ann))
+    s = pack(images_dir, tmp_path / "dst", opts(ann))
     np.testing.assert_array_equal(records(tmp_path / "dst")[0]["boxes"],
-                                  np.float32([[-0.75, 0, 39.75, 30.9]]))
+                                  np.float32([[0, 0, 39.75, 30]]))
+    assert s.boxes_clipped == 1
 
 
 def test_an_annotation_of_no_image_is_an_input_of_its_own(tmp_path, rng):
@@ -250,7 +251,7 @@ def test_max_side_scales_boxes_polygons_area_and_size_with_the_image(tmp_path, r
         [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [20, 10, 100, 60], "area": 5000.0,
           "segmentation": [[20, 10, 120, 10, 120, 70]]},
          {"id": 2, "image_id": 2, "category_id": 7, "bbox": [1, 1, 10, 10], "area": 100.0,
-          "segmentation": {"counts": "0", "size": [40, 50]}}])  # small: never shrunk
+          "segmentation": {"counts": "`n1", "size": [40, 50]}}])  # small: never shrunk
     ann = tmp_path / "a.json"
     ann.write_text(json.dumps(doc))
     pack(images_dir, tmp_path / "dst", opts(ann, max_side=64))
@@ -263,9 +264,9 @@ def test_max_side_scales_boxes_polygons_area_and_size_with_the_image(tmp_path, r
     np.testing.assert_allclose(big["segmentation"][0][0],
                                [20 * sx, 10 * sy, 120 * sx, 10 * sy, 120 * sx, 70 * sy])
     assert (small["width"], small["height"]) == (50, 40)
-    assert small["segmentation"] == [{"counts": "0", "size": [40, 50]}]
+    assert small["segmentation"] == [{"counts": "`n1", "size": [40, 50]}]
     # An RLE mask on an image --max-side would shrink: refused before anything is written.
-    doc["annotations"][0]["segmentation"] = {"counts": "0", "size": [120, 200]}
+    doc["annotations"][0]["segmentation"] = {"counts": [24000], "size": [120, 200]}
     ann.write_text(json.dumps(doc))
     with pytest.raises(formats.ShardpackError, match=r"annotation id 1 .*RLE mask"):
         pack(images_dir, tmp_path / "rle", opts(ann, max_side=64))

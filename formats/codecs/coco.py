@@ -15,12 +15,13 @@ field                     type                         value
 ``boxes``                 ``ndarray <f4 [None, 4]``    ``x0, y0, x1, y1`` in pixels: COCO's
                                                        ``[x, y, w, h]`` as ``[x, y, x+w,
                                                        y+h]`` (what torchvision's detection
-                                                       models take)
+                                                       models take), clipped to the image
 ``labels``                ``ndarray <i8 [None]``       the category's index among the
                                                        categories sorted by id (0..K-1,
                                                        detectron2's rule)
 ``iscrowd``               ``ndarray |u1 [None]``       0 or 1 (0 when absent)
-``area``                  ``ndarray <f4 [None]``       as given (w*h of the box when absent)
+``area``                  ``ndarray <f4 [None]``       as given (the stored box's w*h when
+                                                       absent)
 ``segmentation``          ``json``                     per box, its ``segmentation`` as
                                                        given (polygons or RLE; null when
                                                        absent)
@@ -30,18 +31,25 @@ The per-box arrays hold the image's annotations in the order of the JSON's
 ``annotations`` (pycocotools' ``imgToAnns`` order). The dataset's ``classes`` are
 the category names sorted by category id, so ``classes[labels[i]]`` names box i,
 and its ``class_info`` the category objects in that order (with their COCO ``id``).
-Boxes are stored as given, not clipped. An image without annotations is kept,
-with ``[0, 4]`` boxes, unless ``--drop-empty`` (then it is listed as skipped, kind
-``no-annotations``, and counted, but never fails a pack).
+Boxes are clipped to their image: a box may reach up to :data:`BOX_TOLERANCE` pixel
+past an edge (exporters round corners outwards), and is stored with that part cut
+off (``[194, 5, 204.9, 10]`` on a 204-wide image becomes ``[194, 5, 204, 10]``, and
+``x = -0.9`` becomes 0); an absent ``area`` is the clipped box's. The listing counts
+the boxes it clipped (``Listing.boxes_clipped``, in the pack's summary; the boxes
+of an image skipped later, for its file, are counted too). An image without
+annotations is kept, with ``[0, 4]`` boxes, unless ``--drop-empty`` (then it is
+listed as skipped, kind ``no-annotations``, and counted, but never fails a pack).
 
 Bad input is the record's (its image's) problem: the pack fails naming the
 annotation file, the image id and the annotation id, or skips the image with
 ``--on-error skip`` (``skipped.jsonl``, kind in brackets): a ``bbox`` that is not
-four numbers, a box with a side <= 0, not finite, or reaching more than
-:data:`BOX_TOLERANCE` pixel outside the image (``bad-box``); a category id that ``categories`` does not declare
+four numbers, a box with a side <= 0, not finite, reaching more than
+:data:`BOX_TOLERANCE` pixel outside the image, or with nothing inside it
+(``bad-box``); a category id that ``categories`` does not declare
 (``unknown-category``); an annotation id used twice, an area or polygon
-coordinate that is not finite, an RLE mask whose size is not the image's
-(``bad-annotation``); an image id listed twice (every entry of it:
+coordinate that is not finite, an RLE mask whose size is not the image's, whose
+compact ``counts`` string does not decode, or whose counts do not sum to height x
+width (``bad-annotation``); an image id listed twice (every entry of it:
 ``duplicate-image-id``); a ``file_name`` that is absolute or holds ``..``, ``.``,
 an empty part, a backslash or NUL (``unsafe-path``: never opened, whatever
 ``--on-error``); a header whose size differs from ``height``/``width``
@@ -233,6 +241,8 @@ def _box_problem(a: _Ann, width: int, height: int) -> str | None:
     if x < -t or y < -t or x + w > width + t or y + h > height + t:
         return (f"reaches outside the {width}x{height} image (corners ({x:g}, {y:g}) and "
                 f"({x + w:g}, {y + h:g})) by more than the {t:g} px tolerance")
+    if x >= width or y >= height or x + w <= 0 or y + h <= 0:
+        return f"lies outside the {width}x{height} image: nothing is left once clipped to it"
     return None
 
 
@@ -252,28 +262,85 @@ def _annotation_problem(a: _Ann, width: int, height: int, labels: dict[int, int]
     if type(seg) is dict and seg["size"] != [height, width]:
         return "bad-annotation", (f"RLE mask of size {seg['size']} (height, width) differs from "
                                   f"its {height}x{width} image")
+    if type(seg) is dict:
+        bad = _rle_problem(seg["counts"], height * width)
+        if bad:
+            return "bad-annotation", f"RLE mask {bad}"
     if type(seg) is list and not all(math.isfinite(v) for poly in seg for v in poly):
         return "bad-annotation", "a polygon coordinate is not finite"
     return None
 
 
-def _arrays(anns: list[_Ann], labels: dict[int, int]) -> dict[str, Any]:
+def _rle_problem(counts: str | list[int], pixels: int) -> str | None:
+    """Why an RLE's ``counts`` cannot be its image's mask (None: they can): the runs
+    must cover the ``pixels`` (height x width) exactly, the compact string once decoded."""
+    if type(counts) is str:
+        counts = _decode_rle_string(counts)
+        if type(counts) is str:
+            return counts
+    total = sum(counts)
+    if total != pixels:
+        return (f"counts sum to {total:,} pixels, not the image's {pixels:,} "
+                "(height x width)")
+    return None
+
+
+def _decode_rle_string(text: str) -> list[int] | str:
+    """The run lengths of a compact RLE string, or why it is not one.
+
+    The form is pycocotools' (``rleToString``/``rleFrString``): each count in 5-bit
+    groups, least significant first, written as the character ``'0' + group``, with
+    0x20 set on every group but the last and 0x10 of the last group the sign; from
+    the fourth count on, each is stored as its difference from the count two before.
+    """
+    counts: list[int] = []
+    x = shift = 0
+    for p, ch in enumerate(text):
+        c = ord(ch) - 48
+        if not 0 <= c < 64:
+            return (f"counts string holds {ch!r} at {p}: not a compact RLE (its characters "
+                    "run from '0' to 'o')")
+        x |= (c & 0x1F) << shift
+        shift += 5
+        if c & 0x20:
+            continue
+        if c & 0x10:
+            x -= 1 << shift  # the sign: the value is negative
+        if len(counts) > 2:
+            x += counts[-2]
+        if x < 0:
+            return f"counts string decodes to a negative run ({x}) as count {len(counts)}"
+        counts.append(x)
+        x = shift = 0
+    if shift:
+        return "counts string ends in the middle of a count (a cut string)"
+    return counts
+
+
+def _arrays(anns: list[_Ann], labels: dict[int, int], width: int = 0,
+            height: int = 0) -> tuple[dict[str, Any], int]:
+    """The per-box columns of one image, its boxes clipped to ``width`` x ``height``;
+    and how many boxes the clipping changed."""
     n = len(anns)
-    xywh = np.array([a.bbox for a in anns], np.float64).reshape(n, 4)
-    xywh[:, 2:] += xywh[:, :2]  # computed in float64, then stored as float32
+    given = np.array([a.bbox for a in anns], np.float64).reshape(n, 4)
+    given[:, 2:] += given[:, :2]  # computed in float64, then stored as float32
+    xyxy = np.clip(given, 0, [width, height, width, height])
+    side = xyxy[:, 2:] - xyxy[:, :2]
+    given_area = [a.area for a in anns]
+    area = np.array([math.nan if v is None else v for v in given_area], np.float64)
+    area = np.where([v is None for v in given_area], side[:, 0] * side[:, 1], area)
     return {
-        "boxes": xywh.astype(np.float32),
+        "boxes": xyxy.astype(np.float32),
         "labels": np.array([labels[a.category_id] for a in anns], np.int64),
         "iscrowd": np.array([a.iscrowd for a in anns], np.uint8),
-        "area": np.array([a.bbox[2] * a.bbox[3] if a.area is None else a.area for a in anns],
-                         np.float32),
+        "area": area.astype(np.float32),
         "segmentation": [a.segmentation for a in anns],
-    }
+    }, int((xyxy != given).any(axis=1).sum())
 
 
 def _placeholder(image_id: int) -> dict[str, Any]:
     """Column values of a record that is never written (a skipped input)."""
-    return {"image_id": image_id, "height": 0, "width": 0, **_arrays([], {})}
+    return {"image_id": image_id, "height": 0, "width": 0, **_arrays([], {})[0]}
 
 
 def list_coco(images_dir: str | Path, annotations: str | Path | None, *, to_jpeg: bool = False,
@@ -332,7 +399,7 @@ def list_coco(images_dir: str | Path, annotations: str | Path | None, *, to_jpeg
     _refuse_unscalable(entries, by_image, max_side, annotations)
 
     name = str(annotations)
-    paths, keys, problems = [], [], {}
+    paths, keys, problems, clipped = [], [], {}, 0
     columns: dict[str, list] = {f.name: [] for f in FIELDS}
     for i, (iid, file_name, height, width) in enumerate(entries):
         mine = by_image.get(iid, [])
@@ -355,7 +422,9 @@ def list_coco(images_dir: str | Path, annotations: str | Path | None, *, to_jpeg
         if problem is None and drop_empty and not mine:
             problem = NO_ANNOTATIONS, f"{about}: no annotations (--drop-empty)"
         if problem is None:
-            values = {"image_id": iid, "height": height, "width": width, **_arrays(mine, labels)}
+            arrays, n = _arrays(mine, labels, width, height)
+            values = {"image_id": iid, "height": height, "width": width, **arrays}
+            clipped += n
         else:
             problems[i] = problem
             values = _placeholder(iid)
@@ -375,7 +444,7 @@ def list_coco(images_dir: str | Path, annotations: str | Path | None, *, to_jpeg
                 columns[k].append(v)
     return Listing("coco", images_dir, paths, keys, columns, (image, Field("key", "str"), *FIELDS),
                    classes=tuple(c["name"] for c in cats), problems=problems,
-                   class_info=tuple(cats), check=ImageCheck(name),
+                   class_info=tuple(cats), check=ImageCheck(name), boxes_clipped=clipped,
                    drop_kinds=frozenset({NO_ANNOTATIONS}) if drop_empty else frozenset())
 
 

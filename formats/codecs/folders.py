@@ -113,6 +113,8 @@ class Listing:
         members: for a folder or list of any files (:mod:`formats.codecs.anyfiles`),
             each record's ``(field, path)`` files; None for image sources, whose
             record is the one file at ``paths[i]`` (the ``image`` field).
+        boxes_clipped: boxes the listing clipped to their image (COCO), for the
+            pack's summary.
     """
 
     kind: str
@@ -129,6 +131,7 @@ class Listing:
     check: Any = None
     drop_kinds: frozenset[str] = frozenset()
     members: list[list[tuple[str, str]]] | None = None
+    boxes_clipped: int = 0
 
     def __len__(self) -> int:
         return len(self.paths)
