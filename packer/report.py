@@ -137,7 +137,7 @@ def format_summary(s: PackSummary) -> str:
         ("source", f"{s.src} ({s.source})"),
         ("destination", f"{s.dst} ({s.sink})"),
         ("records in", f"{s.records_in}"),
-        ("written", f"{s.records_written}" + (
+        ("records written", f"{s.records_written}" + (
             f" ({s.resumed_records} kept from an earlier run)" if s.resumed_records else "")),
         ("skipped", f"{s.records_skipped}" + (
             " (" + ", ".join(f"{k}: {v}" for k, v in sorted(s.skipped.items())) + ")"

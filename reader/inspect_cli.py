@@ -86,16 +86,18 @@ def _conf_extract(p: argparse.ArgumentParser) -> None:
                         "to write INDEX.FIELD.EXT in; missing folders are created")
     p.add_argument("--field", default=None,
                    help="field to write (default: image, or the only image field)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite the file if it exists (refused by default, naming it)")
 
 
 def _conf_stats(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="draw the distributions (needs "
-                   "matplotlib; missing folders are created)")
+                   "matplotlib: pip install 'shardpack[plot]'; missing folders are created)")
 
 
 def _conf_monitor_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="draw a timeline of stage times and "
-                   "throughput (needs matplotlib)")
+                   "throughput (needs matplotlib: pip install 'shardpack[plot]')")
 
 
 #: (name, handler, configure_parser, help): one row per subcommand.

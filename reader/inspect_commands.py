@@ -10,13 +10,15 @@ people, ``--json`` for scripts); a record's values print as one line each,
 excerpted (``show``). Names and values come from files that may hold anything:
 what cannot be printed as is (a lone surrogate) is printed escaped (``\\udc80``).
 Files the user names (``extract --out``, ``stats --plot``) get their missing
-parent folders created.
+parent folders created; ``extract`` never replaces an existing file unless
+``--force`` (it says which).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from formats.shard.summary import (
     list_records,
     resolve_label,
 )
+from formats.shard.verify import ALL_MATCH
 
 from .dataset import open_dataset
 
@@ -178,7 +181,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             text += ("\nsome files are symlinks out of the dataset folder: "
                      "pass --follow-symlinks to check the files they point to")
     else:
-        text = f"ok: every checksum matches ({_size(total)} checked)"
+        text = f"{ALL_MATCH} ({_size(total)} checked)"
     _emit(args, obj, text)
     return 1 if problems else 0
 
@@ -278,6 +281,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
             index = args.index % len(ds)  # named by position, also for a negative index
             ext = extension_of(ds, args.index, field)
             out = out / f"{index}.{field}{'' if field.lower().endswith(ext) else ext}"
+    if os.path.lexists(out) and not args.force:  # a link too: never written through
+        return refuse(args, f"{out} exists: pass --force to overwrite it")
     _out_path(out).write_bytes(data)
     _emit(args, {"index": args.index, "field": field, "out": str(out), "bytes": len(data)},
           f"wrote {len(data):,} bytes to {out}")
@@ -292,7 +297,8 @@ def _plot(stats: dict, out: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("inspect-shards: --plot needs matplotlib: pip install matplotlib") from None
+        raise SystemExit("inspect-shards: --plot needs matplotlib: pip install "
+                         "'shardpack[plot]'") from None
     arrays = stats["arrays"]
     lengths = arrays["field_lengths"]
     # The first row as always; then one histogram per variable-size field, three a row.

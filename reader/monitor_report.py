@@ -317,7 +317,7 @@ def timeline_figure(records: list[dict[str, Any]], path: str | os.PathLike = "")
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise ImportError(
-            "plotting monitor records needs matplotlib: pip install matplotlib"
+            "plotting monitor records needs matplotlib: pip install 'shardpack[plot]'"
         ) from exc
     summary = _summary(records, path)
     t, elapsed = [], 0.0
@@ -402,7 +402,8 @@ def add_monitor_report_arguments(
     """
     if file:
         parser.add_argument("file", help="a monitor JSONL record file (Loader monitor record=)")
-    parser.add_argument("--plot", metavar="PNG", help="also draw a timeline PNG (needs matplotlib)")
+    parser.add_argument("--plot", metavar="PNG", help="also draw a timeline PNG (needs "
+                        "matplotlib: pip install 'shardpack[plot]')")
     if json_flag:
         parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import formats
 import reader
+from formats.shard.verify import ALL_MATCH
 from packer import PackOptions, format_summary, pack
 from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 from scripts.synth import make_image_folder
@@ -50,8 +51,7 @@ def main(argv=None) -> int:
 
     print(f"\n== 3. inspect-shards {dst} verify")
     problems = formats.verify_dataset(dst)
-    print("OK: every record and shard checksum matches" if not problems else
-          "\n".join(map(str, problems)))
+    print(ALL_MATCH if not problems else "\n".join(map(str, problems)))
     if problems:
         return 1
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from formats import open_shards
+from formats.shard.verify import ALL_MATCH
 from reader.inspect_cli import COMMANDS, main
 from tests.helpers_codecs import CLASSES, IMAGE_FIELDS, make_dataset, make_records
 
@@ -38,7 +39,7 @@ def test_info(dataset, capsys):
 def test_verify_clean(dataset, capsys):
     _, root = dataset
     code, out, _ = run(capsys, root, "verify")
-    assert code == 0 and out.startswith("ok")
+    assert code == 0 and out.startswith(f"{ALL_MATCH} (") and "checked)" in out
     code, out, _ = run(capsys, root, "verify", "--json")
     assert json.loads(out) == {"ok": True, "problems": []}
 
@@ -215,7 +216,7 @@ def test_version_and_short_quiet(dataset, capsys):
     out = capsys.readouterr().out
     assert exc.value.code == 0 and out.startswith("inspect-shards ") and len(out.split()) == 2
     code, out, err = run(capsys, root, "verify", "-q")
-    assert code == 0 and out.startswith("ok") and err == ""
+    assert code == 0 and out.startswith(ALL_MATCH) and err == ""
 
 
 # -- files the user names -------------------------------------------------------------
@@ -229,6 +230,47 @@ def test_extract_and_plot_create_missing_folders(dataset, capsys, tmp_path):
     plot = tmp_path / "other" / "dir" / "x.png"
     code, _, _ = run(capsys, root, "stats", "--plot", plot)
     assert code == 0 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("into_folder", [False, True])
+def test_extract_refuses_to_overwrite_a_file_unless_force(dataset, capsys, tmp_path,
+                                                          into_folder):
+    recs, root = dataset
+    out = tmp_path / "out" / "6.image.jpg"
+    out.parent.mkdir()
+    out.write_bytes(b"mine")
+    target = f"{out.parent}/" if into_folder else out
+    for extra in ([], ["--json"]):
+        code, stdout, err = run(capsys, root, "extract", "6", "--out", target, *extra)
+        assert code == 1 and f"{out} exists: pass --force" in err and "usage:" not in err
+        assert out.read_bytes() == b"mine"
+        if extra:
+            assert json.loads(stdout)["ok"] is False
+    # A link in its place is not written through either.
+    link = tmp_path / "link.jpg"
+    link.symlink_to(tmp_path / "nowhere.jpg")
+    code, _, err = run(capsys, root, "extract", "6", "--out", link)
+    assert code == 1 and "link.jpg exists" in err and not (tmp_path / "nowhere.jpg").exists()
+    code, out_text, _ = run(capsys, root, "extract", "6", "--out", target, "--force")
+    assert code == 0 and out.read_bytes() == recs[6]["image"] and f"to {out}" in out_text
+
+
+def test_stats_plot_without_matplotlib_names_the_extra(dataset, capsys, tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    _, root = dataset
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(SystemExit) as info:
+        main([str(root), "stats", "--plot", str(tmp_path / "s.png")])
+    assert "pip install 'shardpack[plot]'" in str(info.value.code)
+    assert not (tmp_path / "s.png").exists()
 
 
 def test_a_file_in_the_way_of_out_is_an_error_without_traceback(dataset, capsys, tmp_path):

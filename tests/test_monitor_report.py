@@ -143,7 +143,7 @@ def test_plot_without_matplotlib_names_the_fix(records, tmp_path, monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    with pytest.raises(ImportError, match="pip install matplotlib"):
+    with pytest.raises(ImportError, match=r"pip install 'shardpack\[plot\]'"):
         plot_records(records[0], tmp_path / "x.png")
 
 

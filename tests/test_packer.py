@@ -429,3 +429,46 @@ def test_file_uris_are_local_paths_for_src_and_dst(tmp_path, monkeypatch):
     s = pack(f"file://{tmp_path}/src", f"file://{tmp_path}/out", opts())
     assert s.records_written == 10 and (tmp_path / "out" / "manifest.json").exists()
     assert not (tmp_path / "file:").exists()
+
+
+def _readme_block(start: str) -> list[str]:
+    """The lines the README shows after the console line ``start``, up to the next ``$``."""
+    from pathlib import Path
+
+    lines = (Path(__file__).parents[1] / "README.md").read_text().splitlines()
+    i = lines.index(start) + 1
+    block = []
+    while not lines[i].startswith(("$", "```")):
+        block.append(lines[i])
+        i += 1
+    return block
+
+
+def _rows(lines: list[str]) -> list[tuple[str, int]]:
+    """(label, column where the value starts) of each row of a summary table."""
+    import re
+
+    return [(m.group(1), m.end(2)) for line in lines
+            if (m := re.match(r"^(\S+(?: \S+)*)( {2,})", line))]
+
+
+def test_the_readme_shows_the_summary_table_and_the_files_as_they_are(tmp_path, rng, capsys):
+    src = tmp_path / "pets"
+    image_folder(src, rng, per_class=3)
+    (src / "cat" / "broken.jpg").write_bytes(b"")
+    assert main([str(src), str(tmp_path / "pets.shards"), "--on-error", "skip"]) == 0
+    ours = capsys.readouterr().out.splitlines()
+    shown = _readme_block("$ pack-dataset pets pets.shards --shard-size 4MB --on-error skip")
+    assert [label for label, _ in _rows(ours)] == [label for label, _ in _rows(shown)]
+    assert {col for _, col in _rows(ours)} == {col for _, col in _rows(shown)}
+    assert "records written  6" in ours and "records in       7" in ours
+    # --to webdataset: the rows shown, and what `ls` lists.
+    assert main([str(tmp_path / "pets.shards"), str(tmp_path / "pets-wds"), "--to",
+                 "webdataset"]) == 0
+    ours = capsys.readouterr().out.splitlines()
+    shown = _readme_block("$ pack-dataset pets.shards pets-wds --to webdataset")
+    assert shown[0] == "..." and all(line in ours for line in shown[1:] if "files out" in line)
+    assert set(_rows(shown[1:])) <= {(label, col) for label, col in _rows(ours)}
+    listed = sorted(p.name for p in (tmp_path / "pets-wds").iterdir()
+                    if not p.name.startswith("."))
+    assert _readme_block("$ ls pets-wds") == ["  ".join(listed)]

@@ -18,6 +18,7 @@ from helpers_reader import CropPipeline, make_dataset
 from helpers_s3 import DroppingProxy, new_bucket, s3_endpoint, s3_uri
 
 from formats import StorageError, open_shards
+from formats.shard.verify import ALL_MATCH
 from formats.storage import Location, Retry, open_location
 from packer import PackOptions, pack
 from packer.remote import open_remote_source
@@ -383,7 +384,7 @@ def test_inspect_shards_reads_a_remote_dataset(remote_uri, local_ds, tmp_path, m
         if command != ["info"]:  # info names the folder it read
             assert remote == local, command
     assert main([remote_uri, "verify", "--quiet"]) == 0
-    assert "every checksum matches" in capsys.readouterr().out
+    assert ALL_MATCH in capsys.readouterr().out
     out = tmp_path / "img.jpg"
     assert main([remote_uri, "extract", "57", "--field", "image", "--out", str(out)]) == 0
     assert out.read_bytes() == bytes(open_shards(local_ds)[57]["image"])

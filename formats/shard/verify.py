@@ -23,7 +23,10 @@ from .decoding import FieldDecoder, load_dictionaries
 from .manifest import read_manifest
 from .shard import ShardReader
 
-__all__ = ["Problem", "verify_dataset"]
+__all__ = ["ALL_MATCH", "Problem", "verify_dataset"]
+
+#: What a verification that found no problem says (``inspect-shards verify``, the demo).
+ALL_MATCH = "OK: every record and shard checksum matches"
 
 #: Records of one field in one shard reported by name for holding another format;
 #: the rest are counted in one more problem.
