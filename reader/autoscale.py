@@ -31,15 +31,19 @@ and no ``/proc`` so recorded traces replay through it):
 
 **Re-opening** the search, each with its signal named in the change's reason:
 
-* *over-subscription*: the cores taken by other programs while no core stood idle
-  moved by :data:`OTHERS_MOVED` since the count settled. The signal is exact
-  accounting that leaves the loader out: the machine's busy time (``/proc/stat``)
-  minus the loader's own (``/proc/PID/stat`` of the main process and every
-  worker) minus steal time (the hypervisor's, which no count of workers wins
-  back). Chosen by measurement over CPU pressure (``/proc/pressure/cpu``), which
-  the loader's own runnable workers raise as much as other programs do, and over
-  the run queue (``procs_running``), a snapshot that needs sampling between
-  windows: ``python -m scripts.bench_workers --signals`` prints all three;
+* *over-subscription*: other programs' runnable tasks while no core stood idle
+  moved by :data:`OTHERS_MOVED` since the count settled. The run queue
+  (``procs_running`` of ``/proc/stat``) less the loader's own runnable tasks (its
+  threads and its workers), sampled every :data:`RUNQ_EVERY_S` at a delivered
+  batch and averaged over the window: demand for the cores that is not ours, on any
+  Linux. Chosen by measurement (``python -m scripts.bench_workers --signals``, 2
+  cores): 0.04 without other programs at 1 to 4 workers, 2.0 with two CPU burners
+  at every count. CPU pressure (``/proc/pressure/cpu``) was rejected: the loader's
+  own workers raise it (50 % at 3 workers on 2 cores with nothing else running);
+  so was the CPU time other programs got (the machine's busy time less the
+  loader's, steal left out): it tells them apart too but shrinks as the loader
+  takes a larger share (1.35 cores at 1 worker, 0.69 at 4), and stands in only
+  where the run queue cannot be read;
 * the settled count's rate moved by :data:`RATE_MOVED` (the workload changed).
 
 Each window starts :data:`SETTLE_BATCHES` batches after a change, so a new
@@ -58,12 +62,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .proc import machine_cpu, process_state, worker_pids
+from .proc import machine_cpu, process_state, procs_running, running_tasks, worker_pids
 
 __all__ = ["Climb", "ScaleChange", "WindowFigures", "WorkerScaler", "seed_rule",
            "usable_cores"]
 
-WINDOW_S = 2.0
+WINDOW_S = 1.0
 MIN_BATCHES = 8  # a window also holds at least this many batches
 SETTLE_BATCHES = 2  # batches after a change before the next window starts
 WAIT_HIGH = 0.05
@@ -73,12 +77,13 @@ SPARE_BUSY = 0.6
 CPU_BOUND = 0.7  # workers' CPU time ÷ busy time above which the work is CPU-bound
 GAIN = 0.03  # a worker more stays only if the rate rose by this share
 LOSS = 0.02  # a worker fewer stays if the rate fell by at most this share
-CONTENDED = 0.5  # cores other programs take, with no core idle, that make a contest
+CONTENDED = 0.75  # the contest (others' runnable tasks, no core idle) that makes fewer worth a try
 NO_IDLE = 0.25  # idle cores below this: none stood idle
-OTHERS_MOVED = 0.5  # cores: other programs' load moved this much re-opens the search
+OTHERS_MOVED = 0.75  # the contest moving this much since the count settled reopens the search
 RATE_MOVED = 0.25  # the settled count's rate moved by this share re-opens the search
 WORKER_BYTES = 256 << 20
 HISTORY = 256  # windows kept in WorkerScaler.windows
+RUNQ_EVERY_S = 0.1  # the run queue is sampled at most this often (at a delivered batch)
 
 
 def usable_cores() -> int:
@@ -126,6 +131,8 @@ class WindowFigures:
         other_cores: cores used by processes other than the loader's, steal left
             out (None: unknown).
         steal_cores: cores the hypervisor took (None: unknown).
+        others_runnable: the machine's run queue less the loader's runnable tasks,
+            the mean of samples taken through the window (None: unknown).
     """
 
     workers: int
@@ -138,14 +145,18 @@ class WindowFigures:
     idle_cores: float | None
     other_cores: float | None
     steal_cores: float | None = None
+    others_runnable: float | None = None
 
     @property
     def contest(self) -> float:
-        """Cores other programs took while none stood idle: the over-subscription
-        signal (0 when a core stood idle or the machine's figures are unknown)."""
-        if self.other_cores is None or self.idle_cores is None or self.idle_cores >= NO_IDLE:
+        """Other programs' runnable tasks while no core stood idle: the over-subscription
+        signal (0 when a core stood idle or the machine's figures are unknown). Where
+        the run queue was not sampled, the cores other programs took stand in."""
+        if self.idle_cores is None or self.idle_cores >= NO_IDLE:
             return 0.0
-        return self.other_cores
+        if self.others_runnable is not None:
+            return self.others_runnable
+        return self.other_cores or 0.0
 
 
 def seed_rule(w: WindowFigures, cores: int, hi: int) -> tuple[int, str]:
@@ -168,7 +179,10 @@ def seed_rule(w: WindowFigures, cores: int, hi: int) -> tuple[int, str]:
 
 
 def _others(w: WindowFigures, cores: int) -> str:
-    return f"other programs took {w.contest:.1f} of {cores} cores with none idle"
+    if w.others_runnable is None:
+        return f"other programs took {w.contest:.1f} of {cores} cores with none idle"
+    return (f"other programs kept {w.contest:.1f} tasks runnable (the run queue less the "
+            f"loader's) with none of {cores} cores idle")
 
 
 @dataclass
@@ -327,6 +341,8 @@ class WorkerScaler:
         self._since = self._last = now
         self._waited = self._consumer = self._busy = 0.0
         self._batches = 0
+        self._runq: list[int] = []
+        self._runq_at = now
         self._machine = machine_cpu()
         # Before the first change the loader has not named its workers: its children.
         self._cpu = _cpu_times([os.getpid(), *(self._pids or worker_pids())])
@@ -345,6 +361,11 @@ class WorkerScaler:
         self._busy += busy_s
         self._batches += 1
         self._last = now
+        if now - self._runq_at >= RUNQ_EVERY_S:
+            self._runq_at = now
+            queue = procs_running()
+            if queue is not None:
+                self._runq.append(queue - running_tasks(self._pids or worker_pids()))
 
     def due(self, now: float) -> bool:
         return (not self._settle and now - self._since >= WINDOW_S
@@ -369,7 +390,8 @@ class WorkerScaler:
             workers=len(pids), rate=self._batches / span, wait_share=self._waited / span,
             consumer_s=self._consumer / b, busy_s=self._busy / b, busy_workers=self._busy / span,
             cpu_per_busy=worker_cpu / self._busy if worker_cpu is not None and self._busy else None,
-            idle_cores=idle, other_cores=other, steal_cores=steal)
+            idle_cores=idle, other_cores=other, steal_cores=steal,
+            others_runnable=max(0.0, sum(self._runq) / len(self._runq)) if self._runq else None)
         self.windows.append(w)
         self.mark(now, pids)
         return w

@@ -4,6 +4,8 @@ Everything here reads ``/proc`` (Linux) and returns None where it cannot (anothe
 system, a process gone), so callers degrade to "unknown" instead of failing.
 
 * :func:`machine_cpu`: the machine's busy and total time (``/proc/stat``);
+* :func:`procs_running` and :func:`running_tasks`: the machine's run queue and how
+  much of it is the loader's (its threads and its workers);
 * :func:`process_state`: a process's state letter and CPU time, to tell a stopped
   worker (SIGSTOP, a debugger) from a slow one (using CPU) and a blocked one
   (asleep, using none): :func:`describe` says which in words;
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["CpuTicks", "MachineCpu", "ProcCpu", "ProcState", "describe", "machine_cpu",
-           "process_state", "process_ticks", "worker_pids"]
+           "process_state", "process_ticks", "procs_running", "running_tasks", "worker_pids"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -57,7 +59,35 @@ def machine_cpu(root: str = "/proc") -> MachineCpu | None:
     return MachineCpu(total - ticks[3] - ticks[4], total, ticks[7])
 
 
-def _stat_fields(pid: int, root: str) -> list[bytes] | None:
+def procs_running(root: str = "/proc") -> int | None:
+    """Tasks runnable on the machine now (``procs_running`` of ``/proc/stat``), or None."""
+    try:
+        with open(f"{root}/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def running_tasks(pids: Iterable[int], root: str = "/proc") -> int:
+    """Tasks runnable now among this process's threads and the main threads of ``pids``."""
+    n = 0
+    try:
+        tids = os.listdir(f"{root}/self/task")
+    except OSError:
+        tids = []
+    for tid in tids:
+        rest = _stat_fields(tid, f"{root}/self/task")
+        n += bool(rest) and rest[0] == b"R"
+    for pid in pids:
+        rest = _stat_fields(pid, root)
+        n += bool(rest) and rest[0] == b"R"
+    return n
+
+
+def _stat_fields(pid: int | str, root: str) -> list[bytes] | None:
     """``/proc/PID/stat`` from field 3 (the state) on, or None."""
     try:
         with open(f"{root}/{pid}/stat", "rb") as f:
