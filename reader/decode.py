@@ -60,7 +60,8 @@ import simplejpeg
 
 from formats.sniff import image_kind
 from formats.sniff import image_size as header_size
-from reader.transforms import ImagePipeline, Plan
+
+from .geometry import Plan
 
 __all__ = ["DecodeError", "Decoder", "check_backend", "decode_full", "image_size"]
 
@@ -211,12 +212,13 @@ class Decoder:
     worker process.
 
     Args:
-        pipeline: Transform specs; ``pipeline.output_shape`` is the shape of ``out``.
+        pipeline: an :class:`reader.transforms.ImagePipeline` (its plan, specs and
+            shapes); ``pipeline.output_shape`` is the shape of ``out``.
         backend: ``"cv2"`` (OpenCV, fast), ``"pillow"`` (torchvision's exact
             antialiased bilinear) or ``"auto"`` (cv2 when installed).
     """
 
-    def __init__(self, pipeline: ImagePipeline, backend: Backend = "auto") -> None:
+    def __init__(self, pipeline, backend: Backend = "auto") -> None:
         self.pipeline = pipeline
         self.backend = _resolve_backend(backend)
         self._resample = _resample_cv2 if self.backend == "cv2" else _resample_pillow

@@ -15,11 +15,29 @@ so a box covering a whole image maps to one covering the whole output. Boxes are
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .transforms import Plan
+__all__ = ["Plan", "Size", "move_boxes", "move_keypoints"]
 
-__all__ = ["move_boxes", "move_keypoints"]
+Size = tuple[int, int]  # (height, width)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to do to one image: resample ``box`` (source pixels) to ``size``, maybe mirrored.
+
+    Attributes:
+        box: ``(x0, y0, x1, y1)`` in source pixel coordinates; may be fractional
+            and may reach outside the image.
+        size: Output ``(height, width)``.
+        flip: Mirror left-right after resampling.
+    """
+
+    box: tuple[float, float, float, float]
+    size: Size
+    flip: bool
 
 
 def _affine(plan: Plan) -> tuple[float, float, float, float]:

@@ -16,6 +16,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .decode import Decoder, check_backend
+from .transforms import ImagePipeline
+
 __all__ = ["DecoderPipeline", "make_pipeline"]
 
 
@@ -31,9 +34,6 @@ def make_pipeline(transform: Any):
     """
     if hasattr(transform, "output_shape") and hasattr(transform, "run"):
         return transform
-    from .decode import check_backend
-    from .transforms import ImagePipeline
-
     if not isinstance(transform, ImagePipeline):
         specs = [] if transform is None else (
             list(transform) if isinstance(transform, (list, tuple)) else [transform])
@@ -67,8 +67,6 @@ class DecoderPipeline:
     def decoder(self):
         """This process's :class:`reader.decode.Decoder` (built on first use)."""
         if self._decoder is None:
-            from .decode import Decoder
-
             self._decoder = Decoder(self.pipeline, self.backend)
         return self._decoder
 

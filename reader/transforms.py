@@ -32,14 +32,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .decode import Decoder
+from .geometry import Plan, Size
+
 __all__ = [
     "CenterCrop",
     "ImagePipeline",
     "Normalize",
     "Pad",
     "PadToMultiple",
-    "Pipeline",
-    "Plan",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
@@ -47,8 +48,6 @@ __all__ = [
     "SampleTransform",
     "UserTransform",
 ]
-
-Size = tuple[int, int]  # (height, width)
 
 
 def _as_size(size: int | Sequence[int]) -> Size:
@@ -79,22 +78,6 @@ class _View:
 
     def resize(self, height: int, width: int) -> _View:
         return _View(self.box, height, width, self.flip)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to do to one image: resample ``box`` (source pixels) to ``size``, maybe mirrored.
-
-    Attributes:
-        box: ``(x0, y0, x1, y1)`` in source pixel coordinates; may be fractional
-            and may reach outside the image.
-        size: Output ``(height, width)``.
-        flip: Mirror left-right after resampling.
-    """
-
-    box: tuple[float, float, float, float]
-    size: Size
-    flip: bool
 
 
 @dataclass(frozen=True)
@@ -601,10 +584,5 @@ class ImagePipeline:
             ``out``, filled (or the new array).
         """
         if self._decoder is None:
-            from reader.decode import Decoder
-
             self._decoder = Decoder(self, backend=self.backend)
         return self._decoder.decode_into(data, out, rng or np.random.default_rng())
-
-
-Pipeline = ImagePipeline  # the name reader.imaging and torchvision users reach for
