@@ -16,11 +16,11 @@ from .decoded_cache import DecodedCacheOptions
 from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from .loader import CpuSink, Loader
 from .options import DecodeOptions, SamplerOptions, WorkerOptions
+from .order.sampler import Sampler
+from .order.tokens import TokenBlocks
 from .sample import Annotations, FieldDecoder
-from .sampler import Sampler
 from .slots import FieldLayout, SlotLayout, SlotRing
 from .timing import BatchTiming
-from .tokens import TokenBlocks
 
 __version__ = package_version()  # "0+unknown" in a source checkout that is not installed
 

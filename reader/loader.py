@@ -41,8 +41,8 @@ from .options import (
     group_options,
     resolve_num_workers,
 )
+from .order.sampler import Sampler
 from .plan import plan_batch
-from .sampler import Sampler
 from .slots import SlotRing
 from .worker import BatchSpec, WorkerPool
 

@@ -19,9 +19,9 @@ import numpy as np
 
 from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 
-from .batching import field_sizes, known_image_sizes
 from .collate import Padded, VarField
 from .imaging import make_pipeline
+from .order.batching import field_sizes, known_image_sizes
 from .sample import Annotations, SampleSpec
 from .slots import SlotLayout
 from .transforms import Resize, ResizeShortestEdge

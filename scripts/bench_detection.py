@@ -19,7 +19,7 @@ aspect-ratio-grouped batches of 16.
     transforms in numpy/PIL, a list-collate, torch's ``DataLoader``;
 (c) padding waste (padded pixels ÷ all pixels of the delivered batches), grouped by
     aspect ratio ÷ plain shuffled batches of 16; and, from planned sizes alone
-    (``reader.batching.padding_waste``), the same with one short side, and on a model
+    (``reader.order.batching.padding_waste``), the same with one short side, and on a model
     of COCO's sizes, to show where the waste comes from;
 (d) the classification pipeline's ratio to its ceiling, by ``scripts.bench_reader``'s
     own functions, to compare with BENCHMARKS.md;
@@ -95,8 +95,8 @@ def loader_epoch(shards: Path, workers: int, epoch: int, grouped: bool = True,
     """One epoch through ``reader.Loader``: images/s, the padding it delivered, and the
     monitor's stage shares."""
     from reader import Loader
-    from reader.batching import AspectRatioBatches
     from reader.monitor import Monitor
+    from reader.order.batching import AspectRatioBatches
 
     monitor = Monitor(3600.0, output=False)  # figures only: no report within the run
     sampler = AspectRatioBatches() if grouped else None
@@ -123,9 +123,9 @@ def _build(job: tuple[Path, int, int, int]) -> dict:
     code the workers run, into arrays laid out like a slot (as
     ``reader.torch_adapter.TorchBatchDataset`` does). Module-level so it pickles."""
     from reader import Loader
-    from reader.batching import AspectRatioBatches
     from reader.collate import assemble
     from reader.dataset import main_fields
+    from reader.order.batching import AspectRatioBatches
     from reader.worker import BatchBuilder, batch_rng
 
     shards, epoch, part, parts = job
@@ -180,10 +180,10 @@ def bare_parallel(shards: Path, epoch: int, cores: int) -> float:
 def planned_waste(hw: np.ndarray, short: tuple[int, ...], seed: int = 0) -> tuple[float, float]:
     """Padding waste of grouped and of plain shuffled batches of 16 over records of sizes
     ``hw`` (height, width), each resized by one draw of the pipeline's plan with
-    ``short`` as its short sides (``reader.batching.padding_waste``; no image decoded)."""
-    from reader.batching import AspectRatioBatches, padding_waste
+    ``short`` as its short sides (``reader.order.batching.padding_waste``; no image decoded)."""
     from reader.options import SamplerOptions
-    from reader.sampler import Sampler
+    from reader.order.batching import AspectRatioBatches, padding_waste
+    from reader.order.sampler import Sampler
     from reader.transforms import (
         ImagePipeline,
         PadToMultiple,

@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from formats import DatasetWriter, Field, open_shards
-from reader.batching import BudgetBatches, field_sizes, padding_waste
 from reader.options import SamplerOptions
-from reader.tokens import TokenBlocks
+from reader.order.batching import BudgetBatches, field_sizes, padding_waste
+from reader.order.tokens import TokenBlocks
 
 BLOCK = 2048
 BATCH = 16

@@ -1,4 +1,4 @@
-"""reader.tokens.TokenBlocks: blocks across records and shards, the sampler's guarantees."""
+"""reader.order.tokens.TokenBlocks: blocks across records and shards, the sampler's guarantees."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from formats import DatasetWriter, Field
 from formats.errors import CorruptRecordError
-from reader.tokens import TokenBlocks
+from reader.order.tokens import TokenBlocks
 
 
 def _write(root, docs, *, per_shard=3, dtype="int32", compression="none"):
@@ -208,7 +208,7 @@ def test_a_damaged_record_is_named(tmp_path, docs):
 @pytest.mark.parametrize("padded", [True, False])
 def test_budgeted_document_batches_through_the_loader(path, docs, padded):
     from reader import Loader, Ragged
-    from reader.batching import BudgetBatches
+    from reader.order.batching import BudgetBatches
 
     budget = 256
     spec = BudgetBatches(budget, size="field:tokens", padded=padded)

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from .options import SamplerOptions
+from ..options import SamplerOptions
 
 __all__ = ["Sampler", "per_rank", "rank_positions", "shuffled_order"]
 
