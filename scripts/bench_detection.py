@@ -95,8 +95,8 @@ def loader_epoch(shards: Path, workers: int, epoch: int, grouped: bool = True,
     """One epoch through ``reader.Loader``: images/s, the padding it delivered, and the
     monitor's stage shares."""
     from reader import Loader
+    from reader.batching import AspectRatioBatches
     from reader.monitor import Monitor
-    from reader.order.batching import AspectRatioBatches
 
     monitor = Monitor(3600.0, output=False)  # figures only: no report within the run
     sampler = AspectRatioBatches() if grouped else None
@@ -123,9 +123,9 @@ def _build(job: tuple[Path, int, int, int]) -> dict:
     code the workers run, into arrays laid out like a slot (as
     ``reader.torch_adapter.TorchBatchDataset`` does). Module-level so it pickles."""
     from reader import Loader
+    from reader.batching import AspectRatioBatches
     from reader.collate import assemble
     from reader.dataset import main_fields
-    from reader.order.batching import AspectRatioBatches
     from reader.worker import BatchBuilder, batch_rng
 
     shards, epoch, part, parts = job

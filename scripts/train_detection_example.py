@@ -59,7 +59,7 @@ def make_data(root: Path, train: int, held_out: int, seed: int, min_side: int,
 def loader_for(path: Path, batch_size: int, *, train: bool, short: tuple[int, ...],
                max_size: int, seed: int, workers):
     from reader import Loader
-    from reader.order.batching import AspectRatioBatches
+    from reader.batching import AspectRatioBatches
     from reader.transforms import PadToMultiple, RandomHorizontalFlip, ResizeShortestEdge
 
     if train:

@@ -347,7 +347,7 @@ def test_sample_transforms_pickle_to_spawned_workers(det_path):
 
 
 def test_aspect_ratio_batches_through_the_loader(det_path):
-    from reader.order.batching import AspectRatioBatches
+    from reader.batching import AspectRatioBatches
 
     spec = AspectRatioBatches()
     resize = [ResizeShortestEdge((48, 64)), RandomHorizontalFlip()]  # keeps the orientation
@@ -368,7 +368,7 @@ def test_aspect_ratio_batches_through_the_loader(det_path):
 
 
 def test_budget_batches_vary_in_size_and_resume_exactly(det_path):
-    from reader.order.batching import BudgetBatches
+    from reader.batching import BudgetBatches
 
     def loader():
         return Loader(det_path, batch_sampler=BudgetBatches(8 * 64 * 64, size="pixels"),
@@ -601,7 +601,7 @@ def test_review_refusals(det_path):
         Loader(det_path, 4, transform=DETECTION, collate={"boxes": Padded(to=(4, 4))})
     with pytest.raises(ValueError, match=r"give \(height, width\)"):
         Loader(det_path, 4, transform=DETECTION, collate={"image": Padded(to=64)})
-    from reader.order.batching import AspectRatioBatches, BudgetBatches
+    from reader.batching import AspectRatioBatches, BudgetBatches
 
     with Loader(det_path, batch_sampler=AspectRatioBatches(batch_size=4),
                 transform=DETECTION) as lo:  # no batch size given: the sampler's own

@@ -235,7 +235,7 @@ def test_options_and_errors(ds_path):
 
 
 def test_batch_size_has_one_meaning_per_spelling(ds_path):
-    from reader.order.batching import AspectRatioBatches, BudgetBatches
+    from reader.batching import AspectRatioBatches, BudgetBatches
 
     kw = dict(num_workers=0, transform=CropPipeline())
     with Loader(ds_path, **kw) as lo:  # left out: 256

@@ -88,7 +88,7 @@ def test_batch_dataset_follows_its_own_epoch_and_masks_never_clash(tmp_path):
 
     from formats import DatasetWriter, Field
     from reader import Loader
-    from reader.order.batching import BudgetBatches
+    from reader.batching import BudgetBatches
     from reader.torch_adapter import TorchBatchDataset, to_torch
 
     rng = np.random.default_rng(0)

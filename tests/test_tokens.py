@@ -208,7 +208,7 @@ def test_a_damaged_record_is_named(tmp_path, docs):
 @pytest.mark.parametrize("padded", [True, False])
 def test_budgeted_document_batches_through_the_loader(path, docs, padded):
     from reader import Loader, Ragged
-    from reader.order.batching import BudgetBatches
+    from reader.batching import BudgetBatches
 
     budget = 256
     spec = BudgetBatches(budget, size="field:tokens", padded=padded)
