@@ -9,9 +9,9 @@ ring of shared-memory slots (see :mod:`reader.loader` for the protocol).
 
 from formats.version import package_version
 
-from .cache import CacheOptions
 from .collate import Padded, Ragged
-from .dataset import open_dataset, read_many
+from .data.cache import CacheOptions
+from .data.dataset import open_dataset, read_many
 from .decoded_cache import DecodedCacheOptions
 from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from .loader import CpuSink, Loader

@@ -66,7 +66,7 @@ from formats.errors import FormatError, ShardpackError
 from formats.fields import BYTES_TYPES
 
 from .collate import Ragged, assemble
-from .dataset import main_fields
+from .data.dataset import main_fields
 from .errors import LoaderTimeoutError, WorkerDiedError, WorkerError
 from .leases import MAX_LEASED, SlotLeases
 from .proc import describe, process_state

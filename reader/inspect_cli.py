@@ -36,7 +36,7 @@ from formats import ShardpackError, UnsafePathError
 from formats.storage import is_uri
 from formats.version import package_version
 
-from .dataset import open_dataset
+from .data.dataset import open_dataset
 from .inspect_commands import (
     cmd_extract,
     cmd_info,

@@ -37,7 +37,7 @@ from formats.shard.summary import (
 )
 from formats.shard.verify import ALL_MATCH
 
-from .dataset import open_dataset
+from .data.dataset import open_dataset
 
 __all__ = ["cmd_extract", "cmd_info", "cmd_ls", "cmd_monitor_report", "cmd_show", "cmd_stats",
            "cmd_verify", "error", "refuse", "say"]

@@ -28,8 +28,8 @@ import numpy as np
 from formats import ShardDataset
 
 from .autoscale import WorkerScaler
-from .cache import CacheOptions
-from .dataset import open_dataset
+from .data.cache import CacheOptions
+from .data.dataset import open_dataset
 from .decoded_cache import DecodedCache, DecodedCacheOptions
 from .epoch import CpuSink, Cursor, Epoch, EpochContext, RawEpoch
 from .options import (
@@ -115,7 +115,7 @@ class Loader:
         rank, world_size: distributed partitioning; ``None`` reads ``$RANK`` and
             ``$WORLD_SIZE`` (torchrun sets them), else 0 and 1.
         cache: where a remote ``source`` (``s3://...``) keeps its shards
-            (:class:`reader.cache.CacheOptions`: folder, size bound, prefetching).
+            (:class:`reader.CacheOptions`: folder, size bound, prefetching).
         timeout, persistent_workers: see :class:`WorkerOptions`.
         monitor: None (the process default set by ``reader.enable_monitor``; off
             unless enabled), False (off), an object with ``on_batch(BatchTiming)``

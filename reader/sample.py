@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .collate import VarField
-from .dataset import page_in
+from .data.dataset import page_in
 from .geometry import move_boxes, move_keypoints
 
 __all__ = ["Annotations", "FieldDecoder", "SampleBuilder", "SampleSpec"]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .collate import Ragged, assemble
-from .dataset import main_fields
+from .data.dataset import main_fields
 from .worker import BatchBuilder, batch_rng
 
 __all__ = ["TorchBatchDataset", "TorchLoader", "require_torch", "to_torch"]

@@ -26,7 +26,7 @@ import numpy as np
 
 from formats.errors import CorruptRecordError, ShardpackError
 
-from .dataset import page_in
+from .data.dataset import page_in
 from .leases import own_fork
 from .sample import SampleBuilder
 from .timing import WorkerTiming

@@ -125,7 +125,7 @@ def _build(job: tuple[Path, int, int, int]) -> dict:
     from reader import Loader
     from reader.batching import AspectRatioBatches
     from reader.collate import assemble
-    from reader.dataset import main_fields
+    from reader.data.dataset import main_fields
     from reader.worker import BatchBuilder, batch_rng
 
     shards, epoch, part, parts = job

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--repeat", type=int, default=5, help="warm epochs (best of N) per loader")
     args = p.parse_args(argv)
-    from reader.cache import CacheOptions
+    from reader import CacheOptions
 
     os.environ.update(CREDENTIALS)
     shards = build_inputs(args.data, args.n)["shards"]

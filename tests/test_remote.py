@@ -23,8 +23,8 @@ from formats.storage import Location, Retry, open_location
 from packer import PackOptions, pack
 from packer.remote import open_remote_source
 from reader import Loader, SamplerOptions, open_dataset
-from reader.cache import CacheOptions, ShardCache
-from reader.remote import RemoteDataset
+from reader.data.cache import CacheOptions, ShardCache
+from reader.data.remote import RemoteDataset
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +297,7 @@ def _hold_for(seconds: float) -> None:
 def test_a_forked_child_does_not_keep_a_download_lock(tmp_path):
     import fcntl
 
-    from reader.cache import _locked
+    from reader.data.cache import _locked
 
     path = tmp_path / "x.dl"
     with _locked(path, fcntl.LOCK_EX):

@@ -35,7 +35,7 @@ from numpy.lib.stride_tricks import as_strided
 from formats import ShardDataset
 from formats.checksum import crc32c
 
-from ..dataset import open_dataset
+from ..data.dataset import open_dataset
 from ..options import SamplerOptions, _int, check_batch_size
 from .sampler import Sampler
 

@@ -30,7 +30,7 @@ def open_dataset(path: str | Path, *, check_crc: bool = False, cache: CacheOptio
     """Open the dataset folder ``path`` (holding ``manifest.json``), local or remote.
 
     A URI (``s3://bucket/dataset``, or any that :mod:`formats.storage` opens) or a
-    ``filesystem`` gives a :class:`reader.remote.RemoteDataset`: shards are
+    ``filesystem`` gives a :class:`reader.data.remote.RemoteDataset`: shards are
     downloaded into the local cache (``cache``) on first use, then mapped.
 
     A local dataset's files that are symlinks to files outside its folder are
