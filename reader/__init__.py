@@ -9,7 +9,6 @@ ring of shared-memory slots (see :mod:`reader.loader` for the protocol).
 
 from formats.version import package_version
 
-from .collate import Padded, Ragged
 from .data.cache import CacheOptions
 from .data.dataset import open_dataset, read_many
 from .decoded_cache import DecodedCacheOptions
@@ -18,7 +17,8 @@ from .loader import CpuSink, Loader
 from .options import DecodeOptions, SamplerOptions, WorkerOptions
 from .order.sampler import Sampler
 from .order.tokens import TokenBlocks
-from .sample import Annotations, FieldDecoder
+from .pipeline.collate import Padded, Ragged
+from .pipeline.sample import Annotations, FieldDecoder
 from .slots import FieldLayout, SlotLayout, SlotRing
 from .timing import BatchTiming
 

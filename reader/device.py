@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .collate import Ragged
+from .pipeline.collate import Ragged
 
 __all__ = ["DeviceOptions", "SlotGate", "make_sink", "normalize", "require_cupy"]
 
@@ -285,7 +285,7 @@ class CudaSink:
                 if not isinstance(view, np.ndarray):
                     continue
                 # A partial or varying-size batch is a prefix of the slot's region (see
-                # reader.collate): one contiguous copy of just that.
+                # reader.pipeline.collate): one contiguous copy of just that.
                 dev = cp.empty(view.shape, dtype=view.dtype)
                 dev.data.copy_from_host_async(base + f.offset, view.nbytes, st.stream)
                 device_arrays[f.name] = dev

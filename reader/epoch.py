@@ -65,10 +65,10 @@ import numpy as np
 from formats.errors import FormatError, ShardpackError
 from formats.fields import BYTES_TYPES
 
-from .collate import Ragged, assemble
 from .data.dataset import main_fields
 from .errors import LoaderTimeoutError, WorkerDiedError, WorkerError
 from .leases import MAX_LEASED, SlotLeases
+from .pipeline.collate import Ragged, assemble
 from .proc import describe, process_state
 from .timing import BatchTiming, batch_timing
 from .worker import BatchBuilder, BatchDone, BatchFailed, Task, batch_rng

@@ -101,7 +101,7 @@ class Loader:
         annotations: which fields follow the image's geometry
             (:class:`reader.Annotations`; default: found by name and shape).
         collate: field -> ``"padded"``, ``"ragged"`` or ``reader.Padded(to=...)`` for
-            fields whose size varies per sample (see :mod:`reader.collate`).
+            fields whose size varies per sample (see :mod:`reader.pipeline.collate`).
         decoders: field -> ``reader.FieldDecoder(fn, dtype, max_rows)``: bytes fields
             (audio, ...) decoded in the workers by ``fn``.
         decode: ``False`` for raw-bytes mode (in-process, no workers).

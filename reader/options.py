@@ -144,7 +144,7 @@ def group_options(cls: type, group: Any, name: str, **keywords: Any) -> Any:
 def _check_transform(value: Any) -> None:
     """None, a worker pipeline (``output_shape`` and ``run``), an ImagePipeline, a
     transform spec or callable, or a list or tuple of specs and callables."""
-    from .transforms import _GEOMETRIC, ImagePipeline, Normalize, SampleTransform
+    from .pipeline.transforms import _GEOMETRIC, ImagePipeline, Normalize, SampleTransform
 
     def usable(t: Any) -> bool:
         return (isinstance(t, (*_GEOMETRIC, Normalize, SampleTransform))
@@ -247,12 +247,12 @@ class DecodeOptions:
             crop later epochs from them (:class:`reader.decoded_cache.DecodedCacheOptions`:
             the byte bound, a pre-shrink, an optional file); None decodes every time.
         annotations: which fields follow the image's geometry
-            (:class:`reader.sample.Annotations`); None finds ``boxes``, the per-box
+            (:class:`reader.Annotations`); None finds ``boxes``, the per-box
             fields, ``keypoints`` and ``mask`` fields by name and shape.
         decoders: field -> :class:`reader.FieldDecoder`: bytes fields decoded in
             the workers by a user callable (audio, ...), batched like arrays.
         collate: how varying-size fields are batched, field -> ``"padded"``,
-            ``"ragged"`` or :class:`reader.collate.Padded` (see :mod:`reader.collate`);
+            ``"ragged"`` or :class:`reader.Padded` (see :mod:`reader.pipeline.collate`);
             by default images are padded and arrays ragged.
     """
 
@@ -270,17 +270,17 @@ class DecodeOptions:
     def __post_init__(self) -> None:
         _check_transform(self.transform)
         if self.annotations is not None:
-            from .sample import Annotations
+            from .pipeline.sample import Annotations
 
             if not isinstance(self.annotations, Annotations):
                 raise TypeError("annotations must be a reader.Annotations or None, "
                                 f"not {type(self.annotations).__name__} {self.annotations!r}")
         if self.collate is not None:
-            from .collate import check_collate
+            from .pipeline.collate import check_collate
 
             _set(self, "collate", check_collate(self.collate))
         if self.decoders is not None:
-            from .sample import FieldDecoder
+            from .pipeline.sample import FieldDecoder
 
             if not isinstance(self.decoders, dict) or not all(
                     isinstance(k, str) and isinstance(v, FieldDecoder)

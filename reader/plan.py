@@ -19,12 +19,12 @@ import numpy as np
 
 from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 
-from .collate import Padded, VarField
-from .imaging import make_pipeline
 from .order.batching import field_sizes, known_image_sizes
-from .sample import Annotations, SampleSpec
+from .pipeline.collate import Padded, VarField
+from .pipeline.imaging import make_pipeline
+from .pipeline.sample import Annotations, SampleSpec
+from .pipeline.transforms import Resize, ResizeShortestEdge
 from .slots import SlotLayout
-from .transforms import Resize, ResizeShortestEdge
 
 __all__ = ["BatchPlan", "plan_batch"]
 
@@ -35,12 +35,12 @@ class BatchPlan:
 
     Attributes:
         image: the decoded image field, or None.
-        pipeline: its worker pipeline (:class:`reader.imaging.DecoderPipeline`), or None.
+        pipeline: its worker pipeline (:class:`reader.pipeline.imaging.DecoderPipeline`), or None.
         slot_fields: ``(name, type)`` of the scalar and fixed-shape array fields gathered.
         sample: the sample path's plan, or None for the classification path.
         main_fields: fields read in the main process.
         fixed: batch keys that are fixed-shape slot arrays (sliced to the batch).
-        var_fields: the varying-size fields (:mod:`reader.collate`).
+        var_fields: the varying-size fields (:mod:`reader.pipeline.collate`).
         layout: the slot layout.
     """
 
@@ -152,7 +152,7 @@ def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
         hw = np.zeros((len(ds), 2), np.int64)
     unknown = np.flatnonzero((hw <= 0).any(axis=1))
     if unknown.size:
-        from .decode import image_size
+        from .pipeline.decode import image_size
 
         for r in unknown.tolist():
             try:

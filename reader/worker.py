@@ -28,7 +28,7 @@ from formats.errors import CorruptRecordError, ShardpackError
 
 from .data.dataset import page_in
 from .leases import own_fork
-from .sample import SampleBuilder
+from .pipeline.sample import SampleBuilder
 from .timing import WorkerTiming
 
 __all__ = ["BatchBuilder", "BatchDone", "BatchFailed", "BatchSpec", "BatchStale", "Task",
@@ -51,7 +51,7 @@ class Task(NamedTuple):
 
 class BatchDone(NamedTuple):
     """A batch is in its slot. ``shapes``: the shape of each varying-size field's
-    array in the slot (:mod:`reader.collate`), empty when there are none."""
+    array in the slot (:mod:`reader.pipeline.collate`), empty when there are none."""
 
     batch: int
     slot: int
@@ -88,7 +88,7 @@ class BatchSpec:
         image_field: the field decoded through ``pipeline`` (None: no image).
         pipeline: an object with ``output_shape`` and
             ``run(view, out, rng) -> (decode_s, transform_s)`` (see
-            :mod:`reader.imaging`).
+            :mod:`reader.pipeline.imaging`).
         slot_fields: ``(name, type)`` of the int/float/fixed ndarray fields
             gathered into the slot.
         on_error: ``"fail"`` or ``"skip"`` for images that do not decode.
@@ -96,7 +96,7 @@ class BatchSpec:
         rank: this loader's rank (part of the stream seed).
         cache: a :class:`reader.decoded_cache.DecodedCache` the pipeline reads
             decoded images from and keeps them in (None: decode every time).
-        sample: the sample path's plan (:class:`reader.sample.SampleSpec`) when the
+        sample: the sample path's plan (:class:`reader.pipeline.sample.SampleSpec`) when the
             loader reads annotations, varying-size images or arrays, or runs
             sample callables; None: the classification path.
     """
@@ -229,7 +229,7 @@ class BatchBuilder:
 
 def _decode_error_type() -> type[Exception]:
     try:
-        from .decode import DecodeError
+        from .pipeline.decode import DecodeError
     except ImportError:  # the image module is not there: nothing can raise it
         return ShardpackError
     return DecodeError

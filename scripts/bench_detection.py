@@ -82,7 +82,7 @@ def cached_coco(root: Path, n: int, seed: int = 0) -> tuple[Path, Path, Path]:
 
 
 def transforms(per_batch: bool = False) -> list:
-    from reader.transforms import PadToMultiple, RandomHorizontalFlip, ResizeShortestEdge
+    from reader.pipeline.transforms import PadToMultiple, RandomHorizontalFlip, ResizeShortestEdge
 
     return [ResizeShortestEdge(SHORT, max_size=MAX_SIZE, per_batch=per_batch),
             RandomHorizontalFlip(), PadToMultiple(MULTIPLE)]
@@ -124,8 +124,8 @@ def _build(job: tuple[Path, int, int, int]) -> dict:
     ``reader.torch_adapter.TorchBatchDataset`` does). Module-level so it pickles."""
     from reader import Loader
     from reader.batching import AspectRatioBatches
-    from reader.collate import assemble
     from reader.data.dataset import main_fields
+    from reader.pipeline.collate import assemble
     from reader.worker import BatchBuilder, batch_rng
 
     shards, epoch, part, parts = job
@@ -184,7 +184,7 @@ def planned_waste(hw: np.ndarray, short: tuple[int, ...], seed: int = 0) -> tupl
     from reader.options import SamplerOptions
     from reader.order.batching import AspectRatioBatches, padding_waste
     from reader.order.sampler import Sampler
-    from reader.transforms import (
+    from reader.pipeline.transforms import (
         ImagePipeline,
         PadToMultiple,
         RandomHorizontalFlip,

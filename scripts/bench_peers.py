@@ -242,7 +242,7 @@ READERS = {"shards": read_shards, "tfrecord": read_tfrecord, "wds": read_wds,
 # -- full pipeline (decode + random resized crop 224 + flip) -------------------------------
 
 def _specs():
-    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
+    from reader.pipeline.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     return [RandomResizedCrop(SIZE), RandomHorizontalFlip()]
 
@@ -259,8 +259,8 @@ class _Decode:
         import torch
 
         if self.dec is None:
-            from reader.decode import Decoder
-            from reader.transforms import ImagePipeline
+            from reader.pipeline.decode import Decoder
+            from reader.pipeline.transforms import ImagePipeline
 
             self.dec = Decoder(ImagePipeline(_specs()))
             self.rng = np.random.default_rng(os.getpid())
@@ -277,7 +277,7 @@ def _pil_rrc_flip(path: str):
     import numpy as np
     from PIL import Image
 
-    from reader.transforms import RandomResizedCrop
+    from reader.pipeline.transforms import RandomResizedCrop
 
     rng = np.random.default_rng()
     img = Image.open(path).convert("RGB")
@@ -384,7 +384,7 @@ def _preload(fmt: str, cmd: str) -> None:
 
     names = list(IMPORTS.get(fmt, ()))
     if cmd == "pipeline":  # ours needs no torch; the peers feed torch's DataLoader
-        names += ["reader.decode", "reader.transforms"] + ([] if fmt == "shards" else ["torch"])
+        names += ["reader.pipeline.decode", "reader.transforms"] + ([] if fmt == "shards" else ["torch"])
     for name in names:
         importlib.import_module(name)
 

@@ -1,5 +1,5 @@
 """The sample path: boxes, masks and per-sample arrays that follow their image through
-the workers, padded or ragged in the slot (reader.sample, reader.collate, reader.geometry)."""
+the workers, padded or ragged in the slot (reader.pipeline.sample, reader.pipeline.collate, reader.pipeline.geometry)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import reader
 from formats import DatasetWriter, Field
 from formats.errors import CorruptRecordError
 from reader import Loader
-from reader.collate import Padded, Ragged
-from reader.decode import decode_full
-from reader.geometry import move_boxes
-from reader.transforms import (
+from reader.pipeline.collate import Padded, Ragged
+from reader.pipeline.decode import decode_full
+from reader.pipeline.geometry import move_boxes
+from reader.pipeline.transforms import (
     CenterCrop,
     Normalize,
     PadToMultiple,
@@ -298,7 +298,7 @@ def test_move_boxes_maps_clips_and_flips():
 
 def test_resize_with_max_size_matches_torchvision_rule():
     # torchvision: short side 100 -> long 300 > max 200: long = 200, short = int(200 * 100 / 300).
-    from reader.transforms import ImagePipeline
+    from reader.pipeline.transforms import ImagePipeline
 
     plan = ImagePipeline([Resize(100, max_size=200)]).plan(50, 150, np.random.default_rng(0))
     assert plan.size == (66, 200)
@@ -308,7 +308,7 @@ def test_resize_with_max_size_matches_torchvision_rule():
 
 
 def test_resize_shortest_edge_bound_covers_every_draw():
-    from reader.transforms import ImagePipeline
+    from reader.pipeline.transforms import ImagePipeline
 
     pipe = ImagePipeline([ResizeShortestEdge((32, 48, 64), max_size=100), PadToMultiple(32)])
     hs, ws = np.array([40, 80, 30]), np.array([90, 40, 30])
@@ -395,7 +395,7 @@ def test_budget_batches_vary_in_size_and_resume_exactly(det_path):
 
 
 def test_a_pipelines_backend_reaches_the_decoder(det_path):
-    from reader.transforms import ImagePipeline
+    from reader.pipeline.transforms import ImagePipeline
 
     pytest.importorskip("PIL", reason="backend='pillow' needs Pillow")
     pipe = ImagePipeline([CenterCrop(32)], backend="pillow")
@@ -416,7 +416,7 @@ def test_backend_auto_says_why_opencv_is_missing(det_path, monkeypatch):
 
 
 def test_keypoints_move_swap_and_hide():
-    from reader.geometry import move_keypoints
+    from reader.pipeline.geometry import move_keypoints
 
     plan = Plan(box=(0.0, 0.0, 100.0, 50.0), size=(50, 100), flip=True)
     points = np.array([[[10, 5, 2], [90, 5, 2], [150, 5, 2]]], np.float32)  # left, right, outside

@@ -302,7 +302,7 @@ def test_spawn_start_method_uses_a_named_ring(ds_path):
 
 
 def test_real_decode_pipeline_specs(ds_path):
-    from reader.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
+    from reader.pipeline.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
 
     runs = []
     for nw in (0, 2):
@@ -317,14 +317,14 @@ def test_real_decode_pipeline_specs(ds_path):
         b = next(iter(lo))
         assert b["image"].shape == (16, 20, 20, 3) and b["image"].any()
         # Exactly the center of the decoded image.
-        from reader.decode import decode_full
+        from reader.pipeline.decode import decode_full
 
         full = decode_full(reader.open_dataset(ds_path)[0]["image"])
         assert np.array_equal(b["image"][0], full[10:30, 14:34])
 
 
 def test_user_callable_error_in_real_pipeline(ds_path):
-    from reader.transforms import CenterCrop
+    from reader.pipeline.transforms import CenterCrop
 
     def bad(img):
         if img[-1, 0, 0] == (3 * 37) % 256:

@@ -1,4 +1,4 @@
-"""reader.transforms and reader.decode: sampling, geometry and the fused decode path."""
+"""reader.transforms and reader.pipeline.decode: sampling, geometry and the fused decode path."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from reader.decode import DecodeError, Decoder, decode_full, image_size
-from reader.transforms import (
+from reader.pipeline.decode import DecodeError, Decoder, decode_full, image_size
+from reader.pipeline.transforms import (
     CenterCrop,
     ImagePipeline,
     RandomHorizontalFlip,
@@ -232,7 +232,7 @@ def test_decode_timed_splits_user_callables_from_the_fused_decode(jpeg):
     """User callables are the monitor's ``transform`` stage; decode + crop + flip stay ``decode``."""
     import time
 
-    from reader.imaging import make_pipeline
+    from reader.pipeline.imaging import make_pipeline
 
     def slow_invert(x):
         end = time.perf_counter() + 0.02

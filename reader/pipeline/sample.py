@@ -15,7 +15,7 @@ sample. Per batch:
    path), masks with the same plan, nearest-neighbour;
 4. boxes and keypoints are moved by the same plan; boxes cropped away are dropped
    together with the same rows of every per-box field (``transform``);
-5. the per-sample arrays are written padded or ragged (:mod:`reader.collate`,
+5. the per-sample arrays are written padded or ragged (:mod:`reader.pipeline.collate`,
    ``assemble``).
 
 With sample callables, step 3 decodes into arrays of their own, the callables run
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ..data.dataset import page_in
 from .collate import VarField
-from .data.dataset import page_in
 from .geometry import move_boxes, move_keypoints
 
 __all__ = ["Annotations", "FieldDecoder", "SampleBuilder", "SampleSpec"]
@@ -84,7 +84,7 @@ class FieldDecoder:
     arrays, anything the loader does not decode itself); the Loader's ``decoders=``.
 
     The result is written into the batch slot like any array whose first dimension
-    varies (ragged by default, see :mod:`reader.collate`), so the slot must be sized
+    varies (ragged by default, see :mod:`reader.pipeline.collate`), so the slot must be sized
     for it: ``max_rows`` bounds the first dimension. The monitor counts the time as
     ``decode``.
 
@@ -153,7 +153,7 @@ class SampleBuilder:
     def __init__(self, ds, spec: SampleSpec, pipeline, on_error: str, decode_error) -> None:
         self.ds = ds
         self.spec = spec
-        self.pipeline = pipeline  # reader.imaging.DecoderPipeline
+        self.pipeline = pipeline  # reader.pipeline.imaging.DecoderPipeline
         self.on_error = on_error
         self.decode_error = decode_error
         self.current: int | None = None

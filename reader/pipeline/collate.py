@@ -68,13 +68,13 @@ def check_collate(value) -> dict:
         return {}
     if not isinstance(value, dict):
         raise TypeError(f"collate must be a dict of field name -> 'padded', 'ragged' or "
-                        f"reader.collate.Padded(to=...), not {type(value).__name__} {value!r}")
+                        f"reader.Padded(to=...), not {type(value).__name__} {value!r}")
     for name, mode in value.items():
         if not isinstance(name, str):
             raise TypeError(f"collate keys are field names, not {name!r}")
         if not (isinstance(mode, Padded) or mode in MODES):
             raise ValueError(f"collate[{name!r}] must be 'padded', 'ragged' or "
-                             f"reader.collate.Padded(to=...), not {mode!r}")
+                             f"reader.Padded(to=...), not {mode!r}")
     return dict(value)
 
 

@@ -8,7 +8,7 @@ object with those two members is used as is; it should count what it does
 after decoding (augmentations, user code) as ``transform_s``, or the monitor
 blames decoding for it. A
 :class:`reader.transforms.ImagePipeline`, or a list of transform specs and
-callables to build one from, is wrapped around a :class:`reader.decode.Decoder`.
+callables to build one from, is wrapped around a :class:`reader.pipeline.decode.Decoder`.
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ def make_pipeline(transform: Any):
 
 
 class DecoderPipeline:
-    """An :class:`ImagePipeline` run by a :class:`reader.decode.Decoder`.
+    """An :class:`ImagePipeline` run by a :class:`reader.pipeline.decode.Decoder`.
 
     The decoder is built on first use, i.e. inside the worker process (it sets
     process-wide OpenCV threading and owns a scratch buffer), and is not pickled.
     Decode, crop, resize and flip are one fused step (the DCT scale does part of
     the resize), reported as ``decode_s``; the user callables that follow are
-    ``transform_s`` (see :meth:`reader.decode.Decoder.decode_timed`).
+    ``transform_s`` (see :meth:`reader.pipeline.decode.Decoder.decode_timed`).
     """
 
     def __init__(self, pipeline, backend: str = "auto") -> None:
@@ -65,7 +65,7 @@ class DecoderPipeline:
         self.__init__(state["pipeline"], state["backend"])
 
     def decoder(self):
-        """This process's :class:`reader.decode.Decoder` (built on first use)."""
+        """This process's :class:`reader.pipeline.decode.Decoder` (built on first use)."""
         if self._decoder is None:
             self._decoder = Decoder(self.pipeline, self.backend)
         return self._decoder
