@@ -282,7 +282,7 @@ def decode_rates(jpegs: list[bytes]) -> dict[str, float]:
     from PIL import Image
 
     from reader.pipeline.decode import Decoder
-    from reader.pipeline.transforms import ImagePipeline
+    from reader.transforms import ImagePipeline
     from scripts.bench_peers import _specs
     from scripts.bench_reader import naive_rrc_flip
 

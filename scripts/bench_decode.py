@@ -18,7 +18,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from reader.pipeline.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
+from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
 from scripts.synth import make_jpeg
 
 SIZE = 224

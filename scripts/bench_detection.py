@@ -82,7 +82,7 @@ def cached_coco(root: Path, n: int, seed: int = 0) -> tuple[Path, Path, Path]:
 
 
 def transforms(per_batch: bool = False) -> list:
-    from reader.pipeline.transforms import PadToMultiple, RandomHorizontalFlip, ResizeShortestEdge
+    from reader.transforms import PadToMultiple, RandomHorizontalFlip, ResizeShortestEdge
 
     return [ResizeShortestEdge(SHORT, max_size=MAX_SIZE, per_batch=per_batch),
             RandomHorizontalFlip(), PadToMultiple(MULTIPLE)]
@@ -184,7 +184,7 @@ def planned_waste(hw: np.ndarray, short: tuple[int, ...], seed: int = 0) -> tupl
     from reader.options import SamplerOptions
     from reader.order.batching import AspectRatioBatches, padding_waste
     from reader.order.sampler import Sampler
-    from reader.pipeline.transforms import (
+    from reader.transforms import (
         ImagePipeline,
         PadToMultiple,
         RandomHorizontalFlip,

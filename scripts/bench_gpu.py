@@ -40,7 +40,7 @@ import numpy as np
 
 import reader
 from reader.device import DeviceOptions, measure_pinned_bandwidth, normalize, require_cupy
-from reader.pipeline.transforms import CenterCrop, RandomResizedCrop
+from reader.transforms import CenterCrop, RandomResizedCrop
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TESTS = ["tests/test_device.py"]

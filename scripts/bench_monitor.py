@@ -113,7 +113,7 @@ def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw:
     if raw:  # read in this process: no workers, nothing in flight
         kwargs = dict(batch_size=batch_size, decode=False)
     else:
-        from reader.pipeline.transforms import CenterCrop
+        from reader.transforms import CenterCrop
 
         kwargs["transform"] = [CenterCrop(224)]
     rates: dict[str, list[float]] = {"off": [], "on": []}

@@ -242,7 +242,7 @@ READERS = {"shards": read_shards, "tfrecord": read_tfrecord, "wds": read_wds,
 # -- full pipeline (decode + random resized crop 224 + flip) -------------------------------
 
 def _specs():
-    from reader.pipeline.transforms import RandomHorizontalFlip, RandomResizedCrop
+    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     return [RandomResizedCrop(SIZE), RandomHorizontalFlip()]
 
@@ -260,7 +260,7 @@ class _Decode:
 
         if self.dec is None:
             from reader.pipeline.decode import Decoder
-            from reader.pipeline.transforms import ImagePipeline
+            from reader.transforms import ImagePipeline
 
             self.dec = Decoder(ImagePipeline(_specs()))
             self.rng = np.random.default_rng(os.getpid())
@@ -277,7 +277,7 @@ def _pil_rrc_flip(path: str):
     import numpy as np
     from PIL import Image
 
-    from reader.pipeline.transforms import RandomResizedCrop
+    from reader.transforms import RandomResizedCrop
 
     rng = np.random.default_rng()
     img = Image.open(path).convert("RGB")

@@ -122,14 +122,14 @@ def raw_read(shards: Path) -> tuple[float, float]:
 
 
 def pipeline_specs():
-    from reader.pipeline.transforms import RandomHorizontalFlip, RandomResizedCrop
+    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     return [RandomResizedCrop(SIZE), RandomHorizontalFlip()]
 
 
 def single_core_ours(shards: Path, n: int) -> float:
     from reader.pipeline.decode import Decoder
-    from reader.pipeline.transforms import ImagePipeline
+    from reader.transforms import ImagePipeline
 
     ds = open_shards(shards)
     dec = Decoder(ImagePipeline(pipeline_specs()))
@@ -147,7 +147,7 @@ def single_core_ours(shards: Path, n: int) -> float:
 def _one_core(job: tuple[Path, int, int]) -> tuple[int, float]:
     shards, start, count = job
     from reader.pipeline.decode import Decoder
-    from reader.pipeline.transforms import ImagePipeline
+    from reader.transforms import ImagePipeline
 
     ds = open_shards(shards)
     dec = Decoder(ImagePipeline(pipeline_specs()))
@@ -175,7 +175,7 @@ def naive_rrc_flip(data: bytes, rng: np.random.Generator) -> np.ndarray:
     """What a torchvision user's pipeline does: full PIL decode, crop, bilinear resize, flip."""
     from PIL import Image
 
-    from reader.pipeline.transforms import RandomResizedCrop
+    from reader.transforms import RandomResizedCrop
 
     img = Image.open(io.BytesIO(data)).convert("RGB")
     top, left, h, w = RandomResizedCrop(SIZE).get_params(img.height, img.width, rng)
@@ -243,7 +243,7 @@ _DECODER = None
 def _wds_decode(sample):
     global _DECODER
     from reader.pipeline.decode import Decoder
-    from reader.pipeline.transforms import ImagePipeline
+    from reader.transforms import ImagePipeline
 
     if _DECODER is None:
         _DECODER = Decoder(ImagePipeline(pipeline_specs()))
@@ -274,7 +274,7 @@ def rss_anon_kb(pid: int) -> int:
 def loader_memory(path: Path, workers: int, batches: int = 20) -> int:
     """RssAnon of main + workers (KiB) after ``batches`` batches of a full shuffle."""
     from reader import Loader
-    from reader.pipeline.transforms import CenterCrop
+    from reader.transforms import CenterCrop
 
     with Loader(path, 64, num_workers=workers, shuffle="full", transform=[CenterCrop(32)]) as lo:
         it = iter(lo)

@@ -48,7 +48,7 @@ def _epoch(ds_path: Path, *, check: bool = True, leases: bool = True, decode: bo
            side: int = 224, batch_size: int = 128, workers: int = 1,
            bytes_per_s: bool = False) -> float:
     import reader
-    from reader.pipeline.transforms import RandomHorizontalFlip, RandomResizedCrop
+    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     transform = [RandomResizedCrop(side), RandomHorizontalFlip()] if decode else None
     fields = None if decode else ("image", "label")

@@ -25,7 +25,7 @@ import formats
 import reader
 from formats.shard.verify import ALL_MATCH
 from packer import PackOptions, format_summary, pack
-from reader.pipeline.transforms import RandomHorizontalFlip, RandomResizedCrop
+from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 from scripts.synth import make_image_folder
 
 

@@ -60,7 +60,7 @@ def loader_for(path: Path, batch_size: int, *, train: bool, short: tuple[int, ..
                max_size: int, seed: int, workers):
     from reader import Loader
     from reader.batching import AspectRatioBatches
-    from reader.pipeline.transforms import PadToMultiple, RandomHorizontalFlip, ResizeShortestEdge
+    from reader.transforms import PadToMultiple, RandomHorizontalFlip, ResizeShortestEdge
 
     if train:
         transform = [ResizeShortestEdge(short, max_size=max_size), RandomHorizontalFlip(),

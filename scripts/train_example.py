@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         print("train_example needs PyTorch: pip install 'shardpack[torch]'", file=sys.stderr)
         return 2
     from reader import Loader
-    from reader.pipeline.transforms import RandomHorizontalFlip, RandomResizedCrop
     from reader.torch_adapter import to_torch
+    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     if args.make_data:
         make_data(args.data, args.records, args.classes, side=args.size + args.size // 2)

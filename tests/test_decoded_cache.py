@@ -12,7 +12,7 @@ from helpers_reader import make_dataset
 
 from reader import DecodedCacheOptions, Loader
 from reader.options import WorkerOptions
-from reader.pipeline.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
+from reader.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
 
 BIG = 1 << 26
 

@@ -13,15 +13,13 @@ import simplejpeg
 import reader
 from formats import DatasetWriter, Field
 from formats.errors import CorruptRecordError
-from reader import Loader
-from reader.pipeline.collate import Padded, Ragged
+from reader import Loader, Padded, Ragged
 from reader.pipeline.decode import decode_full
-from reader.pipeline.geometry import move_boxes
-from reader.pipeline.transforms import (
+from reader.pipeline.geometry import Plan, move_boxes
+from reader.transforms import (
     CenterCrop,
     Normalize,
     PadToMultiple,
-    Plan,
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
@@ -298,7 +296,7 @@ def test_move_boxes_maps_clips_and_flips():
 
 def test_resize_with_max_size_matches_torchvision_rule():
     # torchvision: short side 100 -> long 300 > max 200: long = 200, short = int(200 * 100 / 300).
-    from reader.pipeline.transforms import ImagePipeline
+    from reader.transforms import ImagePipeline
 
     plan = ImagePipeline([Resize(100, max_size=200)]).plan(50, 150, np.random.default_rng(0))
     assert plan.size == (66, 200)
@@ -308,7 +306,7 @@ def test_resize_with_max_size_matches_torchvision_rule():
 
 
 def test_resize_shortest_edge_bound_covers_every_draw():
-    from reader.pipeline.transforms import ImagePipeline
+    from reader.transforms import ImagePipeline
 
     pipe = ImagePipeline([ResizeShortestEdge((32, 48, 64), max_size=100), PadToMultiple(32)])
     hs, ws = np.array([40, 80, 30]), np.array([90, 40, 30])
@@ -395,7 +393,7 @@ def test_budget_batches_vary_in_size_and_resume_exactly(det_path):
 
 
 def test_a_pipelines_backend_reaches_the_decoder(det_path):
-    from reader.pipeline.transforms import ImagePipeline
+    from reader.transforms import ImagePipeline
 
     pytest.importorskip("PIL", reason="backend='pillow' needs Pillow")
     pipe = ImagePipeline([CenterCrop(32)], backend="pillow")

@@ -162,7 +162,7 @@ def _jpeg_dataset(path, rng, n):
 def test_cuda_path_end_to_end(tmp_path, rng, device_cupy, pinning, dtype, layout):
     """The whole device='cuda' flow (CUDA sink) gives what the CPU sink gives, normalized."""
     import reader
-    from reader.pipeline.transforms import CenterCrop
+    from reader.transforms import CenterCrop
 
     _jpeg_dataset(tmp_path, rng, 10)  # 10 records, batch 4: the last batch is partial
     opts = DeviceOptions(dtype=dtype, layout=layout, pinning=pinning)
@@ -200,7 +200,7 @@ def test_cuda_path_carries_padded_and_ragged_fields(tmp_path, rng, device_cupy):
 
     import formats
     import reader
-    from reader.pipeline.transforms import PadToMultiple, ResizeShortestEdge
+    from reader.transforms import PadToMultiple, ResizeShortestEdge
 
     fields = [formats.Field("image", "jpeg"),
               formats.Field("boxes", "ndarray", dtype="float32", shape=(None, 4))]
@@ -236,7 +236,7 @@ def test_cuda_refuses_conversions_it_cannot_make(tmp_path, rng, device_cupy):
 
     import formats
     import reader
-    from reader.pipeline.transforms import Normalize, ResizeShortestEdge
+    from reader.transforms import Normalize, ResizeShortestEdge
 
     with formats.DatasetWriter(tmp_path, [formats.Field("image", "jpeg")]) as w:
         for _ in range(3):
@@ -259,7 +259,7 @@ def test_cuda_path_hands_torch_tensors_through_dlpack(tmp_path, rng):
     if not torch.cuda.is_available():
         pytest.skip(f"torch {torch.__version__} is a build without CUDA")
     import reader
-    from reader.pipeline.transforms import CenterCrop
+    from reader.transforms import CenterCrop
 
     _jpeg_dataset(tmp_path, rng, 10)
     opts = DeviceOptions(dtype="float16", layout="NCHW", output="torch")

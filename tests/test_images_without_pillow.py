@@ -302,7 +302,7 @@ def test_the_loader_reads_a_png_dataset_without_pillow(tmp_path, rng):
     import reader
     from reader.pipeline.decode import decode_full
     from reader.pipeline.decode import image_size as decoded_size
-    from reader.pipeline.transforms import CenterCrop, Resize
+    from reader.transforms import CenterCrop, Resize
 
     images = [colour(rng, 20 + i, 30 - i) for i in range(4)]
     src = tmp_path / "src" / "a"

@@ -302,7 +302,7 @@ def test_spawn_start_method_uses_a_named_ring(ds_path):
 
 
 def test_real_decode_pipeline_specs(ds_path):
-    from reader.pipeline.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
+    from reader.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
 
     runs = []
     for nw in (0, 2):
@@ -324,7 +324,7 @@ def test_real_decode_pipeline_specs(ds_path):
 
 
 def test_user_callable_error_in_real_pipeline(ds_path):
-    from reader.pipeline.transforms import CenterCrop
+    from reader.transforms import CenterCrop
 
     def bad(img):
         if img[-1, 0, 0] == (3 * 37) % 256:

@@ -12,7 +12,7 @@ import pytest
 from helpers_reader import CropPipeline, make_dataset
 
 from reader import DecodedCacheOptions, Loader
-from reader.pipeline.transforms import CenterCrop, RandomHorizontalFlip
+from reader.transforms import CenterCrop, RandomHorizontalFlip
 
 STOP_AT = 3  # batches a stopped loop has delivered
 

@@ -23,8 +23,8 @@ import pytest
 from formats import ShardDataset
 from reader.diagnosis import Thresholds
 from reader.monitor import Monitor
-from reader.pipeline.transforms import CenterCrop
 from reader.proc import ProcCpu
+from reader.transforms import CenterCrop
 from tests.helpers_reader import CropPipeline, make_dataset
 
 reader = pytest.importorskip("reader")

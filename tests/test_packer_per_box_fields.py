@@ -15,7 +15,7 @@ from formats import DatasetWriter, Field
 from formats.fields import BOXES_FIELD, PER_BOX_NAMES
 from packer import format_summary, pack_samples
 from packer.schema import infer_fields
-from reader.pipeline.transforms import Resize
+from reader.transforms import Resize
 
 FAST = {"durable": False, "progress": False, "workers": 0}
 

@@ -17,7 +17,7 @@ from formats.shard.metadata import CLOSE_MATCH_ALL, KeyIndex
 from formats.version import package_version
 from reader import DecodeOptions, Loader, SamplerOptions, WorkerOptions
 from reader.options import check_batch_size, check_fields, group_options
-from reader.pipeline.transforms import RandomResizedCrop
+from reader.transforms import RandomResizedCrop
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import simplejpeg
 from PIL import Image
 
 from reader.pipeline.decode import DecodeError, Decoder, decode_full, image_size
-from reader.pipeline.transforms import (
+from reader.transforms import (
     CenterCrop,
     ImagePipeline,
     RandomHorizontalFlip,
