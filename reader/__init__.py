@@ -11,16 +11,17 @@ from formats.version import package_version
 
 from .data.cache import CacheOptions
 from .data.dataset import open_dataset, read_many
-from .decoded_cache import DecodedCacheOptions
 from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
-from .loader import CpuSink, Loader
+from .loader import Loader
 from .options import DecodeOptions, SamplerOptions, WorkerOptions
 from .order.sampler import Sampler
 from .order.tokens import TokenBlocks
 from .pipeline.collate import Padded, Ragged
 from .pipeline.sample import Annotations, FieldDecoder
-from .slots import FieldLayout, SlotLayout, SlotRing
-from .timing import BatchTiming
+from .runtime.decoded_cache import DecodedCacheOptions
+from .runtime.sinks import CpuSink
+from .runtime.slots import FieldLayout, SlotLayout, SlotRing
+from .runtime.timing import BatchTiming
 
 __version__ = package_version()  # "0+unknown" in a source checkout that is not installed
 

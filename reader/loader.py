@@ -1,14 +1,14 @@
 """The loader: an iterable of batches built by worker processes into shared slots.
 
 Batch ``k`` of an epoch is issued to the workers as ``(k, slot, epoch, indices,
-generation)``; a worker writes it into ``slot`` of the :class:`~reader.slots.SlotRing`
+generation)``; a worker writes it into ``slot`` of the :class:`~reader.runtime.slots.SlotRing`
 and answers ``("ok", k, slot, worker, pid, timing)``. Batches are delivered in order
 of ``k`` whatever order workers finish in. The consumer (a *sink*) says when a
 slot may be reused: on CPU once no array of its batch is alive (a lease, see
-:mod:`reader.leases`), on a GPU when the copy out of it has completed (see
-:class:`reader.epoch.CpuSink`).
+:mod:`reader.runtime.leases`), on a GPU when the copy out of it has completed (see
+:mod:`reader.runtime.sinks`).
 
-The epoch machinery and its shutdown protocol live in :mod:`reader.epoch`.
+The epoch machinery and its shutdown protocol live in :mod:`reader.runtime.epoch`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,8 @@ import numpy as np
 
 from formats import ShardDataset
 
-from .autoscale import WorkerScaler
 from .data.cache import CacheOptions
 from .data.dataset import open_dataset
-from .decoded_cache import DecodedCache, DecodedCacheOptions
-from .epoch import CpuSink, Cursor, Epoch, EpochContext, RawEpoch
 from .options import (
     DecodeOptions,
     SamplerOptions,
@@ -42,11 +39,16 @@ from .options import (
     resolve_num_workers,
 )
 from .order.sampler import Sampler
-from .plan import plan_batch
-from .slots import SlotRing
-from .worker import BatchSpec, WorkerPool
+from .runtime.autoscale import WorkerScaler
+from .runtime.decoded_cache import DecodedCache, DecodedCacheOptions
+from .runtime.device import DeviceOptions, check_layout, require_cupy
+from .runtime.epoch import Cursor, Epoch, EpochContext, RawEpoch
+from .runtime.plan import plan_batch
+from .runtime.sinks import CpuSink, cuda_sink
+from .runtime.slots import SlotRing
+from .runtime.worker import BatchSpec, WorkerPool
 
-__all__ = ["CpuSink", "Loader"]
+__all__ = ["Loader"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class Loader:
     """Batches of a dataset as dicts of field -> numpy array (or list, for bytes/str fields).
 
     Batches on CPU are leased views into a shared-memory slot: the slot is reused
-    only once nothing refers to the batch (:mod:`reader.leases`); pass ``copy=True``
+    only once nothing refers to the batch (:mod:`reader.runtime.leases`); pass ``copy=True``
     to get owned arrays.
 
     Loops are what PyTorch users know (torch's ``DataLoader``; torchdata's
@@ -92,7 +94,7 @@ class Loader:
             guarantee of the plain order holds (seeded, per rank, resumable).
         num_workers: worker processes, 0 (in-process), or ``"auto"``: one per core to
             start, then measured and adjusted while the loader runs (see
-            :mod:`reader.autoscale`; ``worker_changes`` lists each change and why).
+            :mod:`reader.runtime.autoscale`; ``worker_changes`` lists each change and why).
         prefetch: batches in flight, or ``"auto"``.
         shuffle: ``False``, ``True``/``"full"`` or ``"block"`` (see :class:`SamplerOptions`).
         seed: seed of the order and of the random transforms.
@@ -111,7 +113,7 @@ class Loader:
         decoded_cache: keep decoded images in shared memory for later epochs
             (:class:`reader.DecodedCacheOptions`; the seed's ``CacheDataset``).
         copy: return owned arrays instead of views of the shared ring.
-        device: ``"cpu"`` or ``"cuda"`` (handled by :mod:`reader.device`).
+        device: ``"cpu"`` or ``"cuda"`` (handled by :mod:`reader.runtime.sinks`).
         rank, world_size: distributed partitioning; ``None`` reads ``$RANK`` and
             ``$WORLD_SIZE`` (torchrun sets them), else 0 and 1.
         cache: where a remote ``source`` (``s3://...``) keeps its shards
@@ -191,8 +193,6 @@ class Loader:
         self.device = device
         self.device_options = device_options
         if device == "cuda":
-            from .device import DeviceOptions, require_cupy
-
             require_cupy()  # fail here, with the install hint, not at the first batch
             self.device_options = device_options or DeviceOptions()
         if batch_sampler is None:
@@ -205,10 +205,8 @@ class Loader:
         self._plan_fields()
         self._refuse_idle_options()
         if device == "cuda" and not self.raw:
-            from .device import check_layout
-
             check_layout(self, self.device_options)
-        # num_workers="auto": measured and adjusted while the loader runs (reader.autoscale).
+        # num_workers="auto": measured and adjusted while the loader runs (reader.runtime.autoscale).
         self._scaler = None
         if self.worker_options.num_workers == "auto" and not self.raw and self.num_workers:
             self._scaler = WorkerScaler(self.num_workers)
@@ -298,9 +296,7 @@ class Loader:
 
     def _make_sink(self):
         if self.device == "cuda":
-            from . import device
-
-            return device.make_sink(self)
+            return cuda_sink(self)
         return CpuSink(copy=self.worker_options.copy)
 
     def _depths(self, hold: int) -> tuple[int, int, int]:
@@ -356,7 +352,7 @@ class Loader:
 
     @property
     def worker_changes(self) -> list:
-        """Every change ``num_workers="auto"`` made: :class:`reader.autoscale.ScaleChange`."""
+        """Every change ``num_workers="auto"`` made: :class:`reader.runtime.autoscale.ScaleChange`."""
         return list(self._scaler.changes) if self._scaler is not None else []
 
     def _worker_pids(self) -> list[int]:
@@ -425,7 +421,7 @@ class Loader:
         self._resume = False
 
     def _context(self) -> EpochContext:
-        """What the next epoch gets from this loader (see :class:`reader.epoch.EpochContext`)."""
+        """What the next epoch gets from this loader (see :class:`reader.runtime.epoch.EpochContext`)."""
         return EpochContext(
             dataset=self.dataset, sampler=self.sampler, spec=self.spec, plan=self.plan,
             fields=self.fields, worker_options=self.worker_options, num_workers=self.num_workers,

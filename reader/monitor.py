@@ -1,7 +1,7 @@
 """The loader's Data Monitor: per-batch stage timings, an interval table, a diagnosis.
 
 Protocol: the loader calls :meth:`Monitor.on_batch` once per delivered batch,
-in the consumer's thread, with that batch's ``reader.timing.BatchTiming``.
+in the consumer's thread, with that batch's ``reader.runtime.timing.BatchTiming``.
 ``on_batch`` only adds numbers to running float totals (a few microseconds); at
 most once per ``interval`` seconds, checked with ``time.monotonic`` in the same
 call, it turns the totals since the last report into a table and a diagnosis,
@@ -61,7 +61,8 @@ from typing import Any
 
 from reader.diagnosis import Diagnosis, Thresholds, diagnose
 from reader.monitor_report import format_table
-from reader.proc import CpuTicks, ProcCpu
+
+from .runtime.proc import CpuTicks, ProcCpu
 
 __all__ = [
     "Diagnosis",

@@ -244,7 +244,7 @@ class DecodeOptions:
             never a wrong value. On by default: CRC32C runs at tens of GB/s, far
             ahead of decoding (BENCHMARKS.md measures the cost); False skips it.
         decoded_cache: keep decoded images in memory shared by the workers and
-            crop later epochs from them (:class:`reader.decoded_cache.DecodedCacheOptions`:
+            crop later epochs from them (:class:`reader.runtime.decoded_cache.DecodedCacheOptions`:
             the byte bound, a pre-shrink, an optional file); None decodes every time.
         annotations: which fields follow the image's geometry
             (:class:`reader.Annotations`); None finds ``boxes``, the per-box
@@ -288,7 +288,7 @@ class DecodeOptions:
                 raise TypeError("decoders must be a dict of field name -> reader.FieldDecoder, "
                                 f"not {self.decoders!r}")
         if self.decoded_cache is not None:
-            from .decoded_cache import DecodedCacheOptions
+            from .runtime.decoded_cache import DecodedCacheOptions
 
             if not isinstance(self.decoded_cache, DecodedCacheOptions):
                 raise TypeError("decoded_cache must be a reader.DecodedCacheOptions or None, "
@@ -326,7 +326,7 @@ class WorkerOptions:
         num_workers: worker processes (0 builds batches in the main process);
             ``"auto"`` starts with one per core (leaving one for the main process on
             machines with more than 4), then measures and adjusts the count while
-            the loader runs (:mod:`reader.autoscale`).
+            the loader runs (:mod:`reader.runtime.autoscale`).
         prefetch: batches in flight (issued, not yet consumed); ``"auto"`` adapts
             the depth between ``num_workers`` and ``max_prefetch`` so the consumer
             rarely waits.
@@ -336,7 +336,7 @@ class WorkerOptions:
         timeout: seconds without any batch before
             :class:`reader.errors.LoaderTimeoutError`, whose message says what each
             worker is doing (stopped, busy, asleep); None: a stopped worker is an
-            error once a batch is ``reader.epoch.LATE_FACTOR`` times later than the
+            error once a batch is ``reader.runtime.epoch.LATE_FACTOR`` times later than the
             slowest so far, slow or blocked ones are reported and waited for.
         start_method: ``"fork"`` (Linux default) or ``"spawn"``.
         copy: return owned arrays instead of views of the shared ring.
@@ -346,7 +346,7 @@ class WorkerOptions:
             matters for short epochs. The price: idle workers hold their memory
             between epochs until ``Loader.close()`` (or the loader is garbage
             collected), and an epoch left early (``break``) first waits for the
-            batches its workers are building, at most ``reader.epoch.DRAIN_S``
+            batches its workers are building, at most ``reader.runtime.epoch.DRAIN_S``
             seconds, before the next one may start. An error or a dead worker
             still stops them all; the next epoch starts fresh ones.
     """

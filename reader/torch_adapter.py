@@ -35,7 +35,7 @@ import numpy as np
 
 from .data.dataset import main_fields
 from .pipeline.collate import Ragged, assemble
-from .worker import BatchBuilder, batch_rng
+from .runtime.worker import BatchBuilder, batch_rng
 
 __all__ = ["TorchBatchDataset", "TorchLoader", "require_torch", "to_torch"]
 

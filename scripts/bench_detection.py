@@ -11,7 +11,7 @@ aspect-ratio-grouped batches of 16.
 
 (a) ``reader.Loader`` images/s over one epoch from a fresh Loader (its workers'
     start included) ÷ (cores × the single-core rate of the same batches built in this
-    process by the workers' own code, ``reader.worker.BatchBuilder``); beside it, the
+    process by the workers' own code, ``reader.runtime.worker.BatchBuilder``); beside it, the
     Loader ÷ ``cores`` bare processes building those batches between them (what the
     cores give under the load of that moment);
 (b) the same Loader ÷ a torchvision-style baseline: a map-style torch ``Dataset`` over
@@ -126,7 +126,7 @@ def _build(job: tuple[Path, int, int, int]) -> dict:
     from reader.batching import AspectRatioBatches
     from reader.data.dataset import main_fields
     from reader.pipeline.collate import assemble
-    from reader.worker import BatchBuilder, batch_rng
+    from reader.runtime.worker import BatchBuilder, batch_rng
 
     shards, epoch, part, parts = job
     with Loader(shards, BATCH, batch_sampler=AspectRatioBatches(), shuffle=True, seed=0,

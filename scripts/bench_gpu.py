@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 import reader
-from reader.device import DeviceOptions, measure_pinned_bandwidth, normalize, require_cupy
+from reader.runtime.device import DeviceOptions, measure_pinned_bandwidth, normalize, require_cupy
 from reader.transforms import CenterCrop, RandomResizedCrop
 
 ROOT = Path(__file__).resolve().parents[1]

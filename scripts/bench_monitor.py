@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 from reader.monitor import Monitor
-from reader.proc import ProcCpu
-from reader.timing import BatchTiming
+from reader.runtime.proc import ProcCpu
+from reader.runtime.timing import BatchTiming
 
 
 def _timing(i: int) -> BatchTiming:

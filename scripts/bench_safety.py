@@ -13,7 +13,7 @@ Loader's second epoch (the first maps the shards and starts the workers):
   to the work: unchecked, no payload byte is touched at all); and the checked raw path
   in payload bytes/s ÷ a numpy memcpy of the same bytes (one array, 8 MB chunks into
   a reused buffer; target >= 0.75: the check reads every byte once, as a copy does);
-* leases (:mod:`reader.leases`): the batches handed out as leased views ÷ the same
+* leases (:mod:`reader.runtime.leases`): the batches handed out as leased views ÷ the same
   views handed out bare, their slot reused at the next ``next()`` (the sink the Loader
   had before leases, rebuilt here for the comparison; target >= 0.99), on the full
   pipeline and on a light one (64 px crops, batch 32: the per-batch cost is largest
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reader.epoch import CpuSink
+from reader.runtime.sinks import CpuSink
 
 __all__ = ["main"]
 
@@ -75,7 +75,7 @@ def _lease_cost_us(rounds: int = 20000) -> float:
     return when the batch is freed (what a CpuSink does beyond the bare views)."""
     import numpy as np
 
-    from reader.leases import SlotLeases
+    from reader.runtime.leases import SlotLeases
 
     slot = {"image": np.zeros((128, 224, 224, 3), np.uint8)[:128],
             "label": np.zeros(128, np.int64)[:128], "valid": np.ones(128, bool)[:128]}

@@ -1,4 +1,4 @@
-"""A stand-in for the small part of cupy that reader/device.py uses, backed by numpy.
+"""A stand-in for the small part of cupy that reader/runtime/sinks.py uses, backed by numpy.
 
 "Device" arrays live in host memory; an async host-to-device copy is a memmove
 from the given address, done at once; events are complete as soon as recorded.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reader.proc import CpuTicks
+from reader.runtime.proc import CpuTicks
 
 try:
-    from reader.timing import BatchTiming
+    from reader.runtime.timing import BatchTiming
 except ImportError:  # the loader's timing module is not there yet
     BatchTiming = None
 

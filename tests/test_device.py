@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from reader.device import DeviceOptions, SlotGate, normalize, require_cupy
+from reader.runtime.device import DeviceOptions, normalize, require_cupy
+from reader.runtime.sinks import SlotGate
 
 
 class FakeEvent:
@@ -101,12 +102,12 @@ def _gpu_or_skip():
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_gpu_kernel_matches_numpy_reference(rng, layout, dtype):
     cp = _gpu_or_skip()
-    from reader.device import _CudaState
+    from reader.runtime.sinks import _CudaState
 
     opts = DeviceOptions(dtype=dtype, layout=layout)
     state = _CudaState(cp, opts, rank=0)
     images = rng.integers(0, 256, (4, 9, 11, 3), dtype=np.uint8)
-    from reader.device import CudaSink
+    from reader.runtime.sinks import CudaSink
 
     sink = CudaSink.__new__(CudaSink)
     sink.state = state

@@ -10,7 +10,7 @@ from helpers_reader import SIDE, CropPipeline, make_dataset
 
 import reader
 from reader import CpuSink, Loader, SlotRing
-from reader.slots import PAGE
+from reader.runtime.slots import PAGE
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from helpers_reader import CropPipeline, make_dataset
 
 from formats.errors import CorruptRecordError
 from reader import Loader, WorkerDiedError, WorkerError
-from reader.slots import SlotLayout, SlotRing, reclaim_stale_segments
+from reader.runtime.slots import SlotLayout, SlotRing, reclaim_stale_segments
 
 TESTS = Path(__file__).parent
 

@@ -1,4 +1,4 @@
-"""Leased batches: a slot is refilled only once nothing refers to its batch (reader.leases)."""
+"""Leased batches: a slot is refilled only once nothing refers to its batch (reader.runtime.leases)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from helpers_reader import CropPipeline, make_dataset
 
 from reader import Loader
-from reader.leases import MAX_LEASED
+from reader.runtime.leases import MAX_LEASED
 
 
 @pytest.fixture(scope="module")

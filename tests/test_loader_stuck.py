@@ -16,8 +16,8 @@ import pytest
 from helpers_reader import SIDE, CropPipeline, make_dataset
 
 from reader import Loader, LoaderTimeoutError
-from reader import epoch as epoch_mod
-from reader.proc import process_state
+from reader.runtime import epoch as epoch_mod
+from reader.runtime.proc import process_state
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_a_timeout_says_what_each_worker_is_doing(ds_path):
 def test_slow_workers_are_reported_and_waited_for(ds_path, quick_deadline, caplog):
     with Loader(ds_path, 8, num_workers=1, transform=CropPipeline(sleep=0.1)) as lo:
         it = iter(lo)
-        with caplog.at_level(logging.WARNING, logger="reader.epoch"):
+        with caplog.at_level(logging.WARNING, logger="reader.runtime.epoch"):
             labels = [next(it)["label"].copy() for _ in range(2)]
         it.shutdown()
     assert np.concatenate(labels).tolist() == list(range(16))  # late, but they came

@@ -21,7 +21,7 @@ from reader.monitor import (
     resolve_monitor,
 )
 from reader.monitor_report import METRICS
-from reader.proc import CpuTicks, ProcCpu
+from reader.runtime.proc import CpuTicks, ProcCpu
 from tests.helpers_monitor import (
     CPU_BOUND,
     HEALTHY,
@@ -36,7 +36,7 @@ from tests.helpers_monitor import (
     feed,
 )
 
-pytest.importorskip("reader.timing", reason="reader/timing.py (BatchTiming) not written yet")
+pytest.importorskip("reader.runtime.timing", reason="reader/runtime/timing.py (BatchTiming) not written yet")
 
 
 def make(interval: float = 1.0, **kwargs) -> tuple[Monitor, FakeClock, io.StringIO]:

@@ -23,7 +23,7 @@ import pytest
 from formats import ShardDataset
 from reader.diagnosis import Thresholds
 from reader.monitor import Monitor
-from reader.proc import ProcCpu
+from reader.runtime.proc import ProcCpu
 from reader.transforms import CenterCrop
 from tests.helpers_reader import CropPipeline, make_dataset
 

@@ -313,7 +313,7 @@ class _Budget(BoundBatches):
         self.sizes, self.budget, self.padded = sizes, budget, spec.padded
         self.cap, self.window = cap, window
         # The field the budget counts, if one: a batch never holds more of it than the
-        # budget, which bounds that field's slot region (reader.plan).
+        # budget, which bounds that field's slot region (reader.runtime.plan).
         size = spec.size
         self.size_field = (size[len("field:"):] if isinstance(size, str)
                            and size.startswith("field:") else None)

@@ -15,7 +15,7 @@ from that shape, so the trainer gets views of the slot, never copies:
   Images, whose two sides vary, are stored flat with their shapes in ``shapes``.
 
 One contiguous region per field also means one host-to-device copy per field on
-the GPU path (:mod:`reader.device`).
+the GPU path (:mod:`reader.runtime.sinks`).
 """
 
 from __future__ import annotations

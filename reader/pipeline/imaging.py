@@ -80,7 +80,7 @@ class DecoderPipeline:
         return self._decoder.decode_timed(view, out, rng)
 
     def run_cached(self, cache, record: int, view, out, rng) -> tuple[float, float]:
-        """:meth:`run` through a :class:`reader.decoded_cache.DecodedCache`: a hit
+        """:meth:`run` through a :class:`reader.runtime.decoded_cache.DecodedCache`: a hit
         resamples the cached pixels (no decode); a miss decodes the whole image,
         stores it when there is room, and resamples it. Same crops as :meth:`run`."""
         decoder = self.decoder()

@@ -1,6 +1,6 @@
 """Whole samples in the workers: an image, its masks and annotations, one geometry.
 
-The classification path (:class:`reader.worker.BatchBuilder` alone) decodes one
+The classification path (:class:`reader.runtime.worker.BatchBuilder` alone) decodes one
 image field of a fixed size per record. This path serves everything else: images
 whose size varies (``ResizeShortestEdge``, ``Resize(int)``, no transform at all),
 boxes, keypoints and masks that must follow their image, per-sample arrays of

@@ -1,11 +1,26 @@
-"""The GPU path: batches go from their shared-memory slot to the GPU with no staging copy.
+"""Sinks: the consumer side of the slot ring. A sink turns a delivered slot into what
+the user gets, and says when the slot may be refilled.
 
-Per batch, on a dedicated non-blocking CUDA stream: one async host-to-device copy
-per field straight out of the slot (the slot ring is page-locked in place with
-``cudaHostRegister``), then one fused kernel that converts uint8 images to
-float16/float32, normalizes them (mean/std) and lays them out as NCHW or NHWC.
-An event recorded after the copies gates the slot: it goes back to the workers only
-once that event has completed (:class:`SlotGate`).
+The slot-release protocol every sink follows:
+
+* ``hold``: how many slots the consumer may hold at once (extra ring slots);
+* ``attach(ring)``: called once the epoch's ring exists, before any delivery;
+* ``deliver(slot, batch, timing) -> (batch, timing)``: turn the slot's views into
+  what the user gets;
+* ``reclaim() -> list[int]``: called at the start of every ``next()``; the slots
+  that may be refilled now;
+* ``close()``: the epoch ends.
+
+:class:`CpuSink` (``device="cpu"``) hands out leased views: a slot comes back once
+nothing refers to its batch.
+
+:class:`CudaSink` (``device="cuda"``) sends each batch from its shared-memory slot
+to the GPU with no staging copy. Per batch, on a dedicated non-blocking CUDA
+stream: one async host-to-device copy per field straight out of the slot (the slot
+ring is page-locked in place with ``cudaHostRegister``), then one fused kernel that
+converts uint8 images to float16/float32, normalizes them (mean/std) and lays them
+out as NCHW or NHWC. An event recorded after the copies gates the slot: it goes
+back to the workers only once that event has completed (:class:`SlotGate`).
 
 Stream semantics for the consumer: before a batch is returned, the consumer's
 current stream (cupy's, or torch's with ``output="torch"``) is made to wait on the
@@ -22,76 +37,62 @@ cupy until a CUDA loader is constructed.
 
 from __future__ import annotations
 
-import os
-import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .pipeline.collate import Ragged
+from ..pipeline.collate import Ragged
+from .device import DeviceOptions, pick_device, require_cupy
+from .leases import MAX_LEASED, SlotLeases
+from .timing import BatchTiming
 
-__all__ = ["DeviceOptions", "SlotGate", "make_sink", "normalize", "require_cupy"]
-
-INSTALL_HINT = "device='cuda' needs cupy and a CUDA GPU: pip install 'shardpack[gpu]'"
-IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+__all__ = ["CpuSink", "CudaSink", "SlotGate", "cuda_sink"]
 
 
-@dataclass(frozen=True)
-class DeviceOptions:
-    """How batches look on the GPU.
+class CpuSink:
+    """Hands slot views to the user, leased: a slot comes back once nothing refers to it.
 
-    Args:
-        dtype: image dtype on the GPU: ``float16``, ``float32`` or ``uint8`` (no
-            normalization; images always travel as uint8, 4x less than float32).
-        layout: ``NCHW`` or ``NHWC``.
-        mean, std: per-channel normalization on the 0..255 scale (``(x - mean) / std``).
-        output: ``cupy`` arrays, or ``torch`` tensors through DLPack (zero-copy).
-        pinning: ``auto`` (register the ring, fall back to staging), ``register``
-            (fail if registration fails) or ``staging``.
-        device_id: the GPU; default: ``LOCAL_RANK`` from the environment, else the
-            loader's rank modulo the GPU count.
+    ``deliver`` gives leased views (see :mod:`reader.runtime.leases`), or copies with
+    ``copy=True`` or when the consumer already holds ``hold`` batches.
     """
 
-    dtype: str = "float16"
-    layout: str = "NCHW"
-    mean: tuple[float, ...] = IMAGENET_MEAN
-    std: tuple[float, ...] = IMAGENET_STD
-    output: str = "cupy"
-    pinning: str = "auto"
-    device_id: int | None = None
+    hold = MAX_LEASED
 
-    def __post_init__(self) -> None:
-        if self.dtype not in ("float16", "float32", "uint8"):
-            raise ValueError(f"dtype must be float16, float32 or uint8, not {self.dtype!r}")
-        if self.layout not in ("NCHW", "NHWC"):
-            raise ValueError(f"layout must be NCHW or NHWC, not {self.layout!r}")
-        if self.output not in ("cupy", "torch"):
-            raise ValueError(f"output must be cupy or torch, not {self.output!r}")
-        if self.pinning not in ("auto", "register", "staging"):
-            raise ValueError(f"pinning must be auto, register or staging, not {self.pinning!r}")
-        if len(self.mean) != len(self.std) or any(s == 0 for s in self.std):
-            raise ValueError("mean and std need one non-zero std per channel")
+    def __init__(self, copy: bool = False) -> None:
+        self.copy = copy
+        self.leases: SlotLeases | None = None
+        self.fields: tuple[str, ...] = ()
+        self._back: list[int] = []
 
+    def attach(self, ring) -> None:
+        self.leases = ring.leases
+        self.fields = tuple(f.name for f in ring.layout.fields)
 
-def normalize(images, options: DeviceOptions, xp=np):
-    """uint8 ``[B, H, W, C]`` images -> the dtype/layout/normalization of ``options``.
+    def deliver(self, slot: int, batch: dict, timing: BatchTiming | None):
+        if not self.copy:
+            leases = self.leases
+            self._back += leases.collect()  # so that full() counts only live batches
+            if not leases.full():
+                # Everything of the slot: its arrays and ragged fields (main-process
+                # fields are lists, and owned).
+                names = [k for k, v in batch.items() if isinstance(v, (np.ndarray, Ragged))]
+                return leases.lease(slot, batch, names), timing
+            leases.note_copied()
+        batch = {k: (v.copy() if isinstance(v, (np.ndarray, Ragged)) else
+                     [bytes(x) if isinstance(x, memoryview) else x for x in v])
+                 for k, v in batch.items()}
+        self._back.append(slot)  # nothing refers to it any more
+        return batch, timing
 
-    Written against an array module ``xp`` (numpy or cupy): the reference for the
-    fused GPU kernel, and the CPU tests' definition of what the GPU must produce.
-    """
-    if options.dtype == "uint8":
-        out = images
-    else:
-        dt = xp.float16 if options.dtype == "float16" else xp.float32
-        mean = xp.asarray(options.mean, dtype=xp.float32)
-        inv_std = xp.asarray([1.0 / s for s in options.std], dtype=xp.float32)
-        out = ((images.astype(xp.float32) - mean) * inv_std).astype(dt)
-    if options.layout == "NCHW":
-        out = xp.ascontiguousarray(out.transpose(0, 3, 1, 2))
-    return out
+    def reclaim(self) -> list[int]:
+        out, self._back = self._back, []
+        if self.leases is not None:
+            out += self.leases.collect()
+        return out
+
+    def close(self) -> None:
+        self._back = []  # the next epoch starts from the ring's leases, not from us
 
 
 class SlotGate:
@@ -134,51 +135,8 @@ class SlotGate:
         return len(self._pending)
 
 
-def require_cupy():
-    """Import cupy and check for a GPU, or raise ImportError with the install hint."""
-    try:
-        import cupy
-    except ImportError as exc:
-        raise ImportError(INSTALL_HINT) from exc
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # CUDARuntimeError when no driver is loaded
-        raise ImportError(f"{INSTALL_HINT} (cupy found no usable CUDA driver: {exc})") from exc
-    if count < 1:
-        raise ImportError(f"{INSTALL_HINT} (no CUDA device visible)")
-    return cupy
-
-
-def pick_device(options: DeviceOptions, rank: int, count: int) -> int:
-    if options.device_id is not None:
-        return options.device_id
-    local = os.environ.get("LOCAL_RANK")
-    return int(local) if local is not None else rank % count
-
-
-def check_layout(loader, options: DeviceOptions) -> None:
-    """Refuse device options this loader's images cannot get: the GPU converts and
-    normalizes padded (or fixed-size) uint8 image batches only.
-
-    Raises:
-        ValueError: the image field is ragged, or normalized on the CPU already,
-            and ``options`` asks for a conversion.
-    """
-    image = next((v for v in loader.plan.var_fields if v.name == loader.image_field), None)
-    converts = options.dtype != "uint8" or options.layout != "NHWC"
-    if image is not None and image.mode == "ragged" and converts:
-        raise ValueError("device='cuda' converts whole image batches; a ragged image field "
-                         "arrives as it is, image by image (uint8 HWC): collate the image "
-                         "padded, or pass DeviceOptions(dtype='uint8', layout='NHWC')")
-    core = getattr(loader.spec.pipeline, "pipeline", None)
-    if core is not None and core.normalize is not None and converts:
-        raise ValueError("the transforms end with Normalize (float32 on the CPU) and "
-                         "device_options convert on the GPU as well: keep one of the two "
-                         "(DeviceOptions(dtype='uint8', layout='NHWC') passes images as they are)")
-
-
-def make_sink(loader) -> CudaSink:
-    """The loader's sink for ``device="cuda"`` (see ``reader.loader.CpuSink`` for the protocol)."""
+def cuda_sink(loader) -> CudaSink:
+    """The loader's sink for ``device="cuda"``; the GPU state lives as long as the loader."""
     state = getattr(loader, "_cuda_state", None)
     if state is None:
         state = _CudaState(require_cupy(), loader.device_options, loader.sampler_options.rank)
@@ -349,7 +307,7 @@ class CudaSink:
             self._last_h2d = (cp.cuda.get_elapsed_time(start, end) / 1e3, nbytes)
         if timing is None or self._last_h2d is None:
             return timing
-        timing.h2d_s, timing.h2d_bytes = self._last_h2d  # BatchTiming is mutable (reader.timing)
+        timing.h2d_s, timing.h2d_bytes = self._last_h2d  # BatchTiming is mutable (reader.runtime.timing)
         return timing
 
     def reclaim(self) -> list[int]:
@@ -360,19 +318,3 @@ class CudaSink:
 
     def close(self) -> None:
         self.gate.drain()
-
-
-def measure_pinned_bandwidth(nbytes: int, repeats: int = 20) -> float:
-    """Raw pinned host -> device copy bandwidth in GB/s (the limit for the loader's copy)."""
-    cp = require_cupy()
-    host = np.frombuffer(cp.cuda.alloc_pinned_memory(nbytes), np.uint8, nbytes)
-    host[:] = 1
-    dev = cp.empty(nbytes, cp.uint8)
-    stream = cp.cuda.Stream(non_blocking=True)
-    dev.data.copy_from_host_async(host.ctypes.data, nbytes, stream)
-    stream.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        dev.data.copy_from_host_async(host.ctypes.data, nbytes, stream)
-    stream.synchronize()
-    return nbytes * repeats / (time.perf_counter() - t0) / 1e9

@@ -19,11 +19,11 @@ import numpy as np
 
 from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 
-from .order.batching import field_sizes, known_image_sizes
-from .pipeline.collate import Padded, VarField
-from .pipeline.imaging import make_pipeline
-from .pipeline.sample import Annotations, SampleSpec
-from .pipeline.transforms import Resize, ResizeShortestEdge
+from ..order.batching import field_sizes, known_image_sizes
+from ..pipeline.collate import Padded, VarField
+from ..pipeline.imaging import make_pipeline
+from ..pipeline.sample import Annotations, SampleSpec
+from ..pipeline.transforms import Resize, ResizeShortestEdge
 from .slots import SlotLayout
 
 __all__ = ["BatchPlan", "plan_batch"]
@@ -152,7 +152,7 @@ def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
         hw = np.zeros((len(ds), 2), np.int64)
     unknown = np.flatnonzero((hw <= 0).any(axis=1))
     if unknown.size:
-        from .pipeline.decode import image_size
+        from ..pipeline.decode import image_size
 
         for r in unknown.tolist():
             try:

@@ -1,11 +1,11 @@
-"""One epoch's worker processes, the in-order delivery, and the slot sinks.
+"""One epoch's worker processes and the in-order delivery to the epoch's sink.
 
 Shutdown protocol
 -----------------
 Every way out of an epoch (end of data, ``break``, an exception in the training
 loop, ``KeyboardInterrupt``, a worker error or death, ``close()``, garbage
 collection of the iterator or the loader) goes through ``Epoch.shutdown``, which
-releases the epoch's :class:`~reader.worker.WorkerPool`. Stopping a pool
+releases the epoch's :class:`~reader.runtime.worker.WorkerPool`. Stopping a pool
 (``WorkerPool.stop``):
 
 1. set the done event (idle workers see it within ``IDLE_POLL_S``);
@@ -42,7 +42,7 @@ explicit ``timeout`` raises whatever their state, with the same description.
 
 A process forked from the main one (``os.fork``, a library's subprocess helper)
 inherits the loader's objects but never its workers: at the fork the child
-disowns every pool (``reader.worker``), so neither its exit (multiprocessing's
+disowns every pool (``reader.runtime.worker``), so neither its exit (multiprocessing's
 atexit handler terminates the children it knows of) nor its garbage collection
 stops, drains or signals the parent's workers.
 """
@@ -65,15 +65,14 @@ import numpy as np
 from formats.errors import FormatError, ShardpackError
 from formats.fields import BYTES_TYPES
 
-from .data.dataset import main_fields
-from .errors import LoaderTimeoutError, WorkerDiedError, WorkerError
-from .leases import MAX_LEASED, SlotLeases
-from .pipeline.collate import Ragged, assemble
+from ..data.dataset import main_fields
+from ..errors import LoaderTimeoutError, WorkerDiedError, WorkerError
+from ..pipeline.collate import assemble
 from .proc import describe, process_state
 from .timing import BatchTiming, batch_timing
 from .worker import BatchBuilder, BatchDone, BatchFailed, Task, batch_rng
 
-__all__ = ["CpuSink", "Cursor", "Epoch", "EpochContext", "RawEpoch"]
+__all__ = ["Cursor", "Epoch", "EpochContext", "RawEpoch"]
 
 log = logging.getLogger(__name__)
 
@@ -124,13 +123,13 @@ class EpochContext:
 
     Attributes:
         dataset, sampler, spec, plan: what to read, in which order, how to build it
-            (:class:`reader.worker.BatchSpec`, :class:`reader.plan.BatchPlan`).
+            (:class:`reader.runtime.worker.BatchSpec`, :class:`reader.runtime.plan.BatchPlan`).
         fields: the fields read (raw mode reads them all in the main process).
         worker_options, num_workers: the loader's processes.
         monitor: gets one :class:`BatchTiming` per batch, or None.
-        scaler: ``num_workers="auto"``'s :class:`reader.autoscale.WorkerScaler`, or None.
+        scaler: ``num_workers="auto"``'s :class:`reader.runtime.autoscale.WorkerScaler`, or None.
         cursor: the loader's position, moved as batches are delivered.
-        make_sink: the consumer side for this epoch (:class:`CpuSink` or a GPU one).
+        make_sink: the consumer side for this epoch (:mod:`reader.runtime.sinks`).
         depths: ``hold -> (lowest, starting, highest)`` batches in flight.
         ensure_ring: ``slots -> SlotRing``: the loader's ring, at least that big.
         acquire_pool: ``ring -> WorkerPool``: the persistent pool or new workers.
@@ -173,7 +172,7 @@ def _truncated_file(ds) -> Path | None:
 
 
 def _worker_id(process) -> str:
-    return process.name.rsplit("-", 1)[-1]  # "shardpack-worker-<id>" (reader.worker)
+    return process.name.rsplit("-", 1)[-1]  # "shardpack-worker-<id>" (reader.runtime.worker)
 
 
 def _doing(process) -> str:
@@ -182,59 +181,6 @@ def _doing(process) -> str:
         return ""
     k = doing.value
     return ", waiting for a task," if k < 0 else f", building batch {k},"
-
-
-class CpuSink:
-    """Hands slot views to the user, leased: a slot comes back once nothing refers to it.
-
-    The slot-release protocol every sink follows (a GPU sink in :mod:`reader.device`
-    implements the same members):
-
-    * ``hold``: how many slots the consumer may hold at once (extra ring slots);
-    * ``attach(ring)``: called once the epoch's ring exists, before any delivery;
-    * ``deliver(slot, batch, timing) -> (batch, timing)``: turn the slot's views
-      into what the user gets (here: leased views, see :mod:`reader.leases`, or
-      copies with ``copy=True`` or when the consumer already holds ``hold`` batches);
-    * ``reclaim() -> list[int]``: called at the start of every ``next()``; the
-      slots that may be refilled now.
-    """
-
-    hold = MAX_LEASED
-
-    def __init__(self, copy: bool = False) -> None:
-        self.copy = copy
-        self.leases: SlotLeases | None = None
-        self.fields: tuple[str, ...] = ()
-        self._back: list[int] = []
-
-    def attach(self, ring) -> None:
-        self.leases = ring.leases
-        self.fields = tuple(f.name for f in ring.layout.fields)
-
-    def deliver(self, slot: int, batch: dict, timing: BatchTiming | None):
-        if not self.copy:
-            leases = self.leases
-            self._back += leases.collect()  # so that full() counts only live batches
-            if not leases.full():
-                # Everything of the slot: its arrays and ragged fields (main-process
-                # fields are lists, and owned).
-                names = [k for k, v in batch.items() if isinstance(v, (np.ndarray, Ragged))]
-                return leases.lease(slot, batch, names), timing
-            leases.note_copied()
-        batch = {k: (v.copy() if isinstance(v, (np.ndarray, Ragged)) else
-                     [bytes(x) if isinstance(x, memoryview) else x for x in v])
-                 for k, v in batch.items()}
-        self._back.append(slot)  # nothing refers to it any more
-        return batch, timing
-
-    def reclaim(self) -> list[int]:
-        out, self._back = self._back, []
-        if self.leases is not None:
-            out += self.leases.collect()
-        return out
-
-    def close(self) -> None:
-        self._back = []  # the next epoch starts from the ring's leases, not from us
 
 
 class RawEpoch:

@@ -1,6 +1,6 @@
 """Builds batches into ring slots, in a worker process or in the main process.
 
-A worker's life (see "Shutdown protocol" in :mod:`reader.epoch`): it takes
+A worker's life (see "Shutdown protocol" in :mod:`reader.runtime.epoch`): it takes
 :class:`Task` records from the shared task queue, writes the batch into
 ``ring.slot_view(slot)``, and answers on the done queue with a small named record
 (:class:`BatchDone`, :class:`BatchFailed` or :class:`BatchStale`). Sample data
@@ -26,9 +26,9 @@ import numpy as np
 
 from formats.errors import CorruptRecordError, ShardpackError
 
-from .data.dataset import page_in
+from ..data.dataset import page_in
+from ..pipeline.sample import SampleBuilder
 from .leases import own_fork
-from .pipeline.sample import SampleBuilder
 from .timing import WorkerTiming
 
 __all__ = ["BatchBuilder", "BatchDone", "BatchFailed", "BatchSpec", "BatchStale", "Task",
@@ -94,7 +94,7 @@ class BatchSpec:
         on_error: ``"fail"`` or ``"skip"`` for images that do not decode.
         seed: base seed of the per-batch random streams.
         rank: this loader's rank (part of the stream seed).
-        cache: a :class:`reader.decoded_cache.DecodedCache` the pipeline reads
+        cache: a :class:`reader.runtime.decoded_cache.DecodedCache` the pipeline reads
             decoded images from and keeps them in (None: decode every time).
         sample: the sample path's plan (:class:`reader.pipeline.sample.SampleSpec`) when the
             loader reads annotations, varying-size images or arrays, or runs
@@ -229,7 +229,7 @@ class BatchBuilder:
 
 def _decode_error_type() -> type[Exception]:
     try:
-        from .pipeline.decode import DecodeError
+        from ..pipeline.decode import DecodeError
     except ImportError:  # the image module is not there: nothing can raise it
         return ShardpackError
     return DecodeError
@@ -307,7 +307,7 @@ class WorkerPool:
     An epoch owns a pool for its own lifetime; with ``persistent_workers`` the
     loader owns one across epochs and an epoch that ends early hands it back
     only once none of its tasks can still write into a slot (:meth:`drain`).
-    Stopping follows "Shutdown protocol" in :mod:`reader.epoch`.
+    Stopping follows "Shutdown protocol" in :mod:`reader.runtime.epoch`.
 
     Args:
         ctx: a multiprocessing context.

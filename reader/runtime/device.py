@@ -1,0 +1,135 @@
+"""The GPU path's options and checks: how batches look on the GPU (:class:`DeviceOptions`),
+the numpy reference of the fused normalize kernel, which GPU a rank uses, and the
+loader layouts the GPU can convert. The sink that copies slots to the GPU is
+:class:`reader.runtime.sinks.CudaSink`. Nothing here imports cupy until a CUDA loader
+is constructed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["DeviceOptions", "check_layout", "measure_pinned_bandwidth", "normalize",
+           "pick_device", "require_cupy"]
+
+INSTALL_HINT = "device='cuda' needs cupy and a CUDA GPU: pip install 'shardpack[gpu]'"
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    """How batches look on the GPU.
+
+    Args:
+        dtype: image dtype on the GPU: ``float16``, ``float32`` or ``uint8`` (no
+            normalization; images always travel as uint8, 4x less than float32).
+        layout: ``NCHW`` or ``NHWC``.
+        mean, std: per-channel normalization on the 0..255 scale (``(x - mean) / std``).
+        output: ``cupy`` arrays, or ``torch`` tensors through DLPack (zero-copy).
+        pinning: ``auto`` (register the ring, fall back to staging), ``register``
+            (fail if registration fails) or ``staging``.
+        device_id: the GPU; default: ``LOCAL_RANK`` from the environment, else the
+            loader's rank modulo the GPU count.
+    """
+
+    dtype: str = "float16"
+    layout: str = "NCHW"
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    output: str = "cupy"
+    pinning: str = "auto"
+    device_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float16", "float32", "uint8"):
+            raise ValueError(f"dtype must be float16, float32 or uint8, not {self.dtype!r}")
+        if self.layout not in ("NCHW", "NHWC"):
+            raise ValueError(f"layout must be NCHW or NHWC, not {self.layout!r}")
+        if self.output not in ("cupy", "torch"):
+            raise ValueError(f"output must be cupy or torch, not {self.output!r}")
+        if self.pinning not in ("auto", "register", "staging"):
+            raise ValueError(f"pinning must be auto, register or staging, not {self.pinning!r}")
+        if len(self.mean) != len(self.std) or any(s == 0 for s in self.std):
+            raise ValueError("mean and std need one non-zero std per channel")
+
+
+def normalize(images, options: DeviceOptions, xp=np):
+    """uint8 ``[B, H, W, C]`` images -> the dtype/layout/normalization of ``options``.
+
+    Written against an array module ``xp`` (numpy or cupy): the reference for the
+    fused GPU kernel, and the CPU tests' definition of what the GPU must produce.
+    """
+    if options.dtype == "uint8":
+        out = images
+    else:
+        dt = xp.float16 if options.dtype == "float16" else xp.float32
+        mean = xp.asarray(options.mean, dtype=xp.float32)
+        inv_std = xp.asarray([1.0 / s for s in options.std], dtype=xp.float32)
+        out = ((images.astype(xp.float32) - mean) * inv_std).astype(dt)
+    if options.layout == "NCHW":
+        out = xp.ascontiguousarray(out.transpose(0, 3, 1, 2))
+    return out
+
+
+def require_cupy():
+    """Import cupy and check for a GPU, or raise ImportError with the install hint."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError when no driver is loaded
+        raise ImportError(f"{INSTALL_HINT} (cupy found no usable CUDA driver: {exc})") from exc
+    if count < 1:
+        raise ImportError(f"{INSTALL_HINT} (no CUDA device visible)")
+    return cupy
+
+
+def pick_device(options: DeviceOptions, rank: int, count: int) -> int:
+    if options.device_id is not None:
+        return options.device_id
+    local = os.environ.get("LOCAL_RANK")
+    return int(local) if local is not None else rank % count
+
+
+def check_layout(loader, options: DeviceOptions) -> None:
+    """Refuse device options this loader's images cannot get: the GPU converts and
+    normalizes padded (or fixed-size) uint8 image batches only.
+
+    Raises:
+        ValueError: the image field is ragged, or normalized on the CPU already,
+            and ``options`` asks for a conversion.
+    """
+    image = next((v for v in loader.plan.var_fields if v.name == loader.image_field), None)
+    converts = options.dtype != "uint8" or options.layout != "NHWC"
+    if image is not None and image.mode == "ragged" and converts:
+        raise ValueError("device='cuda' converts whole image batches; a ragged image field "
+                         "arrives as it is, image by image (uint8 HWC): collate the image "
+                         "padded, or pass DeviceOptions(dtype='uint8', layout='NHWC')")
+    core = getattr(loader.spec.pipeline, "pipeline", None)
+    if core is not None and core.normalize is not None and converts:
+        raise ValueError("the transforms end with Normalize (float32 on the CPU) and "
+                         "device_options convert on the GPU as well: keep one of the two "
+                         "(DeviceOptions(dtype='uint8', layout='NHWC') passes images as they are)")
+
+
+def measure_pinned_bandwidth(nbytes: int, repeats: int = 20) -> float:
+    """Raw pinned host -> device copy bandwidth in GB/s (the limit for the loader's copy)."""
+    cp = require_cupy()
+    host = np.frombuffer(cp.cuda.alloc_pinned_memory(nbytes), np.uint8, nbytes)
+    host[:] = 1
+    dev = cp.empty(nbytes, cp.uint8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    dev.data.copy_from_host_async(host.ctypes.data, nbytes, stream)
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dev.data.copy_from_host_async(host.ctypes.data, nbytes, stream)
+    stream.synchronize()
+    return nbytes * repeats / (time.perf_counter() - t0) / 1e9
