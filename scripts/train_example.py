@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     workers = args.workers if args.workers == "auto" else int(args.workers)
     device_options = None
     if args.device == "cuda":
-        from reader.runtime.device import DeviceOptions
+        from reader.device import DeviceOptions
 
         # uint8 crosses PCIe; the GPU converts to NCHW float32 in 0..1, as to_torch does
         # on the CPU path.
