@@ -13,6 +13,8 @@ from .data.cache import CacheOptions
 from .data.dataset import open_dataset, read_many
 from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from .loader import Loader
+from .monitor.diagnosis import Thresholds
+from .monitor.monitor import Monitor, disable_monitor, enable_monitor
 from .options import DecodeOptions, SamplerOptions, WorkerOptions
 from .order.sampler import Sampler
 from .order.tokens import TokenBlocks
@@ -37,12 +39,14 @@ __all__ = [
     "Loader",
     "LoaderError",
     "LoaderTimeoutError",
+    "Monitor",
     "Padded",
     "Ragged",
     "Sampler",
     "SamplerOptions",
     "SlotLayout",
     "SlotRing",
+    "Thresholds",
     "TokenBlocks",
     "WorkerDiedError",
     "WorkerError",
@@ -54,16 +58,3 @@ __all__ = [
     "read_many",
 ]
 
-
-def enable_monitor(*args, **kwargs):
-    """See :func:`reader.monitor.enable_monitor` (imported on first use)."""
-    from .monitor import enable_monitor as _enable
-
-    return _enable(*args, **kwargs)
-
-
-def disable_monitor() -> None:
-    """See :func:`reader.monitor.disable_monitor`."""
-    from .monitor import disable_monitor as _disable
-
-    _disable()

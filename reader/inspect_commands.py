@@ -366,7 +366,7 @@ def _lengths_table(lengths: dict) -> str:
 # -- monitor-report ----------------------------------------------------------------------
 
 def cmd_monitor_report(args: argparse.Namespace) -> int:
-    from .monitor_report import monitor_report_command
+    from .monitor.report import monitor_report_command
 
     if getattr(args, "plot", None):
         args.plot = _out_path(args.plot)  # missing folders made, as for stats --plot

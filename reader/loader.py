@@ -29,6 +29,7 @@ from formats import ShardDataset
 
 from .data.cache import CacheOptions
 from .data.dataset import open_dataset
+from .monitor.monitor import resolve_monitor
 from .options import (
     DecodeOptions,
     SamplerOptions,
@@ -122,7 +123,7 @@ class Loader:
         monitor: None (the process default set by ``reader.enable_monitor``; off
             unless enabled), False (off), an object with ``on_batch(BatchTiming)``
             and ``stats()``, or a number: report every that many seconds via
-            ``reader.monitor.Monitor``.
+            ``reader.monitor.monitor.Monitor``.
         sampler_options, decode_options, worker_options: whole option groups; each
             replaces the keywords of its group (setting one of those keywords as well
             is refused, never silently dropped).
@@ -538,14 +539,9 @@ class Loader:
 
 
 def _make_monitor(value: Any, num_workers: int):
-    """None follows ``reader.enable_monitor`` (never imported if nobody enabled it)."""
-    if value is None:
-        mod = sys.modules.get(__package__ + ".monitor")
-        return None if mod is None else mod.resolve_monitor(None, num_workers=num_workers)
+    """None follows ``reader.enable_monitor``; an object with ``on_batch`` is used as is."""
     if value is False:
         return None
     if hasattr(value, "on_batch"):
         return value
-    from .monitor import resolve_monitor
-
     return resolve_monitor(value, num_workers=num_workers)

@@ -94,9 +94,8 @@ def loader_epoch(shards: Path, workers: int, epoch: int, grouped: bool = True,
                  per_batch: bool = False) -> dict:
     """One epoch through ``reader.Loader``: images/s, the padding it delivered, and the
     monitor's stage shares."""
-    from reader import Loader
+    from reader import Loader, Monitor
     from reader.batching import AspectRatioBatches
-    from reader.monitor import Monitor
 
     monitor = Monitor(3600.0, output=False)  # figures only: no report within the run
     sampler = AspectRatioBatches() if grouped else None

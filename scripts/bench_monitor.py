@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from reader.monitor import Monitor
+from reader import Monitor
 from reader.runtime.proc import ProcCpu
 from reader.runtime.timing import BatchTiming
 
@@ -107,7 +107,7 @@ def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw:
     samples alternate off/on (and which goes first) so drift hits both alike.
     """
     import reader
-    from reader.monitor import Monitor as _Monitor
+    from reader import Monitor as _Monitor
 
     kwargs = dict(batch_size=batch_size, num_workers=workers, prefetch=2 * max(workers, 1))
     if raw:  # read in this process: no workers, nothing in flight

@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
-from reader import monitor as monitor_mod
-from reader.diagnosis import Diagnosis, Thresholds, diagnose
-from reader.monitor import (
+from reader.monitor import monitor as monitor_mod
+from reader.monitor.diagnosis import Diagnosis, Thresholds, diagnose
+from reader.monitor.monitor import (
     Monitor,
     MonitorConfig,
     default_monitor,
@@ -20,7 +20,7 @@ from reader.monitor import (
     format_table,
     resolve_monitor,
 )
-from reader.monitor_report import METRICS
+from reader.monitor.report import METRICS
 from reader.runtime.proc import CpuTicks, ProcCpu
 from tests.helpers_monitor import (
     CPU_BOUND,

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from formats import ShardDataset
-from reader.diagnosis import Thresholds
-from reader.monitor import Monitor
+from reader import Monitor
+from reader.monitor.diagnosis import Thresholds
 from reader.runtime.proc import ProcCpu
 from reader.transforms import CenterCrop
 from tests.helpers_reader import CropPipeline, make_dataset
@@ -252,7 +252,7 @@ def test_figures_add_up(dataset):
 
 
 def test_enable_monitor_reaches_every_loader(dataset, capsys):
-    from reader.monitor import disable_monitor
+    from reader import disable_monitor
 
     try:
         reader.enable_monitor(interval=0.05)

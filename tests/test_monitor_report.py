@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from reader.monitor import Monitor
-from reader.monitor_report import (
+from reader import Monitor
+from reader.monitor.report import (
     METRICS,
     MonitorRecordError,
     format_summary,
@@ -151,7 +151,7 @@ def test_handler_fits_a_parent_parser_with_dst(records, capsys):
     """inspect-shards style: ``DST`` positional and ``--json`` on the parent parser."""
     import argparse
 
-    from reader.monitor_report import add_monitor_report_arguments, monitor_report_command
+    from reader.monitor.report import add_monitor_report_arguments, monitor_report_command
 
     parser = argparse.ArgumentParser()
     parser.add_argument("dst")

@@ -3,7 +3,7 @@
 :func:`format_table` renders one ``Monitor.stats()`` dict as the interval report.
 
 A record file holds one JSON object per line, one per reported interval, as
-written by :class:`reader.monitor.Monitor` with ``record=``. Several loaders (or
+written by :class:`reader.monitor.monitor.Monitor` with ``record=``. Several loaders (or
 runs) may append to one file; lines carry the loader ``name``.
 
 ``inspect-shards monitor-report FILE [--plot out.png] [--json]`` is wired to
@@ -20,7 +20,8 @@ from collections import Counter
 from typing import Any, NamedTuple
 
 from formats.errors import ShardpackError
-from reader.diagnosis import Thresholds
+
+from .diagnosis import Thresholds
 
 __all__ = [
     "METRICS",
@@ -433,7 +434,7 @@ def monitor_report_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reader.monitor_report FILE [--plot PNG] [--json]``."""
+    """``python -m reader.monitor.report FILE [--plot PNG] [--json]``."""
     parser = argparse.ArgumentParser(
         prog="monitor-report", description="Summarize a shardpack monitor record file."
     )

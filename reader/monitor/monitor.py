@@ -17,7 +17,7 @@ A loader that hangs outright is the loader watchdog's job, not the monitor's.
 Interval figures are differences of cumulative totals, so one set of sums
 serves both the "current" (last interval) and "mean" (whole run) columns. The
 names of the figures are the same in ``stats()``, the printed table, the JSONL
-records and ``monitor-report`` (see :data:`reader.monitor_report.METRICS`).
+records and ``monitor-report`` (see :data:`reader.monitor.report.METRICS`).
 
 A stable verdict: each interval is diagnosed on its own figures, with the
 limits biased towards the verdict shown (``Thresholds.hysteresis``), and the
@@ -59,10 +59,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from reader.diagnosis import Diagnosis, Thresholds, diagnose
-from reader.monitor_report import format_table
-
-from .runtime.proc import CpuTicks, ProcCpu
+from ..runtime.proc import CpuTicks, ProcCpu
+from .diagnosis import Diagnosis, Thresholds, diagnose
+from .report import format_table
 
 __all__ = [
     "Diagnosis",

@@ -1,7 +1,7 @@
 """Name the loader's bottleneck from the monitor's figures.
 
 :func:`diagnose` is a pure function of a figures dict (as found under
-``"current"`` or ``"mean"`` in :meth:`reader.monitor.Monitor.stats`)
+``"current"`` or ``"mean"`` in :meth:`reader.monitor.monitor.Monitor.stats`)
 and of the previous verdict, so every rule can be tested with hand-written
 numbers. The rules follow the patterns of the MegEngine Data Monitor, plus one
 for a machine whose cores other programs take, in this order:

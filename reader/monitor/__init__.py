@@ -1,0 +1,8 @@
+"""The monitor: what the loader is doing, and what holds it back.
+
+:mod:`~reader.monitor.monitor` (the :class:`~reader.monitor.monitor.Monitor` fed one
+timing per batch, its periodic report and records, and ``enable_monitor``),
+:mod:`~reader.monitor.diagnosis` (the verdict: which stage bounds the loader, and
+the fix) and :mod:`~reader.monitor.report` (the metric table, and ``monitor-report``
+over recorded runs).
+"""
