@@ -70,7 +70,7 @@ BURN = "while True: sum(i * i for i in range(10_000))"
 
 def compete(path: Path, transform, cores: int, after_s: float, run_s: float) -> None:
     import reader
-    from reader.monitor import Monitor
+    from reader import Monitor
 
     mon = Monitor(1.0, output=False)
     burners: list = []
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     p.add_argument("--compete-after", type=float, default=6.0)
     p.add_argument("--compete-for", type=float, default=14.0)
     args = p.parse_args(argv)
-    from reader.autoscale import usable_cores
+    from reader.runtime.autoscale import usable_cores
     from reader.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
     from scripts.bench_pack import packed_dataset
 

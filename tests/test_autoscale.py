@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from helpers_reader import CropPipeline, make_dataset
 
-from reader import Loader, autoscale
-from reader.autoscale import Climb, WindowFigures, seed_rule
+from reader import Loader
+from reader.runtime import autoscale
+from reader.runtime.autoscale import Climb, WindowFigures, seed_rule
 
 
 def figures(**kw) -> WindowFigures:
@@ -188,7 +189,7 @@ def test_the_monitor_shows_each_change_and_why(ds_path, short_windows, tmp_path)
     import io
     import json
 
-    from reader.monitor import Monitor
+    from reader import Monitor
 
     out = io.StringIO()
     record = tmp_path / "mon.jsonl"
