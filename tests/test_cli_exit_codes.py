@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from packer.cli import main as pack_main
-from reader.inspect_cli import main as inspect_main
+from reader.inspect.cli import main as inspect_main
 from tests.helpers_coco import make_coco
 from tests.helpers_packer import image_folder
 
@@ -148,8 +148,8 @@ def test_the_console_scripts_exit_the_same_way(tmp_path, src):
     (user / "notes.txt").write_text("mine")
     for module, argv, status in (("packer.cli", [src, user, "-q"], 1),
                                  ("packer.cli", [src, user, "--seed", "3"], 2),
-                                 ("reader.inspect_cli", [tmp_path / "nothing", "info"], 1),
-                                 ("reader.inspect_cli", [user, "frobnicate"], 2)):
+                                 ("reader.inspect.cli", [tmp_path / "nothing", "info"], 1),
+                                 ("reader.inspect.cli", [user, "frobnicate"], 2)):
         p = subprocess.run([sys.executable, "-m", module, *map(str, argv)],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == status, (module, argv, p.stderr)

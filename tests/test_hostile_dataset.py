@@ -99,7 +99,7 @@ def loader_epoch(path: str, batch_size: int = 4) -> None:
 
 
 def inspect(path: str, *command: str) -> None:
-    from reader.inspect_cli import main
+    from reader.inspect.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):

@@ -64,7 +64,7 @@ def pack(src: str, dst: str) -> None:
 def cli(argv: list[str], want_code: int, want_text: str) -> None:
     """Run inspect-shards on strict UTF-8 streams (a terminal or a pipe, not a
     forgiving StringIO); return only if it exits as expected, without a traceback."""
-    from reader.inspect_cli import main
+    from reader.inspect.cli import main
 
     out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict",
                                  write_through=True) for _ in range(2))

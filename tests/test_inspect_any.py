@@ -13,7 +13,7 @@ import pytest
 
 from formats import DatasetWriter, Field
 from formats.audio_header import audio_info
-from reader.inspect_cli import main
+from reader.inspect.cli import main
 
 FIELDS = [
     Field("key", "str"),

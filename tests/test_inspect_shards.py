@@ -8,7 +8,7 @@ import pytest
 
 from formats import open_shards
 from formats.shard.verify import ALL_MATCH
-from reader.inspect_cli import COMMANDS, main
+from reader.inspect.cli import COMMANDS, main
 from tests.helpers_codecs import CLASSES, IMAGE_FIELDS, make_dataset, make_records
 
 
@@ -325,7 +325,7 @@ def test_a_closed_pipe_ends_quietly(dataset):
     import sys
 
     _, root = dataset
-    proc = subprocess.Popen([sys.executable, "-m", "reader.inspect_cli", str(root), "ls"],
+    proc = subprocess.Popen([sys.executable, "-m", "reader.inspect.cli", str(root), "ls"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()
     err = proc.stderr.read().decode()

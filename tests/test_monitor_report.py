@@ -163,7 +163,7 @@ def test_handler_fits_a_parent_parser_with_dst(records, capsys):
 
 
 def test_inspect_shards_monitor_report_command(records, capsys):
-    from reader.inspect_cli import main
+    from reader.inspect.cli import main
 
     assert main([str(records[0]), "monitor-report", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["batches"] == 400
@@ -173,7 +173,7 @@ def test_inspect_shards_monitor_report_command(records, capsys):
 
 def test_inspect_shards_monitor_report_plot_makes_missing_folders(records, tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="plotting needs matplotlib")
-    from reader.inspect_cli import main
+    from reader.inspect.cli import main
 
     png = tmp_path / "new" / "dir" / "t.png"
     assert main([str(records[0]), "monitor-report", "--plot", str(png)]) == 0

@@ -373,7 +373,7 @@ def test_pack_from_an_image_folder_on_s3(endpoint, tmp_path):
 
 def test_inspect_shards_reads_a_remote_dataset(remote_uri, local_ds, tmp_path, monkeypatch,
                                                capsys):
-    from reader.inspect_cli import main
+    from reader.inspect.cli import main
 
     monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
     for command in (["info"], ["ls", "--limit", "3"], ["show", "57"], ["stats"]):

@@ -6,7 +6,7 @@ not, the command comes first; otherwise (``inspect-shards info ls``: a dataset
 folder named ``info``?) the first word is the dataset, as it always was.
 
 Subcommands are rows of :data:`COMMANDS` (name, handler, configure_parser, help);
-add one by appending a row. Handlers live in :mod:`reader.inspect_commands`; each
+add one by appending a row. Handlers live in :mod:`reader.inspect.commands`; each
 returns an exit status: 0 ok, 1 damaged or bad data or anything else found by
 reading DST (a record index out of range, a field it does not have), 2 usage: the
 command line by itself (argparse, with the usage block). No traceback reaches the
@@ -36,8 +36,8 @@ from formats import ShardpackError, UnsafePathError
 from formats.storage import is_uri
 from formats.version import package_version
 
-from .data.dataset import open_dataset
-from .inspect_commands import (
+from ..data.dataset import open_dataset
+from .commands import (
     cmd_extract,
     cmd_info,
     cmd_ls,

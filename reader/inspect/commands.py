@@ -1,4 +1,4 @@
-"""The handlers of ``inspect-shards`` (:mod:`reader.inspect_cli`) and their tables.
+"""The handlers of ``inspect-shards`` (:mod:`reader.inspect.cli`) and their tables.
 
 Each ``cmd_*`` takes the parsed arguments and returns an exit status: 0 ok, 1
 damaged or bad data, or anything else found by reading DST (a record index out of
@@ -37,7 +37,7 @@ from formats.shard.summary import (
 )
 from formats.shard.verify import ALL_MATCH
 
-from .data.dataset import open_dataset
+from ..data.dataset import open_dataset
 
 __all__ = ["cmd_extract", "cmd_info", "cmd_ls", "cmd_monitor_report", "cmd_show", "cmd_stats",
            "cmd_verify", "error", "refuse", "say"]
@@ -366,7 +366,7 @@ def _lengths_table(lengths: dict) -> str:
 # -- monitor-report ----------------------------------------------------------------------
 
 def cmd_monitor_report(args: argparse.Namespace) -> int:
-    from .monitor.report import monitor_report_command
+    from ..monitor.report import monitor_report_command
 
     if getattr(args, "plot", None):
         args.plot = _out_path(args.plot)  # missing folders made, as for stats --plot
