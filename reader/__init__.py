@@ -5,49 +5,76 @@ batches (dict of field -> numpy array) built by worker processes straight into a
 ring of shared-memory slots (see :mod:`reader.loader` for the protocol).
 ``reader.__version__`` is the installed shardpack's version, the one
 ``pack-dataset --version`` and ``inspect-shards --version`` print.
+
+This module exports what the README teaches. The stages behind it live in
+subpackages: :mod:`reader.data` (opening datasets, local or remote),
+:mod:`reader.order` (which records make each batch), :mod:`reader.pipeline` (what a
+worker does to each sample), :mod:`reader.runtime` (the processes, slots and sinks)
+and :mod:`reader.monitor`; :mod:`reader.inspect` is ``inspect-shards``.
 """
 
 from formats.version import package_version
 
+from .batching import AspectRatioBatches, BudgetBatches
 from .data.cache import CacheOptions
 from .data.dataset import open_dataset, read_many
+from .device import DeviceOptions
 from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from .loader import Loader
 from .monitor.diagnosis import Thresholds
 from .monitor.monitor import Monitor, disable_monitor, enable_monitor
 from .options import DecodeOptions, SamplerOptions, WorkerOptions
-from .order.sampler import Sampler
 from .order.tokens import TokenBlocks
 from .pipeline.collate import Padded, Ragged
 from .pipeline.sample import Annotations, FieldDecoder
 from .runtime.decoded_cache import DecodedCacheOptions
-from .runtime.sinks import CpuSink
-from .runtime.slots import FieldLayout, SlotLayout, SlotRing
-from .runtime.timing import BatchTiming
+from .torch_adapter import TorchLoader
+from .transforms import (
+    CenterCrop,
+    ImagePipeline,
+    Normalize,
+    Pad,
+    PadToMultiple,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    ResizeShortestEdge,
+    SampleTransform,
+    UserTransform,
+)
 
 __version__ = package_version()  # "0+unknown" in a source checkout that is not installed
 
 __all__ = [
     "Annotations",
-    "BatchTiming",
+    "AspectRatioBatches",
+    "BudgetBatches",
     "CacheOptions",
-    "CpuSink",
+    "CenterCrop",
     "DecodeOptions",
     "DecodedCacheOptions",
+    "DeviceOptions",
     "FieldDecoder",
-    "FieldLayout",
+    "ImagePipeline",
     "Loader",
     "LoaderError",
     "LoaderTimeoutError",
     "Monitor",
+    "Normalize",
+    "Pad",
+    "PadToMultiple",
     "Padded",
     "Ragged",
-    "Sampler",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "ResizeShortestEdge",
+    "SampleTransform",
     "SamplerOptions",
-    "SlotLayout",
-    "SlotRing",
     "Thresholds",
     "TokenBlocks",
+    "TorchLoader",
+    "UserTransform",
     "WorkerDiedError",
     "WorkerError",
     "WorkerOptions",
@@ -57,4 +84,3 @@ __all__ = [
     "open_dataset",
     "read_many",
 ]
-

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import reader
 from formats import DatasetWriter, Field
-from reader import Sampler, SamplerOptions
+from reader import SamplerOptions
 from reader.order.batching import AspectRatioBatches, BudgetBatches, field_sizes, padding_waste
-from reader.order.sampler import shuffled_order
+from reader.order.sampler import Sampler, shuffled_order
 
 ROOT = Path(__file__).resolve().parents[1]
 

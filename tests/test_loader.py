@@ -9,8 +9,10 @@ import pytest
 from helpers_reader import SIDE, CropPipeline, make_dataset
 
 import reader
-from reader import CpuSink, Loader, SlotRing
-from reader.runtime.slots import PAGE
+from reader import Loader
+from reader.runtime.sinks import CpuSink
+from reader.runtime.slots import PAGE, SlotRing
+from reader.runtime.timing import BatchTiming
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +197,7 @@ def test_monitor_hook_gets_one_timing_per_batch(ds_path):
         assert lo.stats() == {"batches": n}
     assert [t.batch for t in mon.timings] == list(range(n))
     t = mon.timings[0]
-    assert isinstance(t, reader.BatchTiming)
+    assert isinstance(t, BatchTiming)
     assert t.records == 32 and t.bytes > 0 and t.worker in (0, 1) and t.h2d_s is None
     assert t.busy_s >= t.io_s + t.decode_s and t.latency_s > 0 and t.next_s >= t.wait_s
     assert sum(x.records for x in mon.timings) == 200

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import pickle
+import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -296,3 +299,32 @@ def test_reader_version_is_the_one_the_command_lines_print(capsys):
         main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.split()[-1] == reader.__version__
+
+
+# -- the face: what `import reader` offers -----------------------------------------------
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+INTERNAL = ("SlotRing", "SlotLayout", "FieldLayout", "CpuSink", "Sampler", "BatchTiming")
+
+
+def test_the_top_level_exports_what_the_readme_teaches_and_nothing_internal():
+    text = README.read_text()
+    taught = set(re.findall(r"(?<![\w.])reader\.([A-Z]\w*|open_dataset|enable_monitor)\b", text))
+    assert {"Loader", "open_dataset", "enable_monitor"} <= taught  # the sweep reads the README
+    taught |= {"AspectRatioBatches", "BudgetBatches", "TorchLoader", "DeviceOptions", "Monitor",
+               "RandomResizedCrop", "ResizeShortestEdge", "PadToMultiple", "Normalize",
+               "SamplerOptions", "DecodeOptions", "WorkerOptions", "LoaderError"}
+    assert taught <= set(reader.__all__), taught - set(reader.__all__)
+    assert all(hasattr(reader, name) for name in reader.__all__)
+    assert not set(INTERNAL) & set(vars(reader)), set(INTERNAL) & set(vars(reader))
+
+
+def test_every_module_path_the_readme_teaches_is_importable():
+    text = README.read_text()
+    lines = re.findall(r"^from (reader(?:\.\w+)*) import ([\w, ]+)$", text, re.M)
+    dotted = re.findall(r"(?<![\w.])reader\.(\w+)\.([A-Z]\w*)", text)
+    assert lines and dotted  # from reader.transforms import ...; reader.device.DeviceOptions
+    for module, names in lines + [(f"reader.{m}", n) for m, n in dotted]:
+        mod = importlib.import_module(module)
+        for name in names.replace(" ", "").split(","):
+            assert hasattr(mod, name), f"{module}.{name}"

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reader import Sampler, SamplerOptions
+from reader import SamplerOptions
+from reader.order.sampler import Sampler
 
 
 def starts(n: int, per_shard: int) -> np.ndarray:
