@@ -123,7 +123,7 @@ class Loader:
         monitor: None (the process default set by ``reader.enable_monitor``; off
             unless enabled), False (off), an object with ``on_batch(BatchTiming)``
             and ``stats()``, or a number: report every that many seconds via
-            ``reader.monitor.monitor.Monitor``.
+            ``reader.Monitor``.
         sampler_options, decode_options, worker_options: whole option groups; each
             replaces the keywords of its group (setting one of those keywords as well
             is refused, never silently dropped).
