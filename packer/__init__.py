@@ -7,11 +7,11 @@ schema rules in :mod:`packer.schema`), through the same pack loop. Modules: ``op
 (the frozen :class:`PackOptions`), ``work`` (per-file read/parse/re-encode and the
 worker pool), ``run`` (the ordered, resumable write loop), ``report`` (counters,
 progress callback, summary), ``resolve`` (``--from``/``--to`` lookup),
-``ray_engine`` (``--engine ray``: Ray tasks pack contiguous ranges; needs the
-``ray`` extra, imported only then) and ``ranges`` (its ranges, shard names and
+``engines/ray`` (``--engine ray``: Ray tasks pack contiguous ranges; needs the
+``ray`` extra, imported only then) and ``engines/ranges`` (its ranges, shard names and
 done-markers in DST). The folder and file-list sources, and their rules, live
-beside the folder sink in :mod:`formats.codecs.folders` (COCO annotations, a listed
-source too, in :mod:`formats.codecs.coco`).
+in :mod:`packer.sources.folders` (COCO annotations, a listed source too, in
+:mod:`packer.sources.coco`).
 
 Plugging in codecs (``formats/codecs/registry.py``)
 -------------------------------------------

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from formats import DatasetWriter, Record
-from formats.codecs.folders import Listing
 from formats.fields import IMAGE_TYPES
 from formats.files import fsync_dir
 from formats.shard import ownership
@@ -43,6 +42,7 @@ from .options import PackOptions
 from .plan import created_by, listing_fingerprint, shuffle_order, work_options
 from .report import PackProgress, PackSummary
 from .resolve import open_sink
+from .sources.folders import Listing
 from .work import WorkOptions, iter_loaded, load, os_error, prepare, read_file
 
 __all__ = ["Item", "Run", "listing_items", "open_writer", "pack_listing", "record_items", "resume_point",
@@ -123,10 +123,10 @@ def listing_items(listing: Listing, start: int, work: WorkOptions, workers: int
 
 
 def _member_items(listing: Listing, start: int, work: WorkOptions) -> Iterator[Item]:
-    """The items of a listing of any files (:mod:`formats.codecs.anyfiles`): each record's
+    """The items of a listing of any files (:mod:`packer.sources.anyfiles`): each record's
     files read here, images checked (and maybe re-encoded) like every image, the others
     parsed by their field's type."""
-    from formats.codecs.anyfiles import MAX_FILE_BYTES, FileProblem, file_value
+    from .sources.anyfiles import MAX_FILE_BYTES, FileProblem, file_value
 
     fields = {f.name: f for f in listing.fields}
     columns = list(listing.columns.items())

@@ -85,7 +85,7 @@ class PackOptions:
         drop_empty: with ``source="coco"``, images without annotations are left out
             (listed and counted as skipped, kind ``no-annotations``).
         field_types: with ``source="filelist"``, ``(column, type)`` pairs that replace
-            the inferred type of a column (:data:`formats.codecs.columns.TYPES`).
+            the inferred type of a column (:data:`packer.sources.columns.TYPES`).
     """
 
     source: str | None = None
@@ -152,7 +152,7 @@ class PackOptions:
                              "--from coco")
         if not self.field_types:
             return
-        from formats.codecs.columns import TYPES
+        from .sources.columns import TYPES
 
         given = self.field_types
         pairs = tuple(given.items() if isinstance(given, dict) else (tuple(p) for p in given))

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from formats.checksum import crc32c
-from formats.codecs.folders import Listing
 from formats.codecs.paths import expand_inputs
 from formats.errors import FormatError, InputError
 from formats.version import package_version
 
 from .errors import DestinationError, UsageError
 from .options import PackOptions
+from .sources.folders import Listing
 from .work import WorkOptions
 
 __all__ = ["check_paths", "created_by", "listing_fingerprint", "pattern_files",

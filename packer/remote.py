@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from formats.codecs.folders import LIST_EXTENSIONS, detect_remote, list_remote, list_remote_file
 from formats.errors import InputUsageError, ManifestError, StorageError
 from formats.files import try_lock
 from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest, read_manifest
@@ -44,6 +43,7 @@ from .options import PackOptions
 from .report import PackProgress, PackSummary
 from .resolve import detect_source, open_source
 from .source_copy import SourceCopy
+from .sources.folders import LIST_EXTENSIONS, detect_remote, list_remote, list_remote_file
 
 __all__ = ["hold_remote_dst", "open_remote_source", "pack_to_remote", "staging_folder"]
 
@@ -64,7 +64,7 @@ def staging_folder(dst: str) -> Path:
 def open_remote_source(src: str, options: PackOptions, *, copy: bool = True
                        ) -> tuple[str | None, Any, SourceCopy | None]:
     """(kind, source, local copy) for a SRC on object storage: a remote
-    :class:`~formats.codecs.folders.Listing` for folders and file lists (no copy), else a
+    :class:`~packer.sources.folders.Listing` for folders and file lists (no copy), else a
     registry source over a :class:`~packer.source_copy.SourceCopy` (see module
     docstring), to release once packed.
 

@@ -86,7 +86,7 @@ class PackSummary:
     resumed_records: int = 0
     empty_classes: tuple[str, ...] = ()
     image_type: str | None = None
-    boxes_clipped: int = 0  # --from coco: boxes cut to their image (formats.codecs.coco)
+    boxes_clipped: int = 0  # --from coco: boxes cut to their image (packer.sources.coco)
     #: Detection fields whose schema was inferred with a variable first dimension by
     #: their name (``pack_samples``: :func:`packer.schema.per_box_fields`).
     per_box_fields: tuple[str, ...] = ()

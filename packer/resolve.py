@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from formats.codecs.folders import BUILTIN_SOURCES, Listing, detect_builtin, list_source
 from formats.errors import InputError, InputUsageError
 from formats.shard import ownership
 from formats.storage import is_uri
 
 from .errors import UsageError
 from .options import PackOptions
+from .sources.folders import BUILTIN_SOURCES, Listing, detect_builtin, list_source
 
 __all__ = ["check_names", "check_source_options", "choices", "detect_source", "listing_options", "open_sink", "open_source",
            "registry"]
@@ -96,7 +96,7 @@ def detect_source(src: Path) -> str:
 
 
 def open_source(name: str, src: Path, options: PackOptions) -> Listing | Any:
-    """A :class:`~formats.codecs.folders.Listing` for built-in kinds, else a registry Source.
+    """A :class:`~packer.sources.folders.Listing` for built-in kinds, else a registry Source.
 
     Raises:
         UsageError: ``name`` is neither built in nor known to ``formats.codecs.registry``.
@@ -140,7 +140,7 @@ def check_source_options(kind: str | None, options: PackOptions, *, remote: bool
 
 
 def listing_options(options: PackOptions) -> dict[str, Any]:
-    """What :func:`formats.codecs.folders.list_source` takes from the options."""
+    """What :func:`packer.sources.folders.list_source` takes from the options."""
     return {"to_jpeg": options.to_jpeg, "field_types": dict(options.field_types),
             "annotations": options.annotations, "drop_empty": options.drop_empty,
             "max_side": options.max_side}

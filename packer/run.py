@@ -20,7 +20,6 @@ from pathlib import Path
 
 from formats import DatasetWriter, open_shards
 from formats.base import Record
-from formats.codecs.folders import BUILTIN_SOURCES, Listing
 from formats.errors import InputUsageError
 from formats.fields import IMAGE_TYPES
 from formats.shard import ownership
@@ -40,6 +39,7 @@ from .plan import (
 )
 from .report import PackProgress, PackSummary
 from .resolve import check_names, check_source_options, detect_source, open_source
+from .sources.folders import BUILTIN_SOURCES, Listing
 
 __all__ = ["SKIPPED_NAME", "claimed", "pack"]
 
@@ -78,8 +78,8 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     if options.resume and options.sink != "shards":
         raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
     if is_uri(dst):
-        if options.engine == "ray":  # its own driver (packer/ray_engine.py)
-            from .ray_engine import pack_on_ray
+        if options.engine == "ray":  # its own driver (packer/engines/ray.py)
+            from .engines.ray import pack_on_ray
             from .remote import hold_remote_dst
 
             with hold_remote_dst(str(dst)):
@@ -89,7 +89,7 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
         return pack_to_remote(src, str(dst), options, progress, pack)
     dst = Path(dst)
     if options.engine == "ray":
-        from .ray_engine import pack_on_ray
+        from .engines.ray import pack_on_ray
 
         check_paths(None if is_uri(src) else Path(src), dst)
         return claimed(dst, options, lambda folder: pack_on_ray(src, folder, options, progress))

@@ -10,7 +10,7 @@ Protocol:
    to the end and depend on the inputs alone, never on ``workers``); each range is packed by one task with the pack loop of ``pack-dataset``
    (:func:`packer.loop.write_items`, which applies ``on_error`` in one place) into
    its own ``part-*`` shards, as the Ray engine packs a listing
-   (:mod:`packer.ray_engine`, whose driver runs this too: done-markers, skip lines,
+   (:mod:`packer.engines.ray`, whose driver runs this too: done-markers, skip lines,
    the manifest last). Tasks run in ``workers`` local processes (forked), in this
    process (``workers=0``) or as Ray tasks (``engine="ray"``). Each worker writes
    its own shards, so samples never cross a process boundary, and a range's bytes
@@ -241,7 +241,7 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         _check_pickles(fn, engine)
         _check_inputs_pickle(inputs)
     if is_uri(dst) and engine == "ray":  # tasks upload their shards themselves
-        from .ray_engine import pack_samples_on_ray
+        from .engines.ray import pack_samples_on_ray
         from .remote import hold_remote_dst
 
         with hold_remote_dst(str(dst)):
@@ -286,7 +286,7 @@ def _check_inputs_pickle(inputs: Sequence) -> None:
 def _check_pickles(fn: Callable, engine: str) -> None:
     dumps = pickle.dumps
     if engine == "ray":  # Ray ships tasks with cloudpickle, which takes lambdas too
-        from .ray_engine import import_ray
+        from .engines.ray import import_ray
 
         dumps = import_ray().cloudpickle.dumps
     try:
@@ -302,7 +302,7 @@ def _check_pickles(fn: Callable, engine: str) -> None:
 
 def _pack(fn, inputs: Sequence, dst: Path, fields, options: PackOptions,
           progress: PackProgress, task_records: int) -> PackSummary:
-    from .ray_engine import drive, import_ray, pack_samples_on_ray
+    from .engines.ray import drive, import_ray, pack_samples_on_ray
     from .run import claimed
 
     summary = PackSummary(_fn_name(fn), display_uri(dst), SOURCE_KIND, "shards")
@@ -350,14 +350,14 @@ def _staged(dst: Path, run: Callable[[Path], PackSummary]) -> Callable[[Path], P
 
 class _LocalRanges:
     """Runs ranges in ``workers`` forked processes (or here, for 0), a bounded window
-    of them at a time; each publishes its own shards (:func:`packer.ray_engine.pack_range`)."""
+    of them at a time; each publishes its own shards (:func:`packer.engines.ray.pack_range`)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
 
     def __call__(self, job, part: SampleRange, todo, progress: PackProgress,
                  results: dict) -> None:
-        from .ray_engine import pack_range
+        from .engines.ray import pack_range
 
         if self.workers == 0:
             for a, b in todo:

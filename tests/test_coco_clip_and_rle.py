@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import formats
-from formats.codecs.coco import _decode_rle_string
 from packer import PackInputError, PackOptions, format_summary, pack
 from packer.cli import main
+from packer.sources.coco import _decode_rle_string
 from tests.helpers_coco import coco_json
 from tests.helpers_packer import jpeg
 

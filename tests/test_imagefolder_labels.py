@@ -29,10 +29,10 @@ from hypothesis import strategies as st
 import formats
 from formats import DatasetWriter, Field
 from formats.base import Record
-from formats.codecs.folders import list_source
 from formats.codecs.imagefolder import ImageFolderSink, class_folders, safe_name
 from formats.errors import InputError, SchemaError
 from packer import PackOptions, pack
+from packer.sources.folders import list_source
 
 FIELDS = (Field("image", "image"), Field("label", "int"), Field("key", "str"))
 # torchvision 0.2x IMG_EXTENSIONS
@@ -253,8 +253,8 @@ def endpoint():
 def test_a_remote_image_folder_takes_names_and_labels_from_classes_json(endpoint, tmp_path, rng):
     from helpers_s3 import new_bucket, s3_uri
 
-    from formats.codecs.folders import list_remote
     from formats.storage import open_location
+    from packer.sources.folders import list_remote
 
     src = written(tmp_path, rng, classes=("b/c", "empty", "zz"), labels=(0, 2, 2))
     loc = open_location(s3_uri(endpoint, new_bucket(endpoint), "tree"))

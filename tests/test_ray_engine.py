@@ -20,7 +20,7 @@ from packer import (  # noqa: E402
     pack,
 )
 from packer.cli import main  # noqa: E402
-from packer.ranges import STATE_DIR, marker_name, part_name  # noqa: E402
+from packer.engines.ranges import STATE_DIR, marker_name, part_name  # noqa: E402
 from tests.helpers_packer import dataset_files, image_folder, jpeg  # noqa: E402
 from tests.helpers_s3 import CREDENTIALS, moto_server, new_bucket, s3_uri  # noqa: E402
 
@@ -218,12 +218,12 @@ def test_codec_sources_and_sinks_are_refused(tmp_path, rng):
 
 
 def test_worker_dying_every_try_fails_naming_the_range(tmp_path, rng, monkeypatch):
-    import packer.ray_engine
+    import packer.engines.ray
 
     src = tmp_path / "src"
     corpus(src, rng, per_class=10)
     monkeypatch.setenv("SHARDPACK_TEST_RAY_KILL_ONCE", str(tmp_path / "killed"))
-    monkeypatch.setattr(packer.ray_engine, "MAX_RETRIES", 0)  # the one death is final
+    monkeypatch.setattr(packer.engines.ray, "MAX_RETRIES", 0)  # the one death is final
     with pytest.raises(formats.ShardpackError, match=r"records 0\.\.29 failed for good") as e:
         pack(src, tmp_path / "ray", on_ray())
     assert "cat/000.jpg" in str(e.value) and "emu/009.jpg" in str(e.value)

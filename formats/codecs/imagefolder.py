@@ -19,7 +19,7 @@ folders so that the order gives back every label (:func:`class_folders`):
 ``DST/classes.json`` (a JSON list of names, index = label; written on a clean
 exit, as the TFRecord and WebDataset sinks write theirs) records the label order;
 for classes without names it lists the folder names. ``pack-dataset`` reading
-such a folder back takes the names from it (:mod:`formats.codecs.folders`). torchvision
+such a folder back takes the names from it (:mod:`packer.sources.folders`). torchvision
 refuses an empty class folder unless ``ImageFolder(root, allow_empty=True)``: a
 loud error, where a missing folder would shift every later label in silence.
 It also skips GIFs (not in its ``IMG_EXTENSIONS``); this sink writes them as

@@ -1,7 +1,7 @@
 """The folder sources: what to pack from a folder or a file list, listed up front.
 
-They live beside the folder sink (:mod:`formats.codecs.imagefolder`), whose layout and
-``classes.json`` they read back.
+They read back the layout of the folder sink (:mod:`formats.codecs.imagefolder`),
+its ``classes.json`` included.
 
 A :class:`Listing` is the whole input, in order, before a byte is read: the
 paths, their keys, per-record column values and the schema. Listing first gives
@@ -28,13 +28,13 @@ Rules (also in ``pack-dataset --help``):
   object storage names objects beside it: relative, no ``..``. Other columns
   become fields whose type (int, float, str; in JSONL also ndarray or json for
   lists) is inferred from all rows, or given with ``--field NAME=TYPE``
-  (:mod:`formats.codecs.columns`); a ``str`` ``label`` column becomes class
+  (:mod:`packer.sources.columns`); a ``str`` ``label`` column becomes class
   indices (classes sorted).
-* ``coco``: an images folder and a COCO detection JSON (:mod:`formats.codecs.coco`).
+* ``coco``: an images folder and a COCO detection JSON (:mod:`packer.sources.coco`).
 * Every listed file counts as an input: one that turns out not to be an image
   is skipped (kind ``not-an-image``) or fails the pack, per ``--on-error``.
 * ``files`` and ``filelist`` holding any file whose extension is not an image's
-  are listed by :mod:`formats.codecs.anyfiles` instead (fields by extension,
+  are listed by :mod:`packer.sources.anyfiles` instead (fields by extension,
   sidecars grouped by key, WebDataset style); image-only ones stay as above.
 * The image field's type here is provisional (``image`` when the names include
   non-JPEG extensions, else ``jpeg``): the writer types it by what the files hold
@@ -52,12 +52,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..bounded import parse_json
-from ..errors import FormatError, InputError, InputUsageError, UnsafePathError
-from ..fields import Field
+from formats.bounded import parse_json
+from formats.codecs.imagefolder import class_folders
+from formats.codecs.paths import CLASSES_FILE, read_classes_file
+from formats.errors import FormatError, InputError, InputUsageError, UnsafePathError
+from formats.fields import Field
+
 from .columns import BAD_ROW, type_column
-from .imagefolder import class_folders
-from .paths import CLASSES_FILE, read_classes_file
 
 __all__ = [
     "BUILTIN_SOURCES",
@@ -110,7 +111,7 @@ class Listing:
             Ray engine ships it to its tasks.
         drop_kinds: the problem kinds that are records the user asked to drop
             (``--drop-empty``): listed and counted as skipped, never failing a pack.
-        members: for a folder or list of any files (:mod:`formats.codecs.anyfiles`),
+        members: for a folder or list of any files (:mod:`packer.sources.anyfiles`),
             each record's ``(field, path)`` files; None for image sources, whose
             record is the one file at ``paths[i]`` (the ``image`` field).
         boxes_clipped: boxes the listing clipped to their image (COCO), for the
@@ -225,13 +226,13 @@ def image_field(paths: list[str], to_jpeg: bool) -> Field:
 
 def _any_files(found, kind: str) -> bool:
     """Whether a ``files``/``filelist`` source is one of any files (then its records
-    follow :mod:`formats.codecs.anyfiles`): it holds a file with an extension that is
+    follow :mod:`packer.sources.anyfiles`): it holds a file with an extension that is
     not an image's, and either no image or an image with a sidecar (``a.jpg`` +
     ``a.txt``). Image folders, with or without stray files (a README), stay as they
     were: a stray file is an input that is not an image."""
     if kind not in ("files", "filelist"):
         return False
-    from .webdataset import split_key
+    from formats.codecs.webdataset import split_key
 
     images = JPEG_EXTENSIONS | OTHER_IMAGE_EXTENSIONS
     image_keys, other_keys = set(), set()
@@ -247,7 +248,7 @@ def _any_files(found, kind: str) -> bool:
 
 def _finish_any(kind: str, root: Path, found, columns: dict[str, list],
                 col_fields: list[Field], classes, location) -> Listing:
-    """A listing of any files (:mod:`formats.codecs.anyfiles`)."""
+    """A listing of any files (:mod:`packer.sources.anyfiles`)."""
     from .anyfiles import group_files, type_fields
 
     if location is not None:
@@ -284,7 +285,7 @@ def _finish_any(kind: str, root: Path, found, columns: dict[str, list],
 
 def _first_paths(found, keys: list[str]) -> list[str]:
     """Each grouped record's first file (what messages name)."""
-    from .webdataset import split_key
+    from formats.codecs.webdataset import split_key
 
     first: dict[str, str] = {}
     for p, k, _ in found:
@@ -316,10 +317,10 @@ def list_source(kind: str, src: Path, *, to_jpeg: bool = False,
 
     Args:
         field_types: ``filelist``: column name -> type, instead of the inferred one
-            (:mod:`formats.codecs.columns`).
+            (:mod:`packer.sources.columns`).
         annotations, drop_empty, max_side: ``coco``: the annotation file, whether
             images without annotations are dropped, and the ``--max-side`` that
-            will shrink images (see :func:`formats.codecs.coco.list_coco`).
+            will shrink images (see :func:`packer.sources.coco.list_coco`).
 
     Raises:
         InputUsageError: SRC is not the kind of thing ``kind`` reads, or an

@@ -4,7 +4,7 @@ Protocol (the driver is :func:`pack_on_ray`, a task is :func:`_pack_range`):
 
 1. The driver lists SRC and shuffles exactly as the local engine does, splits
    the listing into contiguous ranges of ``task_records`` records and readies
-   DST (:func:`packer.ranges.prepare`: cleared, or with ``--resume`` the ranges
+   DST (:func:`packer.engines.ranges.prepare`: cleared, or with ``--resume`` the ranges
    already done are kept).
 2. Each missing range is one Ray task: it packs its slice of the listing with
    the local engine's loop (``run.pack_listing``, one process) into a scratch
@@ -46,20 +46,20 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from formats.codecs.folders import BUILTIN_SOURCES, Listing, list_source
 from formats.errors import InputError, ShardpackError
 from formats.fields import IMAGE_TYPES, stored_image_type
 from formats.shard import ownership
 from formats.shard.manifest import MANIFEST_NAME, Manifest, manifest_bytes, read_manifest
 from formats.storage import display_uri, is_uri
 
-from .errors import DestinationError, PackError, PackInterrupted, UsageError
-from .loop import pack_listing
-from .options import PackOptions
-from .plan import check_paths, created_by, listing_fingerprint, shuffle_order
+from ..errors import DestinationError, PackError, PackInterrupted, UsageError
+from ..loop import pack_listing
+from ..options import PackOptions
+from ..plan import check_paths, created_by, listing_fingerprint, shuffle_order
+from ..report import PackProgress, PackSummary
+from ..resolve import check_source_options, detect_source, listing_options
+from ..sources.folders import BUILTIN_SOURCES, Listing, list_source
 from .ranges import Output, RangeResult, combine, marker_name, part_name, prepare, split
-from .report import PackProgress, PackSummary
-from .resolve import check_source_options, detect_source, listing_options
 
 __all__ = ["MAX_RETRIES", "RangeJob", "drive", "import_ray", "pack_on_ray", "pack_range",
            "pack_samples_on_ray"]
@@ -319,7 +319,7 @@ def pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     _check(src_path, dst_text, options)
     ray = import_ray()  # before the listing, which may take long on a big source
     if remote:
-        from .remote import open_remote_source
+        from ..remote import open_remote_source
 
         # Listed remotely, every task reads its objects through the listing's Location;
         # a container is told by its names and refused below, before a byte is fetched.
@@ -356,7 +356,7 @@ def pack_samples_on_ray(fn, inputs, dst: str | Path, fields, options: PackOption
     Raises:
         ImportError: Ray is not installed (with the install hint).
     """
-    from .samples import SampleRange, made_by, plan_samples
+    from ..samples import SampleRange, made_by, plan_samples
 
     dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
     _check(None, dst_text, options)

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..fields import Field
+from formats.errors import InputError
+from formats.fields import Field
 
 __all__ = ["BAD_ROW", "DTYPES", "TYPES", "Column", "type_column"]
 

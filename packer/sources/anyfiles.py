@@ -1,6 +1,6 @@
 """Any file as a field: the records of a folder of files (or a file list) that holds
 files with other extensions than images', and either no image or an image with a
-sidecar (the rule is :func:`formats.codecs.folders` ``_any_files``; image folders
+sidecar (the rule is :func:`packer.sources.folders` ``_any_files``; image folders
 with a stray README stay image folders).
 
 Grouping (WebDataset's rule, :func:`formats.codecs.webdataset.split_key`): a file's
@@ -50,11 +50,11 @@ from typing import Any
 
 import numpy as np
 
-from ..bounded import parse_json
-from ..errors import FormatError
-from ..fields import Field, json_payload
-from ..npy import read_npy_header
-from .webdataset import split_key
+from formats.bounded import parse_json
+from formats.codecs.webdataset import split_key
+from formats.errors import FormatError
+from formats.fields import Field, json_payload
+from formats.npy import read_npy_header
 
 __all__ = ["AUDIO_EXTENSIONS", "MAX_FILE_BYTES", "FileProblem", "file_value", "group_files",
            "npy_header", "type_fields"]

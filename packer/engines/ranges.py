@@ -1,6 +1,6 @@
 """The Ray engine's work on disk: contiguous ranges, their shard names, done-markers.
 
-Nothing here needs Ray; :mod:`packer.ray_engine` drives it.
+Nothing here needs Ray; :mod:`packer.engines.ray` drives it.
 
 Layout in DST while a distributed pack runs (all under names the local engine
 never uses, so neither engine mistakes the other's leftovers for its own)::
@@ -46,7 +46,7 @@ from formats.shard.ownership import (
 )
 from formats.storage import Location, is_uri, open_location
 
-from .errors import PackError
+from ..errors import PackError
 
 __all__ = ["PLAN_NAME", "STATE_DIR", "Output", "RangeResult", "combine", "marker_name",
            "part_name", "prepare", "split"]

@@ -76,9 +76,10 @@ from typing import Any
 
 import numpy as np
 
-from ..bounded import parse_json, read_small_file
-from ..errors import InputError, InputUsageError
-from ..fields import Field
+from formats.bounded import parse_json, read_small_file
+from formats.errors import InputError, InputUsageError
+from formats.fields import Field
+
 from .folders import Listing, image_field
 
 __all__ = ["BOX_TOLERANCE", "FIELDS", "MAX_ANNOTATIONS_BYTES", "NO_ANNOTATIONS", "ImageCheck",
