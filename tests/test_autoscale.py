@@ -40,6 +40,9 @@ def test_contest_is_other_programs_cores_only_while_no_core_stood_idle():
     assert figures(other_cores=1.2, idle_cores=0.0).contest == 1.2
     assert figures(other_cores=1.2, idle_cores=0.8).contest == 0.0  # room for everyone
     assert figures(other_cores=None, idle_cores=None).contest == 0.0  # unknown: no signal
+    # The sampled run queue (others' runnable tasks) is the signal where it was read.
+    assert figures(others_runnable=2.0, other_cores=0.7, idle_cores=0.0).contest == 2.0
+    assert figures(others_runnable=2.0, idle_cores=1.0).contest == 0.0
 
 
 # -- the climb, on workloads given as a table: workers -> the window they measure ----------
@@ -124,6 +127,34 @@ def test_steal_time_is_not_another_program():
     # The rate fell by a third: the workload "changed", one search, then settled again.
     assert counts[-1] == 2 and len(changes) <= 4
     assert not any("other programs" in c[3] for c in changes)
+
+
+def test_one_noisy_window_opens_no_search():
+    table = loader_bound({1: 10.0, 2: 18.0, 3: 18.1, 4: 18.0})
+    climb = Climb(2, 4)
+    n = 2
+    for i in range(12):
+        w = table[n]
+        if i == 8:  # one window 40% slower, then the same workload again
+            w = replace(w, rate=w.rate * 0.6, others_runnable=2.0, idle_cores=0.0)
+        step = climb.step(w)
+        if i >= 5:
+            assert step is None or step[0] == n, (i, step)
+        n = step[0] if step else n
+
+
+def test_under_contest_a_worker_fewer_is_tried_only_while_the_training_loop_sets_the_rate():
+    def contested(rates, wait):
+        return {n: figures(workers=n, rate=r, wait_share=wait, busy_s=0.1, consumer_s=0.02,
+                           busy_workers=0.9 * n, others_runnable=2.0, idle_cores=0.0)
+                for n, r in rates.items()}
+
+    # The trainer is the bottleneck: a worker fewer gives it more of the contested cores.
+    counts, changes = replay(contested({1: 10.4, 2: 10.0}, wait=0.02))
+    assert counts[-1] == 1 and "a worker fewer leaves the training loop more" in changes[0][3]
+    # The loader is: the fair scheduler gives more workers more, so only up is tried.
+    counts, changes = replay(contested({2: 8.0, 3: 9.0, 4: 9.8}, wait=0.5))
+    assert counts[-1] == 4 and all(c[2] > c[1] for c in changes)
 
 
 def test_the_rate_moving_at_the_settled_count_reopens_the_search():

@@ -19,8 +19,10 @@ and no ``/proc`` so recorded traces replay through it):
   one more worker while the consumer waited more than :data:`WAIT_HIGH` of the
   window with the workers busy; one fewer while the consumer did not wait and one
   worker fewer would still be busy less than :data:`SPARE_BUSY` of its time, or
-  while other programs compete for the cores (fewer processes switch less; kept
-  only if the rate says so);
+  while other programs compete for the cores and the consumer hardly waited (the
+  training loop sets the rate: a worker fewer leaves it more of the contested
+  cores; while the loader sets the rate, the fair scheduler gives more workers a
+  larger share, which the probe up finds);
 * a worker more **stays** only if the rate rose by :data:`GAIN`; a worker fewer
   stays if the rate fell by at most :data:`LOSS` (the same rate with fewer
   processes is better). A kept probe goes on in the same direction; one that did
@@ -29,7 +31,8 @@ and no ``/proc`` so recorded traces replay through it):
   machine changes. Settling takes at most three windows on a steady workload
   (start, probe, undo), and a settled count does not flip back and forth.
 
-**Re-opening** the search, each with its signal named in the change's reason:
+**Re-opening** the search, once a change has held for two windows in a row, each
+with its signal named in the change's reason:
 
 * *over-subscription*: other programs' runnable tasks while no core stood idle
   moved by :data:`OTHERS_MOVED` since the count settled. The run queue
@@ -204,6 +207,7 @@ class Climb:
     tried: set[int] = field(default_factory=set)  # directions undone since then
     probe: tuple[int, int, float] | None = None  # (from count, direction, contest then)
     settled: tuple[int, float, float] | None = None  # (count, rate, contest) when settled
+    pending: str | None = None  # a settled count's change seen in one window, not yet two
 
     def step(self, w: WindowFigures) -> tuple[int, str] | None:
         """The new worker count after window ``w`` and why, or None to keep it."""
@@ -219,9 +223,11 @@ class Climb:
             return self._judge(w)
         if self.settled is not None:
             reopen = self._changed(w)
-            if reopen is None:
+            # A change must hold for two windows: one noisy window opens no search.
+            self.pending, confirmed = reopen, reopen is not None and self.pending is not None
+            if not confirmed:
                 return None
-            self.settled = None
+            self.settled = self.pending = None
             self.rates, self.tried = {n: w.rate}, set()
             return self._next(w, None, reopen)
         self.rates[n] = w.rate
@@ -271,8 +277,11 @@ class Climb:
             if w.wait_share < WAIT_LOW and w.busy_workers < SPARE_BUSY * (n - 1):
                 down = (f"the consumer did not wait and the workers were busy "
                         f"{w.busy_workers:.1f} of {n}")
-            elif w.contest >= CONTENDED and prefer is None:
-                down = f"{_others(w, self.cores)}: fewer processes may switch less"
+            elif w.contest >= CONTENDED and w.wait_share < WAIT_HIGH and prefer is None:
+                # The training loop, not the loader, sets the rate: a worker fewer
+                # leaves it more of the contested cores.
+                down = (f"{_others(w, self.cores)} and the consumer waited "
+                        f"{w.wait_share:.0%}: a worker fewer leaves the training loop more")
         if prefer == +1 and up:
             return +1, up
         if prefer == -1 and down:
