@@ -19,7 +19,7 @@ from .batching import AspectRatioBatches, BudgetBatches
 from .data.cache import CacheOptions
 from .data.dataset import open_dataset, read_many
 from .device import DeviceOptions
-from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
+from .errors import DecodeError, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from .loader import Loader
 from .monitor.diagnosis import Thresholds
 from .monitor.monitor import Monitor, disable_monitor, enable_monitor
@@ -51,6 +51,7 @@ __all__ = [
     "BudgetBatches",
     "CacheOptions",
     "CenterCrop",
+    "DecodeError",
     "DecodeOptions",
     "DecodedCacheOptions",
     "DeviceOptions",

@@ -1,4 +1,8 @@
-"""Errors raised by the loader itself (bad data raises ``formats`` errors instead).
+"""The reader's own errors: the loader's failures, and images that do not decode.
+
+A :class:`DecodeError` is a :class:`formats.ShardpackError` and a ``ValueError``; a
+:class:`LoaderError` is a ``RuntimeError``. Bad data in a dataset raises the
+``formats`` errors.
 
 A data error found in a worker (a corrupt JPEG, a damaged record) is re-raised in
 the main process as the original :class:`formats.ShardpackError` subclass, which
@@ -9,7 +13,13 @@ names the worker, its pid and the record, and carries the original traceback tex
 
 from __future__ import annotations
 
-__all__ = ["LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError"]
+from formats.errors import ShardpackError
+
+__all__ = ["DecodeError", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError"]
+
+
+class DecodeError(ShardpackError, ValueError):
+    """Encoded bytes that cannot be decoded; the loader adds shard and record."""
 
 
 class LoaderError(RuntimeError):

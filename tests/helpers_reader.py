@@ -9,7 +9,7 @@ import numpy as np
 import simplejpeg
 
 from formats import DatasetWriter, Field
-from reader.pipeline.decode import DecodeError
+from reader.errors import DecodeError
 
 SIDE = 32
 

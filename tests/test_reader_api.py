@@ -328,3 +328,25 @@ def test_every_module_path_the_readme_teaches_is_importable():
         mod = importlib.import_module(module)
         for name in names.replace(" ", "").split(","):
             assert hasattr(mod, name), f"{module}.{name}"
+
+
+# -- errors: under the one root, keeping the standard bases ------------------------------
+
+def test_the_decode_error_and_the_monitor_record_error_are_shardpack_value_errors():
+    from reader.monitor.report import MonitorRecordError
+
+    for cls in (reader.DecodeError, MonitorRecordError):
+        assert issubclass(cls, ShardpackError) and issubclass(cls, ValueError), cls
+    assert issubclass(reader.WorkerError, reader.LoaderError) and \
+        issubclass(reader.LoaderError, RuntimeError)
+
+
+def test_a_worker_error_renders_and_pickles_as_before():
+    err = reader.WorkerError("worker 1 failed", worker=1, pid=42, record=7, exc_type="KeyError",
+                             traceback="tb")
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is reader.WorkerError and str(again) == str(err) == "worker 1 failed"
+    assert (again.worker, again.pid, again.record, again.exc_type, again.traceback) == \
+        (1, 42, 7, "KeyError", "tb")
+    decode = pickle.loads(pickle.dumps(reader.DecodeError("corrupt JPEG")))
+    assert type(decode) is reader.DecodeError and str(decode) == "corrupt JPEG"

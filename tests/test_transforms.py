@@ -11,7 +11,8 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from reader.pipeline.decode import DecodeError, Decoder, decode_full, image_size
+from reader import DecodeError
+from reader.pipeline.decode import Decoder, decode_full, image_size
 from reader.transforms import (
     CenterCrop,
     ImagePipeline,

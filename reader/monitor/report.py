@@ -92,7 +92,7 @@ SUMMARY_KEYS = tuple(m.key for m in METRICS if m.key != "skipped")
 _STAGE_SHARES = ("io_share_pct", "decode_share_pct", "transform_share_pct", "assemble_share_pct")
 
 
-class MonitorRecordError(ShardpackError):
+class MonitorRecordError(ShardpackError, ValueError):
     """A monitor record file is missing, empty, or has a malformed line."""
 
 

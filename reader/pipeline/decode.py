@@ -61,18 +61,15 @@ import simplejpeg
 from formats.sniff import image_kind
 from formats.sniff import image_size as header_size
 
+from ..errors import DecodeError
 from .geometry import Plan
 
-__all__ = ["DecodeError", "Decoder", "check_backend", "decode_full", "image_size"]
+__all__ = ["Decoder", "check_backend", "decode_full", "image_size"]
 
 Backend = Literal["auto", "cv2", "pillow"]
 
 _JPEG_SOI = b"\xff\xd8"
 _PIL_ERRORS = (OSError, ValueError, EOFError, SyntaxError, struct.error, MemoryError)
-
-
-class DecodeError(ValueError):
-    """Encoded bytes that cannot be decoded; the loader adds shard and record."""
 
 
 def _describe(data: memoryview | bytes) -> str:

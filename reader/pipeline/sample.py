@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..data.dataset import page_in
+from ..errors import DecodeError
 from .collate import VarField
 from .geometry import move_boxes, move_keypoints
 
@@ -150,12 +151,11 @@ class SampleBuilder:
     ``current`` names the record being worked on, for error messages.
     """
 
-    def __init__(self, ds, spec: SampleSpec, pipeline, on_error: str, decode_error) -> None:
+    def __init__(self, ds, spec: SampleSpec, pipeline, on_error: str) -> None:
         self.ds = ds
         self.spec = spec
         self.pipeline = pipeline  # reader.pipeline.imaging.DecoderPipeline
         self.on_error = on_error
-        self.decode_error = decode_error
         self.current: int | None = None
 
     def build(self, indices: np.ndarray, slot: dict, rng: np.random.Generator, valid):
@@ -188,7 +188,7 @@ class SampleBuilder:
             self.current = idx[i]
             try:
                 hw = decoder.size_of(v)
-            except self.decode_error as exc:
+            except DecodeError as exc:
                 hw = self._skip(i, exc, valid)
                 skipped += 1
             sizes.append(hw)
@@ -310,7 +310,7 @@ class SampleBuilder:
                 tr = decoder.decode_plan(v, *sizes[i], plans[i], regions[i], rng)
                 for ms, r in zip(masks, mask_regions, strict=True):
                     decoder.decode_mask(ms[i], *sizes[i], plans[i], r[i])
-            except self.decode_error as exc:
+            except DecodeError as exc:
                 self._skip(i, exc, valid)
                 regions[i][...] = 0
                 for r in mask_regions:
@@ -346,7 +346,7 @@ class SampleBuilder:
                     for (name, _), ms in zip(spec.masks, masks, strict=True):
                         sample[name] = np.empty(plans[i].size, np.uint8)
                         decoder.decode_mask(ms[i], *sizes[i], plans[i], sample[name])
-                except self.decode_error as exc:
+                except DecodeError as exc:
                     self._skip(i, exc, valid)
                     skipped += 1
                     plans[i] = None

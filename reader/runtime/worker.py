@@ -24,9 +24,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from formats.errors import CorruptRecordError, ShardpackError
+from formats.errors import CorruptRecordError
 
 from ..data.dataset import page_in
+from ..errors import DecodeError
 from ..pipeline.sample import SampleBuilder
 from .leases import own_fork
 from .timing import WorkerTiming
@@ -127,11 +128,9 @@ class BatchBuilder:
         self.ds = ds
         self.spec = spec
         self._current: int | None = None
-        self._decode_error = _decode_error_type()
         self._sample = None
         if spec.sample is not None:
-            self._sample = SampleBuilder(ds, spec.sample, spec.pipeline, spec.on_error,
-                                         self._decode_error)
+            self._sample = SampleBuilder(ds, spec.sample, spec.pipeline, spec.on_error)
 
     @property
     def current(self) -> int | None:
@@ -158,7 +157,7 @@ class BatchBuilder:
             try:
                 io_s, decode_s, transform_s, assemble_s, nbytes, skipped, shapes = \
                     self._sample.build(indices, arrays, rng, valid)
-            except self._decode_error as exc:
+            except DecodeError as exc:
                 raise self._corrupt(self.current, exc) from None
         elif spec.image_field is not None:
             io_s, decode_s, transform_s, nbytes, skipped = self._images(indices, arrays, rng,
@@ -194,7 +193,7 @@ class BatchBuilder:
                     d, tr = run(v, images[i], rng)
                 else:
                     d, tr = spec.pipeline.run_cached(cache, idx[i], v, images[i], rng)
-            except self._decode_error as exc:
+            except DecodeError as exc:
                 if spec.on_error != "skip":
                     raise self._corrupt(idx[i], exc) from None
                 images[i] = 0
@@ -225,14 +224,6 @@ class BatchBuilder:
             "pass on_error='skip' to skip such records",
             path=shard.data_path, record=r, offset=int(shard.offsets[r, j]),
         )
-
-
-def _decode_error_type() -> type[Exception]:
-    try:
-        from ..pipeline.decode import DecodeError
-    except ImportError:  # the image module is not there: nothing can raise it
-        return ShardpackError
-    return DecodeError
 
 
 def error_message(exc: BaseException) -> tuple:
