@@ -3,15 +3,19 @@
 ``pack(src, dst, PackOptions(...), progress)`` is the library call;
 ``pack-dataset`` (:mod:`packer.cli`) is its command line. ``pack_samples(fn, inputs,
 dst)`` packs what a user's function makes of each input (:mod:`packer.samples`, its
-schema rules in :mod:`packer.schema`), through the same pack loop. Modules: ``options``
-(the frozen :class:`PackOptions`), ``work`` (per-file read/parse/re-encode and the
-worker pool), ``run`` (the ordered, resumable write loop), ``report`` (counters,
-progress callback, summary), ``resolve`` (``--from``/``--to`` lookup),
-``engines/ray`` (``--engine ray``: Ray tasks pack contiguous ranges; needs the
-``ray`` extra, imported only then) and ``engines/ranges`` (its ranges, shard names and
-done-markers in DST). The folder and file-list sources, and their rules, live
-in :mod:`packer.sources.folders` (COCO annotations, a listed source too, in
-:mod:`packer.sources.coco`).
+schema rules in :mod:`packer.schema`), through the same pack loop.
+
+Modules, in the order a pack meets them: ``options`` (the frozen
+:class:`PackOptions`), ``resolve`` (``--from``/``--to``: which source SRC is, which
+sink), ``sources/`` (the listed sources: image folders, folders of any files, file
+lists, COCO annotations, as a ``Listing``), ``remote`` (SRC or DST on object
+storage) and ``source_copy`` (a local copy of a remote container), ``destination``
+(claiming DST), ``plan`` (order, fingerprint, what each payload goes through),
+``work`` (per-file read/parse/re-encode and its worker pool), ``loop`` (the ordered,
+resumable write loop), ``run`` (``pack``), ``samples``, ``sample_runs`` and
+``schema`` (``pack_samples``), ``engines/`` (the range driver, its ranges on disk,
+the local process pool and Ray: ``--engine ray`` needs the ``ray`` extra, imported
+only then), ``report`` (counters, progress callback, summary) and ``cli``.
 
 Plugging in codecs (``formats/codecs/registry.py``)
 -------------------------------------------

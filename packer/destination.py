@@ -54,11 +54,12 @@ from formats.shard.ownership import (
     survey,
     write_ledger,
 )
+from formats.storage import display_uri
 
 from .errors import DestinationError, PackError, UsageError
 from .options import PackOptions
 
-__all__ = ["Destination", "claim"]
+__all__ = ["Destination", "claim", "claimed"]
 
 log = logging.getLogger("shardpack.packer")
 
@@ -334,3 +335,21 @@ class Destination:
 def claim(dst: Path, options: PackOptions) -> Destination:
     """Claim the local folder ``dst`` for one pack (the module docstring's protocol)."""
     return Destination(dst, options, foreign_sink=options.sink != "shards")
+
+
+def claimed(dst: Path, options: PackOptions, run):
+    """``run(folder)`` on DST claimed as this module describes ("claiming DST"): locked,
+    refused if it holds what is not ours, staged when it replaces; returns its
+    :class:`~packer.report.PackSummary`, committed once complete."""
+    dest = claim(dst, options)
+    try:
+        summary = run(dest.folder)
+        if summary.complete:
+            dest.commit()
+        summary.dst = display_uri(dst)
+        return summary
+    except BaseException:
+        dest.abandon()
+        raise
+    finally:
+        dest.release()

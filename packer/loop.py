@@ -42,8 +42,9 @@ from .options import PackOptions
 from .plan import created_by, listing_fingerprint, shuffle_order, work_options
 from .report import PackProgress, PackSummary
 from .resolve import open_sink
-from .sources.folders import Listing
-from .work import WorkOptions, iter_loaded, load, os_error, prepare, read_file
+from .sources.anyfiles import MAX_FILE_BYTES, FileProblem, file_value
+from .sources.listing import Listing
+from .work import WorkOptions, ignore_sigint, iter_loaded, load, os_error, prepare, read_file
 
 __all__ = ["Item", "Run", "listing_items", "open_writer", "pack_listing", "record_items", "resume_point",
            "write_items"]
@@ -126,8 +127,6 @@ def _member_items(listing: Listing, start: int, work: WorkOptions) -> Iterator[I
     """The items of a listing of any files (:mod:`packer.sources.anyfiles`): each record's
     files read here, images checked (and maybe re-encoded) like every image, the others
     parsed by their field's type."""
-    from .sources.anyfiles import MAX_FILE_BYTES, FileProblem, file_value
-
     fields = {f.name: f for f in listing.fields}
     columns = list(listing.columns.items())
     for i in range(start, len(listing)):
@@ -189,13 +188,6 @@ def _prepare_record(rec: Record, images: list[str], work: WorkOptions) -> Item:
     return Item(fields, meta, rec.origin, rec.origin, nbytes)
 
 
-def _ignore_sigint() -> None:
-    # Ctrl-C goes to the whole process group: the parent alone handles it.
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _prepare_chunk(args: tuple[list[Record], list[str], WorkOptions]) -> list[Item]:
     records, images, work = args
     return [_prepare_record(r, images, work) for r in records]
@@ -229,7 +221,7 @@ def record_items(records: Iterable[Record], fields, work: WorkOptions, workers: 
                    images, work)
 
     ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-    with ctx.Pool(workers, initializer=_ignore_sigint) as pool:
+    with ctx.Pool(workers, initializer=ignore_sigint) as pool:
         for items in pool.imap(_prepare_chunk, chunks()):
             yield from items
 

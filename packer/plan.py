@@ -20,7 +20,7 @@ from formats.version import package_version
 
 from .errors import DestinationError, UsageError
 from .options import PackOptions
-from .sources.folders import Listing
+from .sources.listing import Listing
 from .work import WorkOptions
 
 __all__ = ["check_paths", "created_by", "listing_fingerprint", "pattern_files",

@@ -43,7 +43,8 @@ from .options import PackOptions
 from .report import PackProgress, PackSummary
 from .resolve import detect_source, open_source
 from .source_copy import SourceCopy
-from .sources.folders import LIST_EXTENSIONS, detect_remote, list_remote, list_remote_file
+from .sources.filelist import LIST_EXTENSIONS, list_remote_file
+from .sources.folders import detect_remote, list_remote
 
 __all__ = ["hold_remote_dst", "open_remote_source", "pack_to_remote", "staging_folder"]
 
@@ -64,7 +65,7 @@ def staging_folder(dst: str) -> Path:
 def open_remote_source(src: str, options: PackOptions, *, copy: bool = True
                        ) -> tuple[str | None, Any, SourceCopy | None]:
     """(kind, source, local copy) for a SRC on object storage: a remote
-    :class:`~packer.sources.folders.Listing` for folders and file lists (no copy), else a
+    :class:`~packer.sources.listing.Listing` for folders and file lists (no copy), else a
     registry source over a :class:`~packer.source_copy.SourceCopy` (see module
     docstring), to release once packed.
 

@@ -1,4 +1,5 @@
-"""``--from X`` / ``--to Y``: built-in folder sources first, then ``formats.codecs.registry``.
+"""``--from X`` / ``--to Y``: the built-in listed sources first (:mod:`packer.sources`),
+then ``formats.codecs.registry``.
 
 The codec side is described in the package docstring (:mod:`packer`). The
 registry module is imported lazily, on first need, so the packer works (for
@@ -18,11 +19,17 @@ from formats.storage import is_uri
 
 from .errors import UsageError
 from .options import PackOptions
-from .sources.folders import BUILTIN_SOURCES, Listing, detect_builtin, list_source
+from .sources.coco import list_coco
+from .sources.filelist import LIST_EXTENSIONS, list_file
+from .sources.folders import FOLDER_SOURCES, detect_folder, list_folder
+from .sources.listing import Listing
 
-__all__ = ["check_names", "check_source_options", "choices", "detect_source", "listing_options", "open_sink", "open_source",
-           "registry"]
+__all__ = ["BUILTIN_SOURCES", "check_names", "check_source_options", "choices",
+           "detect_builtin", "detect_source", "list_source", "listing_options", "open_sink",
+           "open_source", "registry"]
 
+#: The listed sources (:mod:`packer.sources`), asked before the registry's.
+BUILTIN_SOURCES = (*FOLDER_SOURCES, "filelist", "coco")
 _REGISTRY = "formats.codecs.registry"
 
 
@@ -95,8 +102,50 @@ def detect_source(src: Path) -> str:
     return kind
 
 
+def detect_builtin(src: Path) -> str | None:
+    """``filelist`` for a list file, ``imagefolder``/``files`` for a folder
+    (:func:`packer.sources.folders.detect_folder`), else None."""
+    if src.is_file():
+        return "filelist" if src.suffix.lower() in LIST_EXTENSIONS else None
+    if not src.is_dir():
+        return None
+    return detect_folder(src)
+
+
+def list_source(kind: str, src: Path, *, to_jpeg: bool = False,
+                field_types: dict[str, str] | None = None, annotations: Path | None = None,
+                drop_empty: bool = False, max_side: int | None = None) -> Listing:
+    """List a built-in source (one of :data:`BUILTIN_SOURCES`).
+
+    Args:
+        field_types: ``filelist``: column name -> type, instead of the inferred one
+            (:mod:`packer.sources.columns`).
+        annotations, drop_empty, max_side: ``coco``: the annotation file, whether
+            images without annotations are dropped, and the ``--max-side`` that
+            will shrink images (see :func:`packer.sources.coco.list_coco`).
+
+    Raises:
+        InputUsageError: SRC is not the kind of thing ``kind`` reads, or an
+            option for another kind.
+        InputError: a file list that cannot be parsed (names line and column).
+    """
+    src = Path(src)
+    if field_types and kind != "filelist":
+        raise InputUsageError(f"--field types the columns of a file list, not of --from {kind}")
+    if (annotations is not None or drop_empty) and kind != "coco":
+        raise InputUsageError(f"--annotations and --drop-empty are for --from coco, not {kind}")
+    if kind == "coco":
+        return list_coco(src, annotations, to_jpeg=to_jpeg, drop_empty=drop_empty,
+                         max_side=max_side)
+    if kind in FOLDER_SOURCES:
+        return list_folder(kind, src, to_jpeg=to_jpeg)
+    if kind == "filelist":
+        return list_file(src, to_jpeg=to_jpeg, field_types=field_types)
+    raise InputUsageError(f"not a built-in source: {kind!r}")
+
+
 def open_source(name: str, src: Path, options: PackOptions) -> Listing | Any:
-    """A :class:`~packer.sources.folders.Listing` for built-in kinds, else a registry Source.
+    """A :class:`~packer.sources.listing.Listing` for built-in kinds, else a registry Source.
 
     Raises:
         UsageError: ``name`` is neither built in nor known to ``formats.codecs.registry``.
@@ -140,7 +189,7 @@ def check_source_options(kind: str | None, options: PackOptions, *, remote: bool
 
 
 def listing_options(options: PackOptions) -> dict[str, Any]:
-    """What :func:`packer.sources.folders.list_source` takes from the options."""
+    """What :func:`list_source` takes from the options."""
     return {"to_jpeg": options.to_jpeg, "field_types": dict(options.field_types),
             "annotations": options.annotations, "drop_empty": options.drop_empty,
             "max_side": options.max_side}

@@ -14,6 +14,7 @@ the shuffled order.
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import time
 from pathlib import Path
@@ -25,23 +26,34 @@ from formats.fields import IMAGE_TYPES
 from formats.shard import ownership
 from formats.storage import display_uri, is_uri, local_path
 
-from .destination import claim
-from .errors import PackInterrupted, UsageError
+from .destination import claimed
+from .engines.driver import drive
+from .engines.ray import check_destination, import_ray, on_ray
+from .errors import PackError, PackInterrupted, UsageError
 from .loop import open_writer, pack_listing, record_items, resume_point, write_items
 from .options import PackOptions
 from .plan import (
     check_paths,
     created_by,
+    listing_fingerprint,
     pattern_files,
     shuffle_order,
     source_fingerprint,
     work_options,
 )
 from .report import PackProgress, PackSummary
-from .resolve import check_names, check_source_options, detect_source, open_source
-from .sources.folders import BUILTIN_SOURCES, Listing
+from .resolve import (
+    BUILTIN_SOURCES,
+    check_names,
+    check_source_options,
+    detect_source,
+    list_source,
+    listing_options,
+    open_source,
+)
+from .sources.listing import Listing
 
-__all__ = ["SKIPPED_NAME", "claimed", "pack"]
+__all__ = ["SKIPPED_NAME", "pack"]
 
 SKIPPED_NAME = ownership.SKIPPED_NAME
 SHUFFLE_PASS = ownership.SHUFFLE_PASS_DIR  # inside the folder a pack writes (docstring)
@@ -78,21 +90,18 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     if options.resume and options.sink != "shards":
         raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
     if is_uri(dst):
-        if options.engine == "ray":  # its own driver (packer/engines/ray.py)
-            from .engines.ray import pack_on_ray
+        if options.engine == "ray":  # the range driver, tasks on Ray (packer/engines/)
             from .remote import hold_remote_dst
 
             with hold_remote_dst(str(dst)):
-                return pack_on_ray(src, dst, options, progress)
+                return _pack_on_ray(src, dst, options, progress)
         from .remote import pack_to_remote
 
         return pack_to_remote(src, str(dst), options, progress, pack)
     dst = Path(dst)
     if options.engine == "ray":
-        from .engines.ray import pack_on_ray
-
         check_paths(None if is_uri(src) else Path(src), dst)
-        return claimed(dst, options, lambda folder: pack_on_ray(src, folder, options, progress))
+        return claimed(dst, options, lambda folder: _pack_on_ray(src, folder, options, progress))
     if is_uri(src):
         from .remote import open_remote_source
 
@@ -139,21 +148,51 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
             copy.release(delete=summary.complete)
 
 
-def claimed(dst: Path, options: PackOptions, run) -> PackSummary:
-    """``run(folder)`` on DST claimed as :mod:`packer.destination` describes ("claiming
-    DST"): locked, refused if it holds what is not ours, staged when it replaces."""
-    dest = claim(dst, options)
-    try:
-        summary = run(dest.folder)
-        if summary.complete:
-            dest.commit()
-        summary.dst = display_uri(dst)
-        return summary
-    except BaseException:
-        dest.abandon()
-        raise
-    finally:
-        dest.release()
+def _pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
+                 progress: PackProgress) -> PackSummary:
+    """Pack SRC into DST with the range driver, its ranges Ray tasks
+    (``options.engine == "ray"``: :mod:`packer.engines.driver`, :mod:`packer.engines.ray`).
+
+    Arguments, result and errors as :func:`pack`, and:
+
+    Raises:
+        UsageError: a source other than a listed one, or ``--to`` other than shards.
+        ImportError: Ray is not installed (with the install hint).
+        PackError: a range whose worker kept dying (names its first and last file).
+    """
+    remote = is_uri(src)
+    # A path is made absolute: tasks run in other folders, maybe on other nodes.
+    src_path = None if remote else Path(os.path.abspath(src))
+    dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
+    check_destination(src_path, dst_text, options)
+    import_ray()  # before the listing, which may take long on a big source
+    if remote:
+        from .remote import open_remote_source
+
+        # Listed remotely, every task reads its objects through the listing's Location;
+        # a container is told by its names and refused below, before a byte is fetched.
+        kind, listing, _ = open_remote_source(str(src), options, copy=False)
+    else:
+        kind = options.source or detect_source(src_path)
+        listing = (list_source(kind, src_path, **listing_options(options))
+                   if kind in BUILTIN_SOURCES else None)
+    check_source_options(kind, options, remote=remote)
+    if listing is None:
+        raise UsageError(f"--engine ray packs {', '.join(BUILTIN_SOURCES)} sources, not "
+                         f"{kind or 'a container file'!r}; pack it with --engine local")
+    n = len(listing)
+    if not n:
+        raise PackError("SRC holds no input files (hidden files are ignored)",
+                        path=display_uri(src))
+    if options.shuffle:  # the local engine's order, record for record
+        listing.reorder(shuffle_order(n, options.seed))
+    summary = PackSummary(display_uri(src), display_uri(dst), kind, "shards")
+    summary.empty_classes = listing.empty_classes
+    summary.boxes_clipped = listing.boxes_clipped
+    summary.image_type = next((f.type for f in listing.fields if f.type in IMAGE_TYPES), None)
+    made = created_by(summary.source, summary.src, options)
+    return drive(on_ray(options), str(src), listing, dst_text,
+                 listing_fingerprint(listing, options), made, options, progress, summary)
 
 
 def _pack_source(source, root: Path | None, dst: Path, options: PackOptions,

@@ -9,10 +9,11 @@ Protocol:
    of the inputs, between 1,000 and 10,000, so the ranges keep up to 64 workers busy
    to the end and depend on the inputs alone, never on ``workers``); each range is packed by one task with the pack loop of ``pack-dataset``
    (:func:`packer.loop.write_items`, which applies ``on_error`` in one place) into
-   its own ``part-*`` shards, as the Ray engine packs a listing
-   (:mod:`packer.engines.ray`, whose driver runs this too: done-markers, skip lines,
-   the manifest last). Tasks run in ``workers`` local processes (forked), in this
-   process (``workers=0``) or as Ray tasks (``engine="ray"``). Each worker writes
+   its own ``part-*`` shards by the range driver (:mod:`packer.engines.driver`:
+   done-markers, skip lines, the manifest last), as ``pack-dataset --engine ray``
+   packs a listing. Tasks run in ``workers`` local processes (forked,
+   :mod:`packer.engines.local`), in this process (``workers=0``) or as Ray tasks
+   (``engine="ray"``, :mod:`packer.engines.ray`). Each worker writes
    its own shards, so samples never cross a process boundary, and a range's bytes
    depend on the range alone: the output is the same for any ``workers`` and either
    engine (shard boundaries follow ``task_records``).
@@ -46,7 +47,6 @@ from __future__ import annotations
 import os
 import pickle
 import reprlib
-import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +58,11 @@ from formats.fields import Field
 from formats.storage import display_uri, is_uri, local_path
 from formats.version import package_version
 
-from .errors import PackError, PackInputError, PackInterrupted, UsageError
+from .destination import claimed
+from .engines.driver import drive
+from .engines.local import LocalRanges
+from .engines.ray import check_destination, import_ray, on_ray
+from .errors import PackError, PackInterrupted, UsageError
 from .loop import Item, Run, open_writer, write_items
 from .options import DEFAULT_TASK_RECORDS, PackOptions, parse_size
 from .plan import check_paths
@@ -241,12 +245,11 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         _check_pickles(fn, engine)
         _check_inputs_pickle(inputs)
     if is_uri(dst) and engine == "ray":  # tasks upload their shards themselves
-        from .engines.ray import pack_samples_on_ray
         from .remote import hold_remote_dst
 
         with hold_remote_dst(str(dst)):
             summary = PackSummary(_fn_name(fn), display_uri(dst), SOURCE_KIND, "shards")
-            return pack_samples_on_ray(fn, inputs, str(dst), fields, options, progress, summary)
+            return _pack_on_ray(fn, inputs, str(dst), fields, options, progress, summary)
     if is_uri(dst):
         from .remote import pack_to_remote
 
@@ -286,8 +289,6 @@ def _check_inputs_pickle(inputs: Sequence) -> None:
 def _check_pickles(fn: Callable, engine: str) -> None:
     dumps = pickle.dumps
     if engine == "ray":  # Ray ships tasks with cloudpickle, which takes lambdas too
-        from .engines.ray import import_ray
-
         dumps = import_ray().cloudpickle.dumps
     try:
         dumps(fn)
@@ -302,20 +303,17 @@ def _check_pickles(fn: Callable, engine: str) -> None:
 
 def _pack(fn, inputs: Sequence, dst: Path, fields, options: PackOptions,
           progress: PackProgress, task_records: int) -> PackSummary:
-    from .engines.ray import drive, import_ray, pack_samples_on_ray
-    from .run import claimed
-
     summary = PackSummary(_fn_name(fn), display_uri(dst), SOURCE_KIND, "shards")
     if options.engine == "ray":
         import_ray()  # before DST is claimed: a missing extra changes nothing there
-        return claimed(dst, options, _staged(dst, lambda folder: pack_samples_on_ray(
+        return claimed(dst, options, _staged(dst, lambda folder: _pack_on_ray(
             fn, inputs, folder, fields, options, progress, summary)))
 
     def run(folder: Path) -> PackSummary:
         plan = plan_samples(fn, inputs, fields, options, task_records)
         summary.per_box_fields = plan.per_box
         part = SampleRange(fn, inputs, 0, plan.fields, plan.fingerprint)
-        return drive(_LocalRanges(options.num_workers), summary.src, part,
+        return drive(LocalRanges(options.num_workers), summary.src, part,
                      os.path.abspath(folder), plan.fingerprint,
                      made_by(fn, plan.fields, options, task_records), options, progress,
                      summary, range_records=task_records)
@@ -348,70 +346,23 @@ def _staged(dst: Path, run: Callable[[Path], PackSummary]) -> Callable[[Path], P
     return staged
 
 
-class _LocalRanges:
-    """Runs ranges in ``workers`` forked processes (or here, for 0), a bounded window
-    of them at a time; each publishes its own shards (:func:`packer.engines.ray.pack_range`)."""
+def _pack_on_ray(fn, inputs, dst: str | Path, fields, options: PackOptions,
+                 progress: PackProgress, summary: PackSummary) -> PackSummary:
+    """The pack with Ray tasks: the driver settles the schema (inferring it here from
+    the first inputs), each task packs ``task_records`` consecutive inputs with the
+    local loop into its own shards, the driver writes the manifest.
 
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-
-    def __call__(self, job, part: SampleRange, todo, progress: PackProgress,
-                 results: dict) -> None:
-        from .engines.ray import pack_range
-
-        if self.workers == 0:
-            for a, b in todo:
-                results[a] = pack_range(job, part.slice(a, b), a, PackProgress())
-                progress.advance(b - a, results[a].bytes_in)
-            return
-        import multiprocessing as mp
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-        from concurrent.futures.process import BrokenProcessPool
-
-        ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-        pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_ignore_sigint)
-        queue = list(reversed(todo))
-        running: dict = {}
-        clean = False
-        # The bad input a failure names is the first in input order, whichever worker
-        # met its own first: a range's failure waits for the ranges before it.
-        failed: tuple[int, PackInputError] | None = None
-        try:
-            while (queue and failed is None) or any(
-                    failed is None or a < failed[0] for a, _ in running.values()):
-                while queue and failed is None and len(running) < self.workers:
-                    a, b = queue.pop()
-                    running[pool.submit(pack_range, job, part.slice(a, b), a,
-                                        PackProgress())] = (a, b)
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    a, b = running.pop(future)
-                    try:
-                        results[a] = future.result()
-                    except BrokenProcessPool:
-                        raise PackError(
-                            f"a worker process died while packing inputs {a}..{b - 1} (killed, "
-                            "or out of memory?); resume=True keeps the ranges done") from None
-                    except PackInputError as exc:
-                        if failed is None or a < failed[0]:
-                            failed = (a, exc)
-                        continue
-                    progress.advance(b - a, results[a].bytes_in)
-            if failed is not None:
-                raise failed[1]
-            clean = True
-        finally:
-            if not clean:
-                # A failure or Ctrl-C: stop the other ranges now (the executor has no
-                # terminate; finished ranges stay for a resume).
-                for p in list(getattr(pool, "_processes", {}).values()):
-                    p.terminate()
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _ignore_sigint() -> None:
-    # Ctrl-C goes to the whole process group: the parent alone handles it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    Raises:
+        ImportError: Ray is not installed (with the install hint).
+    """
+    dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
+    check_destination(None, dst_text, options)
+    run_ranges = on_ray(options)
+    plan = plan_samples(fn, inputs, fields, options)
+    summary.per_box_fields = plan.per_box
+    part = SampleRange(fn, inputs, 0, plan.fields, plan.fingerprint)
+    return drive(run_ranges, summary.src, part, dst_text, plan.fingerprint,
+                 made_by(fn, plan.fields, options), options, progress, summary)
 
 
 @dataclass(frozen=True)

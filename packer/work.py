@@ -31,8 +31,8 @@ import simplejpeg
 from formats.errors import MissingObjectError, ObjectTooLargeError, StorageError
 from formats.sniff import image_kind, image_size, is_gray, looks_complete
 
-__all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Loaded", "WorkOptions", "iter_loaded", "load",
-           "os_error", "prepare", "read_file"]
+__all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Loaded", "WorkOptions", "ignore_sigint",
+           "iter_loaded", "load", "os_error", "prepare", "read_file"]
 
 # One input read from object storage is refused beyond this (a bound on memory).
 MAX_OBJECT_BYTES = 1 << 30
@@ -334,9 +334,10 @@ def _load_chunk(args: tuple[list[str], WorkOptions]) -> list[Loaded]:
     return [load(p, opts) for p in paths]
 
 
-def _worker_init() -> None:
-    # Ctrl-C goes to the whole process group: the parent alone handles it (and
-    # terminates the pool); workers printing their own tracebacks would only confuse.
+def ignore_sigint() -> None:
+    """A worker process's initializer: Ctrl-C goes to the whole process group, and the
+    parent alone handles it (and stops its workers); workers printing their own
+    tracebacks would only confuse."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -367,7 +368,7 @@ def iter_loaded(paths: list[str], opts: WorkOptions, workers: int,
         # fork: spawn would re-import numpy/pyarrow per worker; the parent holds no
         # lock a worker needs (load() touches only its own files).
         ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-        with ctx.Pool(workers, initializer=_worker_init) as pool:
+        with ctx.Pool(workers, initializer=ignore_sigint) as pool:
             for results in pool.imap(_load_chunk, _chunks(paths, chunk, opts)):
                 yield from results
         return

@@ -32,7 +32,7 @@ from formats.base import Record
 from formats.codecs.imagefolder import ImageFolderSink, class_folders, safe_name
 from formats.errors import InputError, SchemaError
 from packer import PackOptions, pack
-from packer.sources.folders import list_source
+from packer.resolve import list_source
 
 FIELDS = (Field("image", "image"), Field("label", "int"), Field("key", "str"))
 # torchvision 0.2x IMG_EXTENSIONS

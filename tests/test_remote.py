@@ -424,7 +424,8 @@ def test_uris_shown_without_secrets_and_file_uris_are_paths(tmp_path):
 
 
 def test_a_remote_folder_lists_and_detects_like_a_local_one(endpoint, tmp_path):
-    from packer.sources.folders import detect_builtin, detect_remote, list_remote, list_source
+    from packer.resolve import detect_builtin, list_source
+    from packer.sources.folders import detect_remote, list_remote
 
     src = tmp_path / "src"
     for name in ("a/x.jpg", "a-c.jpg", "a.b/y.jpg", "README.md"):

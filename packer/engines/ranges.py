@@ -1,9 +1,10 @@
-"""The Ray engine's work on disk: contiguous ranges, their shard names, done-markers.
+"""The range driver's work on disk: contiguous ranges, their shard names, done-markers.
 
-Nothing here needs Ray; :mod:`packer.engines.ray` drives it.
+Nothing here needs Ray; the range driver (:mod:`packer.engines.driver`) uses it,
+whether its ranges run as Ray tasks or in local worker processes.
 
-Layout in DST while a distributed pack runs (all under names the local engine
-never uses, so neither engine mistakes the other's leftovers for its own)::
+Layout in DST while a pack of ranges runs (all under names a one-process pack
+never uses, so neither mistakes the other's leftovers for its own)::
 
     part-AAAAAAAAAAAA-KKKKK.{rec,idx,meta.parquet}   shard K of the range starting at A
     .ray/plan.json                                    the plan fingerprint and the ranges

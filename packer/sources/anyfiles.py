@@ -1,6 +1,6 @@
 """Any file as a field: the records of a folder of files (or a file list) that holds
 files with other extensions than images', and either no image or an image with a
-sidecar (the rule is :func:`packer.sources.folders` ``_any_files``; image folders
+sidecar (the rule is :mod:`packer.sources.listing` ``_any_files``; image folders
 with a stray README stay image folders).
 
 Grouping (WebDataset's rule, :func:`formats.codecs.webdataset.split_key`): a file's

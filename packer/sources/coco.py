@@ -80,7 +80,7 @@ from formats.bounded import parse_json, read_small_file
 from formats.errors import InputError, InputUsageError
 from formats.fields import Field
 
-from .folders import Listing, image_field
+from .listing import Listing, image_field
 
 __all__ = ["BOX_TOLERANCE", "FIELDS", "MAX_ANNOTATIONS_BYTES", "NO_ANNOTATIONS", "ImageCheck",
            "list_coco"]
