@@ -1,8 +1,14 @@
 """Exception types for everything that reads or writes datasets.
 
-Every error raised for bad data is a :class:`ShardpackError` (a ``ValueError``),
-and carries where it happened (file, shard, record, byte offset) and what was
-expected versus found, so a message reads like::
+:class:`ShardpackError` is the one root of the errors shardpack raises on purpose
+(the packer's and the reader's derive from it too); ``except ShardpackError``
+catches them all. Each subclass also keeps the standard base users catch: bad
+data, a bad dataset and bad usage are ``ValueError`` s, a key that names no single
+record a ``KeyError``, a missing dataset a ``FileNotFoundError``, a failing Loader
+a ``RuntimeError``. A Ctrl-C during a pack (``packer.PackInterrupted``) stays a
+``KeyboardInterrupt``, outside the root. Every error carries where it happened
+(file, shard, record, byte offset) and what was expected versus found, so a message
+reads like::
 
     shard-00003.rec record 1841 at byte 9437184: checksum 0x1a2b3c4d, expected 0x5e6f7a8b
 """
@@ -28,8 +34,8 @@ __all__ = [
 ]
 
 
-class ShardpackError(ValueError):
-    """Base class: bad data or a bad dataset, with its location.
+class ShardpackError(Exception):
+    """The root of shardpack's errors, with the location of what went wrong.
 
     Args:
         message: what is wrong, in words.
@@ -89,7 +95,7 @@ def _rebuild(cls, message, kwargs):
     return cls(message, **kwargs)
 
 
-class FormatError(ShardpackError):
+class FormatError(ShardpackError, ValueError):
     """A file is not a well-formed shardpack file (magic, header, index, sizes)."""
 
 
@@ -101,11 +107,11 @@ class ManifestError(FormatError):
     """manifest.json is missing, malformed, or disagrees with the files."""
 
 
-class SchemaError(ShardpackError):
+class SchemaError(ShardpackError, ValueError):
     """A record or a value does not match the dataset schema."""
 
 
-class CorruptRecordError(ShardpackError):
+class CorruptRecordError(ShardpackError, ValueError):
     """A record's bytes fail their checksum or cannot be decoded."""
 
 
@@ -113,7 +119,7 @@ class DecompressionError(CorruptRecordError):
     """A compressed payload is damaged or would expand beyond its declared bound."""
 
 
-class InputError(ShardpackError):
+class InputError(ShardpackError, ValueError):
     """A source cannot be listed or read as its kind says (names the file and what is wrong)."""
 
 
@@ -125,11 +131,11 @@ class InputUsageError(InputError):
     contradict each other are the packer's ``UsageError`` (status 2)."""
 
 
-class UnsafePathError(ShardpackError):
+class UnsafePathError(ShardpackError, ValueError):
     """A name read from a manifest or an archive would leave the dataset folder."""
 
 
-class StorageError(ShardpackError):
+class StorageError(ShardpackError, ValueError):
     """Object storage failed for good (after retries), or a download did not match
     the manifest: the message names the object's URI."""
 

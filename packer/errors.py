@@ -15,7 +15,7 @@ from formats.errors import ShardpackError
 __all__ = ["DestinationError", "PackError", "PackInputError", "PackInterrupted", "UsageError"]
 
 
-class PackError(ShardpackError):
+class PackError(ShardpackError, ValueError):
     """The pack cannot go on (bad source, unwritable destination...)."""
 
 

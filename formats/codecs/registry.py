@@ -42,6 +42,7 @@ from typing import Any
 
 from ..base import Record, Sink, Source
 from ..bounded import open_input
+from ..errors import ShardpackError
 from ..fields import Field
 from ..shard.ownership import LEDGER_NAME, output_entries, survey, write_ledger
 from .paths import expand_braces
@@ -72,7 +73,7 @@ COMMON_OPTIONS = frozenset({"shard_size", "records_per_shard", "overwrite", "res
                             "created_by", "durable", "on_error"})
 
 
-class UnknownFormatError(KeyError, ValueError):
+class UnknownFormatError(ShardpackError, KeyError, ValueError):
     """A format name no codec has (a KeyError for the packer, a ValueError for usage)."""
 
     def __str__(self) -> str:

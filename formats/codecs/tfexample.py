@@ -39,6 +39,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..errors import ShardpackError
+
 __all__ = ["ExampleError", "decode_example", "encode_example", "encode_example_parts"]
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
@@ -48,7 +50,7 @@ _MAX_STRINGS = 1 << 20
 _VARINT_CHUNK = 1 << 20  # numbers decoded per numpy step: bounds the temporaries
 
 
-class ExampleError(ValueError):
+class ExampleError(ShardpackError, ValueError):
     """The bytes are not a well-formed Example; the caller adds file and record."""
 
 

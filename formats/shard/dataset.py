@@ -53,8 +53,9 @@ class DatasetNotFoundError(ManifestError, FileNotFoundError):
         return self.args[0]
 
 
-class KeyLookupError(ShardpackError, KeyError):
-    """A lookup by key found no single record (also a ``KeyError``).
+class KeyLookupError(ShardpackError, KeyError, ValueError):
+    """A lookup by key found no single record (also a ``KeyError``, and a ``ValueError``
+    as every error of a bad lookup).
 
     Attributes:
         key: the key looked up.
