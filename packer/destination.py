@@ -49,6 +49,7 @@ from formats.shard.ownership import (
     LOCK_NAME,
     STAGING_MARKER,
     Survey,
+    WorkNames,
     output_entries,
     remove_ours,
     survey,
@@ -56,10 +57,17 @@ from formats.shard.ownership import (
 )
 from formats.storage import display_uri
 
+from .engines.ranges import PART_FILE, PLAN_NAME, STATE_DIR
 from .errors import DestinationError, PackError, UsageError
 from .options import PackOptions
+from .plan import SHUFFLE_PASS
 
-__all__ = ["Destination", "claim", "claimed"]
+__all__ = ["WORK", "Destination", "claim", "claimed"]
+
+#: What a pack keeps in DST while it works, besides the dataset's own files, and so
+#: what ``formats.shard.ownership`` counts as ours when told: the range driver's state
+#: (its plan proves it) and ``part-*`` shards, and the first pass of a shuffle.
+WORK = WorkNames(STATE_DIR, PLAN_NAME, PART_FILE, (SHUFFLE_PASS,))
 
 log = logging.getLogger("shardpack.packer")
 
@@ -181,7 +189,7 @@ class Destination:
     def _prepare(self) -> None:
         o = self.options
         pending = self._recover()
-        s = survey(self._real)
+        s = survey(self._real, WORK)
         if s.bad_manifest is not None:
             raise DestinationError(f"DST holds a manifest.json that is not a valid shardpack manifest "
                              f"({s.bad_manifest}); it is never replaced: remove it yourself",
@@ -194,13 +202,13 @@ class Destination:
         if s.complete and not o.overwrite:
             raise DestinationError("DST is already a dataset; pass --overwrite to replace it",
                              path=self.dst)
-        interrupted = s.journal or s.ray_plan
+        interrupted = s.journal or s.work_state
         if s.foreign and not o.overwrite and not (o.resume and interrupted):
             _refuse_foreign(s, self.dst)
         if s.complete or self.foreign_sink:
             self._stage(fresh=True)
         elif not o.resume:
-            remove_ours(self._real, s.leftovers)
+            remove_ours(self._real, s.leftovers, work=WORK)
 
     def _recover(self) -> bool:
         """Step 5; True when a staging folder of an unfinished pack is left."""
@@ -252,8 +260,8 @@ class Destination:
         shutil.rmtree(self.staging)
 
     def _delete_old(self, folder: Path) -> None:
-        s = survey(folder)
-        remove_ours(folder, s.ours)
+        s = survey(folder, WORK)
+        remove_ours(folder, s.ours, work=WORK)
         self._rmdir(folder, s)
 
     @staticmethod
@@ -273,7 +281,7 @@ class Destination:
         durable = self.options.durable
         if self.foreign_sink:
             write_ledger(self.staging, self._output_files(), durable=durable)
-        s = survey(self._real)
+        s = survey(self._real, WORK)
         moved = s.foreign
         taken = [n for n in moved if os.path.lexists(self.staging / n)]
         if taken:

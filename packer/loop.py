@@ -37,6 +37,7 @@ from formats.fields import IMAGE_TYPES
 from formats.files import fsync_dir
 from formats.shard import ownership
 
+from .destination import WORK
 from .errors import PackError, PackInputError
 from .options import PackOptions
 from .plan import created_by, listing_fingerprint, shuffle_order, work_options
@@ -448,7 +449,7 @@ def open_writer(dst: Path, fields, classes, options: PackOptions, made: dict,
             dst, fields, shard_size=options.shard_size,
             records_per_shard=options.records_per_shard, classes=classes, created_by=made,
             overwrite=options.overwrite, resume=options.resume, durable=options.durable,
-            class_info=class_info)
+            class_info=class_info, working=WORK)
     return open_sink(options.sink, dst, fields, classes, options)
 
 

@@ -17,6 +17,7 @@ from formats.errors import InputError, InputUsageError
 from formats.shard import ownership
 from formats.storage import is_uri
 
+from .destination import WORK
 from .errors import UsageError
 from .options import PackOptions
 from .sources.coco import list_coco
@@ -90,8 +91,8 @@ def detect_source(src: Path) -> str:
         if kind:
             return kind
     if src.is_dir():
-        found = ownership.survey(src)
-        if found.dataset is None and (found.journal or found.ray_plan):
+        found = ownership.survey(src, WORK)
+        if found.dataset is None and (found.journal or found.work_state):
             raise InputError("SRC is a pack that did not finish (it holds our journal and no "
                              "manifest.json): finish it with --resume (the same SRC and "
                              "options, this folder as DST), or remove it; --from files "

@@ -23,7 +23,6 @@ from formats import DatasetWriter, open_shards
 from formats.base import Record
 from formats.errors import InputUsageError
 from formats.fields import IMAGE_TYPES
-from formats.shard import ownership
 from formats.storage import display_uri, is_uri, local_path
 
 from .destination import claimed
@@ -33,6 +32,7 @@ from .errors import PackError, PackInterrupted, UsageError
 from .loop import open_writer, pack_listing, record_items, resume_point, write_items
 from .options import PackOptions
 from .plan import (
+    SHUFFLE_PASS,
     check_paths,
     created_by,
     listing_fingerprint,
@@ -53,10 +53,7 @@ from .resolve import (
 )
 from .sources.listing import Listing
 
-__all__ = ["SKIPPED_NAME", "pack"]
-
-SKIPPED_NAME = ownership.SKIPPED_NAME
-SHUFFLE_PASS = ownership.SHUFFLE_PASS_DIR  # inside the folder a pack writes (docstring)
+__all__ = ["pack"]
 
 
 def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,

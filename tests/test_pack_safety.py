@@ -491,3 +491,27 @@ def test_a_pack_that_did_not_finish_is_not_taken_for_a_folder_of_files(tmp_path)
     with pytest.raises(InputError, match=r"did not finish.*--resume"):
         pack(tmp_path / "half", tmp_path / "out", PackOptions(workers=0, durable=False))
     assert not (tmp_path / "out").exists()
+
+
+def test_ownership_knows_a_datasets_names_and_the_packer_declares_its_own(tmp_path):
+    """formats.shard.ownership proves ours only what a dataset names; the range state,
+    range shards and shuffle pass are the packer's, ours only when it says so."""
+    from formats.shard.ownership import is_our_shard_name, remove_ours, survey
+    from packer.destination import WORK
+
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "plan.json").write_text("{}")
+    (tmp_path / "part-000000000000-00000.rec").write_bytes(b"")
+    (tmp_path / "part-1.pdf").write_bytes(b"mine")
+    (tmp_path / ".shardpack-shuffle").mkdir()
+    (tmp_path / ".shardpack-shuffle" / "_journal.jsonl").write_text("{}\n")
+    packer_names = [".ray", ".shardpack-shuffle", "part-000000000000-00000.rec"]
+    bare = survey(tmp_path)
+    assert not bare.work_state and sorted(bare.foreign) == sorted([*packer_names, "part-1.pdf"])
+    assert not is_our_shard_name("part-000000000000-00000.rec")
+    told = survey(tmp_path, WORK)
+    assert told.work_state and told.foreign == ["part-1.pdf"]
+    assert set(packer_names) <= set(told.leftovers)
+    assert is_our_shard_name("part-000000000000-00000.rec", WORK)
+    remove_ours(tmp_path, told.leftovers, work=WORK)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part-1.pdf"]

@@ -26,9 +26,9 @@ from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry, write_manifest
 from .ownership import (
     JOURNAL_NAME,
-    SHUFFLE_PASS_DIR,
     SKIPPED_NAME,
     SKIPPED_PARTIAL_NAME,
+    WorkNames,
     remove_ours,
     survey,
 )
@@ -72,6 +72,9 @@ class DatasetWriter:
         resume: keep the shards a previous, interrupted writer sealed with the same
             schema and options; :attr:`resumed` holds their ``progress`` values.
         durable: fsync every file before it is renamed.
+        working: the names the program writing here works under (the packer's:
+            :class:`formats.shard.ownership.WorkNames`), cleared with our other
+            leftovers; its first-pass folders are kept on a resume.
 
     Raises:
         ManifestError: ``root`` already holds a dataset and ``overwrite`` is false,
@@ -94,6 +97,7 @@ class DatasetWriter:
         overwrite: bool = False,
         resume: bool = False,
         durable: bool = True,
+        working: WorkNames | None = None,
     ) -> None:
         self.root = Path(root)
         self.fields = tuple(fields)
@@ -130,7 +134,8 @@ class DatasetWriter:
                 "already a dataset (manifest.json exists); pass overwrite to replace it",
                 path=self.root,
             )
-        found = survey(self.root)
+        self._working = working
+        found = survey(self.root, working)
         if found.bad_manifest is not None:
             raise ManifestError(
                 f"holds a manifest.json that is not a valid shardpack manifest "
@@ -217,8 +222,9 @@ class DatasetWriter:
         (and, when resuming, the journal and the skip list that go with them)."""
         kept = {n for e in self.sealed for n in (e.data_file, e.index_file, e.meta_file)}
         if keep:
-            kept |= {JOURNAL_NAME, SKIPPED_PARTIAL_NAME, SKIPPED_NAME, SHUFFLE_PASS_DIR}
-        remove_ours(self.root, found.leftovers, keep=kept)
+            kept |= {JOURNAL_NAME, SKIPPED_PARTIAL_NAME, SKIPPED_NAME}
+            kept |= set(self._working.scratch if self._working is not None else ())
+        remove_ours(self.root, found.leftovers, keep=kept, work=self._working)
 
     def _write_dictionaries(self, dictionaries: Mapping[str, bytes]) -> dict[str, tuple[str, int]]:
         out = {}

@@ -9,10 +9,11 @@ our own records says so:
 * a resume journal (``_journal.jsonl``) is present and the name is exactly one
   the writer gives its shards (``shard-NNNNN.rec``...), or the journal's own
   companions (``.skipped.partial.jsonl``);
-* the Ray engine's plan (``.ray/plan.json``) is present and the name is exactly a
-  range shard's (``part-AAAAAAAAAAAA-KKKKK.rec``...), or ``.ray/`` itself;
-* it is ``.shardpack-shuffle/`` (the first pass of a shuffled pack) and holds a
-  manifest or a journal of ours;
+* the program writing there declared the names it works under (:class:`WorkNames`,
+  passed in; the packer's are ``packer.destination.WORK``: its range state, range
+  shards and the first pass of a shuffle), and the proof it named is present (for
+  its state and its shards), or the folder holds a manifest or a journal of ours
+  (for a first pass);
 * the output ledger (``.shardpack-output.json``, written after a foreign-format
   output is complete) lists it;
 * it is our temporary name (``.<one of the names above>.tmp-<pid>``) and that
@@ -35,9 +36,9 @@ from pathlib import Path, PurePosixPath
 from ..errors import ShardpackError
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 
-__all__ = ["JOURNAL_NAME", "LEDGER_NAME", "LOCK_NAME", "RAY_STATE_DIR", "SHUFFLE_PASS_DIR",
-           "SKIPPED_NAME", "SKIPPED_PARTIAL_NAME", "STAGING_MARKER", "Survey", "dataset_files",
-           "is_our_shard_name", "output_entries", "remove_ours", "survey", "write_ledger"]
+__all__ = ["JOURNAL_NAME", "LEDGER_NAME", "LOCK_NAME", "SKIPPED_NAME", "SKIPPED_PARTIAL_NAME",
+           "STAGING_MARKER", "Survey", "WorkNames", "dataset_files", "is_our_shard_name",
+           "output_entries", "remove_ours", "survey", "write_ledger"]
 
 JOURNAL_NAME = "_journal.jsonl"
 SKIPPED_NAME = "skipped.jsonl"
@@ -45,23 +46,42 @@ SKIPPED_PARTIAL_NAME = ".skipped.partial.jsonl"
 LOCK_NAME = ".shardpack.lock"
 LEDGER_NAME = ".shardpack-output.json"
 STAGING_MARKER = ".shardpack-staging.json"
-RAY_STATE_DIR = ".ray"
-# The first pass of a shuffled pack of a container source: a dataset of ours.
-SHUFFLE_PASS_DIR = ".shardpack-shuffle"
-_RAY_PLAN = f"{RAY_STATE_DIR}/plan.json"
 
 _OUR_FILE_NAMES = (MANIFEST_NAME, JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME, LEDGER_NAME,
                    STAGING_MARKER)
 _SHARD_FILE = re.compile(r"^shard-\d{5}\.(?:rec|idx|meta\.parquet)$")
 _DICT_FILE = re.compile(r"^dict-\d{3}\.zstd$")
-_PART_FILE = re.compile(r"^part-\d{12}-\d{5}\.(?:rec|idx|meta\.parquet)$")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d{1,10})$")
 _LEDGER_LIMIT = 64 << 20
 
 
-def is_our_shard_name(name: str) -> bool:
-    """Whether ``name`` is exactly a name our writers give shard or dictionary files."""
-    return bool(_SHARD_FILE.match(name) or _PART_FILE.match(name) or _DICT_FILE.match(name))
+@dataclass(frozen=True)
+class WorkNames:
+    """The names a program that writes datasets (the packer) works under in an output
+    folder, besides the dataset's own: declared by that program and passed to
+    :func:`survey`, so this module knows a dataset's names alone.
+
+    Attributes:
+        state_dir: a folder of the run's state (the packer's ``.ray/``).
+        proof: the file, relative to the output folder, that only such a run writes
+            (its plan, inside ``state_dir``); while it is there, ``state_dir`` and
+            the names ``shard_names`` matches are ours.
+        shard_names: matches exactly the names the run gives its shard files.
+        scratch: folders that are ours when they hold a manifest or a journal of
+            ours (a first pass the run writes as a dataset of its own).
+    """
+
+    state_dir: str
+    proof: str
+    shard_names: re.Pattern[str]
+    scratch: tuple[str, ...] = ()
+
+
+def is_our_shard_name(name: str, work: WorkNames | None = None) -> bool:
+    """Whether ``name`` is exactly a name our writers (and ``work``'s run) give shard or
+    dictionary files."""
+    return bool(_SHARD_FILE.match(name) or _DICT_FILE.match(name)
+                or (work is not None and work.shard_names.match(name)))
 
 
 def _pid_gone(pid: int) -> bool:
@@ -102,7 +122,8 @@ class Survey:
         dataset: the complete dataset in ``root`` (its manifest), if any.
         ledger: the files of a complete foreign-format output, if any.
         journal: an interrupted pack of ours left a resume journal.
-        ray_plan: an interrupted Ray-engine pack left its plan.
+        work_state: an interrupted run of the :class:`WorkNames` surveyed with left
+            its proof (the packer's range plan).
         bad_manifest: ``manifest.json`` exists but is not a valid manifest (why).
     """
 
@@ -112,7 +133,7 @@ class Survey:
     dataset: Manifest | None = None
     ledger: list[str] | None = None
     journal: bool = False
-    ray_plan: bool = False
+    work_state: bool = False
     bad_manifest: str | None = None
 
     @property
@@ -157,8 +178,9 @@ def _read_ledger(path: Path) -> list[str] | None:
     return out
 
 
-def survey(root: str | Path) -> Survey:
-    """Classify the entries of ``root`` (a missing folder is empty)."""
+def survey(root: str | Path, work: WorkNames | None = None) -> Survey:
+    """Classify the entries of ``root`` (a missing folder is empty); ``work``: the names
+    a program writing there works under, counted as ours (module docstring)."""
     root = Path(root)
     s = Survey(root)
     try:
@@ -178,14 +200,15 @@ def survey(root: str | Path) -> Survey:
     if s.journal:
         ours |= {JOURNAL_NAME, SKIPPED_PARTIAL_NAME, SKIPPED_NAME}
         ours |= {n for n in names if _SHARD_FILE.match(n) or _DICT_FILE.match(n)}
-    s.ray_plan = _is_file(root / _RAY_PLAN)
-    if s.ray_plan:
-        ours |= {RAY_STATE_DIR, SKIPPED_NAME}
-        ours |= {n for n in names if _PART_FILE.match(n) or _DICT_FILE.match(n)}
-    shuffle = root / SHUFFLE_PASS_DIR
-    if SHUFFLE_PASS_DIR in names and not shuffle.is_symlink() and (
-            _is_file(shuffle / MANIFEST_NAME) or _is_file(shuffle / JOURNAL_NAME)):
-        ours.add(SHUFFLE_PASS_DIR)
+    s.work_state = work is not None and _is_file(root / work.proof)
+    if s.work_state:
+        ours |= {work.state_dir, SKIPPED_NAME}
+        ours |= {n for n in names if work.shard_names.match(n) or _DICT_FILE.match(n)}
+    for folder in work.scratch if work is not None else ():
+        scratch = root / folder
+        if folder in names and not scratch.is_symlink() and (
+                _is_file(scratch / MANIFEST_NAME) or _is_file(scratch / JOURNAL_NAME)):
+            ours.add(folder)
     nested: list[str] = []
     if LEDGER_NAME in names:
         s.ledger = _read_ledger(root / LEDGER_NAME)
@@ -196,7 +219,7 @@ def survey(root: str | Path) -> Survey:
     ours |= {LOCK_NAME, STAGING_MARKER}
     for n in names:
         m = _TEMP.match(n)
-        if m and (is_our_shard_name(m["name"]) or m["name"] in _OUR_FILE_NAMES) \
+        if m and (is_our_shard_name(m["name"], work) or m["name"] in _OUR_FILE_NAMES) \
                 and _pid_gone(int(m["pid"])):
             ours.add(n)
     s.ours = sorted(n for n in ours if n in names)
@@ -249,14 +272,16 @@ def _entries_under(root: Path, top: str) -> list[str]:
     return out
 
 
-def remove_ours(root: str | Path, paths, *, keep=()) -> None:
+def remove_ours(root: str | Path, paths, *, keep=(), work: WorkNames | None = None) -> None:
     """Delete ``paths`` (from :attr:`Survey.ours`) under ``root``, except ``keep``;
-    directories emptied by it are removed too. Never follows a symlink."""
+    directories emptied by it are removed too. Never follows a symlink. ``work``: as
+    the survey that found them was given."""
     root = Path(root)
     keep = set(keep)
     parents = set()
     # The proofs go last: a kill halfway leaves what remains still provably ours.
-    proofs = (MANIFEST_NAME, JOURNAL_NAME, LEDGER_NAME, RAY_STATE_DIR, STAGING_MARKER)
+    proofs = (MANIFEST_NAME, JOURNAL_NAME, LEDGER_NAME, STAGING_MARKER,
+              *(() if work is None else (work.state_dir,)))
     paths = sorted(paths, key=lambda rel: rel in proofs)
     for rel in paths:
         if rel in keep:

@@ -40,7 +40,6 @@ from formats.files import atomic_write_bytes, fsync_dir
 from formats.shard.manifest import MANIFEST_NAME
 from formats.shard.ownership import (
     JOURNAL_NAME,
-    RAY_STATE_DIR,
     SKIPPED_NAME,
     SKIPPED_PARTIAL_NAME,
     is_our_shard_name,
@@ -49,18 +48,19 @@ from formats.storage import Location, is_uri, open_location
 
 from ..errors import PackError
 
-__all__ = ["PLAN_NAME", "STATE_DIR", "Output", "RangeResult", "combine", "marker_name",
-           "part_name", "prepare", "split"]
+__all__ = ["PART_FILE", "PLAN_NAME", "STATE_DIR", "Output", "RangeResult", "combine",
+           "marker_name", "part_name", "prepare", "split"]
 
-STATE_DIR = RAY_STATE_DIR
+#: The folder of a pack's range state in DST (``formats.shard.ownership`` counts it ours
+#: while its plan is there: :data:`packer.destination.WORK`).
+STATE_DIR = ".ray"
 PLAN_NAME = f"{STATE_DIR}/plan.json"
-_MARKER = re.compile(r"^\.ray/range-(\d{12})-(\d{12})\.json$")
+_MARKER = re.compile(rf"^{re.escape(STATE_DIR)}/range-(\d{{12}})-(\d{{12}})\.json$")
 _MARKER_LIMIT = 64 << 20  # a marker holds a range's skip lines: generous, yet bounded
 # What a pack of either engine writes into DST, by exact name (formats.shard.ownership);
 # cleared before a fresh pack. A local DST was claimed (packer.destination) before this,
 # so only our files are there; on object storage the names are all we have.
 _OURS_NAMES = (JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME)
-_SHARD_SUFFIXES = (".rec", ".idx", ".meta.parquet")
 
 
 def split(n: int, size: int) -> list[tuple[int, int]]:
@@ -71,6 +71,10 @@ def split(n: int, size: int) -> list[tuple[int, int]]:
 def part_name(start: int, k: int) -> str:
     """The base name of shard ``k`` of the range starting at record ``start``."""
     return f"part-{start:012d}-{k:05d}"
+
+
+#: Exactly the names of the files of the shards :func:`part_name` names.
+PART_FILE = re.compile(r"^part-\d{12}-\d{5}\.(?:rec|idx|meta\.parquet)$")
 
 
 def marker_name(start: int, stop: int) -> str:
@@ -247,7 +251,8 @@ class Output:
         if MANIFEST_NAME in files:
             self.delete([MANIFEST_NAME])
         self.delete(n for n in files if n not in keep and n != MANIFEST_NAME and (
-            n in _OURS_NAMES or is_our_shard_name(n) or n.startswith(f"{STATE_DIR}/")))
+            n in _OURS_NAMES or is_our_shard_name(n) or PART_FILE.match(n)
+            or n.startswith(f"{STATE_DIR}/")))
 
     def remove_state(self) -> None:
         """Delete ``.ray/`` (after the manifest: the run is complete)."""
