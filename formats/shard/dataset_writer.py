@@ -23,7 +23,15 @@ from ..fields import IMAGE_TYPES, Field, ImageKinds, encode_value
 from ..files import atomic_write_bytes, fsync_dir
 from .columns import Column, column_of, encode_column
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry, write_manifest
+from .manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    ShardEntry,
+    Written,
+    build_manifest,
+    write_manifest,
+)
 from .ownership import (
     JOURNAL_NAME,
     SKIPPED_NAME,
@@ -428,16 +436,10 @@ class DatasetWriter:
         """
         if self._shard is not None and self._shard.records:
             self._seal(progress)
-        manifest = Manifest(
-            fields=self.typed_fields(),
-            shards=tuple(self.sealed),
-            alignment=self.alignment,
-            classes=self.classes,
-            class_info=self.class_info,
-            created_by=self.created_by,
-            dictionaries=self._dictionaries,
-            max_raw_size=self._max_raw,
-        )
+        written = Written(tuple(self.sealed), self.alignment, self._max_raw, self._kinds.state())
+        manifest = build_manifest(self.fields, [written], classes=self.classes,
+                                  class_info=self.class_info, created_by=self.created_by,
+                                  dictionaries=self._dictionaries)
         write_manifest(self.root, manifest, durable=self.durable)
         (self.root / JOURNAL_NAME).unlink(missing_ok=True)
         if self.durable:

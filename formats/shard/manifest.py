@@ -13,20 +13,21 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..bounded import parse_json
 from ..checksum import format_crc, parse_crc
 from ..errors import ManifestError, SchemaError, VersionError
-from ..fields import Field
+from ..fields import IMAGE_TYPES, Field, stored_image_type
 from ..files import atomic_write_bytes, check_plain_name, read_regular
 from .layout import FORMAT_NAME, MAJOR, MAX_ALIGNMENT, MIN_ALIGNMENT, MINOR, index_sections
 
-__all__ = ["MANIFEST_NAME", "MAX_MANIFEST_BYTES", "Manifest", "ShardEntry", "decode_manifest",
-           "manifest_bytes", "parse_manifest", "read_manifest", "read_manifest_bytes",
-           "write_manifest"]
+__all__ = ["MANIFEST_NAME", "MAX_MANIFEST_BYTES", "Manifest", "ShardEntry", "Written",
+           "build_manifest", "decode_manifest", "manifest_bytes", "parse_manifest",
+           "read_manifest", "read_manifest_bytes", "write_manifest"]
 
 MANIFEST_NAME = "manifest.json"
 
@@ -127,6 +128,64 @@ class Manifest:
         if self.class_info is not None:  # absent otherwise: older manifests keep their bytes
             out["class_info"] = list(self.class_info)
         return out
+
+
+@dataclass(frozen=True)
+class Written:
+    """What one writer sealed, for :func:`build_manifest`.
+
+    Attributes:
+        shards: its shards, in order.
+        alignment: their payload alignment.
+        max_raw_size: per compressed field, the largest raw value it wrote.
+        image_types: per image field, the formats of the payloads it wrote (``jpeg``,
+            ``png``, anything else: :func:`formats.fields.stored_image_type`); absent
+            or empty for a field it wrote nothing to.
+    """
+
+    shards: tuple[ShardEntry, ...]
+    alignment: int
+    max_raw_size: Mapping[str, int] = field(default_factory=dict)
+    image_types: Mapping[str, Collection[str]] = field(default_factory=dict)
+
+
+def build_manifest(fields: Sequence[Field], parts: Sequence[Written], *,
+                   classes: tuple[str, ...] | None = None,
+                   class_info: tuple[dict[str, Any], ...] | None = None,
+                   created_by: dict[str, Any] | None = None,
+                   dictionaries: dict[str, tuple[str, int]] | None = None) -> Manifest:
+    """The manifest of the dataset ``parts`` wrote, in order: the one way a manifest is
+    made from writing. A :class:`~formats.DatasetWriter` is one part; the packer's
+    range driver joins a part per range (each written by a DatasetWriter of its own,
+    its shards renamed).
+
+    Each image field is typed by what every part stored (unchanged where none stored
+    a payload), and each compressed field's ``max_raw_size`` is the largest of any part.
+
+    Raises:
+        SchemaError: no part, or parts of different alignments.
+    """
+    if not parts:
+        raise SchemaError("a manifest needs the shards of at least one writer")
+    alignment = parts[0].alignment
+    if any(p.alignment != alignment for p in parts):
+        raise SchemaError("the parts of a dataset were written with different alignments",
+                          found=sorted({p.alignment for p in parts}))
+    typed = []
+    for f in fields:
+        seen = set()
+        if f.type in IMAGE_TYPES:
+            for p in parts:
+                seen.update(p.image_types.get(f.name, ()))
+        typed.append(replace(f, type=stored_image_type(seen)) if seen else f)
+    max_raw: dict[str, int] = {}
+    for p in parts:
+        for name, size in p.max_raw_size.items():
+            max_raw[name] = max(max_raw.get(name, 0), size)
+    return Manifest(fields=tuple(typed), shards=tuple(s for p in parts for s in p.shards),
+                    alignment=alignment, classes=classes, class_info=class_info,
+                    created_by=dict(created_by or {}), dictionaries=dict(dictionaries or {}),
+                    max_raw_size=max_raw)
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:

@@ -30,16 +30,16 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from formats.fields import IMAGE_TYPES, stored_image_type
+from formats.fields import IMAGE_TYPES
 from formats.shard import ownership
-from formats.shard.manifest import MANIFEST_NAME, Manifest, manifest_bytes, read_manifest
+from formats.shard.manifest import MANIFEST_NAME, build_manifest, manifest_bytes, read_manifest
 
 from ..errors import PackInterrupted
 from ..loop import pack_listing
 from ..options import PackOptions
 from ..report import PackProgress, PackSummary
 from ..sources.listing import Listing
-from .ranges import Output, RangeResult, combine, marker_name, part_name, prepare, split
+from .ranges import Output, RangeResult, marker_name, part_name, prepare, split
 
 __all__ = ["RangeJob", "drive", "pack_range"]
 
@@ -72,13 +72,14 @@ def pack_range(job: RangeJob, listing, start: int, progress: PackProgress) -> Ra
             if skip_file.exists() else []
         shards = []
         for k, entry in enumerate(manifest.shards):
-            name = part_name(start, k)
+            renamed = replace(entry, name=part_name(start, k))
             # Shard files never hold their own name, so a rename is all it takes;
             # the index goes last, as the local writer does.
-            for file, suffix in ((entry.data_file, ".rec"), (entry.meta_file, ".meta.parquet"),
-                                 (entry.index_file, ".idx")):
-                out.publish(scratch / file, name + suffix)
-            shards.append(replace(entry, name=name))
+            for old, new in ((entry.data_file, renamed.data_file),
+                             (entry.meta_file, renamed.meta_file),
+                             (entry.index_file, renamed.index_file)):
+                out.publish(scratch / old, new)
+            shards.append(renamed)
         out.sync()
         result = RangeResult(start, start + len(listing), job.plan, shards, skips,
                              dict(summary.skipped), summary.records_written, summary.bytes_in,
@@ -140,26 +141,15 @@ def drive(run_ranges, src: str, listing, dst_text: str, plan: str, made: dict,
 def _finish(output: Output, listing, summary: PackSummary, made: dict,
             results: list[RangeResult]) -> None:
     """``skipped.jsonl``, then the manifest (last), then drop the ranges' state."""
-    shards, skips, _ = combine(results)
+    results = sorted(results, key=lambda r: r.start)  # their shards and skips in order
+    skips = [line for r in results for line in r.skips]
     if skips:
         output.write_bytes(ownership.SKIPPED_NAME, "".join(skips).encode("utf-8"))
-    max_raw: dict[str, int] = {}
-    for r in results:
-        for k, v in r.max_raw_size.items():
-            max_raw[k] = max(max_raw.get(k, 0), v)
-    fields = []
-    for f in listing.fields:  # an image field is typed by what every range stored
-        if f.type in IMAGE_TYPES:
-            seen = {r.field_types.get(f.name, f.type) for r in results if r.records_written}
-            f = replace(f, type=stored_image_type(seen)) if seen else f
-        fields.append(f)
-    manifest = Manifest(fields=tuple(fields), shards=tuple(shards),
-                        alignment=results[0].alignment, classes=listing.classes,
-                        class_info=listing.class_info,
-                        created_by=made,
-                        max_raw_size=max_raw)
+    parts = [r.written(listing.fields) for r in results]
+    manifest = build_manifest(listing.fields, parts, classes=listing.classes,
+                              class_info=listing.class_info, created_by=made)
     output.write_bytes(MANIFEST_NAME, manifest_bytes(manifest))
     output.sync()
-    summary.image_type = next((f.type for f in fields if f.type in IMAGE_TYPES), None)
+    summary.image_type = next((f.type for f in manifest.fields if f.type in IMAGE_TYPES), None)
     summary.complete = True
     output.remove_state()

@@ -29,15 +29,15 @@ import json
 import os
 import re
 import shutil
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from formats import ShardEntry
 from formats.checksum import parse_crc
+from formats.fields import IMAGE_TYPES
 from formats.files import atomic_write_bytes, fsync_dir
-from formats.shard.manifest import MANIFEST_NAME
+from formats.shard.manifest import MANIFEST_NAME, Written
 from formats.shard.ownership import (
     JOURNAL_NAME,
     SKIPPED_NAME,
@@ -48,8 +48,8 @@ from formats.storage import Location, is_uri, open_location
 
 from ..errors import PackError
 
-__all__ = ["PART_FILE", "PLAN_NAME", "STATE_DIR", "Output", "RangeResult", "combine",
-           "marker_name", "part_name", "prepare", "split"]
+__all__ = ["PART_FILE", "PLAN_NAME", "STATE_DIR", "Output", "RangeResult", "marker_name",
+           "part_name", "prepare", "split"]
 
 #: The folder of a pack's range state in DST (``formats.shard.ownership`` counts it ours
 #: while its plan is there: :data:`packer.destination.WORK`).
@@ -147,6 +147,13 @@ class RangeResult:
             raise PackError("done-marker counts disagree with its range", path=where,
                             found=counted, expected=out.stop - out.start)
         return out
+
+    def written(self, fields) -> Written:
+        """What the range wrote, for :func:`formats.shard.manifest.build_manifest`
+        (``fields``: the pack's schema, as declared)."""
+        images = {f.name: {self.field_types.get(f.name, f.type)} for f in fields
+                  if f.type in IMAGE_TYPES} if self.records_written else {}
+        return Written(tuple(self.shards), self.alignment, self.max_raw_size, images)
 
     def files(self) -> dict[str, int]:
         """Every file its shards published, name -> size."""
@@ -303,14 +310,4 @@ def prepare(out: Output, plan: str, ranges: list[tuple[int, int]],
     out.clear(files, keep=keep)
     out.write_bytes(PLAN_NAME, json.dumps(expected, sort_keys=True).encode())
     return done
-
-
-def combine(results: list[RangeResult]) -> tuple[list[ShardEntry], list[str], Counter]:
-    """Shards, skip lines and skip counts of all ranges, in range order."""
-    shards, skips, skipped = [], [], Counter()
-    for r in sorted(results, key=lambda r: r.start):
-        shards += r.shards
-        skips += r.skips
-        skipped.update(r.skipped)
-    return shards, skips, skipped
 
