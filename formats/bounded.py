@@ -34,6 +34,7 @@ import zstandard
 
 from . import files
 from .errors import DecompressionError, FormatError, SchemaError, ShardpackError
+from .sniff import GZIP_MAGIC
 
 __all__ = [
     "DEFAULT_MAX_MEMBER",
@@ -61,8 +62,6 @@ DEFAULT_MAX_MEMBER = 1 << 30
 MAX_JSON_DEPTH = 128
 #: The most bytes one compressed file may expand to (64 GiB).
 DEFAULT_MAX_STREAM = 64 << 30
-
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class BoundedReader(io.RawIOBase):
@@ -277,7 +276,7 @@ def open_input(path: str | Path, *, compression: str | None = "auto",
     """
     f = open_regular(path)
     if compression == "auto":
-        compression = "gzip" if f.peek(2)[:2] == _GZIP_MAGIC else None
+        compression = "gzip" if f.peek(2)[:2] == GZIP_MAGIC else None
     if compression is None:
         return f
     if compression == "gzip":

@@ -2,7 +2,7 @@
 and reading an image's size from its header without decoding a pixel.
 
 This module holds the project's one table of magic bytes; the packer, the sinks and
-``inspect-shards`` all ask it. Header rules, per format (all integers unsigned):
+``inspect-shards`` all ask it (what names say is in :mod:`formats.media`). Header rules, per format (all integers unsigned):
 
 ====  ==========================================================================
 png   signature, then the IHDR chunk: length 13, width and height big-endian u32
@@ -27,14 +27,13 @@ from __future__ import annotations
 import struct
 import zlib
 
-__all__ = ["IMAGE_EXTENSION", "IMAGE_KINDS", "image_kind", "image_size", "image_type", "is_gray", "looks_complete",
+from .media import IMAGE_KINDS
+
+__all__ = ["GZIP_MAGIC", "image_kind", "image_size", "image_type", "is_gray", "looks_complete",
            "sniff"]
 
-#: The encoded image formats the project recognizes (what :func:`image_kind` returns).
-IMAGE_KINDS = frozenset({"jpeg", "png", "webp", "gif", "bmp", "tiff"})
-# The file extension (no dot) an image of each kind is written under.
-IMAGE_EXTENSION = {"jpeg": "jpg", "png": "png", "webp": "webp", "gif": "gif", "bmp": "bmp",
-                   "tiff": "tif"}
+#: The first bytes of a gzip stream (RFC 1952).
+GZIP_MAGIC = b"\x1f\x8b"
 
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -42,7 +41,7 @@ _MAGIC = (
     (b"GIF87a", "gif"), (b"GIF89a", "gif"),
     (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"),
     (b"\x93NUMPY", "npy"),
-    (b"\x1f\x8b", "gzip"),
+    (GZIP_MAGIC, "gzip"),
     (b"\x28\xb5\x2f\xfd", "zstd"),
     (b"PAR1", "parquet"),
 )

@@ -29,6 +29,7 @@ import numpy as np
 import simplejpeg
 
 from formats.errors import MissingObjectError, ObjectTooLargeError, StorageError
+from formats.media import JPEG_SUFFIXES
 from formats.sniff import image_kind, image_size, is_gray, looks_complete
 
 __all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Loaded", "WorkOptions", "ignore_sigint",
@@ -135,7 +136,6 @@ def os_error(path: str, exc: OSError) -> Loaded:
 # Pixels an image may claim before it is decoded; beyond, it is refused as
 # "unsupported" (a bound on memory: Pillow's own decompression-bomb error is at 179M).
 MAX_PIXELS = 1 << 28
-_JPEG_NAMES = (".jpg", ".jpeg", ".jpe", ".jfif")
 # The smallest GIF (1x1): whether this OpenCV decodes GIF at all (4.11 and later do).
 _TINY_GIF = bytes.fromhex("47494638396101000100800000ffffff00000021f904010000"
                           "00002c00000000010001000002024401003b")
@@ -285,7 +285,7 @@ def prepare(data: bytes, name: str, opts: WorkOptions) -> Loaded:
         if kind == "jpeg":
             return _prepare_jpeg(data, n, opts)
         if kind is None:
-            bad = "corrupt" if os.path.splitext(name)[1].lower() in _JPEG_NAMES else "not-an-image"
+            bad = "corrupt" if os.path.splitext(name)[1].lower() in JPEG_SUFFIXES else "not-an-image"
             raise _Bad(bad, "no known image signature")
         return _prepare_other(data, kind, n, opts)
     except _Bad as exc:

@@ -38,7 +38,8 @@ from pathlib import Path, PurePosixPath
 from ..base import Record
 from ..errors import SchemaError, UnsafePathError
 from ..fields import Field
-from ..sniff import IMAGE_EXTENSION, sniff
+from ..media import IMAGE_EXTENSION
+from ..sniff import sniff
 from .paths import CLASSES_FILE, write_classes_file
 
 __all__ = ["ImageFolderSink", "class_folders", "safe_name"]

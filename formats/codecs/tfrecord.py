@@ -48,7 +48,7 @@ from ..checksum import crc32c
 from ..errors import CorruptRecordError, DecompressionError, FormatError, SchemaError
 from ..fields import IMAGE_TYPES, Field, ImageKinds
 from ..files import atomic_write_bytes, writev_all
-from ..sniff import sniff
+from ..sniff import GZIP_MAGIC, sniff
 from .outputs import AtomicFile, prepare_output_dir
 from .paths import (
     CLASSES_FILE,
@@ -114,7 +114,7 @@ def tfrecord_compression(path: str | Path) -> str | None:
         head = f.read(12)
     if _is_frame_header(head):
         return None  # a first record of 376 bytes starts 78 01, one of 35615 1f 8b
-    if head[:2] == b"\x1f\x8b":
+    if head[:2] == GZIP_MAGIC:
         return "gzip"
     if len(head) >= 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0:
         return "zlib"

@@ -5,9 +5,9 @@ to the first dot of its last component (``a/b.seg.png`` -> key ``a/b``, extensio
 ``seg.png``), as ``webdataset`` groups them.
 
 Tars from elsewhere: extensions map to fields. A sample's one image member, whatever
-its extension (:data:`IMAGE_EXTS`: ``jpg``, ``png``, ``webp``, ``tif``...), is the
-``image`` field, so JPEGs and PNGs may mix; when the first sample holds several
-image members, each extension is a field of its own. ``cls`` -> ``label`` (int);
+its extension (:data:`formats.media.WEBDATASET_IMAGE_EXTENSIONS`: ``jpg``, ``png``,
+``webp``, ``tif``...), is the ``image`` field, so JPEGs and PNGs may mix; when the
+first sample holds several image members, each extension is a field of its own. ``cls`` -> ``label`` (int);
 ``json`` -> json; ``txt`` -> str; anything else -> bytes under the extension's name.
 The WebDataset key is the ``key`` field.
 
@@ -64,8 +64,9 @@ from ..bounded import (
 )
 from ..errors import FormatError, SchemaError, UnsafePathError
 from ..fields import Field, ImageKinds, json_payload
+from ..media import IMAGE_EXTENSION, WEBDATASET_IMAGE_EXTENSIONS
 from ..npy import read_npy_header
-from ..sniff import IMAGE_EXTENSION, sniff
+from ..sniff import GZIP_MAGIC, sniff
 from .outputs import AtomicFile, prepare_output_dir
 from .paths import (
     CLASSES_FILE,
@@ -78,12 +79,9 @@ from .paths import (
     write_schema_file,
 )
 
-__all__ = ["IMAGE_EXTS", "KEY_MEMBER", "WebDatasetSink", "WebDatasetSource", "split_key"]
+__all__ = ["KEY_MEMBER", "WebDatasetSink", "WebDatasetSource", "split_key"]
 
 SUFFIXES = (".tar", ".tar.gz", ".tgz")
-#: Extensions of encoded images (``img``: what our sink names a format it cannot tell).
-IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm",
-                        "pgm", "pbm", "pnm", "jp2", "j2k", "avif", "heic", "jxl", "img"})
 LABEL_EXTS = ("cls", "cls2", "class", "label", "index")
 #: The member holding a record's exact key in tars we write.
 KEY_MEMBER = "key.txt"
@@ -104,7 +102,7 @@ def split_key(name: str) -> tuple[str, str] | None:
 def _field_for(ext: str, data: bytes) -> Field:
     """The field a member of a tar from elsewhere becomes (see the module docstring)."""
     e = ext.lower()
-    if e in IMAGE_EXTS:
+    if e in WEBDATASET_IMAGE_EXTENSIONS:
         # Provisional when the first is a JPEG (writers type a field by what it holds).
         return Field("image", "jpeg" if sniff(data) == "jpeg" else "image")
     if e in LABEL_EXTS:
@@ -307,7 +305,7 @@ class WebDatasetSource:
         if first is None:
             raise FormatError("no samples in any tar", path=self.files[0])
         tar, key, members = first
-        images = [e for e, _ in members if e.lower() in IMAGE_EXTS]
+        images = [e for e, _ in members if e.lower() in WEBDATASET_IMAGE_EXTENSIONS]
         if len(images) == 1:
             self._image = "image"
         fields = [Field("key", "str")]
@@ -330,7 +328,7 @@ class WebDatasetSource:
             raise FormatError(f"cannot read tar ({exc.strerror})", path=path) from None
         try:
             stream = raw
-            if raw.peek(2)[:2] == b"\x1f\x8b":
+            if raw.peek(2)[:2] == GZIP_MAGIC:
                 import gzip
                 stream = io.BufferedReader(
                     BoundedReader(gzip.GzipFile(fileobj=raw, mode="rb"), self.max_bytes, path))
@@ -364,7 +362,7 @@ class WebDatasetSource:
         except (OSError, FormatError):
             raise _Unusual from None
         with raw:
-            if raw.peek(2)[:2] == b"\x1f\x8b":
+            if raw.peek(2)[:2] == GZIP_MAGIC:
                 raise _Unusual  # gzip: tarfile's stream
             read = raw.read
             while True:
@@ -458,7 +456,8 @@ class WebDatasetSource:
 
     def _field_of(self, ext: str) -> str | None:
         name = self._by_ext.get(ext)
-        if name is None and self._image is not None and ext.lower() in IMAGE_EXTS:
+        if name is None and self._image is not None \
+                and ext.lower() in WEBDATASET_IMAGE_EXTENSIONS:
             return self._image
         if name is None and self._ours and ext == KEY_MEMBER:
             return self._key
@@ -538,7 +537,7 @@ def _member_names(fields) -> dict[str, str]:
             names[f.name] = f.name
     taken = [e for e in names.values() if e != _ANY_IMAGE]
     if _ANY_IMAGE in names.values():
-        taken += sorted(IMAGE_EXTS)
+        taken += sorted(WEBDATASET_IMAGE_EXTENSIONS)
     for name, ext in names.items():
         if "/" in ext or "\x00" in ext or taken.count(ext) > 1 or (
                 ext == KEY_MEMBER and name != "key"):

@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 
 from ..audio_header import audio_info
 from ..fields import BYTES_TYPES, IMAGE_TYPES, Field
-from ..sniff import IMAGE_EXTENSION, IMAGE_KINDS, image_size, sniff
+from ..media import AUDIO_EXTENSIONS, IMAGE_EXTENSION, IMAGE_KINDS
+from ..sniff import image_size, sniff
 from .dataset import ShardDataset, check_dataset_path, read_metadata
 from .field_lengths import distribution, field_lengths, length_fields, ragged_fields
 from .layout import MAJOR
@@ -222,9 +223,8 @@ def default_field(ds: ShardDataset) -> str:
 
 
 # Extensions a field's name may itself be (WebDataset names fields by extension).
-_NAMED_EXTENSIONS = frozenset({"wav", "flac", "mp3", "ogg", "opus", "m4a", "npy", "txt",
-                               "json", "bin", "cls", "jpg", "jpeg", "png", "webp", "gif",
-                               "bmp", "tif", "tiff", "mp4"})
+_NAMED_EXTENSIONS = AUDIO_EXTENSIONS | {"npy", "txt", "json", "bin", "cls", "jpg", "jpeg",
+                                        "png", "webp", "gif", "bmp", "tif", "tiff", "mp4"}
 _SNIFFED_EXTENSION = {**IMAGE_EXTENSION, "npy": "npy", "gzip": "gz", "zstd": "zst",
                       "parquet": "parquet", "json": "json", "text": "txt",
                       "wav": "wav", "flac": "flac", "mp3": "mp3"}

@@ -54,12 +54,12 @@ from formats.bounded import parse_json
 from formats.codecs.webdataset import split_key
 from formats.errors import FormatError
 from formats.fields import Field, json_payload
+from formats.media import AUDIO_EXTENSIONS, IMAGE_SUFFIXES, JPEG_SUFFIXES
 from formats.npy import read_npy_header
 
-__all__ = ["AUDIO_EXTENSIONS", "MAX_FILE_BYTES", "FileProblem", "file_value", "group_files",
+__all__ = ["MAX_FILE_BYTES", "FileProblem", "file_value", "group_files",
            "npy_header", "type_fields"]
 
-AUDIO_EXTENSIONS = frozenset({"wav", "flac", "mp3", "ogg", "opus", "m4a"})
 #: The largest file read as one value (what the packer reads from object storage too).
 MAX_FILE_BYTES = 1 << 30
 _TEXT_PROBE = 1 << 20  # how much of the first file of an unknown extension is looked at
@@ -128,8 +128,8 @@ def _is_text(data: bytes) -> bool:
     return True
 
 
-def type_fields(members: list[list[tuple[str, str]]], problems: dict[int, tuple[str, str]],
-                image_exts: frozenset[str], jpeg_exts: frozenset[str]) -> list[Field]:
+def type_fields(members: list[list[tuple[str, str]]], problems: dict[int, tuple[str, str]]
+                ) -> list[Field]:
     """The fields of grouped records (the module docstring's rules); records whose files
     do not fit them get a problem in ``problems``."""
     sets = Counter(tuple(sorted(f for f, _ in m)) for i, m in enumerate(members)
@@ -147,15 +147,15 @@ def type_fields(members: list[list[tuple[str, str]]], problems: dict[int, tuple[
     for name in layout:
         paths = [(i, p) for i, m in enumerate(members) if i not in problems
                  for f, p in m if f == name]
-        fields.append(_field(name, paths, problems, image_exts, jpeg_exts))
+        fields.append(_field(name, paths, problems))
     return fields
 
 
-def _field(name: str, paths: list[tuple[int, str]], problems: dict[int, tuple[str, str]],
-           image_exts: frozenset[str], jpeg_exts: frozenset[str]) -> Field:
+def _field(name: str, paths: list[tuple[int, str]], problems: dict[int, tuple[str, str]]
+           ) -> Field:
     ext = name.rsplit(".", 1)[-1]  # a.seg.png: field "seg.png", typed as a png
-    if f".{ext}" in image_exts:
-        jpeg = all(os.path.splitext(p)[1].lower() in jpeg_exts for _, p in paths)
+    if f".{ext}" in IMAGE_SUFFIXES:
+        jpeg = all(os.path.splitext(p)[1].lower() in JPEG_SUFFIXES for _, p in paths)
         return Field(name, "jpeg" if jpeg else "image")
     if ext == "txt":
         return Field(name, "str")

@@ -30,8 +30,9 @@ from formats.codecs.imagefolder import class_folders
 from formats.codecs.paths import CLASSES_FILE, read_classes_file
 from formats.errors import FormatError, InputError, InputUsageError
 from formats.fields import Field
+from formats.media import IMAGE_SUFFIXES
 
-from .listing import JPEG_EXTENSIONS, OTHER_IMAGE_EXTENSIONS, Listing, finish, hidden, utf8
+from .listing import Listing, finish, hidden, utf8
 
 __all__ = ["FOLDER_SOURCES", "detect_folder", "detect_remote", "list_folder", "list_remote"]
 
@@ -41,7 +42,7 @@ _CLASSES_LIMIT = 64 << 20  # an image folder's classes.json there (as formats.co
 
 
 def _is_image_name(name: str) -> bool:
-    return os.path.splitext(name)[1].lower() in JPEG_EXTENSIONS | OTHER_IMAGE_EXTENSIONS
+    return os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
 
 
 def detect_folder(src: Path) -> str:

@@ -28,14 +28,11 @@ from typing import Any
 from formats.codecs.webdataset import split_key
 from formats.errors import InputError, InputUsageError
 from formats.fields import Field
+from formats.media import IMAGE_SUFFIXES, OTHER_IMAGE_SUFFIXES
 
 from .anyfiles import group_files, type_fields
 
-__all__ = ["JPEG_EXTENSIONS", "OTHER_IMAGE_EXTENSIONS", "Listing", "finish", "hidden",
-           "image_field", "utf8"]
-
-JPEG_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif"})
-OTHER_IMAGE_EXTENSIONS = frozenset({".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+__all__ = ["Listing", "finish", "hidden", "image_field", "utf8"]
 
 
 @dataclass
@@ -131,7 +128,7 @@ def image_field(paths: list[str], to_jpeg: bool) -> Field:
     """The provisional ``image`` field of a listing (see the module docstring)."""
     if to_jpeg:
         return Field("image", "jpeg")
-    others = any(os.path.splitext(p)[1].lower() in OTHER_IMAGE_EXTENSIONS for p in paths)
+    others = any(os.path.splitext(p)[1].lower() in OTHER_IMAGE_SUFFIXES for p in paths)
     return Field("image", "image" if others else "jpeg")
 
 
@@ -143,7 +140,6 @@ def _any_files(found, kind: str) -> bool:
     were: a stray file is an input that is not an image."""
     if kind not in ("files", "filelist"):
         return False
-    images = JPEG_EXTENSIONS | OTHER_IMAGE_EXTENSIONS
     image_keys, other_keys = set(), set()
     for _, k, _ in found:
         ext = os.path.splitext(k)[1].lower()
@@ -151,7 +147,7 @@ def _any_files(found, kind: str) -> bool:
             continue
         split = split_key(k.rsplit("/", 1)[-1])
         stem = k[: len(k) - len(split[1]) - 1] if split else k
-        (image_keys if ext in images else other_keys).add(stem)
+        (image_keys if ext in IMAGE_SUFFIXES else other_keys).add(stem)
     return bool(other_keys) and (not image_keys or bool(image_keys & other_keys))
 
 
@@ -174,8 +170,7 @@ def _finish_any(kind: str, root: Path, found, columns: dict[str, list],
             if 0 in bad:
                 problems[i] = bad[0]
         paths = [p for p, _, _ in found]
-    images = JPEG_EXTENSIONS | OTHER_IMAGE_EXTENSIONS
-    fields = type_fields(members, problems, images, JPEG_EXTENSIONS)
+    fields = type_fields(members, problems)
     clash = sorted({f.name for f in fields} & ({"key"} | set(columns)))
     if clash:
         raise InputError(f"file extensions {clash} name fields that a column or the key "
