@@ -1,7 +1,8 @@
 """The reader's own errors: the loader's failures, and images that do not decode.
 
-A :class:`DecodeError` is a :class:`formats.ShardpackError` and a ``ValueError``; a
-:class:`LoaderError` is a ``RuntimeError``. Bad data in a dataset raises the
+Each is a :class:`formats.ShardpackError` (the one root of shardpack's errors) that
+keeps the standard base code catches: a :class:`LoaderError` is a ``RuntimeError``,
+a :class:`DecodeError` a ``ValueError``. Bad data in a dataset raises the
 ``formats`` errors.
 
 A data error found in a worker (a corrupt JPEG, a damaged record) is re-raised in
@@ -22,8 +23,14 @@ class DecodeError(ShardpackError, ValueError):
     """Encoded bytes that cannot be decoded; the loader adds shard and record."""
 
 
-class LoaderError(RuntimeError):
+class LoaderError(ShardpackError, RuntimeError):
     """Base class for loader failures that are not bad data."""
+
+    def __reduce__(self):
+        # Rebuilt from the message, then its attributes (a WorkerError's worker, pid, ...),
+        # as a RuntimeError pickles: the root's reduce passes location keywords that
+        # WorkerError does not take.
+        return (type(self), (self.message,), self.__dict__)
 
 
 class WorkerError(LoaderError):

@@ -332,13 +332,25 @@ def test_every_module_path_the_readme_teaches_is_importable():
 
 # -- errors: under the one root, keeping the standard bases ------------------------------
 
-def test_the_decode_error_and_the_monitor_record_error_are_shardpack_value_errors():
+def test_every_error_the_reader_defines_is_a_shardpack_error_keeping_its_standard_base():
     from reader.monitor.report import MonitorRecordError
 
-    for cls in (reader.DecodeError, MonitorRecordError):
-        assert issubclass(cls, ShardpackError) and issubclass(cls, ValueError), cls
-    assert issubclass(reader.WorkerError, reader.LoaderError) and \
-        issubclass(reader.LoaderError, RuntimeError)
+    found = {}
+    for path in sorted((README.parent / "reader").rglob("*.py")):
+        parts = list(path.relative_to(README.parent).with_suffix("").parts)
+        module = importlib.import_module(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        for name, obj in vars(module).items():
+            if isinstance(obj, type) and issubclass(obj, BaseException) \
+                    and obj.__module__ == module.__name__:
+                found[name] = obj
+    assert {"LoaderError", "WorkerError", "DecodeError", "MonitorRecordError"} <= set(found)
+    assert all(issubclass(cls, ShardpackError) for cls in found.values()), found
+    bases = {reader.LoaderError: RuntimeError, reader.WorkerError: RuntimeError,
+             reader.WorkerDiedError: RuntimeError, reader.LoaderTimeoutError: RuntimeError,
+             reader.DecodeError: ValueError, MonitorRecordError: ValueError}
+    for cls, base in bases.items():
+        assert issubclass(cls, base), f"{cls.__name__} is no longer a {base.__name__}"
+    assert not issubclass(reader.LoaderError, ValueError)  # a loader failure is not bad data
 
 
 def test_a_worker_error_renders_and_pickles_as_before():
