@@ -26,10 +26,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from formats.codecs.registry import MARKERS, kind_by_name
 from formats.errors import InputUsageError, ManifestError, StorageError
 from formats.files import try_lock
 from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest, read_manifest
-from formats.shard.ownership import dataset_files
+from formats.shard.ownership import SKIPPED_NAME, dataset_files
 from formats.storage import (
     Location,
     default_cache_folder,
@@ -50,9 +51,6 @@ __all__ = ["hold_remote_dst", "open_remote_source", "pack_to_remote", "staging_f
 
 log = logging.getLogger("shardpack.packer")
 
-_CONTAINERS = ((".tar", "webdataset"), (".tar.gz", "webdataset"), (".tgz", "webdataset"),
-               (".parquet", "parquet"), (".tfrecord", "tfrecord"), (".tfrecords", "tfrecord"),
-               (".tfrec", "tfrecord"))
 _REPLACING = ".replacing"  # in the staging folder: a publish that replaces a dataset began
 
 
@@ -114,13 +112,14 @@ def open_remote_source(src: str, options: PackOptions, *, copy: bool = True
 
 
 def _container_kind(names: list[str]) -> str | None:
-    """The container format of a folder's top-level objects, by name (None: images)."""
+    """The container format of a folder's top-level objects, by name, as a local folder's
+    (``formats.codecs.registry``; None: images)."""
     top = [n for n in names if "/" not in n and not n.startswith(".")]
-    if "manifest.json" in top:
-        return "shards"
-    if "index.json" in top:
-        return "mds"
-    kinds = {k for n in top for suffix, k in _CONTAINERS if n.lower().endswith(suffix)}
+    for marker, kind in MARKERS.items():
+        if marker in top:
+            return kind
+    kinds = {kind_by_name(n) for n in top}
+    kinds.discard(None)
     return kinds.pop() if len(kinds) == 1 else None
 
 
@@ -234,7 +233,7 @@ def _staged_summary(src, dst: str, stage: Path, options: PackOptions) -> PackSum
                         "used other options; pack again without --resume", path=stage,
                         found=made.get("source", {}).get("path"), expected=shown)
     skipped: Counter = Counter()
-    skip_file = stage / "skipped.jsonl"
+    skip_file = stage / SKIPPED_NAME
     if skip_file.exists():
         for line in skip_file.read_text("utf-8").splitlines():
             skipped[json.loads(line)["kind"]] += 1

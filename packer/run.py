@@ -23,6 +23,7 @@ from formats import DatasetWriter, open_shards
 from formats.base import Record
 from formats.errors import InputUsageError
 from formats.fields import IMAGE_TYPES
+from formats.shard.manifest import MANIFEST_NAME
 from formats.storage import display_uri, is_uri, local_path
 
 from .destination import claimed
@@ -249,7 +250,7 @@ def _shuffled(source, root: Path | None, kind: str, dst: Path, options: PackOpti
     # the output; a resume reuses it when it is complete and of this plan (an
     # interrupted first pass is done again).
     scratch = dst / SHUFFLE_PASS
-    done = (scratch / "manifest.json").exists() and \
+    done = (scratch / MANIFEST_NAME).exists() and \
         open_shards(scratch).manifest.created_by.get("plan") == plan
     if not done:
         shutil.rmtree(scratch, ignore_errors=True)

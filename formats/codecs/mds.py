@@ -42,7 +42,10 @@ from ..errors import FormatError, SchemaError
 from ..fields import Field
 from ..files import safe_child
 
-__all__ = ["MDS_TYPES", "MDSSource"]
+__all__ = ["INDEX_NAME", "MDS_TYPES", "MDSSource"]
+
+#: The file that makes a folder an MDS dataset.
+INDEX_NAME = "index.json"
 
 _SCALARS = {f"{k}{n}": np.dtype(f"<{k[0]}{n // 8}") for k in ("int", "uint") for n in (8, 16, 32, 64)}
 _SCALARS.update({"float16": np.dtype("<f2"), "float32": np.dtype("<f4"), "float64": np.dtype("<f8"),
@@ -136,14 +139,14 @@ def _check_shard(path: Path, i: int, s: object) -> _Shard:
 
 
 def _load_index(root: Path) -> list[_Shard]:
-    path = root / "index.json"
+    path = root / INDEX_NAME
     try:
-        data = read_small_file(path, _MAX_INDEX, "index.json")
+        data = read_small_file(path, _MAX_INDEX, INDEX_NAME)
     except FileNotFoundError:
         raise FormatError("no index.json: not an MDS dataset", path=path) from None
     except OSError as exc:
         raise FormatError(f"unreadable index.json ({exc.strerror})", path=path) from None
-    obj = parse_json(data, path=path, what="index.json", error=FormatError, max_bytes=_MAX_INDEX)
+    obj = parse_json(data, path=path, what=INDEX_NAME, error=FormatError, max_bytes=_MAX_INDEX)
     if not isinstance(obj, dict) or obj.get("version") != 2 or not isinstance(obj.get("shards"), list):
         raise FormatError("index.json is not an MDS version 2 index", path=path,
                           found=_short(obj.get("version")) if isinstance(obj, dict)
@@ -212,12 +215,12 @@ class MDSSource:
     def __init__(self, path: str | Path, *, max_shard_bytes: int = DEFAULT_MAX_MEMBER,
                  max_sample_bytes: int = DEFAULT_MAX_VALUE) -> None:
         p = Path(path)
-        self.root = p.parent if p.name == "index.json" else p
+        self.root = p.parent if p.name == INDEX_NAME else p
         self.max_shard_bytes = max_shard_bytes
         self.max_sample_bytes = max_sample_bytes
         self.shards = _load_index(self.root)
         self.classes = None
-        index = self.root / "index.json"
+        index = self.root / INDEX_NAME
         if not self.shards:
             raise FormatError("index.json lists no shards", path=index)
         first = self.shards[0]
@@ -256,7 +259,7 @@ class MDSSource:
         raw_size = s.raw[1]
         if raw_size > self.max_shard_bytes:
             raise FormatError(f"shards[{i}].raw_data.bytes is larger than the limit",
-                              path=self.root / "index.json", found=raw_size,
+                              path=self.root / INDEX_NAME, found=raw_size,
                               expected=f"<= {self.max_shard_bytes}")
         path = safe_child(self.root, (s.zipped or s.raw)[0], what="MDS shard name")
         try:

@@ -61,7 +61,10 @@ from ..sniff import sniff
 from .outputs import prepare_output_dir
 from .paths import expand_inputs
 
-__all__ = ["ParquetSink", "ParquetSource"]
+__all__ = ["SUFFIXES", "ParquetSink", "ParquetSource"]
+
+#: The file names this codec reads in a folder (and tells a Parquet file by).
+SUFFIXES = (".parquet",)
 
 IMAGE_NAMES = ("image", "img", "jpg", "jpeg", "png", "picture")
 LABEL_NAMES = ("label", "labels", "class", "cls", "target")
@@ -230,7 +233,7 @@ class ParquetSource:
                  max_value_bytes: int = DEFAULT_MAX_VALUE,
                  image_root: str | Path | None = None) -> None:
         refuse_special_file(path)
-        self.files = expand_inputs(path, (".parquet",))
+        self.files = expand_inputs(path, SUFFIXES)
         self.batch_size = batch_size
         self.max_value_bytes = max_value_bytes
         self.image_root = None if image_root is None else Path(image_root)

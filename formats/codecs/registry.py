@@ -1,7 +1,10 @@
 """Codecs by name: what ``pack-dataset --from X --to Y`` resolves through.
 
 Conversion is "a source of one format, a sink of another" (:func:`convert`).
-Each codec module is imported only when its name is used.
+Each codec module is imported only when its name is used, or its file names are
+asked (:func:`kind_by_name`): each codec declares its own (``SUFFIXES``, a marker
+file), and this module collects them into the one table that tells a format by a
+file's name.
 
 Which sink holds which field types. A sink refuses at open, with a SchemaError
 naming the field and the sink, a field it cannot hold; it never degrades a value.
@@ -44,11 +47,14 @@ from ..base import Record, Sink, Source
 from ..bounded import open_input
 from ..errors import ShardpackError
 from ..fields import Field
+from ..shard.manifest import MANIFEST_NAME
 from ..shard.ownership import LEDGER_NAME, output_entries, survey, write_ledger
+from ..sniff import sniff
+from .mds import INDEX_NAME
 from .paths import expand_braces
 
-__all__ = ["SINKS", "SOURCES", "UnknownFormatError", "convert", "detect", "open_sink",
-           "open_source"]
+__all__ = ["MARKERS", "SINKS", "SOURCES", "UnknownFormatError", "convert", "detect",
+           "kind_by_name", "open_sink", "open_source"]
 
 _SOURCES = {
     "tfrecord": ("formats.codecs.tfrecord", "TFRecordSource"),
@@ -66,6 +72,12 @@ _SINKS = {
 }
 SOURCES: tuple[str, ...] = tuple(_SOURCES)
 SINKS: tuple[str, ...] = tuple(_SINKS)
+#: A folder holding one of these files is a dataset of that format (asked first).
+MARKERS = {MANIFEST_NAME: "shards", INDEX_NAME: "mds"}
+# The container formats a file's name tells, in the order asked, by their modules'
+# SUFFIXES: at the end of the name, or (True) anywhere in it, as TensorFlow names its
+# shards ``train.tfrecord-00000-of-00010``.
+_NAMED = (("webdataset", False), ("parquet", False), ("tfrecord", True))
 
 #: Options a caller (the packer) may hand every codec; those a codec has no use for
 #: are dropped (an ImageFolder has no shard size), any other unknown option is an error.
@@ -130,24 +142,29 @@ def open_sink(name: str, path: str | Path, fields: tuple[Field, ...], classes=No
                  _merge(options, kwargs), f"sink {name!r}")
 
 
+def kind_by_name(name: str) -> str | None:
+    """The format a file's name says (case aside): a dataset's marker file
+    (:data:`MARKERS`) or a container's suffix; None when the name says nothing."""
+    n = name.lower()
+    if n in MARKERS:
+        return MARKERS[n]
+    for kind, anywhere in _NAMED:
+        suffixes = importlib.import_module(_SOURCES[kind][0]).SUFFIXES
+        if any(s in n for s in suffixes) if anywhere else n.endswith(suffixes):
+            return kind
+    return None
+
+
 def _kind_of_file(p: Path) -> str | None:
-    n = p.name.lower()
-    if n == "manifest.json":
-        return "shards"
-    if n == "index.json":
-        return "mds"
-    if n.endswith((".tar", ".tar.gz", ".tgz")):
-        return "webdataset"
-    if n.endswith(".parquet"):
-        return "parquet"
-    if ".tfrecord" in n or ".tfrec" in n:
-        return "tfrecord"
+    kind = kind_by_name(p.name)
+    if kind is not None:
+        return kind
     try:
         with open_input(p, compression=None) as f:
             head = f.read(4)
     except (OSError, ValueError):  # a FormatError (not a regular file) is a ValueError
         return None
-    if head == b"PAR1":
+    if sniff(head) == "parquet":
         return "parquet"
     from .tfrecord import looks_like_tfrecord
     if looks_like_tfrecord(p):
@@ -175,10 +192,9 @@ def detect(path: str | Path) -> str | None:
     """
     p = Path(path)
     if p.is_dir():
-        if (p / "manifest.json").is_file():
-            return "shards"
-        if (p / "index.json").is_file():
-            return "mds"
+        for marker, kind in MARKERS.items():
+            if (p / marker).is_file():
+                return kind
         # The first 64 names, without sorting (or holding) a listing of millions.
         kinds = {_kind_of_file(q) for q in heapq.nsmallest(64, p.iterdir()) if q.is_file()
                  and q.suffix.lower() not in (".idx", ".json", ".txt", ".md")}
