@@ -12,7 +12,7 @@ field's region holds a batch of its largest samples, bounded from the dataset
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -189,6 +189,12 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
                budget: tuple[str, int, bool] | None = None) -> tuple[BatchPlan, dict]:
     """Decide each field's path (see the module docstring).
 
+    The steps, in order, each filling in a :class:`_Draft`: the image and the
+    annotations that follow it (:func:`_choose_image`), the image's and the masks'
+    regions (:func:`_image_regions`), the user decoders (:func:`_check_decoders`),
+    every other field (:func:`_place_field`), the sample path (:func:`_sample_spec`),
+    and the slot layout (:func:`_layout`).
+
     Args:
         ds: the dataset.
         opts: the loader's :class:`reader.options.DecodeOptions`.
@@ -210,160 +216,222 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
     if unknown:
         raise ValueError(f"collate names {unknown[0]!r}, which is not among the fields read "
                          f"({', '.join(names)})")
-    found: dict[str, np.ndarray] = {}
+    d = _Draft(ds, opts, batch_size, raw, types, names, collate, dict(opts.decoders or {}))
+    if not raw:
+        _choose_image(d)
+    if d.image is not None:
+        _image_regions(d)
+    _check_decoders(d)
+    for n in names:
+        if n != d.image and n not in d.masks:
+            _place_field(d, n, budget)
+    return _layout(d, _sample_spec(d)), types
 
-    def rows(name: str) -> np.ndarray:  # an uncompressed field's rows per record, by the index
-        if name not in found:
-            found[name] = field_sizes(ds, name)
-        return found[name]
 
-    image = pipeline = None
-    boxes = keypoints = None
+@dataclass
+class _Draft:
+    """What :func:`plan_batch` has decided so far, filled in by its steps in order."""
+
+    ds: Any
+    opts: Any
+    b: int  # the batch size the regions hold
+    raw: bool
+    types: dict
+    names: tuple[str, ...]
+    collate: dict
+    decoders: dict
+    image: str | None = None
+    pipeline: Any = None
+    boxes: str | None = None
+    keypoints: str | None = None
     per_box: tuple[str, ...] = ()
     masks: tuple[str, ...] = ()
-    if not raw:
-        image = opts.image_field
-        if image is None:
-            image = next((n for n in names if types[n].type in IMAGE_TYPES and not _is_mask(n)),
-                         None)
-        if image is not None and types[image].type not in IMAGE_TYPES:
-            raise ValueError(f"field {image!r} is {types[image].type}, not an image")
-        boxes, keypoints, per_box, masks = _annotations(opts.annotations, ds, types, names,
-                                                        image, rows)
-        if image is not None:
-            pipeline = make_pipeline(opts.transform)
-            pairs = getattr(getattr(pipeline, "pipeline", None), "keypoint_pairs", ())
-            if pairs and keypoints is not None:
-                k = types[keypoints].shape[1]
-                bad = [p for p in pairs if not (0 <= p[0] < k and 0 <= p[1] < k)]
-                if bad:
-                    raise ValueError(f"RandomHorizontalFlip(keypoint_pairs=...) names keypoint "
-                                     f"{bad[0]}; {keypoints!r} holds {k} per instance")
-        elif opts.transform is not None:
+    image_var: VarField | None = None
+    specs: list = field(default_factory=list)  # (name, dtype, shape) of the slot's arrays
+    var_fields: list = field(default_factory=list)
+    mask_vars: list = field(default_factory=list)
+    slot_fields: list = field(default_factory=list)
+    main: list = field(default_factory=list)
+    arrays: list = field(default_factory=list)
+    found: dict = field(default_factory=dict)
+
+    def rows(self, name: str) -> np.ndarray:
+        """An uncompressed field's rows per record, from the index (read once)."""
+        if name not in self.found:
+            self.found[name] = field_sizes(self.ds, name)
+        return self.found[name]
+
+    @property
+    def core(self):
+        """The ImagePipeline (None: no image, or a custom pipeline object)."""
+        return getattr(self.pipeline, "pipeline", None)
+
+    @property
+    def fixed_image(self) -> bool:
+        return self.pipeline is not None and self.pipeline.output_shape is not None
+
+
+def _choose_image(d: _Draft) -> None:
+    """The image field, the annotations that follow its geometry, and its pipeline."""
+    types, names, opts = d.types, d.names, d.opts
+    image = opts.image_field
+    if image is None:
+        image = next((n for n in names if types[n].type in IMAGE_TYPES and not _is_mask(n)),
+                     None)
+    if image is not None and types[image].type not in IMAGE_TYPES:
+        raise ValueError(f"field {image!r} is {types[image].type}, not an image")
+    d.image = image
+    d.boxes, d.keypoints, d.per_box, d.masks = _annotations(opts.annotations, d.ds, types,
+                                                            names, image, d.rows)
+    if image is None:
+        if opts.transform is not None:
             raise ValueError("transform would have no effect: none of the fields read is an "
                              "image (fields=..., image_field=...)")
-    b = batch_size
-    specs: list = []
-    var_fields: list[VarField] = []
-    image_var = None
-    mask_vars: list = []
-    core = getattr(pipeline, "pipeline", None)  # the ImagePipeline (None: a custom pipeline)
-    fixed_image = pipeline is not None and pipeline.output_shape is not None
-    if image is not None:
-        if not fixed_image and core is None:
-            raise ValueError("a custom pipeline object needs a fixed output_shape")
-        if fixed_image:
-            if image in collate:
-                raise ValueError(f"collate[{image!r}]: this pipeline's images all have the shape "
-                                 f"{pipeline.output_shape}; only varying-size fields are "
-                                 "padded or ragged")
-            dtype = core.dtype if core is not None else np.uint8
-            specs.append((image, dtype, (b, *pipeline.output_shape)))
+        return
+    d.pipeline = make_pipeline(opts.transform)
+    pairs = getattr(d.core, "keypoint_pairs", ())
+    if pairs and d.keypoints is not None:
+        k = types[d.keypoints].shape[1]
+        bad = [p for p in pairs if not (0 <= p[0] < k and 0 <= p[1] < k)]
+        if bad:
+            raise ValueError(f"RandomHorizontalFlip(keypoint_pairs=...) names keypoint "
+                             f"{bad[0]}; {d.keypoints!r} holds {k} per instance")
+
+
+def _image_regions(d: _Draft) -> None:
+    """The image's region (fixed, or padded/ragged bounded from the dataset's sizes)
+    and the masks', which follow it."""
+    image, pipeline, core, collate, b = d.image, d.pipeline, d.core, d.collate, d.b
+    if not d.fixed_image and core is None:
+        raise ValueError("a custom pipeline object needs a fixed output_shape")
+    if d.fixed_image:
+        if image in collate:
+            raise ValueError(f"collate[{image!r}]: this pipeline's images all have the shape "
+                             f"{pipeline.output_shape}; only varying-size fields are "
+                             "padded or ragged")
+        dtype = core.dtype if core is not None else np.uint8
+        d.specs.append((image, dtype, (b, *pipeline.output_shape)))
+    else:
+        bound = core.max_output(*_image_sizes(d.ds, image))
+        # Rounding in one resize changes the aspect ratio the next one sees, by a
+        # pixel or two: a margin per resizing spec after the first keeps the bound.
+        resizes = sum(isinstance(t, (Resize, ResizeShortestEdge)) for t in core.geometric)
+        bound = tuple(x + 2 * max(resizes - 1, 0) for x in bound)
+        d.image_var = _var(image, collate.get(image, "padded"), core.dtype, 2, (3,), bound, b,
+                           bool(core.normalize and core.normalize.channels_first))
+        d.var_fields.append(d.image_var)
+    for m in d.masks:
+        if d.fixed_image:
+            if m in collate:
+                raise ValueError(f"collate[{m!r}]: this pipeline's masks all have the size "
+                                 f"{pipeline.output_shape[:2]}; only varying-size fields "
+                                 "are padded or ragged")
+            size = core.resample_shape[:2] if core is not None else pipeline.output_shape[:2]
+            d.specs.append((m, np.uint8, (b, *size)))
+            d.mask_vars.append((m, None))
         else:
-            bound = core.max_output(*_image_sizes(ds, image))
-            # Rounding in one resize changes the aspect ratio the next one sees, by a
-            # pixel or two: a margin per resizing spec after the first keeps the bound.
-            resizes = sum(isinstance(t, (Resize, ResizeShortestEdge)) for t in core.geometric)
-            bound = tuple(d + 2 * max(resizes - 1, 0) for d in bound)
-            image_var = _var(image, collate.get(image, "padded"), core.dtype, 2, (3,), bound, b,
-                             bool(core.normalize and core.normalize.channels_first))
-            var_fields.append(image_var)
-        for m in masks:
-            if fixed_image:
-                if m in collate:
-                    raise ValueError(f"collate[{m!r}]: this pipeline's masks all have the size "
-                                     f"{pipeline.output_shape[:2]}; only varying-size fields "
-                                     "are padded or ragged")
-                size = core.resample_shape[:2] if core is not None else pipeline.output_shape[:2]
-                specs.append((m, np.uint8, (b, *size)))
-                mask_vars.append((m, None))
-            else:
-                like_image = (image_var.mode if image_var.mode == "ragged" else
-                              Padded(image_var.to, 1 if image_var.to else image_var.multiple))
-                v = _var(m, collate.get(m, like_image), np.uint8, 2, (), image_var.bound, b)
-                var_fields.append(v)
-                mask_vars.append((m, v))
-    decoders = dict(opts.decoders or {})
-    for n in decoders:
-        if n not in names:
+            iv = d.image_var
+            like_image = (iv.mode if iv.mode == "ragged" else
+                          Padded(iv.to, 1 if iv.to else iv.multiple))
+            v = _var(m, collate.get(m, like_image), np.uint8, 2, (), iv.bound, b)
+            d.var_fields.append(v)
+            d.mask_vars.append((m, v))
+
+
+def _check_decoders(d: _Draft) -> None:
+    """Each user decoder names a bytes field read, stored uncompressed, not an image."""
+    types = d.types
+    for n in d.decoders:
+        if n not in d.names:
             raise ValueError(f"decoders names {n!r}, which is not among the fields read "
-                             f"({', '.join(names)})")
-        if types[n].type not in BYTES_TYPES or n == image or n in masks:
+                             f"({', '.join(d.names)})")
+        if types[n].type not in BYTES_TYPES or n == d.image or n in d.masks:
             raise ValueError(f"decoders[{n!r}]: a FieldDecoder takes a bytes field's stored "
                              f"bytes; {n!r} is {types[n].type}"
-                             + (" and decoded as an image already" if n in (image, *masks)
+                             + (" and decoded as an image already" if n in (d.image, *d.masks)
                                 else ""))
         if types[n].compression != "none":
             raise ValueError(f"decoders[{n!r}]: the field is stored {types[n].compression}-"
                              "compressed; a FieldDecoder reads stored bytes in place")
-    slot_fields, main, arrays = [], [], []
-    for n in names:
-        f = types[n]
-        if n == image or n in masks:
-            continue
-        if raw:
-            main.append(n)
-        elif n in decoders:
-            dec = decoders[n]
-            v = _var(n, collate.get(n, "ragged"), dec.dtype, 1, dec.inner, (dec.max_rows,), b)
-            arrays.append(v)
-            var_fields.append(v)
-        elif f.type in ("int", "float") or (f.type == "ndarray" and f.fixed_shape):
-            if n in collate:
-                raise ValueError(f"collate[{n!r}]: {n!r} has a fixed shape; only varying-size "
-                                 "fields are padded or ragged")
-            slot_fields.append((n, f.type))
-        elif _var_rows(f):
-            dtype = f.dtype
-            limit = None
-            mode = collate.get(n, "ragged")
-            if budget is not None and budget[0] == n and (
-                    mode == "ragged" or (mode == "padded" and budget[2])):
-                limit = budget[1]  # the batch's rows (padded or summed) stay within it
-            if n in (boxes, keypoints) and image is not None and np.dtype(dtype).kind in "iub":
-                dtype = np.float32  # moved coordinates are fractional: never truncated
-            v = _var(n, mode, dtype, 1, f.shape[1:], (_max_rows(ds, f, rows),), b, limit=limit)
-            arrays.append(v)
-            var_fields.append(v)
-        else:
-            if n in collate:
-                raise ValueError(f"collate[{n!r}]: {f.type} fields come as lists of values; "
-                                 "padded or ragged applies to images and arrays whose first "
-                                 "dimension varies")
-            main.append(n)
-    sample = None
+
+
+def _place_field(d: _Draft, n: str, budget: tuple[str, int, bool] | None) -> None:
+    """Field ``n`` (not the image or a mask): decoded by a user decoder, gathered into
+    the slot, written padded or ragged by the workers, or read in the main process."""
+    f, collate, b = d.types[n], d.collate, d.b
+    if d.raw:
+        d.main.append(n)
+    elif n in d.decoders:
+        dec = d.decoders[n]
+        v = _var(n, collate.get(n, "ragged"), dec.dtype, 1, dec.inner, (dec.max_rows,), b)
+        d.arrays.append(v)
+        d.var_fields.append(v)
+    elif f.type in ("int", "float") or (f.type == "ndarray" and f.fixed_shape):
+        if n in collate:
+            raise ValueError(f"collate[{n!r}]: {n!r} has a fixed shape; only varying-size "
+                             "fields are padded or ragged")
+        d.slot_fields.append((n, f.type))
+    elif _var_rows(f):
+        dtype = f.dtype
+        limit = None
+        mode = collate.get(n, "ragged")
+        if budget is not None and budget[0] == n and (
+                mode == "ragged" or (mode == "padded" and budget[2])):
+            limit = budget[1]  # the batch's rows (padded or summed) stay within it
+        if n in (d.boxes, d.keypoints) and d.image is not None and np.dtype(dtype).kind in "iub":
+            dtype = np.float32  # moved coordinates are fractional: never truncated
+        v = _var(n, mode, dtype, 1, f.shape[1:], (_max_rows(d.ds, f, d.rows),), b, limit=limit)
+        d.arrays.append(v)
+        d.var_fields.append(v)
+    else:
+        if n in collate:
+            raise ValueError(f"collate[{n!r}]: {f.type} fields come as lists of values; "
+                             "padded or ragged applies to images and arrays whose first "
+                             "dimension varies")
+        d.main.append(n)
+
+
+def _sample_spec(d: _Draft) -> SampleSpec | None:
+    """The sample path's plan, or None when the fixed-size image path serves."""
+    core, opts = d.core, d.opts
     # Per-batch draws are made where a whole batch is planned: the sample path.
-    needs_sample = (image_var is not None or masks or arrays or boxes is not None
+    needs_sample = (d.image_var is not None or d.masks or d.arrays or d.boxes is not None
                     or (core is not None and (core.samples or core.per_batch)))
-    if needs_sample and not raw:
-        if opts.decoded_cache is not None:
-            raise ValueError("decoded_cache serves the fixed-size image path (one image field, "
-                             "a fixed output size, no annotations or per-sample arrays)")
-        if image is not None and core is None:
-            raise ValueError("a custom pipeline object serves the fixed-size image path only; "
-                             "annotations, masks, per-sample arrays and sizes that vary need "
-                             "reader.transforms specs")
-        sample = SampleSpec(image=image, image_var=image_var, masks=tuple(mask_vars),
-                            boxes=boxes, keypoints=keypoints, per_box=per_box,
-                            arrays=tuple(arrays),
-                            min_box_size=(opts.annotations or Annotations()).min_box_size,
-                            decoders=tuple(decoders.items()))
-    for n, t in slot_fields:
-        f = types[n]
+    if not needs_sample or d.raw:
+        return None
+    if opts.decoded_cache is not None:
+        raise ValueError("decoded_cache serves the fixed-size image path (one image field, "
+                         "a fixed output size, no annotations or per-sample arrays)")
+    if d.image is not None and core is None:
+        raise ValueError("a custom pipeline object serves the fixed-size image path only; "
+                         "annotations, masks, per-sample arrays and sizes that vary need "
+                         "reader.transforms specs")
+    return SampleSpec(image=d.image, image_var=d.image_var, masks=tuple(d.mask_vars),
+                      boxes=d.boxes, keypoints=d.keypoints, per_box=d.per_box,
+                      arrays=tuple(d.arrays),
+                      min_box_size=(opts.annotations or Annotations()).min_box_size,
+                      decoders=tuple(d.decoders.items()))
+
+
+def _layout(d: _Draft, sample: SampleSpec | None) -> BatchPlan:
+    """The slot's arrays, in order: the image's and masks' (already in ``d.specs``),
+    the gathered fields, each varying field's region, the ``valid`` mask."""
+    specs, b = d.specs, d.b
+    for n, t in d.slot_fields:
+        f = d.types[n]
         dt = {"int": np.int64, "float": np.float64}.get(t) or np.dtype(f.dtype)
         specs.append((n, dt, (b, *(f.shape or ()))))
-    for v in var_fields:
+    for v in d.var_fields:
         for name, *_ in v.slot_specs()[1:]:
-            if name in names:
+            if name in d.names:
                 raise ValueError(f"field {v.name!r} varies in size, so batches carry "
                                  f"{name!r} beside it, and the dataset has a field of that "
                                  f"name: leave that one out (fields=...)")
         specs.extend(v.slot_specs())
-    if image is not None and opts.on_error == "skip":
+    if d.image is not None and d.opts.on_error == "skip":
         specs.append(("valid", np.bool_, (b,)))
-    in_var = {name for v in var_fields for name, *_ in v.slot_specs()}
+    in_var = {name for v in d.var_fields for name, *_ in v.slot_specs()}
     fixed = tuple(s[0] for s in specs if s[0] not in in_var)
-    plan = BatchPlan(image=image, pipeline=pipeline, slot_fields=tuple(slot_fields),
-                     sample=sample, main_fields=tuple(main), fixed=fixed,
-                     var_fields=tuple(var_fields), layout=SlotLayout.build(specs))
-    return plan, types
+    return BatchPlan(image=d.image, pipeline=d.pipeline, slot_fields=tuple(d.slot_fields),
+                     sample=sample, main_fields=tuple(d.main), fixed=fixed,
+                     var_fields=tuple(d.var_fields), layout=SlotLayout.build(specs))
