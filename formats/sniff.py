@@ -90,8 +90,9 @@ def image_type(data) -> str:
 
 
 def image_size(data, kind: str) -> tuple[int, int]:
-    """``(width, height)`` of an image of format ``kind`` (as :func:`image_kind` named
-    it), read from its header alone.
+    """``(height, width)`` of an image of format ``kind`` (as :func:`image_kind` named
+    it), read from its header alone: the order of an array's shape, as every
+    ``image_size`` in shardpack has it.
 
     Raises:
         ValueError: the header is short, inconsistent or names a zero size (the
@@ -107,7 +108,7 @@ def image_size(data, kind: str) -> tuple[int, int]:
         raise ValueError(f"no header rule for {kind!r}") from None
     if width <= 0 or height <= 0:
         raise ValueError(f"header says {width}x{height} pixels")
-    return width, height
+    return height, width
 
 
 def is_gray(data, kind: str) -> bool:

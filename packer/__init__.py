@@ -2,8 +2,9 @@
 
 ``pack(src, dst, PackOptions(...), progress)`` is the library call;
 ``pack-dataset`` (:mod:`packer.cli`) is its command line. ``pack_samples(fn, inputs,
-dst)`` packs what a user's function makes of each input (:mod:`packer.samples`, its
-schema rules in :mod:`packer.schema`), through the same pack loop.
+dst, PackOptions(...))`` packs what a user's function makes of each input
+(:mod:`packer.samples`, its schema rules in :mod:`packer.schema`), through the same
+pack loop, with the same options.
 
 Modules, in the order a pack meets them: ``options`` (the frozen
 :class:`PackOptions`), ``resolve`` (``--from``/``--to``: which source SRC is, which

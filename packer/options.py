@@ -9,13 +9,17 @@ from typing import Any
 
 from .errors import UsageError
 
-__all__ = ["DEFAULT_TASK_RECORDS", "ENGINES", "ON_ERROR", "PackOptions", "parse_size"]
+__all__ = ["DEFAULT_TASK_RECORDS", "ENGINES", "ON_ERROR", "SOURCE_OPTIONS", "PackOptions",
+           "parse_size"]
 
 ON_ERROR = ("fail", "skip")
 ENGINES = ("local", "ray")
 # Records per Ray task: big enough that a task (seconds of work) dwarfs its
 # scheduling cost, small enough that a retry redoes little and the bar moves.
 DEFAULT_TASK_RECORDS = 10_000
+# PackOptions fields about a source's files, which pack_samples (a function's samples) has not.
+SOURCE_OPTIONS = ("source", "sink", "max_side", "quality", "to_jpeg", "shuffle", "seed",
+                  "tfrecord_index", "image_root", "annotations", "drop_empty", "field_types")
 
 _UNITS = {
     "": 1, "b": 1,
@@ -49,13 +53,18 @@ def parse_size(text: str | int) -> int:
 
 @dataclass(frozen=True)
 class PackOptions:
-    """How to pack. Every field has a default; the CLI maps one flag to each.
+    """How to pack: the options of :func:`packer.pack` and :func:`packer.pack_samples`.
+
+    Every field has a default; the CLI maps one flag to each. Those of
+    :data:`SOURCE_OPTIONS` read, convert or order a source's files: they are
+    ``pack``'s alone, and ``pack_samples`` refuses them.
 
     Args:
         source: ``imagefolder``, ``files``, ``filelist``, a ``formats.codecs.registry``
             codec name, or ``None`` to detect it from SRC.
         sink: ``shards`` (our format) or a ``formats.codecs.registry`` codec name.
-        shard_size: seal a shard once its data file holds this many bytes.
+        shard_size: seal a shard once its data file holds this many bytes (an int,
+            or a size such as ``"64MB"``: :func:`parse_size`).
         records_per_shard: or once it holds this many records.
         workers: processes reading and parsing files; ``0`` reads in the calling
             process; ``None`` means all cores. With the ``ray`` engine: ranges
@@ -74,8 +83,10 @@ class PackOptions:
         engine: ``local`` (this machine) or ``ray`` (tasks on a Ray cluster; each
             packs a contiguous range of records into its own shards).
         ray_address: the Ray cluster to join (``ray`` engine; default: start one here).
-        task_records: records per Ray task (``ray`` engine; default
-            :data:`DEFAULT_TASK_RECORDS`).
+        task_records: records per range, each packed by one task into its own
+            shards: ``pack`` cuts ranges with the ``ray`` engine only (default
+            :data:`DEFAULT_TASK_RECORDS`); ``pack_samples`` with either engine (inputs
+            per range; default :func:`packer.samples.default_range_records`).
         tfrecord_index: with ``sink="tfrecord"``, write a DALI ``.idx`` file beside
             each TFRecord file (False: none; refused for other sinks).
         image_root: with ``source="parquet"``, the folder that image paths in the
@@ -119,8 +130,10 @@ class PackOptions:
             raise UsageError("give shard_size or records_per_shard")
         if self.engine not in ENGINES:
             raise UsageError(f"engine must be one of {ENGINES}, not {self.engine!r}")
-        if self.engine != "ray" and (self.ray_address is not None or self.task_records is not None):
-            raise UsageError("--ray-address and --task-records need --engine ray")
+        if self.engine != "ray" and self.ray_address is not None:
+            raise UsageError("ray_address (--ray-address) needs engine='ray' (--engine ray)")
+        if isinstance(self.shard_size, str):
+            object.__setattr__(self, "shard_size", parse_size(self.shard_size))
         for name in ("shard_size", "records_per_shard", "max_side", "task_records"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):

@@ -82,6 +82,9 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     """
     options = options or PackOptions()
     progress = progress or PackProgress()
+    if options.engine != "ray" and options.task_records is not None:
+        raise UsageError("task_records (--task-records) cuts the ranges of engine='ray' "
+                         "(--engine ray); a local pack has none")
     src, dst = local_path(src), local_path(dst)
     check_names(options)
     check_source_options(options.source, options, remote=is_uri(src))

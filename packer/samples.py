@@ -48,7 +48,7 @@ import os
 import pickle
 import reprlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ from .engines.local import LocalRanges
 from .engines.ray import check_destination, import_ray, on_ray
 from .errors import PackError, PackInterrupted, UsageError
 from .loop import Item, Run, open_writer, write_items
-from .options import DEFAULT_TASK_RECORDS, PackOptions, parse_size
+from .options import DEFAULT_TASK_RECORDS, SOURCE_OPTIONS, PackOptions
 from .plan import check_paths
 from .report import PackProgress, PackSummary
 from .sample_runs import Runs, freeze, raised, several
@@ -132,8 +132,7 @@ def _infer(fn: Callable, inputs: Sequence) -> tuple[tuple[Field, ...], int]:
     return infer_fields(dicts), i
 
 
-def _fingerprint(fn: Callable, inputs: Sequence, fields, options: PackOptions,
-                 task_records: int | None) -> str:
+def _fingerprint(fn: Callable, inputs: Sequence, fields, options: PackOptions) -> str:
     """The function (by name), every input, the schema and the options that shape the
     output: what a resume must find again."""
     try:
@@ -142,7 +141,7 @@ def _fingerprint(fn: Callable, inputs: Sequence, fields, options: PackOptions,
         body = "\n".join(repr(x) for x in inputs).encode("utf-8", "surrogatepass")
     shaping = {k: v for k, v in options.recorded().items() if k != "on_error"}
     text = repr([_fn_name(fn), len(inputs), crc32c(body), [f.to_json() for f in fields],
-                 sorted(shaping.items()), task_records or options.range_records])
+                 sorted(shaping.items()), options.range_records])
     return f"{crc32c(text.encode()):08x}"
 
 
@@ -163,13 +162,9 @@ def _progress(progress: PackProgress | bool) -> PackProgress:
     return progress
 
 
-def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
-                 schema: Any = None, workers: int | None = None,
-                 shard_size: int | str | None = "256MB", records_per_shard: int | None = None,
-                 on_error: str = "fail", resume: bool = False, overwrite: bool = False,
-                 durable: bool = True, progress: PackProgress | bool = True,
-                 engine: str = "local", ray_address: str | None = None,
-                 task_records: int | None = None) -> PackSummary:
+def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path,
+                 options: PackOptions | None = None, *, schema: Any = None,
+                 progress: PackProgress | bool = True) -> PackSummary:
     """Pack the samples ``fn`` makes of each input into a shards dataset at ``dst``.
 
     Args:
@@ -181,30 +176,34 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         inputs: a sequence (a list, a range...): what ``fn`` is called with, in order.
         dst: the output folder (or an object-store URI), claimed as ``pack-dataset``
             claims it: a folder holding other files is refused unless ``overwrite``.
+        options: how to pack (:class:`packer.PackOptions`, as :func:`packer.pack`
+            takes them; default ``PackOptions()``). Those it uses:
+
+            * ``workers``: processes running ``fn`` and writing, a range each (None:
+              one per core; 0: in this process); with ``engine="ray"``, ranges at once;
+            * ``shard_size`` (bytes or ``"64MB"``; a sample larger than it is bad
+              input, kind ``too-large``) or ``records_per_shard``: when a shard seals;
+            * ``on_error``: ``fail`` stops at the first bad input naming it; ``skip``
+              lists it in ``dst/skipped.jsonl`` and goes on;
+            * ``resume``: finish an interrupted pack of the same function, inputs and
+              schema (the ranges of inputs finished are kept; the others start again
+              at their first input);
+            * ``overwrite``: replace the dataset already in ``dst``: the new one is
+              built in ``.NAME.shardpack-new`` beside it and swapped in at the end; a
+              failed pack leaves it there (the error says so) for ``resume=True``;
+            * ``durable``: fsync shards before they get their final names;
+            * ``engine`` (``local`` worker processes or ``ray`` tasks on a Ray
+              cluster) and ``ray_address``;
+            * ``task_records``: inputs per range (default :func:`default_range_records`):
+              each range is packed by one task into its own shards, and a resume keeps
+              the ranges done.
+
+            Those of :data:`packer.options.SOURCE_OPTIONS` (a source's files) are refused.
         schema: the fields, a list of :class:`formats.Field` or a dict of name ->
             type (:func:`packer.schema.parse_schema`: ``{"text": "str", "tokens":
             "int32[None]"}``); None infers it from the first samples.
-        workers: processes running ``fn`` and writing, a range each (None: one per
-            core; 0: in this process); with ``engine="ray"``, ranges at once.
-        shard_size: seal a shard at this data size (bytes or ``"64MB"``); a sample
-            larger than it is bad input (kind ``too-large``).
-        records_per_shard: or at this many samples.
-        on_error: ``fail`` stops at the first bad input naming it; ``skip`` lists it
-            in ``dst/skipped.jsonl`` and goes on.
-        resume: finish an interrupted pack of the same function, inputs and schema
-            (the ranges of inputs finished are kept; the others start again at their
-            first input).
-        overwrite: replace the dataset already in ``dst``: the new one is built in
-            ``.NAME.shardpack-new`` beside it and swapped in at the end; a failed
-            pack leaves it there (the error says so) for ``resume=True``.
-        durable: fsync shards before they get their final names.
         progress: True: a tqdm bar on stderr (quiet when stderr is not a terminal);
             False: none; or a :class:`~packer.PackProgress`. Counted in inputs.
-        engine: ``local`` (worker processes) or ``ray`` (tasks on a Ray cluster).
-        ray_address: the Ray cluster to join (``engine="ray"``).
-        task_records: inputs per range (default :func:`default_range_records`): each
-            range is packed by one task into its own shards, and a resume keeps the
-            ranges done.
 
     Returns:
         The summary :func:`packer.pack` returns: records are samples (records in =
@@ -226,25 +225,15 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
                          f"{type(inputs).__name__}")
     if not isinstance(inputs, Sequence):
         inputs = list(inputs)
-    if isinstance(shard_size, str):
-        shard_size = parse_size(shard_size)
-    if task_records is not None and (not isinstance(task_records, int) or
-                                     isinstance(task_records, bool) or task_records <= 0):
-        raise UsageError(f"task_records must be a positive integer, not {task_records!r}")
-    # Resolved before the engine is chosen: local ranges and Ray tasks cut the same ranges.
-    task_records = task_records or default_range_records(len(inputs))
-    options = PackOptions(source=None, shard_size=shard_size, records_per_shard=records_per_shard,
-                          workers=workers, on_error=on_error, resume=resume, overwrite=overwrite,
-                          durable=durable, engine=engine, ray_address=ray_address,
-                          task_records=task_records if engine == "ray" else None)
+    options = _sample_options(options, len(inputs))
     fields = None if schema is None else parse_schema(schema)
     progress = _progress(progress)
     if not len(inputs):
         raise UsageError("inputs is empty: nothing to pack")
-    if (engine == "local" and options.num_workers > 0) or engine == "ray":
-        _check_pickles(fn, engine)
+    if options.engine == "ray" or options.num_workers > 0:
+        _check_pickles(fn, options.engine)
         _check_inputs_pickle(inputs)
-    if is_uri(dst) and engine == "ray":  # tasks upload their shards themselves
+    if is_uri(dst) and options.engine == "ray":  # tasks upload their shards themselves
         from .remote import hold_remote_dst
 
         with hold_remote_dst(str(dst)):
@@ -254,11 +243,28 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path, *,
         from .remote import pack_to_remote
 
         return pack_to_remote(_fn_name(fn), str(dst), options, progress,
-                              lambda _s, stage, o, p: _pack(fn, inputs, stage, fields, o, p,
-                                                            task_records))
+                              lambda _s, stage, o, p: _pack(fn, inputs, stage, fields, o, p))
     dst = Path(dst)
     check_paths(None, dst)
-    return _pack(fn, inputs, dst, fields, options, progress, task_records)
+    return _pack(fn, inputs, dst, fields, options, progress)
+
+
+def _sample_options(options: PackOptions | None, n: int) -> PackOptions:
+    """``options`` checked for a pack of ``n`` inputs, ``task_records`` filled in:
+    local ranges and Ray tasks cut the same ranges."""
+    if options is None:
+        options = PackOptions()
+    elif not isinstance(options, PackOptions):
+        raise UsageError(f"options must be a packer.PackOptions, not "
+                         f"{type(options).__name__} {options!r}")
+    defaults = PackOptions()
+    given = [f"{k}={getattr(options, k)!r}" for k in SOURCE_OPTIONS
+             if getattr(options, k) != getattr(defaults, k)]
+    if given:
+        raise UsageError(f"PackOptions({', '.join(given)}): pack_samples packs the samples "
+                         "fn returns; these options read, convert or order a source's "
+                         "files (packer.pack)")
+    return replace(options, task_records=options.task_records or default_range_records(n))
 
 
 def default_range_records(n: int) -> int:
@@ -302,7 +308,7 @@ def _check_pickles(fn: Callable, engine: str) -> None:
 
 
 def _pack(fn, inputs: Sequence, dst: Path, fields, options: PackOptions,
-          progress: PackProgress, task_records: int) -> PackSummary:
+          progress: PackProgress) -> PackSummary:
     summary = PackSummary(_fn_name(fn), display_uri(dst), SOURCE_KIND, "shards")
     if options.engine == "ray":
         import_ray()  # before DST is claimed: a missing extra changes nothing there
@@ -310,13 +316,12 @@ def _pack(fn, inputs: Sequence, dst: Path, fields, options: PackOptions,
             fn, inputs, folder, fields, options, progress, summary)))
 
     def run(folder: Path) -> PackSummary:
-        plan = plan_samples(fn, inputs, fields, options, task_records)
+        plan = plan_samples(fn, inputs, fields, options)
         summary.per_box_fields = plan.per_box
         part = SampleRange(fn, inputs, 0, plan.fields, plan.fingerprint)
         return drive(LocalRanges(options.num_workers), summary.src, part,
                      os.path.abspath(folder), plan.fingerprint,
-                     made_by(fn, plan.fields, options, task_records), options, progress,
-                     summary, range_records=task_records)
+                     made_by(fn, plan.fields, options), options, progress, summary)
 
     return claimed(dst, options, _staged(dst, run))
 
@@ -436,22 +441,20 @@ class SampleRange:
         yield from runs.flush()
 
 
-def plan_samples(fn, inputs: Sequence, fields, options: PackOptions,
-                 task_records: int | None = None) -> _Plan:
+def plan_samples(fn, inputs: Sequence, fields, options: PackOptions) -> _Plan:
     """The schema (given or inferred) and the fingerprint a resume must match."""
     per_box: tuple[str, ...] = ()
     if fields is None:
         fields, _ = _infer(fn, inputs)
         per_box = per_box_fields(fields)
-    return _Plan(tuple(fields), _fingerprint(fn, inputs, fields, options, task_records),
-                 per_box)
+    return _Plan(tuple(fields), _fingerprint(fn, inputs, fields, options), per_box)
 
 
-def made_by(fn, fields, options: PackOptions, task_records: int | None = None) -> dict:
+def made_by(fn, fields, options: PackOptions) -> dict:
     """The manifest's record of how the dataset was made (the range size included:
     shard boundaries follow it)."""
     recorded = options.recorded()
-    recorded["task_records"] = task_records or options.range_records
+    recorded["task_records"] = options.range_records
     return {"tool": "packer.pack_samples", "version": package_version(),
             "source": {"kind": SOURCE_KIND, "function": _fn_name(fn)},
             "schema": {f.name: describe(f) for f in fields}, "options": recorded}

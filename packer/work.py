@@ -315,7 +315,7 @@ def _prepare_other(data: bytes, kind: str, n: int, opts: WorkOptions) -> Loaded:
         raise _Bad("not-a-jpeg", f"{name} data in a jpeg dataset (use --to-jpeg, or name "
                    f"it .{kind})")
     try:
-        width, height = image_size(data, kind)
+        height, width = image_size(data, kind)
     except ValueError as exc:
         raise _Bad("corrupt", f"{name} header does not parse ({exc})") from None
     if not looks_complete(data, kind):

@@ -16,14 +16,13 @@ and :mod:`reader.monitor`; :mod:`reader.inspect` is ``inspect-shards``.
 from formats.version import package_version
 
 from .batching import AspectRatioBatches, BudgetBatches
-from .data.cache import CacheOptions
+from formats.storage.cache import CacheOptions
 from .data.dataset import open_dataset, read_many
 from .device import DeviceOptions
 from .errors import DecodeError, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from .loader import Loader
 from .monitor.diagnosis import Thresholds
 from .monitor.monitor import Monitor, disable_monitor, enable_monitor
-from .options import DecodeOptions, SamplerOptions, WorkerOptions
 from .order.tokens import TokenBlocks
 from .pipeline.collate import Padded, Ragged
 from .pipeline.sample import Annotations, FieldDecoder
@@ -52,7 +51,6 @@ __all__ = [
     "CacheOptions",
     "CenterCrop",
     "DecodeError",
-    "DecodeOptions",
     "DecodedCacheOptions",
     "DeviceOptions",
     "FieldDecoder",
@@ -71,14 +69,12 @@ __all__ = [
     "Resize",
     "ResizeShortestEdge",
     "SampleTransform",
-    "SamplerOptions",
     "Thresholds",
     "TokenBlocks",
     "TorchLoader",
     "UserTransform",
     "WorkerDiedError",
     "WorkerError",
-    "WorkerOptions",
     "__version__",
     "disable_monitor",
     "enable_monitor",

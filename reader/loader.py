@@ -27,7 +27,7 @@ import numpy as np
 
 from formats import ShardDataset
 
-from .data.cache import CacheOptions
+from formats.storage.cache import CacheOptions
 from .data.dataset import open_dataset
 from .monitor.monitor import resolve_monitor
 from .options import (
@@ -36,7 +36,6 @@ from .options import (
     WorkerOptions,
     check_batch_size,
     check_fields,
-    group_options,
     resolve_num_workers,
 )
 from .order.sampler import Sampler
@@ -93,59 +92,77 @@ class Loader:
             ``AspectRatioBatches(...)`` groups records of similar shape,
             ``BudgetBatches(...)`` bounds the pixels or tokens of a batch. Every
             guarantee of the plain order holds (seeded, per rank, resumable).
-        num_workers: worker processes, 0 (in-process), or ``"auto"``: one per core to
-            start, then measured and adjusted while the loader runs (see
-            :mod:`reader.runtime.autoscale`; ``worker_changes`` lists each change and why).
-        prefetch: batches in flight, or ``"auto"``.
-        shuffle: ``False``, ``True``/``"full"`` or ``"block"`` (see :class:`SamplerOptions`).
-        seed: seed of the order and of the random transforms.
-        drop_last: see :class:`SamplerOptions`.
-        transform: image pipeline or list of transform specs (see :class:`DecodeOptions`).
+        shuffle: ``False`` (storage order), ``True``/``"full"`` (a global permutation)
+            or ``"block"`` (shards shuffled, then records within windows of
+            ``shuffle_window``: near-sequential reads).
+        seed: the order, and the random transforms, are a pure function of (seed,
+            epoch, rank, world_size).
+        drop_last: ``True`` drops the tail so every rank gets ``len // world_size``
+            records and no partial batch; ``False`` wraps to the epoch's start (as
+            torch's ``DistributedSampler``) and yields the last partial batch.
+        rank, world_size: distributed partitioning; ``None`` reads ``$RANK`` and
+            ``$WORLD_SIZE`` (torchrun sets them), else 0 and 1.
+        shuffle_window: records per window of ``shuffle="block"``.
+        transform: the image pipeline (:mod:`reader.transforms`), a list of transform
+            specs to build one from, or None (whole images).
         annotations: which fields follow the image's geometry
             (:class:`reader.Annotations`; default: found by name and shape).
         collate: field -> ``"padded"``, ``"ragged"`` or ``reader.Padded(to=...)`` for
             fields whose size varies per sample (see :mod:`reader.pipeline.collate`).
         decoders: field -> ``reader.FieldDecoder(fn, dtype, max_rows)``: bytes fields
             (audio, ...) decoded in the workers by ``fn``.
-        decode: ``False`` for raw-bytes mode (in-process, no workers).
-        on_error: ``"fail"`` or ``"skip"`` corrupt images.
-        check_crc: verify every record's checksums as it is read (default; see
-            :class:`DecodeOptions`).
+        fields: the fields to return (default: all).
+        image_field: the field to decode (default: the first jpeg/image field).
+        decode: ``False`` for raw-bytes mode (in-process, no workers; bytes fields as
+            zero-copy memoryviews).
+        on_error: ``"fail"`` raises on a corrupt image naming shard and record;
+            ``"skip"`` zero-fills it, marks it False in the batch's ``valid`` mask
+            and counts it (``loader.skipped``).
+        check_crc: verify every field's CRC32C as it is read (default; False skips it).
         decoded_cache: keep decoded images in shared memory for later epochs
             (:class:`reader.DecodedCacheOptions`; the seed's ``CacheDataset``).
+        num_workers: worker processes, 0 (in-process), or ``"auto"``: one per core to
+            start, then measured and adjusted while the loader runs (see
+            :mod:`reader.runtime.autoscale`; ``worker_changes`` lists each change and why).
+        prefetch: batches in flight, or ``"auto"`` (adapted between ``num_workers`` and
+            ``max_prefetch`` so the consumer rarely waits).
+        max_prefetch: batches the ring is allocated for (default ``4 * num_workers``,
+            at least 2), bounded by ``max_ring_bytes``.
+        max_ring_bytes: memory bound of the shared batch ring.
+        timeout: seconds without any batch before :class:`reader.LoaderTimeoutError`
+            (saying what each worker is doing); None: a stopped worker is an error,
+            slow ones are reported and waited for.
+        persistent_workers: keep the worker processes from one epoch to the next.
+        start_method: ``"fork"`` (Linux default), ``"spawn"`` or ``"forkserver"``.
         copy: return owned arrays instead of views of the shared ring.
         device: ``"cpu"`` or ``"cuda"`` (handled by :mod:`reader.runtime.sinks`).
-        rank, world_size: distributed partitioning; ``None`` reads ``$RANK`` and
-            ``$WORLD_SIZE`` (torchrun sets them), else 0 and 1.
+        device_options: :class:`reader.DeviceOptions` for ``device="cuda"``.
         cache: where a remote ``source`` (``s3://...``) keeps its shards
             (:class:`reader.CacheOptions`: folder, size bound, prefetching).
-        timeout, persistent_workers: see :class:`WorkerOptions`.
-        monitor: None (the process default set by ``reader.enable_monitor``; off
-            unless enabled), False (off), an object with ``on_batch(BatchTiming)``
-            and ``stats()``, or a number: report every that many seconds via
-            ``reader.Monitor``.
-        sampler_options, decode_options, worker_options: whole option groups; each
-            replaces the keywords of its group (setting one of those keywords as well
-            is refused, never silently dropped).
-        device_options: ``reader.device.DeviceOptions`` for ``device="cuda"``.
+        monitor: a :class:`reader.Monitor` (its interval, output and record), ``True``
+            (a Monitor with the default settings), ``None`` (the process default set
+            by ``reader.enable_monitor``; off unless enabled) or ``False`` (off).
+
+    Each option has this one way in; :mod:`reader.options` holds the checked records
+    the order, the pipeline and the workers read.
     """
 
     def __init__(self, source: str | Path | ShardDataset, batch_size: int = DEFAULT_BATCH_SIZE, *,
                  batch_sampler: Any = None,
-                 num_workers: int | str = "auto", prefetch: int | str = "auto",
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
+                 rank: int | None = None, world_size: int | None = None,
+                 shuffle_window: int = SamplerOptions.shuffle_window,
                  transform: Any = None, annotations: Any = None, collate: Any = None,
-                 decoders: Any = None,
-                 decode: bool = True, on_error: str = "fail",
+                 decoders: Any = None, fields: tuple[str, ...] | None = None,
+                 image_field: str | None = None, decode: bool = True, on_error: str = "fail",
                  check_crc: bool = True, decoded_cache: DecodedCacheOptions | None = None,
-                 copy: bool = False, device: str = "cpu", rank: int | None = None,
-                 world_size: int | None = None, cache: CacheOptions | None = None,
-                 monitor: Any = None, timeout: float | None = None,
-                 persistent_workers: bool = False,
-                 sampler_options: SamplerOptions | None = None,
-                 decode_options: DecodeOptions | None = None,
-                 worker_options: WorkerOptions | None = None,
-                 device_options: Any = None) -> None:
+                 num_workers: int | str = "auto", prefetch: int | str = "auto",
+                 max_prefetch: int | None = None,
+                 max_ring_bytes: int = WorkerOptions.max_ring_bytes,
+                 timeout: float | None = None, persistent_workers: bool = False,
+                 start_method: str | None = None, copy: bool = False,
+                 device: str = "cpu", device_options: DeviceOptions | None = None,
+                 cache: CacheOptions | None = None, monitor: Any = None) -> None:
         # Argument errors first, before anything is opened.
         if batch_size is None:
             raise TypeError(
@@ -164,16 +181,19 @@ class Loader:
             batch_size = None  # left out: the batch sampler sets the size
         else:
             batch_size = check_batch_size(batch_size)
-        self.decode_options = group_options(
-            DecodeOptions, decode_options, "decode_options", transform=transform, decode=decode,
+        # The keywords, checked and normalized as the records the order, the workers
+        # and the pipeline read (reader.options).
+        self.sampler_options = SamplerOptions(
+            shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size,
+            shuffle_window=shuffle_window)
+        self.decode_options = DecodeOptions(
+            transform=transform, decode=decode, image_field=image_field, fields=fields,
             on_error=on_error, check_crc=check_crc, decoded_cache=decoded_cache,
             annotations=annotations, collate=collate, decoders=decoders)
-        self.sampler_options = group_options(
-            SamplerOptions, sampler_options, "sampler_options", shuffle=shuffle, seed=seed,
-            drop_last=drop_last, rank=rank, world_size=world_size)
-        self.worker_options = group_options(
-            WorkerOptions, worker_options, "worker_options", num_workers=num_workers,
-            prefetch=prefetch, timeout=timeout, copy=copy, persistent_workers=persistent_workers)
+        self.worker_options = WorkerOptions(
+            num_workers=num_workers, prefetch=prefetch, max_prefetch=max_prefetch,
+            max_ring_bytes=max_ring_bytes, timeout=timeout, start_method=start_method,
+            copy=copy, persistent_workers=persistent_workers)
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
         if device_options is not None and device != "cuda":
@@ -212,10 +232,10 @@ class Loader:
         if self.worker_options.num_workers == "auto" and not self.raw and self.num_workers:
             self._scaler = WorkerScaler(self.num_workers)
             self.num_workers = self._scaler.start
-        self.monitor = _make_monitor(monitor, self.num_workers)
-        if self.monitor is not None and hasattr(self.dataset, "cache"):
-            self.monitor.storage = "remote"  # a diagnosis that names the shard cache
-        if self.monitor is not None and hasattr(self.monitor, "count_workers"):
+        self.monitor = resolve_monitor(monitor, num_workers=self.num_workers)
+        if self.monitor is not None:
+            if hasattr(self.dataset, "cache"):
+                self.monitor.storage = "remote"  # a diagnosis that names the shard cache
             self.monitor.count_workers(self._worker_pids)
         self.cursor = Cursor()  # epoch, position (next batch to deliver), skipped, slowest
         self._resume = False  # load_state_dict() since the last iter(): it starts there
@@ -345,11 +365,8 @@ class Loader:
         self.num_workers = n
         log.info("workers %d -> %d: %s", change.before, change.after, change.reason)
         if self.monitor is not None:
-            if hasattr(self.monitor, "num_workers"):
-                self.monitor.num_workers = n
-            note = getattr(self.monitor, "note", None)
-            if note is not None:
-                note(f"workers {change.before} -> {change.after}: {change.reason}")
+            self.monitor.num_workers = n
+            self.monitor.note(f"workers {change.before} -> {change.after}: {change.reason}")
 
     @property
     def worker_changes(self) -> list:
@@ -536,12 +553,3 @@ class Loader:
             self.close()
         except Exception:
             pass
-
-
-def _make_monitor(value: Any, num_workers: int):
-    """None follows ``reader.enable_monitor``; an object with ``on_batch`` is used as is."""
-    if value is False:
-        return None
-    if hasattr(value, "on_batch"):
-        return value
-    return resolve_monitor(value, num_workers=num_workers)

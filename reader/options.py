@@ -1,8 +1,8 @@
-"""Loader options, grouped: what order, how to decode, how many processes.
+"""The Loader's options as the records its parts read: order, decoding, processes.
 
-The common knobs (batch size, workers, prefetch, shuffle, seed, drop_last, rank,
-world_size) are keywords of :class:`reader.Loader` itself; these frozen
-dataclasses hold the rest and can be passed whole.
+Every option is a keyword of :class:`reader.Loader` (one way to pass each); the
+Loader checks them into these frozen dataclasses, which the sampler, the pipeline
+and the workers take whole.
 
 Every option is checked where it is made (``__post_init__``), so a wrong one
 fails at construction with a message naming it and its value, never later in a
@@ -10,9 +10,8 @@ worker. The type rules: ``bool`` is not an int (``num_workers=True`` is refused)
 a ``str`` is never a number (``batch_size="32"`` is refused), numpy integers and
 booleans count as ints and bools and are stored as Python ones.
 :func:`check_batch_size` and :func:`check_fields` are the checks the Loader
-applies to what is not in these groups: the batch size, and field names against
-a dataset's schema; :func:`group_options` makes a group from the Loader's
-keywords or takes the one passed whole, refusing both at once.
+applies beside these records: the batch size, and field names against a
+dataset's schema.
 """
 
 from __future__ import annotations
@@ -22,15 +21,14 @@ import math
 import numbers
 import os
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass
-from dataclasses import fields as dataclass_fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 __all__ = ["DecodeOptions", "SamplerOptions", "WorkerOptions", "check_batch_size",
-           "check_fields", "group_options", "resolve_num_workers"]
+           "check_fields", "resolve_num_workers"]
 
 SHUFFLE_MODES = (False, "block", "full")
 
@@ -110,37 +108,6 @@ def check_fields(options: DecodeOptions, dataset_fields: Mapping[str, str],
                              f"whose fields are {has}{hint}")
 
 
-def group_options(cls: type, group: Any, name: str, **keywords: Any) -> Any:
-    """The option group ``cls`` a Loader uses: ``group`` when one is passed whole,
-    else one made from the Loader's ``keywords`` of that group.
-
-    A keyword of the group given a value other than its default together with
-    ``group`` is refused: one of the two would be dropped silently.
-
-    Args:
-        cls: :class:`SamplerOptions`, :class:`DecodeOptions` or :class:`WorkerOptions`.
-        group: the instance passed whole (the Loader's ``name`` argument), or None.
-        name: that argument's name, for messages (``"decode_options"``).
-        keywords: the Loader's keywords that belong to ``cls`` (same names).
-
-    Raises:
-        TypeError: ``group`` is not a ``cls``; a keyword has the wrong type.
-        ValueError: a keyword was set as well as ``group``; a keyword's value is wrong.
-    """
-    if group is None:
-        return cls(**keywords)
-    if not isinstance(group, cls):
-        raise TypeError(f"{name} must be a reader.{cls.__name__} or None, "
-                        f"not {type(group).__name__} {group!r}")
-    defaults = {f.name: f.default for f in dataclass_fields(cls) if f.default is not MISSING}
-    for key, value in keywords.items():
-        default = defaults[key]
-        if not (value is default or (type(value) is type(default) and value == default)):
-            raise ValueError(f"{key}={value!r} and {name} were both given: pass {key} "
-                             f"inside {name} (reader.{cls.__name__}({key}=...)) or not at all")
-    return group
-
-
 def _check_transform(value: Any) -> None:
     """None, a worker pipeline (``output_shape`` and ``run``), an ImagePipeline, a
     transform spec or callable, or a list or tuple of specs and callables."""
@@ -179,7 +146,7 @@ class SamplerOptions:
 
     Args:
         shuffle: ``False`` (storage order), ``"block"`` (shard order shuffled, then
-            records shuffled within windows of ``window`` consecutive records:
+            records shuffled within windows of ``shuffle_window`` consecutive records:
             near-sequential IO with good mixing) or ``"full"`` (a global
             permutation). ``True`` means ``"full"``.
         seed: the order is a pure function of (seed, epoch, rank, world_size).
@@ -192,7 +159,7 @@ class SamplerOptions:
             torchrun sets it), else 0.
         world_size: number of ranks splitting each epoch; ``None``:
             ``$WORLD_SIZE``, else 1.
-        window: records per shuffle window for ``"block"``.
+        shuffle_window: records per shuffle window for ``"block"``.
     """
 
     shuffle: bool | str = False
@@ -200,7 +167,7 @@ class SamplerOptions:
     drop_last: bool = False
     rank: int | None = None
     world_size: int | None = None
-    window: int = 4096
+    shuffle_window: int = 4096
 
     def __post_init__(self) -> None:
         shuffle = self.shuffle
@@ -219,7 +186,7 @@ class SamplerOptions:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         _set(self, "rank", rank)
         _set(self, "world_size", world_size)
-        _set(self, "window", _int("window", self.window, 1))
+        _set(self, "shuffle_window", _int("shuffle_window", self.shuffle_window, 1))
 
 
 @dataclass(frozen=True)

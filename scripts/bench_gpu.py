@@ -5,7 +5,7 @@ Steps, each timed, an error in one recorded and the next still run:
   probe  cupy imports, sees a device and copies to it; where it does not (no GPU, or a
          driver the wheels do not match), one line says why, the GPU path's tests run on
          the numpy stand-in (tests/fake_cupy.py) and the exit status is theirs;
-  tests  tests/test_device.py with real cupy (``-m gpu``): the CPU and CUDA sinks, padded
+  tests  tests/reader/runtime/test_device.py with real cupy (``-m gpu``): the CPU and CUDA sinks, padded
          and ragged fields, normalize / float16 / NCHW, torch tensors through DLPack
          (where torch has CUDA);
   h2d    (a) a raw pinned cupy copy of the bytes the loader copies per batch, the limit;
@@ -43,7 +43,7 @@ from reader.runtime.device import DeviceOptions, measure_pinned_bandwidth, norma
 from reader.transforms import CenterCrop, RandomResizedCrop
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_TESTS = ["tests/test_device.py"]
+GPU_TESTS = ["tests/reader/runtime/test_device.py"]
 H2D_TARGET, PIPELINE_TARGET = 0.8, 0.9
 
 
@@ -66,7 +66,7 @@ def gpu_unusable() -> str | None:
 
 
 def run_tests(marker: str, workdir: Path) -> dict:
-    """tests/test_device.py under ``-m marker`` in a child pytest: counts, failures, skip reasons."""
+    """tests/reader/runtime/test_device.py under ``-m marker`` in a child pytest: counts, failures, skip reasons."""
     xml = workdir / f"tests-{marker.replace(' ', '-')}.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker,
            f"--junitxml={xml}", *GPU_TESTS]
@@ -109,10 +109,11 @@ def make_data(root: Path, images: int, workers: int) -> dict:
 
 # -- the measures ---------------------------------------------------------------------------
 
-class H2DProbe:
-    """A monitor stand-in that keeps each batch's copy time and bytes."""
+class H2DProbe(reader.Monitor):
+    """A monitor that keeps each batch's copy time and bytes (and reports nothing)."""
 
     def __init__(self):
+        super().__init__(3600.0, output=False, cpu=None)
         self.h2d: list[tuple[float, int]] = []
         self.wait = 0.0
 

@@ -14,7 +14,7 @@ Cases, each timed around the call that packs (``durable=False``, page cache warm
   others are measured against;
 * **produce and write bytes**: the same, each 64 samples' bytes joined, checksummed
   and appended to one file per range: the least any packer does (no format);
-* **pack_samples**: ``pack_samples(sample, range(N), dst, workers=W)``;
+* **pack_samples**: ``pack_samples(sample, range(N), dst, PackOptions(workers=W))``;
 * **LitData**: ``litdata.optimize(fn=sample, inputs=list(range(N)), num_workers=W)``
   (each worker writes its own chunks);
 * **MDSWriter**: a ``multiprocessing.Pool(W).imap(sample, range(N), chunksize=64)``
@@ -28,7 +28,7 @@ each ratio is taken within a round and the median is shown.
 
 ``--memory`` measures memory instead: a function whose input ``(start, count)``
 yields ``count`` samples of 1 KB (an int32 array of 256), packed with
-``pack_samples(..., workers=W)`` in a fresh process per case: one input yielding
+``pack_samples(..., PackOptions(workers=W))`` in a fresh process per case: one input yielding
 300,000 samples; the same samples over 300 inputs; and one input that never ends,
 stopped after 20 s. Each case's process tree is sampled every 0.1 s: the sum of its
 processes' proportional set size (PSS, from ``/proc/PID/smaps_rollup``: shared pages
@@ -138,10 +138,11 @@ def produce_and_write(n: int, workers: int, out: Path) -> float:
 
 
 def ours(n: int, workers: int, out: Path) -> float:
-    from packer import pack_samples
+    from packer import PackOptions, pack_samples
 
     t = time.perf_counter()
-    s = pack_samples(sample, range(n), out, workers=workers, durable=False, progress=False)
+    s = pack_samples(sample, range(n), out, PackOptions(workers=workers, durable=False),
+                     progress=False)
     assert s.records_written == n
     return time.perf_counter() - t
 
@@ -198,11 +199,11 @@ MEMORY_CASES = {
 
 def _memory_case(name: str, workers: int, out: Path) -> int:
     """In the case's own process: pack, then print the largest ``ru_maxrss`` (KiB)."""
-    from packer import pack_samples
+    from packer import PackOptions, pack_samples
 
     t = time.perf_counter()
-    s = pack_samples(kb_samples, MEMORY_CASES[name], out, workers=workers, durable=False,
-                     progress=False)
+    s = pack_samples(kb_samples, MEMORY_CASES[name], out,
+                     PackOptions(workers=workers, durable=False), progress=False)
     maxrss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                  resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     print(json.dumps({"seconds": time.perf_counter() - t, "records": s.records_written,

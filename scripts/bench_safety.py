@@ -52,10 +52,9 @@ def _epoch(ds_path: Path, *, check: bool = True, leases: bool = True, decode: bo
 
     transform = [RandomResizedCrop(side), RandomHorizontalFlip()] if decode else None
     fields = None if decode else ("image", "label")
-    opts = reader.DecodeOptions(transform=transform, decode=decode, check_crc=check,
-                                fields=fields)
     with reader.Loader(ds_path, batch_size=batch_size, num_workers=workers if decode else 0,
-                       shuffle=decode, seed=0, decode_options=opts) as lo:
+                       shuffle=decode, seed=0, transform=transform, decode=decode,
+                       check_crc=check, fields=fields) as lo:
         if not leases:
             lo._make_sink = BareSink
         for _ in lo:  # untimed: maps the shards into this process, starts the code paths

@@ -26,7 +26,7 @@ left out): only a signal that stays near zero without burners, whatever the coun
 and rises with them tells other programs from the loader's own workers.
 
 ``--record-trace FILE`` keeps the auto runs' windows, each as the scaler measured it,
-for ``tests/test_autoscale.py`` to replay through the rule.
+for ``tests/reader/runtime/test_autoscale.py`` to replay through the rule.
 
 Usage: ``python -m scripts.bench_workers [--seconds 30] [--repeat 3] [--signals]``.
 """

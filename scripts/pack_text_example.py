@@ -71,7 +71,13 @@ def sample(i: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from packer import DestinationError, UsageError, format_summary, pack_samples
+    from packer import (
+        DestinationError,
+        PackOptions,
+        UsageError,
+        format_summary,
+        pack_samples,
+    )
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="/tmp/shardpack-text.shards", help="output folder")
@@ -82,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.docs <= 0:
         p.error("--docs must be positive")
     try:
-        summary = pack_samples(sample, range(args.docs), args.out, schema=SCHEMA,
-                               workers=args.workers, overwrite=args.overwrite,
-                               shard_size="64MB", task_records=max(1, args.docs // 4 or 1))
+        options = PackOptions(workers=args.workers, overwrite=args.overwrite,
+                              shard_size="64MB", task_records=max(1, args.docs // 4 or 1))
+        summary = pack_samples(sample, range(args.docs), args.out, options, schema=SCHEMA)
     except UsageError as exc:
         print(f"pack_text_example: error: {exc}", file=sys.stderr)
         return 2

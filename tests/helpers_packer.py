@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import simplejpeg
 
-from packer import PackProgress
+from packer import PackOptions, PackProgress, PackSummary, pack_samples
 
 
 def jpeg(rng: np.random.Generator, width: int = 24, height: int = 16, quality: int = 85) -> bytes:
@@ -56,3 +56,10 @@ class StopAfter(PackProgress):
         self.done += records
         if self.done >= self.n:
             raise KeyboardInterrupt
+
+
+def pack_fn(fn, inputs, dst, *, schema=None, progress=False, **options) -> PackSummary:
+    """``pack_samples`` with its :class:`packer.PackOptions` written as keywords, as the
+    tests spell them (``workers=0, records_per_shard=5``); no bar by default."""
+    return pack_samples(fn, inputs, dst, PackOptions(**options), schema=schema,
+                        progress=progress)

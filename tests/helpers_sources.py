@@ -7,7 +7,7 @@ from pathlib import Path
 from formats.codecs.registry import convert
 from tests.helpers_codecs import make_dataset, make_records
 from tests.helpers_packer import image_folder
-from tests.test_codec_mds import write_mds
+from tests.formats.test_codec_mds import write_mds
 
 SOURCES = ("imagefolder", "files", "filelist", "tfrecord", "webdataset", "parquet", "mds",
            "shards")

@@ -19,10 +19,10 @@ from ..checksum import crc32c_words
 from ..errors import SchemaError
 from ..fields import BYTES_TYPES, Field, encode_value
 
-__all__ = ["Column", "column_of", "encode_column"]
+__all__ = ["EncodedColumn", "column_of", "encode_column"]
 
 
-class Column(NamedTuple):
+class EncodedColumn(NamedTuple):
     """One field's payloads for a run of records.
 
     A payload is ``heads[i] + bodies[i]`` (``heads`` is None when every payload is
@@ -38,7 +38,7 @@ class Column(NamedTuple):
     crcs: np.ndarray  # uint32
 
 
-def encode_column(f: Field, values: Sequence[Any], first: int = 0) -> Column:
+def encode_column(f: Field, values: Sequence[Any], first: int = 0) -> EncodedColumn:
     """The payloads of ``values`` for field ``f`` (uncompressed).
 
     Bodies may be views of the caller's buffers (bytes, contiguous arrays): the
@@ -67,7 +67,7 @@ def encode_column(f: Field, values: Sequence[Any], first: int = 0) -> Column:
     return _one_by_one(f, values, first)
 
 
-def _one_by_one(f: Field, values: Sequence[Any], first: int) -> Column:
+def _one_by_one(f: Field, values: Sequence[Any], first: int) -> EncodedColumn:
     """The column of values no fast path takes: encode_value on each (casting, or
     naming the record that does not fit)."""
     return column_of([_one(f, v, first + i) for i, v in enumerate(values)])
@@ -81,14 +81,14 @@ def _one(f: Field, value: Any, record: int):
                           expected=exc.expected) from None
 
 
-def column_of(bodies: list) -> Column:
+def column_of(bodies: list) -> EncodedColumn:
     """The column of payloads ``bodies`` (bytes-like, each a whole payload)."""
     n = len(bodies)
-    return Column(None, bodies, np.fromiter(map(len, bodies), np.int64, n),
+    return EncodedColumn(None, bodies, np.fromiter(map(len, bodies), np.int64, n),
                   np.fromiter(map(_crc32c, bodies), np.uint32, n))
 
 
-def _scalars(f: Field, values: Sequence[Any], first: int) -> Column:
+def _scalars(f: Field, values: Sequence[Any], first: int) -> EncodedColumn:
     exact = int if f.type == "int" else float
     if not all(type(v) is exact for v in values):  # numpy scalars, bools, ints as floats
         return _one_by_one(f, values, first)
@@ -98,11 +98,11 @@ def _scalars(f: Field, values: Sequence[Any], first: int) -> Column:
         return _one_by_one(f, values, first)
     view = memoryview(words.tobytes())
     n = len(values)
-    return Column(None, [view[i:i + 8] for i in range(0, 8 * n, 8)], np.full(n, 8, np.int64),
+    return EncodedColumn(None, [view[i:i + 8] for i in range(0, 8 * n, 8)], np.full(n, 8, np.int64),
                   crc32c_words(words))
 
 
-def _arrays(f: Field, values: Sequence[Any]) -> Column | None:
+def _arrays(f: Field, values: Sequence[Any]) -> EncodedColumn | None:
     """The ndarray column when every value is a C-contiguous array of the schema's
     dtype and shape (None otherwise: values are then encoded one by one, which casts
     and names the record that does not fit). The arrays are their own bodies."""
@@ -122,7 +122,7 @@ def _arrays(f: Field, values: Sequence[Any]) -> Column | None:
     sizes = np.fromiter((v.nbytes for v in values), np.int64, n)
     try:
         if f.fixed_shape:
-            return Column(None, bodies, sizes, np.fromiter(map(_crc32c, bodies), np.uint32, n))
+            return EncodedColumn(None, bodies, sizes, np.fromiter(map(_crc32c, bodies), np.uint32, n))
         heads_arr = np.empty((n, 1 + ndim), "<u8")
         heads_arr[:, 0] = ndim
         heads_arr[:, 1:] = shapes
@@ -132,4 +132,4 @@ def _arrays(f: Field, values: Sequence[Any]) -> Column | None:
         crcs = np.fromiter(map(_crc32c, bodies, map(_crc32c, heads)), np.uint32, n)
     except ValueError:  # an array that is not C-contiguous
         return None
-    return Column(heads, bodies, sizes + width, crcs)
+    return EncodedColumn(heads, bodies, sizes + width, crcs)

@@ -29,7 +29,7 @@ import pyarrow as pa
 from ..checksum import crc32c_many, crc32c_words
 from ..errors import CorruptRecordError, ManifestError, SchemaError, ShardpackError
 from ..fields import BYTES_TYPES, SCALAR_TYPES, Field
-from .decoding import FieldDecoder, load_dictionaries
+from .decoding import PayloadDecoder, load_dictionaries
 from .manifest import MANIFEST_NAME
 from .metadata import KeyIndex, read_metadata
 from .shard_set import ShardSet, default_max_open
@@ -127,7 +127,7 @@ class ShardDataset(ShardSet):
         self.starts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self.starts[1:])
         self._starts_list = self.starts.tolist()
-        self._decoder = FieldDecoder(self.fields, self.manifest.max_raw_size,
+        self._decoder = PayloadDecoder(self.fields, self.manifest.max_raw_size,
                                      load_dictionaries(self.root, self.manifest, follow_symlinks))
         self._keys: KeyIndex | None = None  # built by the first lookup by key
         self._open_all()

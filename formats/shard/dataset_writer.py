@@ -21,7 +21,7 @@ from ..checksum import crc32c
 from ..errors import ManifestError, SchemaError
 from ..fields import IMAGE_TYPES, Field, ImageKinds, encode_value
 from ..files import atomic_write_bytes, fsync_dir
-from .columns import Column, column_of, encode_column
+from .columns import EncodedColumn, column_of, encode_column
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
 from .manifest import (
     MANIFEST_NAME,
@@ -376,7 +376,7 @@ class DatasetWriter:
             ):
                 self._seal(None if progress is None else progress(i))
 
-    def _encode_column(self, f: Field, comp, values: Sequence[Any]) -> Column:
+    def _encode_column(self, f: Field, comp, values: Sequence[Any]) -> EncodedColumn:
         column = encode_column(f, values, self.records_written)
         if comp is None:
             return column
@@ -468,8 +468,8 @@ class DatasetWriter:
             self.abort()
 
 
-def _column_part(column: Column, part: slice) -> Column:
-    return Column(None if column.heads is None else column.heads[part], column.bodies[part],
+def _column_part(column: EncodedColumn, part: slice) -> EncodedColumn:
+    return EncodedColumn(None if column.heads is None else column.heads[part], column.bodies[part],
                   column.lengths[part], column.crcs[part])
 
 
@@ -483,7 +483,7 @@ def _header_size(data: Any) -> dict:
     if kind is None:
         return {}
     try:
-        width, height = image_size(data, kind)
+        height, width = image_size(data, kind)
     except ValueError:
         return {}  # a damaged header: the reader reports it when it decodes the record
     return {"width": width, "height": height}

@@ -17,7 +17,7 @@ from ..fields import Field, decode_value
 from ..files import read_regular, safe_child
 from .manifest import Manifest
 
-__all__ = ["MAX_DICTIONARY_BYTES", "FieldDecoder", "load_dictionaries"]
+__all__ = ["MAX_DICTIONARY_BYTES", "PayloadDecoder", "load_dictionaries"]
 
 MAX_DICTIONARY_BYTES = 16 << 20  # zstd's trainer writes dictionaries of ~100 KB
 
@@ -35,7 +35,7 @@ def load_dictionaries(root: Path, manifest: Manifest, follow_symlinks: bool) -> 
     return out
 
 
-class FieldDecoder:
+class PayloadDecoder:
     """Decodes the payloads of a dataset's fields.
 
     Args:

@@ -180,7 +180,7 @@ class ShardWriter:
         :meth:`append` record by record, with per-run rather than per-record work.
 
         Args:
-            columns: one :class:`formats.shard.columns.Column` per field, in schema order.
+            columns: one :class:`formats.shard.columns.EncodedColumn` per field, in schema order.
             meta: metadata table columns (``label``, ``key``, ``width``, ``height``;
                 missing ones are null).
             lengths, offsets: the payloads' lengths and :meth:`layout`'s offsets.

@@ -195,7 +195,7 @@ def _bytes_summary(value) -> dict[str, Any]:
                            "head": bytes(value[:_HEAD_BYTES]).hex(" ")}
     if out["sniffed"] in IMAGE_KINDS:
         try:
-            out["width"], out["height"] = image_size(value, out["sniffed"])
+            out["height"], out["width"] = image_size(value, out["sniffed"])
         except ValueError as exc:
             out["image_error"] = f"unreadable header: {exc}"
     else:

@@ -19,7 +19,7 @@ from ..checksum import crc32c, fd_crc32c
 from ..errors import ShardpackError
 from ..files import open_regular
 from ..sniff import sniff
-from .decoding import FieldDecoder, load_dictionaries
+from .decoding import PayloadDecoder, load_dictionaries
 from .manifest import read_manifest
 from .shard import ShardReader
 
@@ -75,7 +75,7 @@ def verify_dataset(path: str | Path, progress: Callable[[int], None] | None = No
     manifest = read_manifest(root, follow_symlinks=follow_symlinks)
     problems: list[Problem] = []
     try:
-        decoder = FieldDecoder(manifest.fields, manifest.max_raw_size,
+        decoder = PayloadDecoder(manifest.fields, manifest.max_raw_size,
                                load_dictionaries(root, manifest, follow_symlinks))
     except ShardpackError:  # reported below, by file; compressed images go unsniffed
         decoder = None
@@ -156,7 +156,7 @@ def _check_records(shard: ShardReader, fields) -> list[Problem]:
     return problems
 
 
-def _check_image_formats(shard: ShardReader, fields, decoder: FieldDecoder | None) -> list[Problem]:
+def _check_image_formats(shard: ShardReader, fields, decoder: PayloadDecoder | None) -> list[Problem]:
     """Every non-empty payload of a ``jpeg``/``png`` field, sniffed."""
     problems = []
     view = shard.view

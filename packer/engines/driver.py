@@ -106,14 +106,13 @@ def _count(summary: PackSummary, results: list[RangeResult], resumed: int) -> No
 
 
 def drive(run_ranges, src: str, listing, dst_text: str, plan: str, made: dict,
-          options: PackOptions, progress: PackProgress, summary: PackSummary,
-          range_records: int | None = None) -> PackSummary:
+          options: PackOptions, progress: PackProgress, summary: PackSummary) -> PackSummary:
     """Pack the missing ranges of ``listing`` (a Listing or a SampleRange) with
     ``run_ranges(job, listing, todo, progress, results)`` (Ray tasks, or local worker
-    processes) and finish DST (the protocol in the module docstring).
-    ``range_records``: records per range (default ``options.range_records``)."""
+    processes) and finish DST (the protocol in the module docstring), in ranges of
+    ``options.range_records`` records."""
     n = len(listing)
-    ranges = split(n, range_records or options.range_records)
+    ranges = split(n, options.range_records)
     output = Output(dst_text, options.durable)
     # A function's input may give several samples (or none): its counts are samples.
     results = prepare(output, plan, ranges, options.resume,

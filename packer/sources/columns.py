@@ -43,7 +43,7 @@ import numpy as np
 from formats.errors import InputError
 from formats.fields import Field
 
-__all__ = ["BAD_ROW", "DTYPES", "TYPES", "Column", "type_column"]
+__all__ = ["BAD_ROW", "DTYPES", "TYPES", "TypedColumn", "type_column"]
 
 #: The skip kind of a row whose value does not fit its column's type.
 BAD_ROW = "bad-row"
@@ -58,7 +58,7 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 @dataclass
-class Column:
+class TypedColumn:
     """A typed column: its field, one value per row, and the rows that do not fit
     (row index -> reason; their value is None)."""
 
@@ -100,41 +100,41 @@ def _describe(v: Any) -> str:
             type(None): "null"}.get(type(v), type(v).__name__)
 
 
-def _infer_container(name: str, values: list) -> Column:
+def _infer_container(name: str, values: list) -> TypedColumn:
     shapes = [_shape_of(v) for v in values]
     kinds = {s for s in shapes if s != ()}
     if None in kinds or len(kinds) != 1:  # objects, ragged, deeper, mixed or all empty
-        return Column(Field(name, "json"), list(values))
+        return TypedColumn(Field(name, "json"), list(values))
     shape = kinds.pop()
     nums = [x for v in values for x in _numbers(v)]
     if all(type(x) is int for x in nums):
         if all(-(1 << 63) <= x < (1 << 63) for x in nums):
             return _as_arrays(name, values, "int64", shape)
-        return Column(Field(name, "json"), list(values))  # no fixed-size integer holds them
+        return TypedColumn(Field(name, "json"), list(values))  # no fixed-size integer holds them
     big = any(math.isfinite(x) and abs(x) > _F32_MAX for x in nums)
     return _as_arrays(name, values, "float64" if big else "float32", shape)
 
 
-def _as_arrays(name: str, values: list, dtype: str, shape: tuple) -> Column:
+def _as_arrays(name: str, values: list, dtype: str, shape: tuple) -> TypedColumn:
     empty = np.zeros((0, *shape[1:]), dtype)
-    return Column(Field(name, "ndarray", dtype=dtype, shape=shape),
+    return TypedColumn(Field(name, "ndarray", dtype=dtype, shape=shape),
                   [np.asarray(v, dtype) if v else empty for v in values])
 
 
-def _infer(name: str, values: list, from_text: bool, lines: list[int], where) -> Column:
+def _infer(name: str, values: list, from_text: bool, lines: list[int], where) -> TypedColumn:
     if from_text:
         if all(map(_PLAIN_INT.fullmatch, values)):
             return _ints(name, [int(v) for v in values], lines, where)
         if all(map(_PLAIN_FLOAT.fullmatch, values)):
-            return Column(Field(name, "float"), [float(v) for v in values])
-        return Column(Field(name, "str"), values)
+            return TypedColumn(Field(name, "float"), [float(v) for v in values])
+        return TypedColumn(Field(name, "str"), values)
     kinds = {type(v) for v in values}
     if kinds <= {int}:
         return _ints(name, values, lines, where)
     if kinds <= {int, float}:
-        return Column(Field(name, "float"), [float(v) for v in values])
+        return TypedColumn(Field(name, "float"), [float(v) for v in values])
     if kinds <= {str}:
-        return Column(Field(name, "str"), values)
+        return TypedColumn(Field(name, "str"), values)
     if kinds <= {list, dict}:
         column = _infer_container(name, values)
         if column.field.type == "json":
@@ -168,11 +168,11 @@ _PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
 _PLAIN_FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 
 
-def _ints(name: str, values: list[int], lines: list[int], where) -> Column:
+def _ints(name: str, values: list[int], lines: list[int], where) -> TypedColumn:
     """An ``int`` column; a value beyond int64 is its row's problem."""
     problems = {i: f"{where} line {lines[i]}: column {name!r} (int): {v} does not fit in "
                    "an int64" for i, v in enumerate(values) if not _INT64[0] <= v <= _INT64[1]}
-    return Column(Field(name, "int"), [None if i in problems else v
+    return TypedColumn(Field(name, "int"), [None if i in problems else v
                                        for i, v in enumerate(values)], problems)
 
 
@@ -236,7 +236,7 @@ def _fits_dtype(nums: list, dtype: np.dtype) -> str | None:
 
 
 def _override(name: str, type_: str, values: list, from_text: bool, lines: list[int],
-              where) -> Column:
+              where) -> TypedColumn:
     problems: dict[int, str] = {}
     out: list[Any] = [None] * len(values)
 
@@ -249,7 +249,7 @@ def _override(name: str, type_: str, values: list, from_text: bool, lines: list[
                 out[i] = _scalar(type_, v, from_text)
             except ValueError as exc:
                 bad(i, str(exc))
-        return Column(Field(name, type_), out, problems)
+        return TypedColumn(Field(name, type_), out, problems)
     parsed = list(values)
     if from_text:  # the cells hold JSON text
         for i, v in enumerate(values):
@@ -264,7 +264,7 @@ def _override(name: str, type_: str, values: list, from_text: bool, lines: list[
                     out[i] = v
                 else:
                     bad(i, "NaN or infinity (JSON text cannot hold them)")
-        return Column(Field(name, "json"), out, problems)
+        return TypedColumn(Field(name, "json"), out, problems)
     dtype = np.dtype(type_)
     booleans = dtype.kind == "b"
     shapes = {i: _shape_of(v, booleans) for i, v in enumerate(parsed) if i not in problems}
@@ -284,11 +284,11 @@ def _override(name: str, type_: str, values: list, from_text: bool, lines: list[
             bad(i, why)
             continue
         out[i] = np.asarray(v, dtype) if v else empty
-    return Column(Field(name, "ndarray", dtype=dtype.str, shape=shape), out, problems)
+    return TypedColumn(Field(name, "ndarray", dtype=dtype.str, shape=shape), out, problems)
 
 
 def type_column(name: str, values: list, *, from_text: bool, lines: list[int], where,
-                override: str | None = None) -> Column:
+                override: str | None = None) -> TypedColumn:
     """Type one column (see the module docstring).
 
     Args:

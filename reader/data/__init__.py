@@ -2,6 +2,6 @@
 
 :mod:`~reader.data.dataset` (``open_dataset``, batched reads, paging a batch's
 records in), :mod:`~reader.data.remote` (a dataset in object storage, read through
-the shard cache, with a prefetcher that fetches the shards the order asks for next)
-and :mod:`~reader.data.cache` (the verified local shard cache and its options).
+the shard cache of :mod:`formats.storage.cache`, with a prefetcher that fetches the
+shards the order asks for next).
 """

@@ -20,7 +20,7 @@ from formats import ShardDataset, open_shards
 from formats.fields import BYTES_TYPES
 from formats.storage import is_uri
 
-from .cache import CacheOptions
+from formats.storage.cache import CacheOptions
 
 __all__ = ["ShardDataset", "main_fields", "open_dataset", "read_many"]
 

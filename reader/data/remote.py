@@ -31,7 +31,7 @@ from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_man
 from formats.shard.shard import ShardReader
 from formats.storage import Location, open_location
 
-from .cache import CacheOptions, Pin
+from formats.storage.cache import CacheOptions, Pin
 
 __all__ = ["Prefetcher", "RemoteDataset"]
 

@@ -44,7 +44,7 @@ idle; they come from ``/proc`` (see :class:`ProcCpu`) and are None without it.
 
 Switching on: ``reader.enable_monitor(interval=5)`` for every Loader created
 afterwards in the process (they call :func:`resolve_monitor`), or
-``Loader(..., monitor=5)`` for one.
+``Loader(..., monitor=reader.Monitor(5))`` for one.
 """
 
 from __future__ import annotations
@@ -500,32 +500,32 @@ def resolve_monitor(value: Any = None, *, num_workers: int | None = None) -> Mon
     """Turn a Loader's ``monitor=`` argument into a Monitor or None.
 
     Args:
-        value: None (the process default of :func:`enable_monitor`), False (off
-            even if enabled), True (default interval), a number (interval in
-            seconds), a :class:`MonitorConfig`, or a :class:`Monitor` (used as is).
+        value: a :class:`Monitor` (used as is), True (a Monitor with the default
+            settings), None (the process default of :func:`enable_monitor`) or False
+            (off even if enabled).
         num_workers: the loader's worker count.
 
     Returns:
         The Monitor to call ``on_batch`` on, or None.
 
     Raises:
-        TypeError: for any other value.
+        TypeError: for any other value, saying how to write it.
     """
     if value is None:
         return default_monitor(num_workers=num_workers)
     if value is False:
         return None
+    if value is True:
+        return Monitor(num_workers=num_workers)
     if isinstance(value, Monitor):
         if value.num_workers is None:
             value.num_workers = num_workers
         return value
-    if value is True:
-        return Monitor(num_workers=num_workers)
-    if isinstance(value, MonitorConfig):
-        return value.build(num_workers)
-    if isinstance(value, (int, float)):
-        return Monitor(value, num_workers=num_workers)
-    raise TypeError(
-        f"monitor: expected None, a bool, an interval in seconds, a MonitorConfig or a "
-        f"Monitor, found {type(value).__name__}"
-    )
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        hint = f": for a report every {value:g} s, pass monitor=reader.Monitor({value!r})"
+    elif isinstance(value, MonitorConfig):
+        hint = ": pass monitor=config.build() for a Monitor with its settings"
+    else:
+        hint = " (a hook of your own subclasses reader.Monitor)"
+    raise TypeError(f"monitor must be a reader.Monitor, True, None or False, not "
+                    f"{type(value).__name__} {value!r}{hint}")

@@ -243,7 +243,7 @@ class BoundBatches:
     def describe(self) -> dict:
         """Everything the order depends on (a resumed state must agree on all of it)."""
         o = self.options
-        return {**self._settings, "seed": o.seed, "shuffle": o.shuffle, "window": o.window,
+        return {**self._settings, "seed": o.seed, "shuffle": o.shuffle, "window": o.shuffle_window,
                 "rank": o.rank, "world_size": o.world_size, "drop_last": o.drop_last,
                 "num_records": self.num_records, "partition": self.partition}
 

@@ -41,7 +41,7 @@ def shuffled_order(num_records: int, shard_starts: np.ndarray, options: SamplerO
     order = np.concatenate(
         [np.arange(starts[s], starts[s + 1], dtype=np.int64) for s in shards]
     ) if len(shards) else np.zeros(0, np.int64)
-    w = options.window
+    w = options.shuffle_window
     full = (n // w) * w
     if full:
         order[:full] = rng.permuted(order[:full].reshape(-1, w), axis=1).reshape(-1)
@@ -127,7 +127,7 @@ class Sampler:
     def describe(self) -> dict:
         """Everything the order depends on (a resumed state must agree on all of it)."""
         o = self.options
-        return {"seed": o.seed, "shuffle": o.shuffle, "window": o.window, "rank": o.rank,
+        return {"seed": o.seed, "shuffle": o.shuffle, "window": o.shuffle_window, "rank": o.rank,
                 "world_size": o.world_size, "drop_last": o.drop_last,
                 "batch_size": self.batch_size, "num_records": self.num_records,
                 "partition": self.partition}

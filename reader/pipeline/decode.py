@@ -59,7 +59,7 @@ import numpy as np
 import simplejpeg
 
 from formats.sniff import image_kind
-from formats.sniff import image_size as header_size
+from formats.sniff import image_size as header_size  # the same (height, width), from a header
 
 from ..errors import DecodeError
 from .geometry import Plan
@@ -141,8 +141,7 @@ def image_size(data: memoryview | bytes) -> tuple[int, int]:
     kind = image_kind(data)
     if kind is not None:
         try:
-            width, height = header_size(data, kind)
-            return height, width
+            return header_size(data, kind)
         except ValueError:
             pass  # a header we cannot read: decoding says what is wrong
     return _other_decode(data).shape[:2]

@@ -1,0 +1,15 @@
+"""Datasets and sources on object storage: one small API over pyarrow's filesystems.
+
+``uris`` (one parser for every URI, and the secrets it never shows), ``retry``
+(backoff before an error is final), ``location`` (a folder on any filesystem, its
+checked downloads and uploads) and ``cache`` (the verified local copy of a remote
+dataset's shards).
+"""
+
+from .location import Location, StoredFile, default_cache_folder, open_location
+from .retry import Retry
+from .uris import S3_QUERY_KEYS, ParsedURI, URIError, display_uri, is_uri, local_path, parse_uri
+
+__all__ = ["S3_QUERY_KEYS", "Location", "ParsedURI", "Retry", "StoredFile", "URIError",
+           "default_cache_folder", "display_uri", "is_uri", "local_path", "open_location",
+           "parse_uri"]

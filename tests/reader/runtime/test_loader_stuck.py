@@ -1,0 +1,185 @@
+"""Workers that make no progress (stopped, slow, blocked) and processes forked from the loader's."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from helpers_paths import TESTS
+from helpers_reader import SIDE, CropPipeline, make_dataset
+
+from reader import Loader, LoaderTimeoutError
+from reader.runtime import epoch as epoch_mod
+from reader.runtime.proc import process_state
+
+
+@pytest.fixture(scope="module")
+def ds_path(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("stuck") / "ds", 96, extra=False)
+
+
+class SpinPipeline:
+    """Burns ``seconds`` of CPU per record: a slow transform, never a stuck one."""
+
+    output_shape = (SIDE, SIDE, 3)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def run(self, view, out, rng):
+        end = time.process_time() + self.seconds
+        while time.process_time() < end:
+            pass
+        out[...] = 7
+        return 0.0, self.seconds
+
+
+@pytest.fixture
+def quick_deadline(monkeypatch):
+    monkeypatch.setattr(epoch_mod, "LATE_FIRST_S", 0.5)
+    monkeypatch.setattr(epoch_mod, "LATE_MIN_S", 0.5)
+    monkeypatch.setattr(epoch_mod, "LATE_FACTOR", 1.0)
+
+
+def test_process_state_reads_this_process():
+    st = process_state(os.getpid())
+    assert st is not None and st.state == "R" and st.cpu_s > 0 and not st.stopped
+
+
+def test_stopped_workers_are_an_error_by_default_naming_them(ds_path, quick_deadline):
+    with Loader(ds_path, 8, num_workers=2, transform=CropPipeline()) as lo:
+        it = iter(lo)
+        next(it)
+        for _ in range(len(it.ready) + 1):  # let the batches already built be taken
+            pass
+        pids = [p.pid for p in it.workers]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            t = time.monotonic()
+            with pytest.raises(LoaderTimeoutError) as info:
+                for _ in it:
+                    pass
+            assert time.monotonic() - t < 10
+            msg = str(info.value)
+            assert "stopped" in msg and f"kill -CONT {pids[0]} {pids[1]}" in msg
+            assert f"pid {pids[0]}" in msg and "timeout=" in msg
+        finally:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+
+
+def test_a_timeout_says_what_each_worker_is_doing(ds_path):
+    # One busy worker: "running" with the CPU it used, never "all workers are alive".
+    with Loader(ds_path, 2, num_workers=1, transform=SpinPipeline(0.6), timeout=1.0) as lo, \
+            pytest.raises(LoaderTimeoutError) as info:
+        next(iter(lo))
+    msg = str(info.value)
+    assert "worker 0" in msg and "busy (" in msg and "s of CPU in the last" in msg
+    assert "the timeout is 1.0 s" in msg and "alive" not in msg
+    # An asleep one, building the batch waited for, and an idle one: told apart.
+    with Loader(ds_path, 2, num_workers=2, prefetch=1, transform=CropPipeline(sleep=0.8),
+                timeout=1.0) as lo, pytest.raises(LoaderTimeoutError) as info:
+        next(iter(lo))
+    msg = str(info.value)
+    assert re.search(r"building batch 0, is asleep or blocked \(0\.[0-3] s of CPU", msg), msg
+    assert "waiting for a task, is asleep or blocked" in msg
+
+
+def test_slow_workers_are_reported_and_waited_for(ds_path, quick_deadline, caplog):
+    with Loader(ds_path, 8, num_workers=1, transform=CropPipeline(sleep=0.1)) as lo:
+        it = iter(lo)
+        with caplog.at_level(logging.WARNING, logger="reader.runtime.epoch"):
+            labels = [next(it)["label"].copy() for _ in range(2)]
+        it.shutdown()
+    assert np.concatenate(labels).tolist() == list(range(16))  # late, but they came
+    assert any("no batch for" in r.getMessage() and "asleep or blocked" in r.getMessage()
+               for r in caplog.records)
+
+
+FORK_AND_EXIT = """
+import os, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from helpers_reader import CropPipeline
+from reader import Loader
+
+with Loader({ds!r}, 8, num_workers=2, transform=CropPipeline(), persistent_workers={persistent}) as lo:
+    it = iter(lo)
+    first = next(it)["label"].copy()
+    workers = list(it.workers)
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # as user code leaves: atexit handlers (multiprocessing's too), then GC
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    assert all(p.exitcode is None for p in workers), [p.exitcode for p in workers]
+    rest = np.concatenate([b["label"] for b in it])
+    assert np.array_equal(np.concatenate([first, rest]), np.arange(96))
+print("parent ok")
+"""
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_forked_child_exiting_leaves_the_parents_workers_alone(ds_path, persistent):
+    script = FORK_AND_EXIT.format(tests=str(TESTS), ds=str(ds_path),
+                                  persistent=persistent)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and "parent ok" in res.stdout, res.stderr[-3000:]
+
+
+def test_a_forked_child_gets_its_own_workers(ds_path):
+    with Loader(ds_path, 8, num_workers=2, transform=CropPipeline()) as lo:
+        it = iter(lo)
+        next(it)
+        parent_ring = lo.ring
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                try:
+                    next(it)
+                except RuntimeError as exc:
+                    assert "forked" in str(exc)
+                    labels = np.concatenate([b["label"] for b in lo])  # its own workers, ring
+                    ok = lo.ring is not parent_ring and labels.tolist() == list(range(96))
+                    code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        labels = np.concatenate([b["label"].copy() for b in it])
+        assert labels.tolist() == list(range(8, 96))
+
+
+def test_time_this_process_spends_suspended_is_nobodys_lateness(ds_path):
+    import queue
+
+    # The whole process group stopped for 2 s (Ctrl-Z, then fg) while next() waited:
+    # seen from the loop, one poll of the done queue took 2 s instead of 0.1 s.
+    with Loader(ds_path, 8, num_workers=1, transform=CropPipeline(sleep=0.05),
+                timeout=1.5) as lo:
+        it = iter(lo)
+        real_get, suspended = it.done_q.get, []
+
+        def get(timeout=None):
+            if not suspended:
+                suspended.append(True)
+                time.sleep(2.0)
+                raise queue.Empty
+            return real_get(timeout=timeout)
+
+        it.done_q.get = get
+        assert len(next(it)["label"]) == 8  # no LoaderTimeoutError for those 2 s
+        it.shutdown()
