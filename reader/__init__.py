@@ -13,10 +13,10 @@ worker does to each sample), :mod:`reader.runtime` (the processes, slots and sin
 and :mod:`reader.monitor`; :mod:`reader.inspect` is ``inspect-shards``.
 """
 
+from formats.storage.cache import CacheOptions
 from formats.version import package_version
 
 from .batching import AspectRatioBatches, BudgetBatches
-from formats.storage.cache import CacheOptions
 from .data.dataset import open_dataset, read_many
 from .device import DeviceOptions
 from .errors import DecodeError, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError

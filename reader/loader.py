@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from formats import ShardDataset
-
 from formats.storage.cache import CacheOptions
+
 from .data.dataset import open_dataset
 from .monitor.monitor import resolve_monitor
 from .options import (

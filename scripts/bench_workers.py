@@ -26,7 +26,7 @@ left out): only a signal that stays near zero without burners, whatever the coun
 and rises with them tells other programs from the loader's own workers.
 
 ``--record-trace FILE`` keeps the auto runs' windows, each as the scaler measured it,
-for ``tests/reader/runtime/test_autoscale.py`` to replay through the rule.
+for ``tests/reader/runtime/test_autoscale_traces.py`` to replay through the rule.
 
 Usage: ``python -m scripts.bench_workers [--seconds 30] [--repeat 3] [--signals]``.
 """
@@ -165,14 +165,6 @@ def _psi_some_us() -> int | None:
         return None
 
 
-def _procs_running() -> int:
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("procs_running"):
-                return int(line.split()[1])
-    return 0
-
-
 class RunQueue(threading.Thread):
     """Mean of procs_running less the loader's runnable processes, sampled every 20 ms
     (this sampling thread, itself running while it reads, is left out too)."""
@@ -184,11 +176,11 @@ class RunQueue(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        from reader.runtime.proc import process_state
+        from reader.runtime.proc import process_state, procs_running
 
         while not self.done.wait(0.02):
             ours = sum(1 for p in self.pids() if (s := process_state(p)) and s.state == "R")
-            self.samples.append(_procs_running() - ours - 1)
+            self.samples.append((procs_running() or 0) - ours - 1)
 
 
 def signals(args, path: Path, transform, cores: int) -> None:

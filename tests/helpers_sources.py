@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from formats.codecs.registry import convert
+from tests.formats.test_codec_mds import write_mds
 from tests.helpers_codecs import make_dataset, make_records
 from tests.helpers_packer import image_folder
-from tests.formats.test_codec_mds import write_mds
 
 SOURCES = ("imagefolder", "files", "filelist", "tfrecord", "webdataset", "parquet", "mds",
            "shards")

@@ -32,7 +32,7 @@ _ADDRESS_SPACE_HEADROOM = 2 << 30
 
 _CHILD = textwrap.dedent("""
     import importlib, json, resource, sys, time, traceback
-    sys.path[:0] = [{tests!r}, {root!r}]
+    sys.path[:0] = [{folder!r}, {tests!r}, {root!r}]
     mod = importlib.import_module({module!r})
     import formats, numpy, pyarrow, pyarrow.parquet  # noqa: F401  (imports not timed)
     with open("/proc/self/statm") as f:
@@ -94,8 +94,10 @@ def run_case(module: str, func: str, *args, timeout: float = 5.0, label: str | N
         label: the case's name in the log (default ``module.func``).
         env: extra environment variables for the child.
     """
-    code = _CHILD.format(tests=str(TESTS), root=str(ROOT), module=module, func=func,
-                         args=tuple(args), headroom=_ADDRESS_SPACE_HEADROOM)
+    # Test modules live in the folders of tests/ (imported by their own name, as pytest does).
+    folder = next(TESTS.rglob(f"{module}.py")).parent
+    code = _CHILD.format(folder=str(folder), tests=str(TESTS), root=str(ROOT), module=module,
+                         func=func, args=tuple(args), headroom=_ADDRESS_SPACE_HEADROOM)
     name = label or f"{module}.{func}"
     startup = 20.0  # importing numpy/pyarrow on a loaded 2-core CI machine
     try:

@@ -19,7 +19,6 @@ import numpy as np
 from formats import ShardDataset, open_shards
 from formats.fields import BYTES_TYPES
 from formats.storage import is_uri
-
 from formats.storage.cache import CacheOptions
 
 __all__ = ["ShardDataset", "main_fields", "open_dataset", "read_many"]

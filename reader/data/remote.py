@@ -30,7 +30,6 @@ from formats.shard.dataset import default_max_open, read_metadata
 from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest
 from formats.shard.shard import ShardReader
 from formats.storage import Location, open_location
-
 from formats.storage.cache import CacheOptions, Pin
 
 __all__ = ["Prefetcher", "RemoteDataset"]

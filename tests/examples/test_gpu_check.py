@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers_paths import ROOT
 
 from scripts import bench_gpu, gpu_requirements
+from tests.helpers_paths import ROOT
 
 
 def _check(tmp_path, *args, env=None):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers_paths import DATA
 
 from formats.codecs.registry import detect, open_source
+from tests.helpers_paths import DATA
 
 CODECS = DATA / "codecs"
 EXPECTED = json.loads((CODECS / "expected.json").read_text())

@@ -1,9 +1,8 @@
 """A tiny dataset written by format 1.0, committed: later code must keep reading it."""
 
 
-from helpers_paths import DATA
-
 import formats
+from tests.helpers_paths import DATA
 
 GOLDEN = DATA / "golden-v1"
 

@@ -25,7 +25,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers_paths import TESTS
 from hostile import run_case
 
 from formats import DatasetWriter, Field, open_shards
@@ -34,6 +33,7 @@ from formats.errors import FormatError, ManifestError, ShardpackError, UnsafePat
 from formats.shard.layout import index_sections
 from formats.shard.manifest import MAX_MANIFEST_BYTES
 from formats.shard.shard_writer import META_SCHEMA
+from tests.helpers_paths import TESTS
 
 FIELDS = [Field("data", "bytes"), Field("label", "int"), Field("key", "str"),
           Field("doc", "json", "zstd")]

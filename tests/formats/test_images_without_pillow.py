@@ -20,7 +20,6 @@ import cv2
 import numpy as np
 import pytest
 import simplejpeg
-from helpers_paths import ROOT
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +28,7 @@ from formats.sniff import image_kind, image_size, sniff
 from packer import PackOptions, pack
 from packer.errors import PackInputError
 from packer.work import MAX_PIXELS, WorkOptions, prepare
+from tests.helpers_paths import ROOT
 
 # OpenCV decodes GIF from 4.11 on (the core dependency allows 4.8): before, --to-jpeg
 # refuses a GIF as "unsupported", naming the version that reads it.

@@ -7,12 +7,12 @@ import json
 import cv2
 import numpy as np
 import pytest
-from tests.packer.test_pack_safety import Stop, dataset_files, stop_after
 
 import formats
 from packer import PackOptions, UsageError, pack
 from packer.plan import shuffle_order
 from tests.helpers_coco import make_coco
+from tests.packer.test_pack_safety import Stop, dataset_files, stop_after
 
 
 def opts(ann, **kw) -> PackOptions:

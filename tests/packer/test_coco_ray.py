@@ -8,11 +8,10 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'shardpack[ray]'")
 
-from tests.packer.test_coco_options import values  # noqa: E402
-
 import formats  # noqa: E402
 from packer import PackOptions, pack  # noqa: E402
 from tests.helpers_coco import make_coco  # noqa: E402
+from tests.packer.test_coco_options import values  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

@@ -11,10 +11,10 @@ content, the order) is judged on every pair, record by record.
 from __future__ import annotations
 
 import pytest
-from tests.formats.test_codec_roundtrip_exact import FOREIGN, _check, _write_shards, variants
 
 from formats import open_shards, verify_dataset
 from packer import PackOptions, pack
+from tests.formats.test_codec_roundtrip_exact import FOREIGN, _check, _write_shards, variants
 
 
 def hop(src, dst, **kw) -> None:

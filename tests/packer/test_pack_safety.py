@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_paths import ROOT
 
 import formats
 from formats.codecs.registry import convert, open_source
@@ -24,6 +23,7 @@ from packer.cli import main
 from packer.destination import _lock, claim
 from tests.helpers_codecs import make_dataset, make_records
 from tests.helpers_packer import dataset_files as _all_files
+from tests.helpers_paths import ROOT
 from tests.helpers_sources import SOURCES, make_source
 
 SINKS = ("shards", "tfrecord", "webdataset", "parquet", "imagefolder")

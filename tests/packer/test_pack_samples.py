@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_paths import ROOT
 
 import formats
 from formats import Field
@@ -26,6 +25,7 @@ from packer import (
     pack_samples,
 )
 from tests.helpers_packer import StopAfter, dataset_files, jpeg, pack_fn
+from tests.helpers_paths import ROOT
 
 FAST = {"durable": False, "progress": False}
 
@@ -291,7 +291,7 @@ _KILLED_PACK = """
 import sys
 import packer.sample_runs
 from packer import PackOptions, pack_samples
-sys.path.insert(0, "tests/packer")  # the module's name under pytest: the fingerprint names fn by it
+sys.path[:0] = ["tests/packer", "tests"]  # the module's name under pytest: the fingerprint names fn by it
 from test_pack_samples import long_inputs
 packer.sample_runs.RUN_SAMPLES = 64  # small samples: runs of 64 reach the writer as they come
 pack_samples(long_inputs, range(6), sys.argv[1],

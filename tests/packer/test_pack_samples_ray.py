@@ -9,11 +9,10 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'shardpack[ray]'")
 
-from tests.packer.test_pack_samples import clips, flaky, half_then_raise  # noqa: E402
-
 import formats  # noqa: E402
 from packer import PackInputError  # noqa: E402
 from tests.helpers_packer import pack_fn  # noqa: E402
+from tests.packer.test_pack_samples import clips, flaky, half_then_raise  # noqa: E402
 
 FAST = {"durable": False, "progress": False}
 
@@ -68,9 +67,9 @@ def test_ray_takes_a_lambda_and_resumes_a_finished_pack(tmp_path):
 
 def test_ray_packs_a_folder_of_any_files_like_the_local_engine(tmp_path):
     import numpy as np
-    from tests.packer.test_files_any import mixed_tree
 
     from packer import PackOptions, pack
+    from tests.packer.test_files_any import mixed_tree
 
     mixed_tree(tmp_path / "src", np.random.default_rng(0), n=7)
     pack(tmp_path / "src", tmp_path / "local", PackOptions(durable=False, workers=0))

@@ -8,7 +8,6 @@ import sys
 import types
 
 import pytest
-from helpers_paths import ROOT
 
 import formats
 from formats.errors import InputUsageError
@@ -23,6 +22,7 @@ from packer import (
 )
 from packer.cli import main
 from tests.helpers_packer import StopAfter, dataset_files, image_folder, jpeg, png
+from tests.helpers_paths import ROOT
 
 FAST = {"durable": False, "workers": 0}
 

@@ -20,11 +20,10 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'shardpack[ray]'")
 
-from helpers_paths import ROOT
-
 import formats
 from packer import PackOptions, pack
 from tests.helpers_packer import image_folder
+from tests.helpers_paths import ROOT
 
 RAY = Path(sys.executable).with_name("ray")
 

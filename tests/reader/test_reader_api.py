@@ -12,7 +12,6 @@ import re
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers_paths import ROOT
 from helpers_reader import CropPipeline, make_dataset
 
 import reader
@@ -29,6 +28,7 @@ from reader.options import (
     check_fields,
 )
 from reader.transforms import RandomResizedCrop
+from tests.helpers_paths import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +221,7 @@ BAD_OPTIONS = [
     (SamplerOptions, {"rank": "0", "world_size": 2}, TypeError, "rank .* str '0'"),
     (SamplerOptions, {"rank": 0, "world_size": 0}, ValueError, "world_size must be an int >= 1"),
     (SamplerOptions, {"rank": 2, "world_size": 2}, ValueError, r"rank 2 is not in \[0"),
-    (SamplerOptions, {"window": 0}, ValueError, "window must be an int >= 1, not 0"),
+    (SamplerOptions, {"shuffle_window": 0}, ValueError, "shuffle_window must be an int >= 1, not 0"),
     (DecodeOptions, {"fields": "image"}, TypeError, r"fields must be a tuple .*fields=\('image',\)"),
     (DecodeOptions, {"fields": ()}, ValueError, "at least one field"),
     (DecodeOptions, {"fields": ("label", "label")}, ValueError, "'label' more than once"),
@@ -318,7 +318,8 @@ def test_reader_version_is_the_one_the_command_lines_print(capsys):
 # -- the face: what `import reader` offers -----------------------------------------------
 
 README = ROOT / "README.md"
-INTERNAL = ("SlotRing", "SlotLayout", "FieldLayout", "CpuSink", "Sampler", "BatchTiming")
+INTERNAL = ("SlotRing", "SlotLayout", "FieldLayout", "CpuSink", "Sampler", "BatchTiming",
+            "SamplerOptions", "DecodeOptions", "WorkerOptions")
 
 
 def test_the_top_level_exports_what_the_readme_teaches_and_nothing_internal():
@@ -327,7 +328,7 @@ def test_the_top_level_exports_what_the_readme_teaches_and_nothing_internal():
     assert {"Loader", "open_dataset", "enable_monitor"} <= taught  # the sweep reads the README
     taught |= {"AspectRatioBatches", "BudgetBatches", "TorchLoader", "DeviceOptions", "Monitor",
                "RandomResizedCrop", "ResizeShortestEdge", "PadToMultiple", "Normalize",
-               "SamplerOptions", "DecodeOptions", "WorkerOptions", "LoaderError"}
+               "LoaderError"}
     assert taught <= set(reader.__all__), taught - set(reader.__all__)
     assert all(hasattr(reader, name) for name in reader.__all__)
     assert not set(INTERNAL) & set(vars(reader)), set(INTERNAL) & set(vars(reader))

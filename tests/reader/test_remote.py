@@ -21,10 +21,10 @@ import reader
 from formats import StorageError, open_shards
 from formats.shard.verify import ALL_MATCH
 from formats.storage import Location, Retry, open_location
+from formats.storage.cache import CacheOptions, ShardCache
 from packer import PackOptions, pack
 from packer.remote import open_remote_source
 from reader import Loader, open_dataset
-from formats.storage.cache import CacheOptions, ShardCache
 from reader.data.remote import RemoteDataset
 from reader.options import SamplerOptions
 

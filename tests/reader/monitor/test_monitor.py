@@ -387,12 +387,15 @@ def test_enable_disable_default():
         assert resolve_monitor(None) is None
     finally:
         disable_monitor()
-    assert resolve_monitor(5).config.interval == 5
     assert resolve_monitor(True).config.interval == 5.0
     own = Monitor(1)
     assert resolve_monitor(own, num_workers=4) is own and own.num_workers == 4
-    assert resolve_monitor(MonitorConfig(interval=3)).config.interval == 3
-    with pytest.raises(TypeError, match="monitor: expected"):
+    # Four kinds of value, one meaning each; the others say what to write instead.
+    with pytest.raises(TypeError, match=r"pass monitor=reader\.Monitor\(5\)"):
+        resolve_monitor(5)
+    with pytest.raises(TypeError, match=r"pass monitor=config\.build\(\)"):
+        resolve_monitor(MonitorConfig(interval=3))
+    with pytest.raises(TypeError, match=r"monitor must be a reader\.Monitor, True, None or False"):
         resolve_monitor("5")
     with pytest.raises(ValueError, match="interval"):
         Monitor(0)

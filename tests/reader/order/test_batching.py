@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers_paths import ROOT
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,6 +17,7 @@ from formats import DatasetWriter, Field
 from reader.options import SamplerOptions
 from reader.order.batching import AspectRatioBatches, BudgetBatches, field_sizes, padding_waste
 from reader.order.sampler import Sampler, shuffled_order
+from tests.helpers_paths import ROOT
 
 
 class FakeDataset:

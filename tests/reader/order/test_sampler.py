@@ -25,7 +25,7 @@ def make(n, batch, per_shard=10, **kw) -> Sampler:
        seed=st.integers(0, 2**32), epoch=st.integers(0, 5))
 def test_ranks_partition_the_epoch(n, batch, world, shuffle, drop_last, seed, epoch):
     samplers = [make(n, batch, shuffle=shuffle, drop_last=drop_last, seed=seed, rank=r,
-                     world_size=world, window=7) for r in range(world)]
+                     world_size=world, shuffle_window=7) for r in range(world)]
     nb = {len(s) for s in samplers}
     assert len(nb) == 1, "every rank must get the same number of batches"
     got = [np.concatenate([s.batch(epoch, k) for k in range(len(s))] or [np.zeros(0, np.int64)])
@@ -55,7 +55,7 @@ def test_order_is_pure_and_changes_with_epoch_and_seed():
 
 def test_block_shuffle_is_local_and_mixes():
     n, per_shard, window = 2000, 250, 64
-    s = make(n, 16, per_shard=per_shard, shuffle="block", window=window, seed=1)
+    s = make(n, 16, per_shard=per_shard, shuffle="block", shuffle_window=window, seed=1)
     order = s.global_order(0)
     assert sorted(order.tolist()) == list(range(n))
     # Each window holds `window` records that were consecutive in (shuffled) shard order:

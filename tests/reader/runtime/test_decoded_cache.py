@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_paths import TESTS
 from helpers_reader import make_dataset
 
 from reader import DecodedCacheOptions, Loader
 from reader.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
+from tests.helpers_paths import TESTS
 
 BIG = 1 << 26
 

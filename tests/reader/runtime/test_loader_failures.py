@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_paths import TESTS
 from helpers_reader import CropPipeline, make_dataset
 
 from formats.errors import CorruptRecordError
 from reader import Loader, WorkerDiedError, WorkerError
 from reader.runtime.slots import SlotLayout, SlotRing, reclaim_stale_segments
+from tests.helpers_paths import TESTS
 
 
 @pytest.fixture(scope="module")

@@ -250,7 +250,9 @@ def test_the_decoded_cache_serves_a_restarted_epoch_the_same(ds_path):
 def test_the_gpu_sink_serves_a_restarted_epoch_whole(ds_path, monkeypatch, how):
     import sys
 
-    from tests import fake_cupy  # numpy standing in for cupy (see tests/reader/runtime/test_device.py)
+    from tests import (
+        fake_cupy,  # numpy standing in for cupy (see tests/reader/runtime/test_device.py)
+    )
 
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     kw = dict(shuffle=True, seed=2, transform=[CenterCrop(24)], num_workers=2)

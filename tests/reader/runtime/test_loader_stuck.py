@@ -12,12 +12,12 @@ import time
 
 import numpy as np
 import pytest
-from helpers_paths import TESTS
 from helpers_reader import SIDE, CropPipeline, make_dataset
 
 from reader import Loader, LoaderTimeoutError
 from reader.runtime import epoch as epoch_mod
 from reader.runtime.proc import process_state
+from tests.helpers_paths import TESTS
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 
 from reader.runtime.autoscale import Climb, WindowFigures
+from tests.helpers_paths import DATA
 
-TRACE = Path(__file__).parent / "data" / "autoscale_trace.json"
+TRACE = DATA / "autoscale_trace.json"
 
 
 def recorded():
