@@ -102,7 +102,8 @@ class Loader:
             torch's ``DistributedSampler``) and yields the last partial batch.
         rank, world_size: distributed partitioning; ``None`` reads ``$RANK`` and
             ``$WORLD_SIZE`` (torchrun sets them), else 0 and 1.
-        shuffle_window: records per window of ``shuffle="block"``.
+        shuffle_window: records per window of ``shuffle="block"`` (refused with any
+            other order, where it would do nothing).
         transform: the image pipeline (:mod:`reader.transforms`), a list of transform
             specs to build one from, or None (whole images).
         annotations: which fields follow the image's geometry
@@ -276,6 +277,7 @@ class Loader:
                     "prefetch": w.prefetch != "auto", "timeout": w.timeout is not None,
                     "persistent_workers": w.persistent_workers,
                     "max_prefetch": w.max_prefetch is not None,
+                    "max_ring_bytes": w.max_ring_bytes != WorkerOptions.max_ring_bytes,
                     "start_method": w.start_method is not None}
             why = ("decode=False reads raw bytes in this process: no decoding, no workers, "
                    "nothing in flight")

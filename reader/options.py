@@ -159,7 +159,8 @@ class SamplerOptions:
             torchrun sets it), else 0.
         world_size: number of ranks splitting each epoch; ``None``:
             ``$WORLD_SIZE``, else 1.
-        shuffle_window: records per shuffle window for ``"block"``.
+        shuffle_window: records per shuffle window for ``"block"`` (refused with the
+            other modes).
     """
 
     shuffle: bool | str = False
@@ -187,6 +188,9 @@ class SamplerOptions:
         _set(self, "rank", rank)
         _set(self, "world_size", world_size)
         _set(self, "shuffle_window", _int("shuffle_window", self.shuffle_window, 1))
+        if shuffle != "block" and self.shuffle_window != SamplerOptions.shuffle_window:
+            raise ValueError(f"shuffle_window={self.shuffle_window} would have no effect: it "
+                             f"sizes the windows of shuffle='block', and shuffle={shuffle!r}")
 
 
 @dataclass(frozen=True)

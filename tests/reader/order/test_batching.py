@@ -88,7 +88,8 @@ def test_groups_partition_the_epoch_and_stay_homogeneous(n, batch, world, shuffl
     hw = rng.integers(1, 60, (n, 2))
     boundaries = (0.5, 0.75, 1.0, 1.33, 2.0)[:bounds]
     spec = AspectRatioBatches(boundaries=boundaries, sizes=hw)
-    kw = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, shuffle_window=7)
+    kw = dict(shuffle=shuffle, drop_last=drop_last, seed=seed,
+              **({"shuffle_window": 7} if shuffle == "block" else {}))
     ranks = bind_all(spec, n, world, batch, **kw)
     single = bind_all(spec, n, 1, batch, **kw)[0]
     glob = check_partition(ranks, single, epoch, n)
@@ -140,7 +141,8 @@ def test_budget_batches_partition_the_epoch_within_budget(n, world, padded, shuf
     sizes = rng.integers(0, 50, n)
     budget = int(sizes.max()) + int(rng.integers(1, 200))
     spec = BudgetBatches(budget, size=sizes, padded=padded, max_batch_size=cap, window=window)
-    kw = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, shuffle_window=7)
+    kw = dict(shuffle=shuffle, drop_last=drop_last, seed=seed,
+              **({"shuffle_window": 7} if shuffle == "block" else {}))
     ranks = bind_all(spec, n, world, **kw)
     glob = check_partition(ranks, bind_all(spec, n, 1, **kw)[0], epoch, n)
     for b in glob:
@@ -173,7 +175,8 @@ def test_budget_batches_sort_within_windows_so_padding_shrinks(rng):
 @pytest.mark.parametrize("shuffle", [False, "block", "full"])
 def test_budget_batch_order_is_shuffled_as_the_records_are(shuffle):
     n, sizes = 2000, np.arange(2000) % 97 + 1
-    opts = SamplerOptions(shuffle=shuffle, seed=5, shuffle_window=100)
+    opts = SamplerOptions(shuffle=shuffle, seed=5,
+                          **({"shuffle_window": 100} if shuffle == "block" else {}))
     bound = BudgetBatches(400, size=sizes, window=5).bind(FakeDataset(n, 100), None, opts)
     w = bound.describe()["sort_window"]
     where = np.empty(n, np.int64)
