@@ -49,6 +49,7 @@ import pickle
 import reprlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,7 @@ def _progress(progress: PackProgress | bool) -> PackProgress:
 
 def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path,
                  options: PackOptions | None = None, *, schema: Any = None,
-                 progress: PackProgress | bool = True) -> PackSummary:
+                 progress: PackProgress | bool = True, **unknown: Any) -> PackSummary:
     """Pack the samples ``fn`` makes of each input into a shards dataset at ``dst``.
 
     Args:
@@ -211,12 +212,16 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path,
         (kind ``raised``, or ``partial`` when the samples it gave before are written).
 
     Raises:
+        TypeError: a keyword that is not an argument; a PackOptions field given as a
+            keyword (as pack_samples took them before) says to pass it in ``options``.
         UsageError: bad arguments (names which); nothing was written.
         PackInputError: with ``on_error="fail"``, the first bad input or sample,
             naming the input (index and repr), the field and what was expected.
         PackError: no schema could be inferred, or a worker process died.
         PackInterrupted: Ctrl-C; sealed shards are kept for ``resume=True``.
     """
+    if unknown:
+        _refuse_keywords(unknown)
     dst = local_path(dst)
     if not callable(fn):
         raise UsageError(f"fn must be callable, not {type(fn).__name__}")
@@ -247,6 +252,16 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path,
     dst = Path(dst)
     check_paths(None, dst)
     return _pack(fn, inputs, dst, fields, options, progress)
+
+
+def _refuse_keywords(unknown: dict) -> None:
+    fields = {f.name for f in dataclass_fields(PackOptions)}
+    named = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
+    if all(k in fields for k in unknown):
+        raise TypeError(f"pack_samples takes its options as pack() does: pass "
+                        f"packer.PackOptions({named}) after dst, not {named}")
+    bad = next(k for k in unknown if k not in fields)
+    raise TypeError(f"pack_samples() got an unexpected keyword argument {bad!r}")
 
 
 def _sample_options(options: PackOptions | None, n: int) -> PackOptions:

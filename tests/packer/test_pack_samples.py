@@ -564,8 +564,11 @@ def test_options_come_as_pack_takes_them(tmp_path):
         pack_samples(make, range(3), tmp_path / "x", PackOptions(max_side=64, shuffle=True))
     with pytest.raises(UsageError, match=r"options must be a packer\.PackOptions, not dict"):
         pack_samples(make, range(3), tmp_path / "y", {"workers": 0})
-    with pytest.raises(TypeError, match="unexpected keyword argument 'workers'"):
-        pack_samples(make, range(3), tmp_path / "z", workers=0)
+    with pytest.raises(TypeError, match=r"pass packer\.PackOptions\(workers=0, durable=False\) "
+                                        r"after dst"):
+        pack_samples(make, range(3), tmp_path / "z", workers=0, durable=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'wrokers'"):
+        pack_samples(make, range(3), tmp_path / "z", wrokers=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
 
 
