@@ -133,7 +133,10 @@ class PackOptions:
         if self.engine != "ray" and self.ray_address is not None:
             raise UsageError("ray_address (--ray-address) needs engine='ray' (--engine ray)")
         if isinstance(self.shard_size, str):
-            object.__setattr__(self, "shard_size", parse_size(self.shard_size))
+            try:
+                object.__setattr__(self, "shard_size", parse_size(self.shard_size))
+            except UsageError as exc:
+                raise UsageError(f"shard_size: {exc}") from None
         for name in ("shard_size", "records_per_shard", "max_side", "task_records"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):

@@ -556,6 +556,8 @@ def test_options_come_as_pack_takes_them(tmp_path):
     # One way for both entry points: pack(src, dst, PackOptions) and
     # pack_samples(fn, inputs, dst, PackOptions), sizes written as the CLI takes them.
     assert PackOptions(shard_size="64MB").shard_size == 64_000_000
+    with pytest.raises(UsageError, match=r"shard_size: not a size: '64XB'"):
+        PackOptions(shard_size="64XB")
     opts = PackOptions(workers=0, records_per_shard=7, shard_size=None, durable=False)
     s = pack_samples(make, range(30), tmp_path / "ds", opts, progress=False)
     assert s.records_written == 30 and s.shards == 5
