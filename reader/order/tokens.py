@@ -334,8 +334,13 @@ class TokenBlocks:
     def state_dict(self) -> dict:
         """The next unseen batch of the running (or last) loop, and what the block order
         depends on."""
-        return {"epoch": self.epoch, "batch": self.position, "block_size": self.block_size,
+        epoch, batch = self._next_unseen(self.epoch, self.position)
+        return {"epoch": epoch, "batch": batch, "block_size": self.block_size,
                 "num_tokens": self.num_tokens, **self.sampler.describe()}
+
+    def _next_unseen(self, epoch: int, batch: int) -> tuple[int, int]:
+        """Past an epoch's last batch, the next epoch's first (no epoch is replayed)."""
+        return (epoch + 1, 0) if batch >= self.sampler.num_batches_in(epoch) else (epoch, batch)
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next ``iter()`` continue at the batch after the last one delivered when
@@ -350,7 +355,7 @@ class TokenBlocks:
                 raise ValueError(f"token state was saved with {key}={state.get(key)!r}, this "
                                  f"reader has {key}={value!r}: cannot resume exactly")
         self._end_loop("load_state_dict() moved this TokenBlocks to the saved position")
-        self.epoch, self.position = int(state["epoch"]), int(state["batch"])
+        self.epoch, self.position = self._next_unseen(int(state["epoch"]), int(state["batch"]))
         self._resume = True
 
     def close(self) -> None:

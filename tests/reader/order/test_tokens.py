@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -241,3 +243,17 @@ def test_open_shards_stay_within_max_open(tmp_path, docs):
     with TokenBlocks(ds, 8, 4, shuffle="full") as tb:
         for _ in tb:
             assert len(tb._rows) <= 2  # a view holds its shard's map open
+
+
+def test_a_state_saved_after_the_last_batch_names_the_next_epoch(path):
+    with TokenBlocks(path, 8, 4, shuffle=True, seed=3) as tb:
+        want = [_rows(tb), _rows(tb)]
+    with TokenBlocks(path, 8, 4, shuffle=True, seed=3) as tb:
+        seen = [np.array(b, copy=True) for b in itertools.islice(tb, len(tb))]
+        state = tb.state_dict()
+    assert _same(seen, want[0]) and (state["epoch"], state["batch"]) == (1, 0)
+    with TokenBlocks(path, 8, 4, shuffle=True, seed=3) as tb:
+        tb.load_state_dict({**state, "epoch": 0, "batch": len(tb)})  # as older versions saved it
+        assert tb.epoch == 1
+        tb.set_epoch(tb.epoch)
+        assert _same(_rows(tb), want[1])

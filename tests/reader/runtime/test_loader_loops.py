@@ -172,11 +172,19 @@ def test_a_loop_that_took_every_batch_finishes_its_epoch(ds_path):
         n = len(lo)
         # A fixed number of steps per epoch: the loop never asks for the end of the data.
         assert labels(itertools.islice(lo, n)) == want[0]
-        assert (lo.epoch, lo.state_dict()["batch"]) == (0, n)
+        state = lo.state_dict()  # the next unseen batch is the next epoch's first
+        assert (lo.epoch, state["epoch"], state["batch"]) == (0, 1, 0)
         assert labels(lo) == want[1]
-    with loader(ds_path, 1, shuffle=True) as lo:
-        lo.load_state_dict({**lo.state_dict(), "epoch": 0, "batch": n})
-        assert labels(lo) == want[1]  # the next unseen batch is the next epoch's first
+    for saved in (state, {**state, "epoch": 0, "batch": n}):  # the latter as older versions saved it
+        with loader(ds_path, 1, shuffle=True) as lo:
+            lo.load_state_dict(saved)
+            # The README's loop after a resume: no epoch is read twice.
+            assert lo.epoch == 1
+            seen = []
+            for epoch in range(lo.epoch, 2):
+                lo.set_epoch(epoch)
+                seen.append(labels(lo))
+            assert seen == [want[1]]
 
 
 def test_set_epoch_between_loops(ds_path):
