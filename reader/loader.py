@@ -278,12 +278,14 @@ class Loader:
                     "persistent_workers": w.persistent_workers,
                     "max_prefetch": w.max_prefetch is not None,
                     "max_ring_bytes": w.max_ring_bytes != WorkerOptions.max_ring_bytes,
-                    "start_method": w.start_method is not None}
+                    "start_method": w.start_method is not None,
+                    "image_field": d.image_field is not None}
             why = ("decode=False reads raw bytes in this process: no decoding, no workers, "
                    "nothing in flight")
         elif self.num_workers == 0:
             idle = {"timeout": w.timeout is not None, "persistent_workers": w.persistent_workers,
                     "prefetch": w.prefetch not in ("auto", 1),
+                    "max_prefetch": w.max_prefetch is not None,
                     "start_method": w.start_method is not None}
             why = "num_workers=0 builds each batch in this process when it is asked for"
         else:
@@ -331,7 +333,13 @@ class Loader:
         hi = w.max_prefetch or max(2, 4 * (self._scaler.hi if self._scaler else nw))
         if w.prefetch != "auto":
             hi = max(hi, w.prefetch) if w.max_prefetch is None else w.max_prefetch
-        hi = max(1, min(hi, w.max_ring_bytes // self.layout.slot_bytes - hold))
+        fits = w.max_ring_bytes // self.layout.slot_bytes - hold
+        if fits < 1 and w.max_ring_bytes != WorkerOptions.max_ring_bytes:
+            need = (1 + hold) * self.layout.slot_bytes
+            raise ValueError(f"max_ring_bytes={w.max_ring_bytes:,} cannot hold one batch in flight "
+                             f"and the {hold} the consumer may hold: slots of "
+                             f"{self.layout.slot_bytes:,} bytes need at least {need:,}")
+        hi = max(1, min(hi, fits))  # the default bound gives way to one batch in flight
         if self.num_workers == 0:
             return 1, 1, 1
         if w.prefetch != "auto":

@@ -287,6 +287,10 @@ class DecodeOptions:
             if twice:
                 raise ValueError(f"fields names {twice[0]!r} more than once: {fields!r}")
             _set(self, "fields", fields)
+        if self.image_field is not None and self.fields is not None \
+                and self.image_field not in self.fields:
+            raise ValueError(f"image_field={self.image_field!r} is not among fields={self.fields!r}: "
+                             "add it to fields, or leave image_field out")
 
 
 @dataclass(frozen=True)
@@ -337,6 +341,9 @@ class WorkerOptions:
         _set(self, "prefetch", _int_or_auto("prefetch", self.prefetch, 1))
         if self.max_prefetch is not None:
             _set(self, "max_prefetch", _int("max_prefetch", self.max_prefetch, 1))
+            if self.prefetch != "auto" and self.prefetch > self.max_prefetch:
+                raise ValueError(f"prefetch={self.prefetch} is more than max_prefetch="
+                                 f"{self.max_prefetch}, the batches the ring is sized for")
         _set(self, "max_ring_bytes", _int("max_ring_bytes", self.max_ring_bytes, 1))
         if self.timeout is not None:
             t = self.timeout

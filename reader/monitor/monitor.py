@@ -476,6 +476,10 @@ def enable_monitor(
         The configuration now in force.
     """
     global _default
+    if isinstance(interval, Monitor):
+        raise TypeError("enable_monitor takes the settings of the monitors it will make "
+                        "(interval=5, output=..., record=...), not a Monitor: pass a Monitor "
+                        "to one Loader as monitor=...")
     _default = MonitorConfig(interval, output, record, thresholds or Thresholds(), window)
     return _default
 
@@ -522,7 +526,8 @@ def resolve_monitor(value: Any = None, *, num_workers: int | None = None) -> Mon
             value.num_workers = num_workers
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        hint = f": for a report every {value:g} s, pass monitor=reader.Monitor({value!r})"
+        hint = (f": for a report every {value:g} s, pass monitor=reader.Monitor({value!r})"
+                if value > 0 else ": for no monitor, pass monitor=False")
     elif isinstance(value, MonitorConfig):
         hint = ": pass monitor=config.build() for a Monitor with its settings"
     else:

@@ -393,6 +393,10 @@ def test_enable_disable_default():
     # Four kinds of value, one meaning each; the others say what to write instead.
     with pytest.raises(TypeError, match=r"pass monitor=reader\.Monitor\(5\)"):
         resolve_monitor(5)
+    with pytest.raises(TypeError, match="for no monitor, pass monitor=False"):
+        resolve_monitor(0)
+    with pytest.raises(TypeError, match="enable_monitor takes the settings"):
+        enable_monitor(Monitor(5))
     with pytest.raises(TypeError, match=r"pass monitor=config\.build\(\)"):
         resolve_monitor(MonitorConfig(interval=3))
     with pytest.raises(TypeError, match=r"monitor must be a reader\.Monitor, True, None or False"):

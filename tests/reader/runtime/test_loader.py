@@ -273,6 +273,12 @@ def test_batch_size_has_one_meaning_per_spelling(ds_path):
     ({"shuffle": True, "shuffle_window": 64}, ValueError, "and shuffle='full'"),
     ({"decode": False, "transform": None, "max_ring_bytes": 1 << 20}, ValueError,
      "max_ring_bytes would have no effect: decode=False"),
+    ({"decode": False, "transform": None, "image_field": "image"}, ValueError,
+     "image_field would have no effect: decode=False"),
+    ({"num_workers": 0, "max_prefetch": 8}, ValueError, "max_prefetch would have no effect"),
+    ({"prefetch": 8, "max_prefetch": 2}, ValueError, "prefetch=8 is more than max_prefetch=2"),
+    ({"fields": ("label",), "image_field": "image"}, ValueError,
+     r"image_field='image' is not among fields=\('label',\)"),
     ({"max_prefetch": 0}, ValueError, "max_prefetch must be an int >= 1"),
     ({"max_ring_bytes": "2G"}, TypeError, "max_ring_bytes must be an int"),
     ({"start_method": "thread"}, ValueError, "start_method must be one of"),
@@ -295,6 +301,13 @@ def test_every_loader_argument_is_checked_naming_it(ds_path, kw, error, words):
     kw.setdefault("transform", CropPipeline())
     with pytest.raises(error, match=words):
         Loader(ds_path, **kw)
+
+
+def test_a_ring_bound_below_one_batch_is_refused_at_the_first_loop(ds_path):
+    with Loader(ds_path, 8, num_workers=1, transform=CropPipeline(), max_ring_bytes=1000) as lo:
+        with pytest.raises(ValueError, match=r"max_ring_bytes=1,000 cannot hold one batch in "
+                                             r"flight and the \d+ the consumer may hold"):
+            next(iter(lo))
 
 
 def test_spawn_start_method_uses_a_named_ring(ds_path):
