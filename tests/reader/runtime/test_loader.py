@@ -304,10 +304,10 @@ def test_every_loader_argument_is_checked_naming_it(ds_path, kw, error, words):
 
 
 def test_a_ring_bound_below_one_batch_is_refused_at_the_first_loop(ds_path):
-    with Loader(ds_path, 8, num_workers=1, transform=CropPipeline(), max_ring_bytes=1000) as lo:
-        with pytest.raises(ValueError, match=r"max_ring_bytes=1,000 cannot hold one batch in "
+    lo = Loader(ds_path, 8, num_workers=1, transform=CropPipeline(), max_ring_bytes=1000)
+    with lo, pytest.raises(ValueError, match=r"max_ring_bytes=1,000 cannot hold one batch in "
                                              r"flight and the \d+ the consumer may hold"):
-            next(iter(lo))
+        next(iter(lo))
 
 
 def test_spawn_start_method_uses_a_named_ring(ds_path):
