@@ -45,7 +45,7 @@ from .report import PackProgress, PackSummary
 from .resolve import open_sink
 from .sources.anyfiles import MAX_FILE_BYTES, FileProblem, file_value
 from .sources.listing import Listing
-from .work import WorkOptions, ignore_sigint, iter_loaded, load, os_error, prepare, read_file
+from .work import WorkOptions, iter_loaded, load, os_error, prepare, read_file, worker_init
 
 __all__ = ["Item", "Run", "listing_items", "open_writer", "pack_listing", "record_items", "resume_point",
            "write_items"]
@@ -222,7 +222,7 @@ def record_items(records: Iterable[Record], fields, work: WorkOptions, workers: 
                    images, work)
 
     ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-    with ctx.Pool(workers, initializer=ignore_sigint) as pool:
+    with ctx.Pool(workers, initializer=worker_init, initargs=(os.getpid(),)) as pool:
         for items in pool.imap(_prepare_chunk, chunks()):
             yield from items
 

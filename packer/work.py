@@ -32,8 +32,8 @@ from formats.errors import MissingObjectError, ObjectTooLargeError, StorageError
 from formats.media import JPEG_SUFFIXES
 from formats.sniff import image_kind, image_size, is_gray, looks_complete
 
-__all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Loaded", "WorkOptions", "ignore_sigint",
-           "iter_loaded", "load", "os_error", "prepare", "read_file"]
+__all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Loaded", "WorkOptions", "iter_loaded", "load",
+           "os_error", "prepare", "read_file", "worker_init"]
 
 # One input read from object storage is refused beyond this (a bound on memory).
 MAX_OBJECT_BYTES = 1 << 30
@@ -136,6 +136,7 @@ def os_error(path: str, exc: OSError) -> Loaded:
 # Pixels an image may claim before it is decoded; beyond, it is refused as
 # "unsupported" (a bound on memory: Pillow's own decompression-bomb error is at 179M).
 MAX_PIXELS = 1 << 28
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: the signal a process gets when its parent dies
 # The smallest GIF (1x1): whether this OpenCV decodes GIF at all (4.11 and later do).
 _TINY_GIF = bytes.fromhex("47494638396101000100800000ffffff00000021f904010000"
                           "00002c00000000010001000002024401003b")
@@ -334,11 +335,25 @@ def _load_chunk(args: tuple[list[str], WorkOptions]) -> list[Loaded]:
     return [load(p, opts) for p in paths]
 
 
-def ignore_sigint() -> None:
-    """A worker process's initializer: Ctrl-C goes to the whole process group, and the
-    parent alone handles it (and stops its workers); workers printing their own
-    tracebacks would only confuse."""
+def worker_init(parent: int) -> None:
+    """A packer worker process's initializer (``initargs=(os.getpid(),)``).
+
+    Ctrl-C goes to the whole process group, and the parent alone handles it (and stops
+    its workers); workers printing their own tracebacks would only confuse. A worker
+    dies with its parent (Linux's parent-death signal): a pack killed outright (SIGKILL,
+    the OOM killer) must not leave workers that go on writing into DST and holding its
+    lock, which would refuse the resume."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: a stray worker ends with its pipe
+        return
+    if os.getppid() != parent:  # the parent died before prctl could take effect
+        os._exit(1)
+
 
 
 def _chunks(paths: list[str], size: int, opts: WorkOptions):
@@ -368,7 +383,7 @@ def iter_loaded(paths: list[str], opts: WorkOptions, workers: int,
         # fork: spawn would re-import numpy/pyarrow per worker; the parent holds no
         # lock a worker needs (load() touches only its own files).
         ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-        with ctx.Pool(workers, initializer=ignore_sigint) as pool:
+        with ctx.Pool(workers, initializer=worker_init, initargs=(os.getpid(),)) as pool:
             for results in pool.imap(_load_chunk, _chunks(paths, chunk, opts)):
                 yield from results
         return

@@ -12,7 +12,7 @@ import os
 
 from ..errors import PackError, PackInputError
 from ..report import PackProgress
-from ..work import ignore_sigint
+from ..work import worker_init
 from .driver import pack_range
 
 __all__ = ["LocalRanges"]
@@ -36,7 +36,8 @@ class LocalRanges:
         from concurrent.futures.process import BrokenProcessPool
 
         ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-        pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=ignore_sigint)
+        pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=worker_init,
+                                   initargs=(os.getpid(),))
         queue = list(reversed(todo))
         running: dict = {}
         clean = False

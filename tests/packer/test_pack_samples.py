@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -324,6 +325,66 @@ def test_a_pack_killed_mid_input_resumes_byte_identical(tmp_path, workers):
     assert dataset_files(cut) == dataset_files(tmp_path / "full")
     assert again.resumed_records == 400 * 2 * len(markers)
     assert again.records_written == full.records_written == 2400
+
+
+def slow_inputs(i):
+    for j in range(10):
+        time.sleep(0.005)
+        yield {"n": 100 * i + j}
+
+
+_PARENT_KILLED = """
+import sys
+from packer import PackOptions, pack_samples
+sys.path[:0] = ["tests/packer", "tests"]
+from test_pack_samples import slow_inputs
+pack_samples(slow_inputs, range(80), sys.argv[1],
+             PackOptions(workers=2, task_records=2, durable=False), progress=False)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_bytes()
+        except (OSError, ValueError):
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if int(fields[1]) == pid:
+            out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] != b"Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+def test_workers_die_with_a_pack_killed_outright_and_the_resume_is_not_refused(tmp_path):
+    # SIGKILL to the parent alone (the OOM killer's way): its workers must not go on
+    # writing into DST and holding its lock, which would refuse the resume.
+    dst = tmp_path / "ds"
+    proc = subprocess.Popen([sys.executable, "-c", _PARENT_KILLED, str(dst)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(workers := _children(proc.pid)) < 2 and proc.poll() is None:
+        assert time.monotonic() < deadline, "the pack never started its workers"
+        time.sleep(0.01)
+    assert proc.poll() is None, proc.stderr.read().decode()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in workers):
+        assert time.monotonic() < deadline, "the workers outlived their killed parent"
+        time.sleep(0.05)
+    s = pack_fn(slow_inputs, range(80), dst, workers=2, task_records=2, durable=False,
+                resume=True)
+    assert s.complete and s.records_written == 800
 
 
 def fails_when_told(i):
