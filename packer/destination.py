@@ -144,8 +144,8 @@ def _refuse_foreign(s: Survey, dst: Path) -> None:
     shown = ", ".join(repr(n) for n in s.foreign[:_SHOWN])
     more = f" and {len(s.foreign) - _SHOWN} more" if len(s.foreign) > _SHOWN else ""
     raise DestinationError(f"DST holds files that shardpack did not write ({shown}{more}); pack into "
-                     "an empty or new folder, or pass --overwrite to pack beside them (they "
-                     "are kept as they are)", path=dst)
+                     "an empty or new folder, or pass --overwrite (PackOptions(overwrite=True)) "
+                     "to pack beside them (they are kept as they are)", path=dst)
 
 
 class Destination:
@@ -200,8 +200,9 @@ class Destination:
         if pending:
             self._drop_staging()
         if s.complete and not o.overwrite:
-            raise DestinationError("DST is already a dataset; pass --overwrite to replace it",
-                             path=self.dst)
+            what = ("it is complete: nothing to resume; " if o.resume else "")
+            raise DestinationError(f"DST is already a dataset; {what}pass --overwrite "
+                                   "(PackOptions(overwrite=True)) to replace it", path=self.dst)
         interrupted = s.journal or s.work_state
         if s.foreign and not o.overwrite and not (o.resume and interrupted):
             _refuse_foreign(s, self.dst)

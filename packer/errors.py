@@ -66,5 +66,6 @@ class PackInterrupted(KeyboardInterrupt):
     """
 
     def __init__(self, summary) -> None:
-        super().__init__("pack interrupted")
+        super().__init__("pack interrupted: the shards sealed so far are kept; run it again "
+                         "with --resume (PackOptions(resume=True)) to finish it")
         self.summary = summary

@@ -147,12 +147,13 @@ class PackOptions:
         if not 1 <= self.quality <= 100:
             raise UsageError(f"quality must be in 1..100, not {self.quality}")
         if self.image_root is not None and self.source != "parquet":
-            raise UsageError("--image-root is for --from parquet only (image columns "
-                             "holding paths)")
+            raise UsageError("image_root (--image-root) is for --from parquet only "
+                             "(source='parquet': image columns holding paths)")
         if not self.tfrecord_index and self.sink != "tfrecord":
-            raise UsageError("--no-tfrecord-index is for --to tfrecord only")
+            raise UsageError("tfrecord_index=False (--no-tfrecord-index) is for --to tfrecord only "
+                             "(sink='tfrecord')")
         if self.resume and self.overwrite:
-            raise UsageError("--resume and --overwrite contradict each other")
+            raise UsageError("resume (--resume) and overwrite (--overwrite) contradict each other")
 
     def _check_source_options(self) -> None:
         if self.annotations is not None:
@@ -164,8 +165,8 @@ class PackOptions:
         elif self.source == "coco":
             raise UsageError("--from coco needs --annotations FILE (the COCO detection JSON)")
         if self.drop_empty and self.source != "coco":
-            raise UsageError("--drop-empty drops images without annotations: it is for "
-                             "--from coco")
+            raise UsageError("drop_empty (--drop-empty) drops images without annotations: it "
+                             "is for source='coco' (--from coco)")
         if not self.field_types:
             return
         from .sources.columns import TYPES

@@ -225,9 +225,11 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path,
     dst = local_path(dst)
     if not callable(fn):
         raise UsageError(f"fn must be callable, not {type(fn).__name__}")
-    if isinstance(inputs, (str, bytes, dict)) or not hasattr(inputs, "__iter__"):
+    if isinstance(inputs, (str, bytes, dict, set, frozenset)) or not hasattr(inputs, "__iter__"):
+        unordered = " (whose order is not defined: sort it)" if isinstance(
+            inputs, (set, frozenset)) else ""
         raise UsageError(f"inputs must be a sequence of inputs (a list, a range...), not "
-                         f"{type(inputs).__name__}")
+                         f"{type(inputs).__name__}{unordered}")
     if not isinstance(inputs, Sequence):
         inputs = list(inputs)
     options = _sample_options(options, len(inputs))

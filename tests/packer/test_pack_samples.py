@@ -632,6 +632,8 @@ def test_options_come_as_pack_takes_them(tmp_path):
         pack_samples(make, range(3), tmp_path / "z", workers=0, durable=False)
     with pytest.raises(TypeError, match="unexpected keyword argument 'wrokers'"):
         pack_samples(make, range(3), tmp_path / "z", wrokers=0)
+    with pytest.raises(UsageError, match=r"not set \(whose order is not defined: sort it\)"):
+        pack_samples(make, {1, 2, 3}, tmp_path / "z", opts)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
 
 
