@@ -21,8 +21,9 @@ def test_trains_and_resumes(tmp_path, capsys):
     assert ckpt.exists() and "done: 40 steps" in first
     assert main([*common, "--steps", "80", "--resume", str(ckpt)]) == 0
     second = capsys.readouterr().out
-    # Saved right after the last batch of epoch 4 (8 batches per epoch): epoch 4, batch 8.
-    assert re.search(r"resumed at step 40, epoch 4, batch 8", second), second
+    # Saved right after the last batch of epoch 4 (8 batches per epoch): the next unseen
+    # batch is epoch 5's first.
+    assert re.search(r"resumed at step 40, epoch 5, batch 0", second), second
     assert "done: 80 steps" in second
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", first + second)]
     assert losses[-1] < losses[0]  # it learns: the colour of a square gives the class
