@@ -355,7 +355,6 @@ def worker_init(parent: int) -> None:
         os._exit(1)
 
 
-
 def _chunks(paths: list[str], size: int, opts: WorkOptions):
     for i in range(0, len(paths), size):
         yield paths[i : i + size], opts

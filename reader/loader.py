@@ -38,7 +38,7 @@ from .options import (
     check_fields,
     resolve_num_workers,
 )
-from .order.sampler import Sampler
+from .order.sampler import Sampler, next_unseen
 from .runtime.autoscale import WorkerScaler
 from .runtime.decoded_cache import DecodedCache, DecodedCacheOptions
 from .runtime.device import DeviceOptions, check_layout, require_cupy
@@ -490,16 +490,9 @@ class Loader:
         """Where the loader is: the next unseen batch of the current (or last) loop, plus
         what the order depends on. :meth:`load_state_dict` on any Loader of the same order
         resumes there."""
-        epoch, batch = self._next_unseen(self.epoch, self.position)
+        epoch, batch = next_unseen(self.sampler, self.epoch, self.position)
         return {"epoch": epoch, "batch": batch,
                 "num_batches": self.sampler.num_batches_in(epoch), **self.sampler.describe()}
-
-    def _next_unseen(self, epoch: int, batch: int) -> tuple[int, int]:
-        """(epoch, batch) of the next unseen batch: past an epoch's last batch, the next
-        epoch's first (so a state saved after the last batch never replays an epoch)."""
-        if batch >= self.sampler.num_batches_in(epoch):
-            return epoch + 1, 0
-        return epoch, batch
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next ``iter()`` continue exactly at the batch after the last one
@@ -525,7 +518,8 @@ class Loader:
             raise ValueError(f"loader state was saved with {', '.join(extra)} (another batch "
                              "sampler), which this loader does not use: cannot resume exactly")
         self._stop_active("load_state_dict() moved this Loader to the saved position")
-        self.epoch, self.position = self._next_unseen(int(state["epoch"]), int(state["batch"]))
+        self.epoch, self.position = next_unseen(self.sampler, int(state["epoch"]),
+                                               int(state["batch"]))
         self._resume = True
 
     def stats(self) -> dict:

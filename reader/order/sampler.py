@@ -22,7 +22,7 @@ import numpy as np
 
 from ..options import SamplerOptions
 
-__all__ = ["Sampler", "per_rank", "rank_positions", "shuffled_order"]
+__all__ = ["Sampler", "next_unseen", "per_rank", "rank_positions", "shuffled_order"]
 
 
 def shuffled_order(num_records: int, shard_starts: np.ndarray, options: SamplerOptions,
@@ -48,6 +48,15 @@ def shuffled_order(num_records: int, shard_starts: np.ndarray, options: SamplerO
     if full < n:
         order[full:] = rng.permutation(order[full:])
     return order
+
+
+def next_unseen(order, epoch: int, batch: int) -> tuple[int, int]:
+    """(epoch, batch) of the next unseen batch of ``order`` (a :class:`Sampler` or bound
+    batches): past an epoch's last batch, the next epoch's first, so a state saved
+    after the last batch never replays an epoch."""
+    if batch >= order.num_batches_in(epoch):
+        return epoch + 1, 0
+    return epoch, batch
 
 
 def per_rank(n: int, options: SamplerOptions) -> int:

@@ -37,7 +37,7 @@ from formats.checksum import crc32c
 
 from ..data.dataset import open_dataset
 from ..options import SamplerOptions, _int, check_batch_size
-from .sampler import Sampler
+from .sampler import Sampler, next_unseen
 
 __all__ = ["TokenBlocks"]
 
@@ -334,13 +334,9 @@ class TokenBlocks:
     def state_dict(self) -> dict:
         """The next unseen batch of the running (or last) loop, and what the block order
         depends on."""
-        epoch, batch = self._next_unseen(self.epoch, self.position)
+        epoch, batch = next_unseen(self.sampler, self.epoch, self.position)
         return {"epoch": epoch, "batch": batch, "block_size": self.block_size,
                 "num_tokens": self.num_tokens, **self.sampler.describe()}
-
-    def _next_unseen(self, epoch: int, batch: int) -> tuple[int, int]:
-        """Past an epoch's last batch, the next epoch's first (no epoch is replayed)."""
-        return (epoch + 1, 0) if batch >= self.sampler.num_batches_in(epoch) else (epoch, batch)
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next ``iter()`` continue at the batch after the last one delivered when
@@ -355,7 +351,8 @@ class TokenBlocks:
                 raise ValueError(f"token state was saved with {key}={state.get(key)!r}, this "
                                  f"reader has {key}={value!r}: cannot resume exactly")
         self._end_loop("load_state_dict() moved this TokenBlocks to the saved position")
-        self.epoch, self.position = self._next_unseen(int(state["epoch"]), int(state["batch"]))
+        self.epoch, self.position = next_unseen(self.sampler, int(state["epoch"]),
+                                               int(state["batch"]))
         self._resume = True
 
     def close(self) -> None:
