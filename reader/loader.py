@@ -38,7 +38,7 @@ from .options import (
     check_fields,
     resolve_num_workers,
 )
-from .order.sampler import Sampler, next_unseen
+from .order.sampler import Sampler, check_resume, next_unseen
 from .runtime.autoscale import WorkerScaler
 from .runtime.decoded_cache import DecodedCache, DecodedCacheOptions
 from .runtime.device import DeviceOptions, check_layout, require_cupy
@@ -501,22 +501,7 @@ class Loader:
         Raises:
             ValueError: the state was taken with a different order, batching or partitioning.
         """
-        mine = self.state_dict()
-        # States saved before "block" ranks took contiguous runs had no "partition": they
-        # interleaved, so such a state still resumes exactly wherever the two agree.
-        state = {"partition": "interleaved", **state}
-        if mine["world_size"] == 1:
-            state["partition"] = mine["partition"]  # one rank: both take the whole order
-        for key in mine:
-            if key in ("epoch", "batch", "num_batches"):
-                continue
-            if state.get(key) != mine[key]:
-                raise ValueError(f"loader state was saved with {key}={state.get(key)!r}, "
-                                 f"this loader has {key}={mine[key]!r}: cannot resume exactly")
-        extra = sorted(set(state) - set(mine))
-        if extra:
-            raise ValueError(f"loader state was saved with {', '.join(extra)} (another batch "
-                             "sampler), which this loader does not use: cannot resume exactly")
+        check_resume(self.state_dict(), state, "loader")
         self._stop_active("load_state_dict() moved this Loader to the saved position")
         self.epoch, self.position = next_unseen(self.sampler, int(state["epoch"]),
                                                int(state["batch"]))

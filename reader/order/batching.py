@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from ..options import SamplerOptions
-from .sampler import per_rank, rank_positions, shuffled_order
+from .sampler import ORDER, per_rank, rank_positions, shuffled_order
 
 __all__ = ["AspectRatioBatches", "BoundBatches", "BudgetBatches", "padding_waste"]
 
@@ -245,7 +245,7 @@ class BoundBatches:
         o = self.options
         return {**self._settings, "seed": o.seed, "shuffle": o.shuffle, "window": o.shuffle_window,
                 "rank": o.rank, "world_size": o.world_size, "drop_last": o.drop_last,
-                "num_records": self.num_records, "partition": self.partition}
+                "num_records": self.num_records, "partition": self.partition, "order": ORDER}
 
 
 class _Grouped(BoundBatches):

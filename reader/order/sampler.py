@@ -21,33 +21,74 @@ import math
 import numpy as np
 
 from ..options import SamplerOptions
+from .permutation import permute, round_keys
 
-__all__ = ["Sampler", "next_unseen", "per_rank", "rank_positions", "shuffled_order"]
+__all__ = ["ORDER", "EpochOrder", "Sampler", "check_resume", "next_unseen", "per_rank", "rank_positions",
+           "shuffled_order"]
+
+
+# Names the way a shuffled order is computed; a state saved under another (or none: the
+# orders drawn whole by numpy before 0.9) cannot resume exactly.
+ORDER = "feistel-1"
+
+
+class EpochOrder:
+    """One epoch's record order (all ranks, before padding) as a function of position.
+
+    Nothing here grows with the records: ``"full"`` is a keyed bijection on
+    ``[0, n)`` (:mod:`reader.order.permutation`); ``"block"`` keeps the shard
+    permutation and its prefix sums (16 bytes a shard) and permutes each window of
+    ``window`` positions of the shards' concatenation on demand; ``window=None``
+    makes every shard its own window (the blocks of a token stream).
+    """
+
+    def __init__(self, num_records: int, shard_starts: np.ndarray, options: SamplerOptions,
+                 epoch: int, *, stream: int = 0, window: int | None | str = "options") -> None:
+        self.num_records = n = int(num_records)
+        self.mode = options.shuffle or None
+        self.keys = round_keys(options.seed, epoch, stream)
+        self.window = options.shuffle_window if window == "options" else window
+        if self.mode != "block":
+            return
+        starts = np.asarray(shard_starts, np.int64)
+        rng = np.random.default_rng([options.seed, int(epoch), stream])
+        self.shards = rng.permutation(len(starts) - 1)
+        self.shard_starts = starts
+        sizes = np.diff(starts)[self.shards]
+        self.ends = np.cumsum(sizes)  # where each shard of the shuffled sequence ends
+        self.full = n - n % self.window if self.window else 0
+
+    def records(self, positions) -> np.ndarray:
+        """The records at ``positions`` (each in ``[0, num_records)``), int64."""
+        p = np.asarray(positions, np.int64)
+        if self.mode is None:
+            return p.copy()
+        if self.mode == "full":
+            return permute(p, self.num_records, self.keys)
+        if self.window is None:  # each shard its own window
+            i = np.searchsorted(self.ends, p, side="right")
+            first = self.ends[i] - self._size(i)
+            s = self.shards[i]
+            return self.shard_starts[s] + permute(p - first, self._size(i), self.keys, s)
+        w, full = self.window, self.full
+        j = p // w
+        tail = p >= full
+        size = np.where(tail, self.num_records - full, w)
+        q = j * w + permute(p - j * w, size, self.keys, j)
+        i = np.searchsorted(self.ends, q, side="right")
+        return self.shard_starts[self.shards[i]] + q - (self.ends[i] - self._size(i))
+
+    def _size(self, i: np.ndarray) -> np.ndarray:
+        s = self.shards[i]
+        return self.shard_starts[s + 1] - self.shard_starts[s]
 
 
 def shuffled_order(num_records: int, shard_starts: np.ndarray, options: SamplerOptions,
                    epoch: int) -> np.ndarray:
-    """The whole epoch's record order (all ranks), before padding or truncation."""
-    n = num_records
-    mode = options.shuffle
-    if not mode:
-        return np.arange(n, dtype=np.int64)
-    rng = np.random.default_rng([options.seed, int(epoch)])
-    if mode == "full":
-        return rng.permutation(n).astype(np.int64, copy=False)
-    # "block": shards in random order, then records shuffled within windows.
-    starts = shard_starts
-    shards = rng.permutation(len(starts) - 1)
-    order = np.concatenate(
-        [np.arange(starts[s], starts[s + 1], dtype=np.int64) for s in shards]
-    ) if len(shards) else np.zeros(0, np.int64)
-    w = options.shuffle_window
-    full = (n // w) * w
-    if full:
-        order[:full] = rng.permuted(order[:full].reshape(-1, w), axis=1).reshape(-1)
-    if full < n:
-        order[full:] = rng.permutation(order[full:])
-    return order
+    """The whole epoch's record order (all ranks), before padding or truncation: for
+    the size-aware batches, which group every record of the epoch."""
+    return EpochOrder(num_records, shard_starts, options, epoch).records(
+        np.arange(num_records, dtype=np.int64))
 
 
 def next_unseen(order, epoch: int, batch: int) -> tuple[int, int]:
@@ -59,6 +100,37 @@ def next_unseen(order, epoch: int, batch: int) -> tuple[int, int]:
     return epoch, batch
 
 
+def check_resume(mine: dict, state: dict, what: str) -> None:
+    """Refuse ``state`` unless it was saved by an order equal to ``mine`` (both
+    ``state_dict()``s) in all but the position; ``what`` names the reader in messages.
+
+    Raises:
+        ValueError: naming the first setting that differs.
+    """
+    state = dict(state)
+    if "order" not in state:
+        if mine.get("shuffle"):
+            raise ValueError(
+                f"{what} state was saved by a shardpack before {ORDER!r} shuffled orders "
+                "(which drew the whole order from numpy): its shuffled epochs are not this "
+                "version's, so it cannot resume exactly; start the saved epoch again with "
+                f"set_epoch({state.get('epoch', 0)})")
+        # Unshuffled orders did not change, and always interleaved ranks (states saved
+        # before "partition" existed lack it).
+        state["order"] = mine.get("order")
+        state.setdefault("partition", "interleaved")
+    for key in mine:
+        if key in ("epoch", "batch", "num_batches"):
+            continue
+        if state.get(key) != mine[key]:
+            raise ValueError(f"{what} state was saved with {key}={state.get(key)!r}, this "
+                             f"{what} has {key}={mine[key]!r}: cannot resume exactly")
+    extra = sorted(set(state) - set(mine))
+    if extra:
+        raise ValueError(f"{what} state was saved with {', '.join(extra)} (another batch "
+                         f"sampler), which this {what} does not use: cannot resume exactly")
+
+
 def per_rank(n: int, options: SamplerOptions) -> int:
     """Items each rank gets from a global sequence of ``n``: ``n // W`` with
     ``drop_last``, else ``ceil(n / W)`` (the sequence padded by wrapping)."""
@@ -66,8 +138,10 @@ def per_rank(n: int, options: SamplerOptions) -> int:
     return n // w if options.drop_last else -(-n // w)
 
 
-def rank_positions(n: int, options: SamplerOptions) -> np.ndarray:
-    """Positions in a global sequence of ``n`` items that this rank takes, in order.
+def rank_positions(n: int, options: SamplerOptions, start: int = 0,
+                   stop: int | None = None) -> np.ndarray:
+    """Positions in a global sequence of ``n`` items that this rank takes, in order
+    (its items ``start`` to ``stop``, by default all ``per_rank(n)`` of them).
 
     The sequence is padded by wrapping to its start (or truncated, with
     ``drop_last``) to ``per_rank(n) * W`` items; rank ``r`` then takes positions
@@ -76,12 +150,11 @@ def rank_positions(n: int, options: SamplerOptions) -> np.ndarray:
     """
     w, r = options.world_size, options.rank
     each = per_rank(n, options)
-    if each == 0:
+    stop = each if stop is None else min(stop, each)
+    if stop <= start:
         return np.zeros(0, np.int64)
-    if options.shuffle == "block":
-        pos = np.arange(r * each, (r + 1) * each, dtype=np.int64)
-    else:
-        pos = np.arange(r, each * w, w, dtype=np.int64)
+    i = np.arange(start, stop, dtype=np.int64)
+    pos = r * each + i if options.shuffle == "block" else r + i * w
     return pos % n if each * w > n else pos
 
 
@@ -114,7 +187,7 @@ class Sampler:
             self.num_batches = self.num_samples // self.batch_size
         else:
             self.num_batches = math.ceil(self.num_samples / self.batch_size)
-        self._cache: tuple[int, np.ndarray] | None = None
+        self._order: tuple[int, EpochOrder] | None = None
 
     def __len__(self) -> int:
         return self.num_batches
@@ -130,7 +203,7 @@ class Sampler:
 
     def rank_offsets(self, epoch: int) -> np.ndarray:
         """Where each batch starts in :meth:`rank_indices` (``num_batches + 1`` values)."""
-        n = len(self.rank_indices(epoch))
+        n = self.num_batches * self.batch_size if self.options.drop_last else self.num_samples
         return np.minimum(np.arange(self.num_batches + 1, dtype=np.int64) * self.batch_size, n)
 
     def describe(self) -> dict:
@@ -139,32 +212,42 @@ class Sampler:
         return {"seed": o.seed, "shuffle": o.shuffle, "window": o.shuffle_window, "rank": o.rank,
                 "world_size": o.world_size, "drop_last": o.drop_last,
                 "batch_size": self.batch_size, "num_records": self.num_records,
-                "partition": self.partition}
+                "partition": self.partition, "order": ORDER}
 
     @property
     def partition(self) -> str:
         """How ranks split the order: ``contiguous`` runs (block order) or ``interleaved``."""
         return "contiguous" if self.options.shuffle == "block" else "interleaved"
 
+    def order(self, epoch: int) -> EpochOrder:
+        """The epoch's order as a function (cached for one epoch; O(shards) to build)."""
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, self._epoch_order(epoch))
+        return self._order[1]
+
+    def _epoch_order(self, epoch: int) -> EpochOrder:
+        return EpochOrder(self.num_records, self.shard_starts, self.options, epoch)
+
     def global_order(self, epoch: int) -> np.ndarray:
         """The whole epoch's order (all ranks), before padding or truncation."""
-        return shuffled_order(self.num_records, self.shard_starts, self.options, epoch)
+        return self.order(epoch).records(np.arange(self.num_records, dtype=np.int64))
 
     def rank_indices(self, epoch: int) -> np.ndarray:
-        """This rank's records for ``epoch``, in delivery order (cached for one epoch)."""
-        if self._cache is not None and self._cache[0] == epoch:
-            return self._cache[1]
-        order = self.global_order(epoch)
-        mine = order[rank_positions(len(order), self.options)]
-        if self.options.drop_last:
-            mine = mine[: self.num_batches * self.batch_size]
-        mine = np.ascontiguousarray(mine)
-        self._cache = (epoch, mine)
-        return mine
+        """This rank's records for ``epoch``, in delivery order: O(records / ranks), for
+        the callers that plan a whole epoch (a remote dataset's shard prefetcher)."""
+        return self.records_between(epoch, 0, self.num_samples)
+
+    def records_between(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        """This rank's records ``start`` to ``stop`` of ``epoch`` (its delivery order,
+        clipped to the records its batches hold): O(stop - start)."""
+        kept = self.num_batches * self.batch_size if self.options.drop_last else None
+        stop = stop if kept is None else min(stop, kept)
+        return self.order(epoch).records(rank_positions(self.num_records, self.options,
+                                                        start, stop))
 
     def batch(self, epoch: int, k: int) -> np.ndarray:
-        """Record indices of batch ``k`` of ``epoch``."""
+        """Record indices of batch ``k`` of ``epoch``: O(batch size), whatever the dataset."""
         if not 0 <= k < self.num_batches:
             raise IndexError(f"batch {k} out of range for an epoch of {self.num_batches} batches")
         b = self.batch_size
-        return self.rank_indices(epoch)[k * b : (k + 1) * b]
+        return self.records_between(epoch, k * b, (k + 1) * b)

@@ -16,9 +16,10 @@ offset. A block inside one record is a slice of that view: zero-copy with
 ``batch_size=None``, and in a batch one row of a fancy-indexed gather over an
 overlapping-rows view of the shard (a C loop of row copies, no per-block
 Python). A block that crosses into the next record (or shard) is copied piece
-by piece. Everything per block (its record, shard and offset) is computed once
-per epoch in numpy; a batch is a slice of those arrays and one gather per shard
-it touches.
+by piece. Everything per block (its record, shard and offset) is computed in
+numpy for a chunk of 65,536 blocks at a time; a batch is a slice of those arrays
+and one gather per shard it touches. The epoch's order is computed, never stored
+(:class:`reader.order.sampler.EpochOrder`), so an epoch starts in O(shards).
 
 Checksums: each record's payload is checked (CRC32C) the first time a block
 touches it in this process; a damaged record is an error naming shard, record
@@ -37,12 +38,14 @@ from formats.checksum import crc32c
 
 from ..data.dataset import open_dataset
 from ..options import SamplerOptions, _int, check_batch_size
-from .sampler import Sampler, next_unseen
+from .sampler import EpochOrder, Sampler, check_resume, next_unseen
 
 __all__ = ["TokenBlocks"]
 
 # Separates the token-block stream from the record-order one (both keyed by seed, epoch).
 _BLOCK_STREAM = 0x746F6B656E
+
+_CHUNK = 1 << 16  # blocks planned at once (about 5 MB of plan arrays)
 
 _HEADER = 16  # u64 ndim = 1, u64 length: the variable-shape ndarray header (FORMAT.md)
 
@@ -127,7 +130,7 @@ class TokenBlocks:
         self._verified = (self._count == 0) | (self._starts[:-1] >= end)
         self._unverified = int((~self._verified).sum())
         self._rows: dict[int, np.ndarray] = {}
-        self._plan: tuple | None = None  # (epoch, per-block arrays)
+        self._plan: tuple | None = None  # (epoch, first block, arrays): see _chunk
 
     # -- the index, once ---------------------------------------------------------------
 
@@ -156,17 +159,24 @@ class TokenBlocks:
 
     # -- the epoch's plan --------------------------------------------------------------
 
-    def _epoch_plan(self, epoch: int) -> tuple:
-        """This rank's epoch, in numpy, once: each block's record, first token's element
-        in its shard's data and whether it lies in one record; each batch's shard when
-        its blocks all lie in records of that one shard (-1 otherwise: the rare batch at
-        a shard's end, or one with a block across records); and the pieces of the blocks
-        that cross records (one per record touched)."""
-        if self._plan is not None and self._plan[0] == epoch:
-            return self._plan[1]
-        width = self.block_size + 1
+    def _chunk(self, epoch: int, block: int) -> tuple[int, tuple]:
+        """The plan of the chunk of this rank's epoch that holds its ``block``-th block:
+        (the chunk's first block, its arrays). A chunk is ``_CHUNK`` blocks rounded to
+        whole batches, planned in numpy at once, so a batch costs a slice and memory
+        stays flat whatever the epoch's length.
+
+        The arrays, per block of the chunk: its record, shard, first token's element in
+        its shard's data and whether it lies in one record; per batch: its shard when
+        its blocks all lie in records of that one shard (-1 otherwise: the rare batch
+        at a shard's end, or one with a block across records); and the pieces of the
+        blocks that cross records (one per record touched)."""
         b = self.batch_size or 1
-        blocks = self.sampler.rank_indices(epoch)
+        size = -(-_CHUNK // b) * b
+        lo = block // size * size
+        if self._plan is not None and self._plan[:2] == (epoch, lo):
+            return lo, self._plan[2]
+        width = self.block_size + 1
+        blocks = self.sampler.records_between(epoch, lo, lo + size)
         first = blocks * self.block_size
         # Records of no tokens share their start with the next one: side="right" finds
         # the last of them, which holds the token.
@@ -189,13 +199,13 @@ class TokenBlocks:
         owner = np.repeat(cross, per)
         prec = np.repeat(rec[cross], per) + (np.arange(per.sum()) - np.repeat(
             np.cumsum(per) - per, per))
-        lo = np.maximum(self._starts[prec], first[owner])
-        hi = np.minimum(self._starts[prec + 1], first[owner] + width)
-        pieces = (owner, prec, self._shard[prec], self._elem[prec] + lo - self._starts[prec],
-                  lo - first[owner], hi - lo)
+        lo_tok = np.maximum(self._starts[prec], first[owner])
+        hi_tok = np.minimum(self._starts[prec + 1], first[owner] + width)
+        pieces = (owner, prec, self._shard[prec], self._elem[prec] + lo_tok - self._starts[prec],
+                  lo_tok - first[owner], hi_tok - lo_tok)
         plan = (rec, shard, elem, inside, bounds, pieces, shard_of)
-        self._plan = (epoch, plan)
-        return plan
+        self._plan = (epoch, lo, plan)
+        return lo, plan
 
     def __len__(self) -> int:
         return self.sampler.num_batches
@@ -240,19 +250,21 @@ class TokenBlocks:
         for a block inside a record, a copy for one across records. Per block only list
         lookups: the shard's file size is checked when the shard changes (a view is read
         after it is yielded, so a check per block would guard nothing more)."""
-        rec, shard, elem, inside, *_ = self._epoch_plan(epoch)
-        shards, elems, ins = shard.tolist(), elem.tolist(), inside.tolist()
-        current, rows = -1, None
+        current, rows, base, end = -1, None, 0, 0
         for i in range(k, n):
             if loop.ended is not None:
                 raise RuntimeError(loop.ended)
+            if i >= end:  # the next chunk's plan, as lists: per block only lookups
+                base, (rec, shard, elem, inside, *_) = self._chunk(epoch, i)
+                end = base + len(rec)
+                shards, elems, ins = shard.tolist(), elem.tolist(), inside.tolist()
             if self.check_crc and self._unverified:
-                self._verify(rec[i:i + 1])
-            if ins[i]:
-                s = shards[i]
+                self._verify(rec[i - base:i - base + 1])
+            if ins[i - base]:
+                s = shards[i - base]
                 if s != current:
                     current, rows = s, self._overlapping_rows(s)
-                out = rows[elems[i]]
+                out = rows[elems[i - base]]
             else:
                 current = -1
                 out = self._batch(epoch, i)
@@ -260,13 +272,13 @@ class TokenBlocks:
             yield out
 
     def _batch(self, epoch: int, k: int) -> np.ndarray:
-        rec, shard, elem, inside, bounds, pieces, shard_of = self._epoch_plan(epoch)
         b = self.batch_size or 1
-        lo, hi = k * b, min((k + 1) * b, len(rec))
+        base, (rec, shard, elem, inside, bounds, pieces, shard_of) = self._chunk(epoch, k * b)
+        lo, hi = k * b - base, min((k + 1) * b - base, len(rec))
         if self.check_crc and self._unverified:
             self._verify(rec[lo:hi])
             self._verify(pieces[1][int(bounds[lo]):int(bounds[hi])])
-        s = shard_of[k]
+        s = shard_of[lo // b]
         if s >= 0:
             # The usual batch: every block inside a record of one shard, one gather.
             rows = self._overlapping_rows(s)
@@ -345,11 +357,7 @@ class TokenBlocks:
         Raises:
             ValueError: the state was taken with another order, block size or dataset.
         """
-        mine = self.state_dict()
-        for key, value in mine.items():
-            if key not in ("epoch", "batch") and state.get(key) != value:
-                raise ValueError(f"token state was saved with {key}={state.get(key)!r}, this "
-                                 f"reader has {key}={value!r}: cannot resume exactly")
+        check_resume(self.state_dict(), state, "token")
         self._end_loop("load_state_dict() moved this TokenBlocks to the saved position")
         self.epoch, self.position = next_unseen(self.sampler, int(state["epoch"]),
                                                int(state["batch"]))
@@ -383,11 +391,8 @@ class _BlockOrder(Sampler):
     shards: shards shuffled, then all the blocks of each (the records' ``"block"`` order
     shuffles windows of a fixed size, which straddle shard boundaries)."""
 
-    def global_order(self, epoch: int) -> np.ndarray:
+    def _epoch_order(self, epoch: int) -> EpochOrder:
         if self.options.shuffle != "block":
-            return super().global_order(epoch)
-        rng = np.random.default_rng([self.options.seed, int(epoch), _BLOCK_STREAM])
-        starts = self.shard_starts.tolist()
-        parts = [starts[s] + rng.permutation(starts[s + 1] - starts[s])
-                 for s in rng.permutation(len(starts) - 1).tolist()]
-        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+            return super()._epoch_order(epoch)
+        return EpochOrder(self.num_records, self.shard_starts, self.options, epoch,
+                          stream=_BLOCK_STREAM, window=None)

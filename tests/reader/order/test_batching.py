@@ -309,7 +309,7 @@ def test_sampler_offers_the_same_interface():
     assert s.rank_offsets(0).tolist() == [0, 4, 8, 10]
     assert s.max_batch_size == 4 and s.num_batches_in(7) == 3
     assert set(s.describe()) == {"seed", "shuffle", "window", "rank", "world_size",
-                                 "drop_last", "batch_size", "num_records", "partition"}
+                                 "drop_last", "batch_size", "num_records", "partition", "order"}
     bound = SPECS[0].bind(FakeDataset(300), 8, SamplerOptions())
     assert set(s.describe()) < set(bound.describe())
 

@@ -257,3 +257,22 @@ def test_a_state_saved_after_the_last_batch_names_the_next_epoch(path):
         assert tb.epoch == 1
         tb.set_epoch(tb.epoch)
         assert _same(_rows(tb), want[1])
+
+
+@pytest.mark.parametrize("batch_size", [None, 1, 3, 8])
+@pytest.mark.parametrize("shuffle,world", [(False, 1), ("full", 2), ("block", 3)])
+def test_plans_in_small_chunks_serve_the_same_blocks(path, monkeypatch, batch_size, shuffle,
+                                                     world):
+    import reader.order.tokens as tokens
+
+    def epoch(rank):
+        with TokenBlocks(path, 5, batch_size, shuffle=shuffle, seed=3, rank=rank,
+                         world_size=world) as tb:
+            return [np.atleast_2d(b).copy() for b in tb]
+
+    whole = [epoch(r) for r in range(world)]
+    monkeypatch.setattr(tokens, "_CHUNK", 4)  # a chunk per batch or two, crossing shards
+    for r in range(world):
+        chunked = epoch(r)
+        assert len(chunked) == len(whole[r])
+        assert all(np.array_equal(a, b) for a, b in zip(chunked, whole[r], strict=True))

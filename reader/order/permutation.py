@@ -1,0 +1,106 @@
+"""Keyed permutations computed position by position, never stored.
+
+A shuffled epoch over 10^9 records cannot be an array on every rank (8 GB, a
+minute to build). :func:`permute` is instead a bijection on ``[0, n)`` evaluated
+where it is needed: a balanced Feistel network on the smallest even number of bits
+that covers ``n``, with cycle-walking (an output ``>= n`` is permuted again, at
+most a few times since the domain is under ``4n``), so position -> record costs
+O(1) and a batch O(batch size), whatever ``n`` is. Grain's ``index_shuffle`` is
+the same idea.
+
+The round function is splitmix64's finalizer over the half-block, the round key
+and a per-element *tweak*: one call permutes many independent domains at once
+(the windows of the ``"block"`` order, the shards of a token stream), each keyed
+by its own tweak, each with its own size.
+
+Six rounds: four make a Feistel network with a pseudo-random round function
+indistinguishable from a random permutation (Luby-Rackoff); two more are margin
+for the small domains (a window of 64 records is a 3-bit half-block), where
+:mod:`tests.reader.order.test_permutation` checks the statistics against numpy's
+permutation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["permute", "round_keys"]
+
+ROUNDS = 6
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def round_keys(*key: int) -> np.ndarray:
+    """The Feistel round keys for ``key`` (e.g. seed, epoch, stream): ``ROUNDS`` uint64."""
+    return np.random.SeedSequence([int(k) for k in key]).generate_state(ROUNDS, np.uint64)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def permute(positions, n, keys: np.ndarray, tweak=0) -> np.ndarray:
+    """The images of ``positions`` under the keyed permutation of ``[0, n)``.
+
+    Args:
+        positions: int array, each in ``[0, n)`` (its own ``n`` where ``n`` is an array).
+        n: domain size, a scalar or an array broadcast with ``positions``.
+        keys: :func:`round_keys`.
+        tweak: selects an independent permutation per element (scalar or array).
+
+    Returns:
+        int64 array of the shape of ``positions``.
+    """
+    x = np.asarray(positions, np.int64)
+    shape = x.shape
+    x = x.reshape(-1).astype(np.uint64)
+    if not x.size:
+        return np.zeros(shape, np.int64)
+    size = _per_element(n, x.size)
+    if np.any(x >= size):
+        raise IndexError(f"position {int(x[np.argmax(x >= size)])} outside [0, n)")
+    h = _half_bits(size)
+    with np.errstate(over="ignore"):
+        t = _mix(_per_element(tweak, x.size) + _GOLDEN)
+        out = _feistel(x, h, t, keys)
+        todo = np.flatnonzero(out >= size)
+        while todo.size:  # cycle-walking
+            y = _feistel(out[todo], _at(h, todo), _at(t, todo), keys)
+            out[todo] = y
+            todo = todo[y >= _at(size, todo)]
+    return out.astype(np.int64).reshape(shape)
+
+
+def _per_element(value, count: int) -> np.ndarray:
+    """A uint64 scalar array for a scalar (numpy broadcasts it), else ``count`` values."""
+    v = np.asarray(value, np.uint64)
+    return v if v.ndim == 0 else np.broadcast_to(v, (count,)).reshape(-1)
+
+
+def _at(v: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return v if v.ndim == 0 else v[idx]
+
+
+def _half_bits(n: np.ndarray) -> np.ndarray:
+    """Bits of each half-block: the least ``h >= 1`` with ``4**h >= n``."""
+    if n.ndim == 0:
+        return np.uint64(_bits(int(n)))
+    sizes, inverse = np.unique(n, return_inverse=True)
+    return np.asarray([_bits(int(s)) for s in sizes], np.uint64)[inverse.reshape(-1)]
+
+
+def _bits(n: int) -> int:
+    return max(1, (max(n - 1, 0).bit_length() + 1) // 2)
+
+
+def _feistel(x: np.ndarray, h: np.ndarray, t: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    mask = (np.uint64(1) << h) - np.uint64(1)
+    left, right = x >> h, x & mask
+    for k in keys:
+        left, right = right, left ^ (_mix(right ^ k ^ t) & mask)
+    return (left << h) | right
