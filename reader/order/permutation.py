@@ -2,9 +2,9 @@
 
 A shuffled epoch over 10^9 records cannot be an array on every rank (8 GB, a
 minute to build). :func:`permute` is instead a bijection on ``[0, n)`` evaluated
-where it is needed: a balanced Feistel network on the smallest even number of bits
+where it is needed: a Feistel network on the smallest number of bits
 that covers ``n``, with cycle-walking (an output ``>= n`` is permuted again, at
-most a few times since the domain is under ``4n``), so position -> record costs
+most a few times since the domain is under ``2n``), so position -> record costs
 O(1) and a batch O(batch size), whatever ``n`` is. Grain's ``index_shuffle`` is
 the same idea.
 
@@ -15,7 +15,7 @@ by its own tweak, each with its own size.
 
 Six rounds: four make a Feistel network with a pseudo-random round function
 indistinguishable from a random permutation (Luby-Rackoff); two more are margin
-for the small domains (a window of 64 records is a 3-bit half-block), where
+for the small domains (a window of 64 records is two 3-bit halves), where
 :mod:`tests.reader.order.test_permutation` checks the statistics against numpy's
 permutation.
 """
@@ -64,7 +64,7 @@ def permute(positions, n, keys: np.ndarray, tweak=0) -> np.ndarray:
     size = _per_element(n, x.size)
     if np.any(x >= size):
         raise IndexError(f"position {int(x[np.argmax(x >= size)])} outside [0, n)")
-    h = _half_bits(size)
+    h = _domain_bits(size)
     with np.errstate(over="ignore"):
         t = _mix(_per_element(tweak, x.size) + _GOLDEN)
         out = _feistel(x, h, t, keys)
@@ -86,8 +86,8 @@ def _at(v: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return v if v.ndim == 0 else v[idx]
 
 
-def _half_bits(n: np.ndarray) -> np.ndarray:
-    """Bits of each half-block: the least ``h >= 1`` with ``4**h >= n``."""
+def _domain_bits(n: np.ndarray) -> np.ndarray:
+    """Bits of each domain: the least ``b >= 2`` with ``2**b >= n``."""
     if n.ndim == 0:
         return np.uint64(_bits(int(n)))
     sizes, inverse = np.unique(n, return_inverse=True)
@@ -95,12 +95,17 @@ def _half_bits(n: np.ndarray) -> np.ndarray:
 
 
 def _bits(n: int) -> int:
-    return max(1, (max(n - 1, 0).bit_length() + 1) // 2)
+    return max(2, max(n - 1, 0).bit_length())
 
 
-def _feistel(x: np.ndarray, h: np.ndarray, t: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    mask = (np.uint64(1) << h) - np.uint64(1)
-    left, right = x >> h, x & mask
-    for k in keys:
-        left, right = right, left ^ (_mix(right ^ k ^ t) & mask)
-    return (left << h) | right
+def _feistel(x: np.ndarray, bits: np.ndarray, t: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    # Unbalanced halves (a high bits, b low bits, a + b = bits) keep the domain under
+    # 2n, so cycle-walking takes fewer than two passes on average.
+    one = np.uint64(1)
+    a = bits // np.uint64(2)
+    b = bits - a
+    left, right = x >> b, x & ((one << b) - one)
+    for k in keys:  # (left: a bits, right: b bits) -> (right, left ^ F(right)): sizes swap
+        left, right = right, left ^ (_mix(right ^ k ^ t) & ((one << a) - one))
+        a, b = b, a
+    return (left << b) | right

@@ -53,14 +53,15 @@ def _stats(order: np.ndarray, classes: int = 1000, batch: int = 256) -> tuple[fl
 
 def test_the_full_shuffle_is_as_random_as_numpys_permutation():
     # The benchmark (scripts/bench_scale.py) runs this at 10**6 records over 20 seeds.
-    n, seeds = 100_000, range(12)
-    ours = np.array([_stats(permute(np.arange(n), n, round_keys(s, 0))) for s in seeds])
-    ref = np.array([_stats(np.random.default_rng(s).permutation(n)) for s in seeds])
+    # Here: each statistic's mean over the seeds agrees with numpy's within 4 standard
+    # errors, and its spread is within a factor of two of numpy's.
+    n, seeds = 100_000, 12
+    ours = np.array([_stats(permute(np.arange(n), n, round_keys(s, 0))) for s in range(seeds)])
+    ref = np.array([_stats(np.random.default_rng(s).permutation(n)) for s in range(seeds)])
     for k, name in enumerate(("neighbour correlation", "distinct labels per batch")):
-        lo, hi = ref[:, k].min(), ref[:, k].max()
-        spread = hi - lo
-        assert lo - spread / 2 <= ours[:, k].min() and ours[:, k].max() <= hi + spread / 2, (
-            name, ours[:, k], (lo, hi))
+        error = np.hypot(ours[:, k].std(), ref[:, k].std()) / np.sqrt(seeds)
+        assert abs(ours[:, k].mean() - ref[:, k].mean()) < 4 * error, (name, ours[:, k], ref[:, k])
+        assert 0.5 < ours[:, k].std() / ref[:, k].std() < 2, (name, ours[:, k], ref[:, k])
 
 
 def test_small_windows_place_each_element_uniformly():
