@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from formats.codecs.registry import MARKERS, kind_by_name
 from formats.errors import InputUsageError, ManifestError, StorageError
 from formats.files import try_lock
-from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest, read_manifest
+from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, read_manifest
 from formats.shard.ownership import SKIPPED_NAME, dataset_files
 from formats.storage import (
     Location,
@@ -38,6 +39,7 @@ from formats.storage import (
     is_uri,
     open_location,
 )
+from formats.storage.manifests import decode_remote_manifest
 
 from .errors import DestinationError, PackError, UsageError
 from .options import PackOptions
@@ -212,7 +214,8 @@ def _dataset_objects(location: Location) -> set[str]:
         return set()
     raw = location.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
     try:
-        manifest = decode_manifest(raw, display_uri(location.uri_of(MANIFEST_NAME)))
+        with tempfile.TemporaryDirectory(prefix="shardpack-manifest-") as folder:
+            manifest = decode_remote_manifest(location, raw, Path(folder))
     except ManifestError as exc:
         raise DestinationError(f"DST holds a manifest.json that is not a valid shardpack manifest "
                          f"({exc.message}); it is never replaced: remove it yourself",

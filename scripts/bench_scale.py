@@ -1,7 +1,8 @@
-"""Costs that must not grow with the dataset: the epoch order from 10^6 to 10^10 records.
+"""Costs that must not grow with the dataset: orders, opening, the first batch.
 
     python -m scripts.bench_scale [--sizes 6,7,8,9,10] [--world 8] [--seeds 20]
                                   [--quality-records 1_000_000] [--numpy-up-to 8]
+                                  [--data /tmp/sb_scale] [--records 6,7] [--shards 100000]
 
 For each size N (10^k records in N / 1,000 shards: 10^9 in 10^6 shards, 10^10 in
 10^7, from synthetic shard boundaries: no data is read), rank 0 of ``--world``,
@@ -18,6 +19,16 @@ each order mode:
 
 Token blocks: ``TokenBlocks``' block order over 10^10 tokens in blocks of 2,048
 (4.9 x 10^6 blocks in 10^4 shards), the same figures.
+
+Datasets (built once in ``--data``, ``durable=False``, reused by later runs): 10^k
+tiny records (a label and an 8-byte key, about 85 bytes a record on disk) for each
+``--records`` power, in shards of 10^5 records, and one dataset of ``--shards``
+one-record shards (three files each: 10^6 shards is 3 x 10^6 files, about 12.5 GB
+and 20 minutes to build; 10^5 by default). Each is measured in a fresh process:
+opening it and reading its last record (time, and resident memory above the
+interpreter with ``reader`` imported), and a ``Loader`` of raw records (rank 0 of
+``--world``, block shuffle, batches of 256): time to its first batch and the main
+process's resident memory after it.
 
 Shuffle quality (the full order against ``numpy.random.permutation``, N =
 ``--quality-records``, ``--seeds`` seeds): the correlation of neighbouring
@@ -48,9 +59,8 @@ def boundaries(n: int, shards: int) -> np.ndarray:
     return (np.arange(shards + 1, dtype=np.int64) * n) // shards
 
 
-def measure(make, epoch: int = 1, batches: int = 2_000) -> dict:
+def measure(sampler, epoch: int = 1, batches: int = 2_000) -> dict:
     """Epoch start (seconds), its peak allocation (bytes) and the mean cost of a batch."""
-    sampler = make()
     tracemalloc.start()
     t0 = time.perf_counter()
     sampler.order(epoch)
@@ -99,7 +109,7 @@ def orders(sizes: list[int], world: int, numpy_up_to: int) -> None:
         bound = 16 * shards + (16 << 20)
         for mode in ("full", "block"):
             opts = SamplerOptions(shuffle=mode, seed=0, rank=0, world_size=world)
-            r = measure(lambda: Sampler(n, starts, BATCH, opts))
+            r = measure(Sampler(n, starts, BATCH, opts))
             old = numpy_order(n, starts, opts) if k <= numpy_up_to else None
             print(f"| 10^{k} | {shards:,} | {mode} | {r['start'] * 1e3:.1f} ms | "
                   f"{r['batch'] * 1e6:.0f} µs | {r['peak'] / 1e6:.1f} MB | {bound / 1e6:.0f} MB | "
@@ -110,7 +120,7 @@ def orders(sizes: list[int], world: int, numpy_up_to: int) -> None:
     starts = boundaries(blocks, token_shards)
     for mode in ("block", "full"):
         opts = SamplerOptions(shuffle=mode, seed=0, rank=0, world_size=world)
-        r = measure(lambda: _BlockOrder(blocks, starts, 16, opts))
+        r = measure(_BlockOrder(blocks, starts, 16, opts))
         print(f"| TokenBlocks: 10^10 tokens, {blocks:,} blocks | {token_shards:,} | {mode} | "
               f"{r['start'] * 1e3:.1f} ms | {r['batch'] * 1e6:.0f} µs (16 blocks) | "
               f"{r['peak'] / 1e6:.1f} MB | {(16 * token_shards + (16 << 20)) / 1e6:.0f} MB | - | - |",
@@ -147,18 +157,93 @@ def quality(n: int, seeds: int) -> None:
           "distinct labels on average)")
 
 
+def build(root, records: int, per_shard: int) -> None:
+    """A dataset of ``records`` tiny records, ``per_shard`` a shard (kept if complete)."""
+    from formats import DatasetWriter, Field
+
+    if (root / "manifest.json").exists():
+        return
+    fields = [Field("label", "int"), Field("key", "str")]
+    t0 = time.perf_counter()
+    with DatasetWriter(root, fields, shard_size=None, records_per_shard=per_shard,
+                       durable=False, overwrite=True) as w:
+        step = 1 << 16
+        for a in range(0, records, step):
+            b = min(records, a + step)
+            w.write_run({"label": np.arange(a, b) % 1000,
+                         "key": [f"{i:08x}" for i in range(a, b)]})
+    print(f"built {root} ({records:,} records, {per_shard:,} a shard) in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+
+
+_PROBE = r"""
+import json, sys, time
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:")) / 1024
+import reader
+base = rss()
+t0 = time.perf_counter()
+ds = reader.open_dataset(sys.argv[1])
+last = ds[len(ds) - 1]
+opened = time.perf_counter() - t0
+open_mb = rss() - base
+t0 = time.perf_counter()
+lo = reader.Loader(ds, 256, decode=False, shuffle="block", rank=0, world_size=int(sys.argv[2]),
+                   num_workers=0)
+first = next(iter(lo))
+first_s = time.perf_counter() - t0
+print(json.dumps({"records": len(ds), "shards": len(ds.starts) - 1, "open": opened,
+                  "open_mb": open_mb, "first": first_s, "loader_mb": rss() - base}))
+"""
+
+
+def datasets(data, records: list[int], shards: int, world: int) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = Path(data)
+    data.mkdir(parents=True, exist_ok=True)
+    cases = [(data / f"records-1e{k}", 10 ** k, 100_000) for k in records]
+    if shards:
+        cases.append((data / f"shards-{shards}", shards, 1))
+    print(f"\n## Datasets: open, read the last record, a Loader's first batch "
+          f"(rank 0 of {world}, raw, block shuffle)\n")
+    rows = []
+    for root, n, per in cases:
+        build(root, n, per)
+        out = subprocess.run([sys.executable, "-c", _PROBE, str(root), str(world)],
+                             capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print("| records | shards | open + last record | its memory | Loader's first batch "
+          "| main process memory after it |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['records']:,} | {r['shards']:,} | {r['open']:.3f} s | {r['open_mb']:.0f} MB "
+              f"| {r['first']:.3f} s | {r['loader_mb']:.0f} MB |")
+    print("\n(memory: resident, above the interpreter with `reader` imported)")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="6,7,8,9,10",
-                    help="powers of ten of the record counts (default 6,7,8,9,10)")
+                    help="powers of ten of the record counts of the order (default 6,7,8,9,10)")
     ap.add_argument("--world", type=int, default=8, help="ranks (rank 0 is measured)")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--quality-records", type=int, default=1_000_000)
     ap.add_argument("--numpy-up-to", type=int, default=8,
                     help="largest power of ten to draw the numpy order for (memory!)")
+    ap.add_argument("--data", default="/tmp/sb_scale", help="where datasets are built (kept)")
+    ap.add_argument("--records", default="6,7",
+                    help="powers of ten of the tiny-record datasets ('' for none; 8 needs 8.5 GB)")
+    ap.add_argument("--shards", type=int, default=100_000,
+                    help="one-record shards of the many-shard dataset (0 for none)")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     orders(sizes, args.world, args.numpy_up_to)
+    datasets(args.data, [int(s) for s in args.records.split(",") if s], args.shards, args.world)
     quality(args.quality_records, args.seeds)
 
 

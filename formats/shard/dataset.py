@@ -122,8 +122,7 @@ class ShardDataset(ShardSet):
         self._names = [f.name for f in self.fields]
         # Fields whose value is the stored bytes themselves (no decoding at all).
         self._plain = [f.type in BYTES_TYPES and f.compression == "none" for f in self.fields]
-        counts = np.fromiter((s.records for s in self.manifest.shards), np.int64,
-                             len(self.manifest.shards))
+        counts = self.manifest.shards.records
         self.starts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self.starts[1:])
         self._starts_list = self.starts.tolist()

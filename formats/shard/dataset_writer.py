@@ -25,7 +25,6 @@ from .columns import EncodedColumn, column_of, encode_column
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
 from .manifest import (
     MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
     Manifest,
     ShardEntry,
     Written,
@@ -48,8 +47,6 @@ __all__ = ["JOURNAL_NAME", "DatasetWriter", "shard_name"]
 # record, bytes) at a time: the shard writer joins each window into one buffer.
 _RUN_WINDOW = 4096
 _RUN_BYTES = 4 << 20
-# The shard list's share of the manifest (the rest: schema, classes, created_by).
-_MANIFEST_SHARD_BUDGET = MAX_MANIFEST_BYTES - (2 << 20)
 
 
 def shard_name(number: int) -> str:
@@ -166,7 +163,6 @@ class DatasetWriter:
             self._append_journal(self._journal_header)
         self._shard: ShardWriter | None = None
         self.records_written = sum(e.records for e in self.sealed)
-        self._manifest_bytes = sum(len(json.dumps(e.to_json())) + 2 for e in self.sealed)
 
     # -- setup ------------------------------------------------------------------------
 
@@ -417,12 +413,6 @@ class DatasetWriter:
     def _seal(self, progress: Any) -> None:
         entry = self._shard.seal()
         self._shard = None
-        self._manifest_bytes += len(json.dumps(entry.to_json())) + 2
-        if self._manifest_bytes > _MANIFEST_SHARD_BUDGET:  # fail now, not at the end
-            raise SchemaError(
-                f"{len(self.sealed) + 1} shards would make a manifest larger than readers "
-                f"accept ({MAX_MANIFEST_BYTES >> 20} MiB); use larger shards "
-                "(shard_size, --shard-size)")
         self.sealed.append(entry)
         self._append_journal({"shard": entry.to_json(), "progress": progress,
                               "written": self._written()})

@@ -19,23 +19,43 @@ from pathlib import Path
 from typing import Any
 
 from ..bounded import parse_json
-from ..checksum import format_crc, parse_crc
+from ..checksum import crc32c, format_crc, parse_crc
 from ..errors import ManifestError, SchemaError, VersionError
 from ..fields import IMAGE_TYPES, Field, stored_image_type
 from ..files import atomic_write_bytes, check_plain_name, read_regular
-from .layout import FORMAT_NAME, MAJOR, MAX_ALIGNMENT, MIN_ALIGNMENT, MINOR, index_sections
+from .layout import FORMAT_NAME, MAX_ALIGNMENT, MIN_ALIGNMENT, index_sections
+from .shard_table import SHARD_TABLE_NAME, ShardEntry, ShardTable
 
-__all__ = ["MANIFEST_NAME", "MAX_MANIFEST_BYTES", "Manifest", "ShardEntry", "Written",
-           "build_manifest", "decode_manifest", "manifest_bytes", "parse_manifest",
-           "read_manifest", "read_manifest_bytes", "write_manifest"]
+__all__ = [
+    "MANIFEST_NAME",
+    "MAX_MANIFEST_BYTES",
+    "Manifest",
+    "ShardEntry",
+    "Written",
+    "build_manifest",
+    "decode_manifest",
+    "manifest_files",
+    "parse_manifest",
+    "read_manifest",
+    "read_manifest_bytes",
+    "shard_table_ref",
+    "write_manifest",
+]
 
 MANIFEST_NAME = "manifest.json"
 
-# About 210 bytes per shard entry: 16 MiB lists some 80,000 shards (20 TiB at the
-# default shard size) and parses in under a second, with some 150 MB of Python
-# objects at its peak. A larger file is refused before any of it is read, so a
-# manifest listing a million shards fails at once, not after 20 s and 1.3 GB.
+# The manifest's version (FORMAT.md, §7): 2.0 moved the shard list into the shard
+# table. Readers read 1.x and 2.x; writers write 2.0. The shard files themselves keep
+# their own header version (formats.shard.layout.MAJOR).
+MAJOR, MINOR = 2, 0
+READS = (1, 2)
+
+# A 2.x manifest holds no per-shard entry, so 16 MiB bounds only the schema and the
+# classes. A 1.x manifest spends about 210 bytes a shard: some 80,000 shards, parsed
+# in under a second; a larger file is refused before any of it is read.
 MAX_MANIFEST_BYTES = 16 << 20
+# Some 60 bytes a shard: 10^7 shards in 600 MB, mapped rather than read.
+MAX_SHARD_TABLE_BYTES = 4 << 30
 MAX_COUNT = (1 << 63) - 1  # every count and size is an int64 somewhere (numpy, file offsets)
 MAX_NDARRAY_DIM = (1 << 31) - 1
 _VERSION = re.compile(r"([0-9]{1,9})\.([0-9]{1,9})")
@@ -44,67 +64,37 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True)
-class ShardEntry:
-    """One shard as the manifest lists it."""
-
-    name: str
-    records: int
-    data_bytes: int
-    index_bytes: int
-    meta_bytes: int
-    data_crc32c: int
-    index_crc32c: int
-    meta_crc32c: int
-
-    @property
-    def data_file(self) -> str:
-        return f"{self.name}.rec"
-
-    @property
-    def index_file(self) -> str:
-        return f"{self.name}.idx"
-
-    @property
-    def meta_file(self) -> str:
-        return f"{self.name}.meta.parquet"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "records": self.records,
-            "data_bytes": self.data_bytes,
-            "index_bytes": self.index_bytes,
-            "meta_bytes": self.meta_bytes,
-            "data_crc32c": format_crc(self.data_crc32c),
-            "index_crc32c": format_crc(self.index_crc32c),
-            "meta_crc32c": format_crc(self.meta_crc32c),
-        }
-
-
-@dataclass(frozen=True)
 class Manifest:
     """The parsed manifest. ``dictionaries`` maps field name to (file name, crc);
     ``class_info`` (optional, None when absent) an object per class, index = label."""
 
     fields: tuple[Field, ...]
-    shards: tuple[ShardEntry, ...]
+    shards: ShardTable
     alignment: int
     classes: tuple[str, ...] | None = None
     class_info: tuple[dict[str, Any], ...] | None = None
     created_by: dict[str, Any] = field(default_factory=dict)
     dictionaries: dict[str, tuple[str, int]] = field(default_factory=dict)
     max_raw_size: dict[str, int] = field(default_factory=dict)
+    major: int = MAJOR
     minor: int = MINOR
+    # The shard table's file name (None: a 1.x manifest, which lists its shards itself).
+    shard_table: str | None = SHARD_TABLE_NAME
+
+    @property
+    def version(self) -> str:
+        return f"{self.major}.{self.minor}"
 
     @property
     def records(self) -> int:
-        return sum(s.records for s in self.shards)
+        return self.shards.total_records
 
     @property
     def data_bytes(self) -> int:
-        return sum(s.data_bytes for s in self.shards)
+        return int(self.shards.data_bytes.sum())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, table: bytes) -> dict[str, Any]:
+        """The manifest's object, written (2.0) with ``table``, its shard table's bytes."""
         fields = []
         for f in self.fields:
             entry = f.to_json()
@@ -120,7 +110,8 @@ class Manifest:
             "format_version": f"{MAJOR}.{MINOR}",
             "alignment": self.alignment,
             "fields": fields,
-            "shards": [s.to_json() for s in self.shards],
+            "shard_table": {"name": SHARD_TABLE_NAME, "bytes": len(table),
+                            "crc32c": format_crc(crc32c(table))},
             "totals": {"records": self.records, "data_bytes": self.data_bytes, "shards": len(self.shards)},
             "classes": None if self.classes is None else list(self.classes),
             "created_by": self.created_by,
@@ -182,30 +173,36 @@ def build_manifest(fields: Sequence[Field], parts: Sequence[Written], *,
     for p in parts:
         for name, size in p.max_raw_size.items():
             max_raw[name] = max(max_raw.get(name, 0), size)
-    return Manifest(fields=tuple(typed), shards=tuple(s for p in parts for s in p.shards),
+    return Manifest(fields=tuple(typed),
+                    shards=ShardTable.from_entries([s for p in parts for s in p.shards]),
                     alignment=alignment, classes=classes, class_info=class_info,
                     created_by=dict(created_by or {}), dictionaries=dict(dictionaries or {}),
                     max_raw_size=max_raw)
 
 
-def manifest_bytes(manifest: Manifest) -> bytes:
-    """The manifest file's bytes (sorted keys: deterministic).
+def manifest_files(manifest: Manifest) -> list[tuple[str, bytes]]:
+    """The dataset's closing files, in the order they must be written: the shard table,
+    then ``manifest.json`` (last: its presence means complete, FORMAT.md §9). Sorted
+    keys and no timestamps: the same dataset gives the same bytes.
 
     Raises:
-        ManifestError: more than :data:`MAX_MANIFEST_BYTES`, which no reader opens.
+        ManifestError: a manifest over :data:`MAX_MANIFEST_BYTES` (classes), which no
+            reader opens.
     """
-    text = json.dumps(manifest.to_json(), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
-    data = text.encode("utf-8")
+    table = manifest.shards.to_ipc()
+    text = json.dumps(manifest.to_json(table), sort_keys=True, indent=1, ensure_ascii=False)
+    data = (text + "\n").encode("utf-8")
     if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError("manifest would be larger than readers accept (too many shards "
-                            "or classes: use larger shards)", found=f"{len(data)} bytes",
-                            expected=f"at most {MAX_MANIFEST_BYTES}")
-    return data
+        raise ManifestError("manifest would be larger than readers accept (too many classes)",
+                            found=f"{len(data)} bytes", expected=f"at most {MAX_MANIFEST_BYTES}")
+    return [(SHARD_TABLE_NAME, table), (MANIFEST_NAME, data)]
 
 
 def write_manifest(root: Path, manifest: Manifest, *, durable: bool = True) -> None:
-    """Write ``root/manifest.json`` atomically (and, when ``durable``, flushed to disk)."""
-    atomic_write_bytes(root / MANIFEST_NAME, manifest_bytes(manifest), durable=durable)
+    """Write the shard table, then ``root/manifest.json``, each atomically (and, when
+    ``durable``, flushed to disk before the next)."""
+    for name, data in manifest_files(manifest):
+        atomic_write_bytes(root / name, data, durable=durable)
 
 
 def read_manifest(root: str | Path, *, follow_symlinks: bool = False) -> Manifest:
@@ -219,7 +216,7 @@ def read_manifest(root: str | Path, *, follow_symlinks: bool = False) -> Manifes
             :func:`formats.files.open_regular`).
     """
     return decode_manifest(read_manifest_bytes(root, follow_symlinks=follow_symlinks),
-                           Path(root) / MANIFEST_NAME)
+                           Path(root) / MANIFEST_NAME, follow_symlinks=follow_symlinks)
 
 
 def read_manifest_bytes(root: str | Path, *, follow_symlinks: bool = False) -> bytes:
@@ -234,8 +231,10 @@ def read_manifest_bytes(root: str | Path, *, follow_symlinks: bool = False) -> b
                         error=ManifestError, follow_symlinks=follow_symlinks)
 
 
-def decode_manifest(raw: bytes, path: str | Path) -> Manifest:
-    """Parse and validate a manifest's bytes; ``path`` names it in errors."""
+def decode_manifest(raw: bytes, path: str | Path, *, root: str | Path | None = None,
+                    follow_symlinks: bool = False) -> Manifest:
+    """Parse and validate a manifest's bytes; ``path`` names it in errors. A 2.x
+    manifest's shard table is read from ``root`` (default: ``path``'s folder)."""
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ManifestError("manifest is larger than this reader accepts", path=path,
                             found=f"{len(raw)} bytes", expected=f"at most {MAX_MANIFEST_BYTES}")
@@ -248,7 +247,24 @@ def decode_manifest(raw: bytes, path: str | Path) -> Manifest:
                      max_bytes=MAX_MANIFEST_BYTES)
     if _SURROGATE_ESCAPE.search(raw):
         _refuse_surrogates(obj, path)
-    return parse_manifest(obj, path)
+    return parse_manifest(obj, path, root=root, follow_symlinks=follow_symlinks)
+
+
+def shard_table_ref(raw: bytes, path: str | Path) -> tuple[str, int, int] | None:
+    """(name, size, crc32c) of the shard table a manifest's bytes name, or None (a 1.x
+    manifest, or one too broken to say: decoding it then says what is wrong). For a
+    remote dataset, whose table must be fetched before the manifest is decoded."""
+    try:
+        ref = parse_json(raw.decode("utf-8"), path=path, what="manifest", error=ManifestError,
+                         max_bytes=MAX_MANIFEST_BYTES).get("shard_table")
+        name, size = ref["name"], ref["bytes"]
+        crc = parse_crc(ref["crc32c"])
+    except (ManifestError, UnicodeDecodeError, AttributeError, KeyError, TypeError):
+        return None
+    if (not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int)
+            or not 0 <= size <= MAX_SHARD_TABLE_BYTES or crc is None):
+        return None
+    return name, size, crc
 
 
 def _refuse_surrogates(obj: Any, path: str | Path) -> None:
@@ -304,8 +320,10 @@ def _crc(obj: dict, key: str, path: str | Path, where: str) -> int:
     return value
 
 
-def parse_manifest(obj: Any, path: str | Path) -> Manifest:
-    """Validate a decoded manifest object (see :func:`read_manifest`)."""
+def parse_manifest(obj: Any, path: str | Path, *, root: str | Path | None = None,
+                   follow_symlinks: bool = False) -> Manifest:
+    """Validate a decoded manifest object (see :func:`read_manifest`), reading a 2.x
+    manifest's shard table from ``root`` (default: ``path``'s folder)."""
     if not isinstance(obj, dict):
         raise ManifestError("manifest must be a JSON object", path=path, found=type(obj).__name__)
     if obj.get("format") != FORMAT_NAME:
@@ -317,10 +335,10 @@ def parse_manifest(obj: Any, path: str | Path) -> Manifest:
         raise ManifestError("format_version must be 'MAJOR.MINOR' (non-negative decimal integers)",
                             path=path, found=version[:40])
     major, minor = int(match[1]), int(match[2])
-    if major != MAJOR:
+    if major not in READS:
         raise VersionError(
-            f"format version {version} is not supported by this shardpack (reads {MAJOR}.x); "
-            "upgrade shardpack to read this dataset",
+            f"format version {version} is not supported by this shardpack (reads "
+            f"{' and '.join(f'{m}.x' for m in READS)}); upgrade shardpack to read this dataset",
             path=path,
         )
     alignment = _count(obj, "alignment", path, "")
@@ -332,18 +350,29 @@ def parse_manifest(obj: Any, path: str | Path) -> Manifest:
         # Every record then has an index row of at least 20 bytes on disk, which is
         # what bounds the record counts a manifest can claim (see _parse_shard).
         raise ManifestError("a dataset has at least one field", path=path)
-    shards = tuple(
-        _parse_shard(s, i, path, len(fields)) for i, s in enumerate(_get(obj, "shards", list, path))
-    )
-    names = [s.name for s in shards]
-    if len(set(names)) != len(names):
-        raise ManifestError("two shards share a name", path=path)
-
     totals = _get(obj, "totals", dict, path)
     records = _count(totals, "records", path, "totals.")
-    if records != sum(s.records for s in shards):
+    if major == 1:
+        entries = [_parse_shard(s, i, path, len(fields))
+                   for i, s in enumerate(_get(obj, "shards", list, path))]
+        names = [s.name for s in entries]
+        if len(set(names)) != len(names):
+            raise ManifestError("two shards share a name", path=path)
+        shards, table_name = ShardTable.from_entries(entries), None
+    else:
+        ref = _get(obj, "shard_table", dict, path)
+        table_name = _get(ref, "name", str, path, "shard_table.")
+        size = _count(ref, "bytes", path, "shard_table.")
+        if size > MAX_SHARD_TABLE_BYTES:
+            raise ManifestError("shard table is larger than this reader accepts", path=path,
+                                found=f"{size} bytes", expected=f"at most {MAX_SHARD_TABLE_BYTES}")
+        shards = ShardTable.read(Path(path).parent if root is None else root, table_name,
+                                 size=size, crc=_crc(ref, "crc32c", path, "shard_table."),
+                                 rows=_count(totals, "shards", path, "totals."),
+                                 num_fields=len(fields), follow_symlinks=follow_symlinks)
+    if records != shards.total_records:
         raise ManifestError("totals.records disagrees with the shards", path=path, found=records,
-                            expected=sum(s.records for s in shards))
+                            expected=shards.total_records)
     classes = obj.get("classes")
     if classes is not None and (
         not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)
@@ -369,7 +398,9 @@ def parse_manifest(obj: Any, path: str | Path) -> Manifest:
         created_by=created_by,
         dictionaries=dictionaries,
         max_raw_size=max_raw,
+        major=major,
         minor=minor,
+        shard_table=table_name,
     )
 
 

@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import ShardpackError
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
+from .shard_table import SHARD_TABLE_NAME
 
 __all__ = ["JOURNAL_NAME", "LEDGER_NAME", "LOCK_NAME", "SKIPPED_NAME", "SKIPPED_PARTIAL_NAME",
            "STAGING_MARKER", "Survey", "WorkNames", "dataset_files", "is_our_shard_name",
@@ -49,7 +50,7 @@ STAGING_MARKER = ".shardpack-staging.json"
 
 _OUR_FILE_NAMES = (MANIFEST_NAME, JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME, LEDGER_NAME,
                    STAGING_MARKER)
-_SHARD_FILE = re.compile(r"^shard-\d{5}\.(?:rec|idx|meta\.parquet)$")
+_SHARD_FILE = re.compile(r"^shard-\d{5,}\.(?:rec|idx|meta\.parquet)$")
 _DICT_FILE = re.compile(r"^dict-\d{3}\.zstd$")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d{1,10})$")
 _LEDGER_LIMIT = 64 << 20
@@ -151,6 +152,8 @@ class Survey:
 def dataset_files(manifest: Manifest) -> set[str]:
     """The names of every file of the dataset ``manifest`` describes, itself included."""
     names = {MANIFEST_NAME, SKIPPED_NAME}
+    if manifest.shard_table is not None:
+        names.add(manifest.shard_table)
     for e in manifest.shards:
         names |= {e.data_file, e.index_file, e.meta_file}
     return names | {name for name, _ in manifest.dictionaries.values()}
@@ -198,7 +201,9 @@ def survey(root: str | Path, work: WorkNames | None = None) -> Survey:
             ours |= dataset_files(s.dataset)
     s.journal = _is_file(root / JOURNAL_NAME)
     if s.journal:
-        ours |= {JOURNAL_NAME, SKIPPED_PARTIAL_NAME, SKIPPED_NAME}
+        # The shard table is written just before the manifest: a writer stopped between
+        # the two leaves it beside the journal.
+        ours |= {JOURNAL_NAME, SKIPPED_PARTIAL_NAME, SKIPPED_NAME, SHARD_TABLE_NAME}
         ours |= {n for n in names if _SHARD_FILE.match(n) or _DICT_FILE.match(n)}
     s.work_state = work is not None and _is_file(root / work.proof)
     if s.work_state:

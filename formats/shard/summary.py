@@ -26,7 +26,6 @@ from ..media import AUDIO_EXTENSIONS, IMAGE_EXTENSION, IMAGE_KINDS
 from ..sniff import image_size, sniff
 from .dataset import ShardDataset, check_dataset_path, read_metadata
 from .field_lengths import distribution, field_lengths, length_fields, ragged_fields
-from .layout import MAJOR
 from .manifest import ShardEntry, read_manifest
 
 __all__ = ["dataset_info", "dataset_stats", "default_field", "describe_record", "extension_of",
@@ -56,11 +55,12 @@ def dataset_info(path: str | Path, *, follow_symlinks: bool = False,
     m = read_manifest(root, follow_symlinks=follow_symlinks)
     out = {
         "path": str(root),
-        "format_version": f"{MAJOR}.{m.minor}",
+        "format_version": m.version,
         "records": m.records,
         "shards": len(m.shards),
         "data_bytes": m.data_bytes,
-        "total_bytes": sum(s.data_bytes + s.index_bytes + s.meta_bytes for s in m.shards),
+        "total_bytes": int(m.shards.data_bytes.sum() + m.shards.index_bytes.sum()
+                           + m.shards.meta_bytes.sum()),
         "alignment": m.alignment,
         "fields": [
             {**f.to_json(), **({"dictionary": m.dictionaries[f.name][0]}

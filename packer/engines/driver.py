@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from formats.fields import IMAGE_TYPES
 from formats.shard import ownership
-from formats.shard.manifest import MANIFEST_NAME, build_manifest, manifest_bytes, read_manifest
+from formats.shard.manifest import build_manifest, manifest_files, read_manifest
 
 from ..errors import PackInterrupted
 from ..loop import pack_listing
@@ -147,8 +147,9 @@ def _finish(output: Output, listing, summary: PackSummary, made: dict,
     parts = [r.written(listing.fields) for r in results]
     manifest = build_manifest(listing.fields, parts, classes=listing.classes,
                               class_info=listing.class_info, created_by=made)
-    output.write_bytes(MANIFEST_NAME, manifest_bytes(manifest))
-    output.sync()
+    for name, data in manifest_files(manifest):  # the manifest last, each on disk in turn
+        output.write_bytes(name, data)
+        output.sync()
     summary.image_type = next((f.type for f in manifest.fields if f.type in IMAGE_TYPES), None)
     summary.complete = True
     output.remove_state()

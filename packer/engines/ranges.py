@@ -74,7 +74,7 @@ def part_name(start: int, k: int) -> str:
 
 
 #: Exactly the names of the files of the shards :func:`part_name` names.
-PART_FILE = re.compile(r"^part-\d{12}-\d{5}\.(?:rec|idx|meta\.parquet)$")
+PART_FILE = re.compile(r"^part-\d{12}-\d{5,}\.(?:rec|idx|meta\.parquet)$")
 
 
 def marker_name(start: int, stop: int) -> str:

@@ -27,10 +27,11 @@ from formats import ShardDataset
 from formats.errors import FormatError
 from formats.files import atomic_write_bytes
 from formats.shard.dataset import default_max_open, read_metadata
-from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, decode_manifest
+from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from formats.shard.shard import ShardReader
 from formats.storage import Location, open_location
 from formats.storage.cache import CacheOptions, Pin
+from formats.storage.manifests import decode_remote_manifest
 
 __all__ = ["Prefetcher", "RemoteDataset"]
 
@@ -60,15 +61,15 @@ class RemoteDataset(ShardDataset):
         self.cache_options = cache or CacheOptions()
         self.cache = self.cache_options.open()
         raw = self.location.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
-        manifest = decode_manifest(raw, self.location.uri_of(MANIFEST_NAME))
         root = self.cache.dataset_dir(self.location.uri, raw)
+        manifest = decode_remote_manifest(self.location, raw, root)
         for name, crc in manifest.dictionaries.values():
             if not (root / name).exists():
                 self.location.download(name, root / name, crc=crc)
         if not (root / MANIFEST_NAME).exists():
             atomic_write_bytes(root / MANIFEST_NAME, raw, durable=False)
         self._pins: dict[int, Pin] = {}
-        stored = sum(e.data_bytes + e.index_bytes for e in manifest.shards)
+        stored = int(manifest.shards.data_bytes.sum() + manifest.shards.index_bytes.sum())
         fits = self.cache.max_bytes is None or stored <= self.cache.max_bytes
         if max_open is None:
             # A pinned shard holds a third descriptor (its lock): two thirds of the
@@ -172,7 +173,7 @@ class Prefetcher:
         if ds.cache.max_bytes is not None:
             # Never prefetch so far ahead that shards fetched early evict each other
             # or the ones every process has mapped.
-            largest = max(e.data_bytes + e.index_bytes for e in ds.manifest.shards)
+            largest = int((ds.manifest.shards.data_bytes + ds.manifest.shards.index_bytes).max())
             fit = ds.cache.max_bytes // max(largest, 1)
             self.ahead = max(0, min(self.ahead, fit - processes * ds.max_open - 1))
         self.errors = 0

@@ -37,13 +37,13 @@ class EpochOrder:
 
     Nothing here grows with the records: ``"full"`` is a keyed bijection on
     ``[0, n)`` (:mod:`reader.order.permutation`); ``"block"`` keeps the shard
-    permutation and its prefix sums (16 bytes a shard) and permutes each window of
+    permutation and its prefix sums (12 bytes a shard) and permutes each window of
     ``window`` positions of the shards' concatenation on demand; ``window=None``
     makes every shard its own window (the blocks of a token stream).
     """
 
     def __init__(self, num_records: int, shard_starts: np.ndarray, options: SamplerOptions,
-                 epoch: int, *, stream: int = 0, window: int | None | str = "options") -> None:
+                 epoch: int, *, stream: int = 0, window: int | str | None = "options") -> None:
         self.num_records = n = int(num_records)
         self.mode = options.shuffle or None
         self.keys = round_keys(options.seed, epoch, stream)
@@ -52,10 +52,12 @@ class EpochOrder:
             return
         starts = np.asarray(shard_starts, np.int64)
         rng = np.random.default_rng([options.seed, int(epoch), stream])
-        self.shards = rng.permutation(len(starts) - 1)
+        count = len(starts) - 1
+        # 12 bytes a shard: the permutation as int32 where it fits, and the prefix sums.
+        self.shards = rng.permutation(count).astype(np.int32 if count < 1 << 31 else np.int64)
         self.shard_starts = starts
-        sizes = np.diff(starts)[self.shards]
-        self.ends = np.cumsum(sizes)  # where each shard of the shuffled sequence ends
+        self.ends = np.diff(starts)[self.shards]
+        np.cumsum(self.ends, out=self.ends)  # where each shard of the shuffled sequence ends
         self.full = n - n % self.window if self.window else 0
 
     def records(self, positions) -> np.ndarray:

@@ -32,7 +32,7 @@ def test_info(dataset, capsys):
     code, out, _ = run(capsys, root, "info", "--json")
     info = json.loads(out)
     assert (info["records"], info["shards"], info["classes"]) == (9, 3, CLASSES)
-    assert info["format_version"] == "1.0" and info["created_by"] == {"tool": "tests"}
+    assert info["format_version"] == "2.0" and info["created_by"] == {"tool": "tests"}
     assert [f["name"] for f in info["fields"]] == ["image", "label", "key"]
 
 

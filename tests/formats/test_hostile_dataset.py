@@ -33,6 +33,13 @@ from formats.errors import FormatError, ManifestError, ShardpackError, UnsafePat
 from formats.shard.layout import index_sections
 from formats.shard.manifest import MAX_MANIFEST_BYTES
 from formats.shard.shard_writer import META_SCHEMA
+from tests.helpers_manifest import (
+    edit_manifest,
+    edit_shard_table,
+    edit_table_ref,
+    manifest_v1,
+    write_shard_table_bytes,
+)
 from tests.helpers_paths import TESTS
 
 FIELDS = [Field("data", "bytes"), Field("label", "int"), Field("key", "str"),
@@ -48,13 +55,6 @@ def make(root: Path, n: int = 24, per_shard: int = 8) -> Path:
             w.write({"data": bytes([i % 251]) * (64 + i), "label": i % 3, "key": f"k{i}",
                      "doc": {"i": i}})
     return root
-
-
-def edit_manifest(root: Path, change) -> None:
-    path = root / "manifest.json"
-    obj = json.loads(path.read_text())
-    change(obj)
-    path.write_text(json.dumps(obj))
 
 
 def replace_meta(root: Path, shard: int, table: pa.Table, **entry) -> None:
@@ -221,7 +221,8 @@ def write_manifest_near_cap(root: str) -> None:
     entry = {"records": 1, "data_bytes": 128, "index_bytes": index_sections(1, 4)[3],
              "meta_bytes": 100, "data_crc32c": "00000000", "index_crc32c": "00000000",
              "meta_crc32c": "00000000"}
-    obj = json.loads((root / "manifest.json").read_text())
+    obj = manifest_v1(root)  # a 1.x manifest: its shards listed in it
+    (root / "shards.arrow").unlink()
 
     def text(n: int) -> str:
         obj["shards"] = [{"name": f"shard-x{i:06d}", **entry} for i in range(n)]
@@ -341,6 +342,93 @@ def version(text: str):
     return lambda m: m.update(format_version=text)
 
 
+# -- the shard table (FORMAT.md, section 4.1) --------------------------------------------
+
+def table_edit(change, names: str = "shards.arrow", fix_manifest: bool = True):
+    """A builder rewriting the shard table as ``change(table)`` returns it; by default the
+    manifest's size and checksum of it made to agree, so only its content is wrong."""
+    def build(root: Path) -> str:
+        edit_shard_table(root, change, fix_manifest=fix_manifest)
+        return names
+    return build
+
+
+def set_cell(table: pa.Table, column: str, row: int, value) -> pa.Table:
+    values = table.column(column).to_pylist()
+    values[row] = value
+    at = table.schema.get_field_index(column)
+    return table.set_column(at, table.schema.field(at), pa.array(values, table.schema.field(at).type))
+
+
+def table_truncated(root: Path) -> str:
+    raw = (root / "shards.arrow").read_bytes()
+    (root / "shards.arrow").write_bytes(raw[: len(raw) // 2])
+    return "shards.arrow"
+
+
+def table_bit_flip(root: Path) -> str:
+    raw = bytearray((root / "shards.arrow").read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    (root / "shards.arrow").write_bytes(bytes(raw))
+    return "shards.arrow"
+
+
+def table_garbage(root: Path) -> str:
+    write_shard_table_bytes(root, os.urandom(4096))
+    return "shards.arrow"
+
+
+def table_named(name: str):
+    def build(root: Path) -> str:
+        edit_table_ref(root, name=name)
+        return name
+    return build
+
+
+def table_claims_too_much(root: Path) -> str:
+    edit_table_ref(root, bytes=1 << 40)
+    return "manifest.json"
+
+
+def more_records(table: pa.Table) -> pa.Table:
+    # One record more in shard 0, its index size made to fit: only totals.records disagrees.
+    n = table.column("records")[0].as_py() + 1
+    table = set_cell(table, "records", 0, n)
+    return set_cell(table, "index_bytes", 0, index_sections(n, len(FIELDS))[3])
+
+
+TABLE_CASES = [
+    ("shard table is a FIFO", lambda r: fifo(r, "shards.arrow"), "read_all", ()),
+    ("shard table is missing", lambda r: (os.unlink(r / "shards.arrow"), "shards.arrow")[1],
+     "inspect", ("info",)),
+    ("shard table truncated", table_truncated, "read_all", ()),
+    ("shard table's checksum wrong", table_bit_flip, "inspect", ("info",)),
+    ("shard table is not Arrow", table_garbage, "read_all", ()),
+    ("shard table claims a terabyte", table_claims_too_much, "read_all", ()),
+    ("shard table named outside the folder", table_named("../shards.arrow"), "read_all", ()),
+    ("shard table links out", symlink_out("shards.arrow"), "read_all", ()),
+    ("shard table short of a row", table_edit(lambda t: t.slice(0, t.num_rows - 1)),
+     "read_all", ()),
+    ("shard table with a column more",
+     table_edit(lambda t: t.append_column("x", pa.array([0] * t.num_rows))), "read_all", ()),
+    ("shard table with a null count",
+     table_edit(lambda t: set_cell(t, "records", 1, None)), "read_all", ()),
+    ("shard table with a negative count",
+     table_edit(lambda t: set_cell(t, "meta_bytes", 2, -5)), "read_all", ()),
+    ("shard table names a shard outside the folder",
+     table_edit(lambda t: set_cell(t, "name", 1, "../outside"), names="../outside"),
+     "read_all", ()),
+    ("shard table names two shards alike",
+     table_edit(lambda t: set_cell(t, "name", 1, t.column("name")[0].as_py())), "read_all", ()),
+    ("shard table's index size unfit",
+     table_edit(lambda t: set_cell(t, "index_bytes", 0, 64)), "read_all", ()),
+    ("shard table's records disagree with totals",
+     table_edit(more_records, names="manifest.json"), "inspect", ("info",)),
+    ("shard table with a record count of 2**62",
+     table_edit(lambda t: set_cell(t, "records", 0, 1 << 62)), "read_all", ()),
+]
+
+
 # (label, hostile dataset builder, case function, extra case arguments)
 HOSTILE = [
     ("manifest is a FIFO", lambda r: fifo(r, "manifest.json"), "read_all", ()),
@@ -381,6 +469,7 @@ HOSTILE = [
     ("index file links out, Loader", symlink_out("shard-00001.idx"), "loader_epoch", ()),
     ("metadata file links out", symlink_out("shard-00001.meta.parquet"), "metadata", ()),
     ("manifest links out", symlink_out("manifest.json"), "inspect", ("info",)),
+    *TABLE_CASES,
 ]
 
 
@@ -575,10 +664,13 @@ def descriptors_into(folder: Path) -> int:
 def test_an_open_shard_holds_two_descriptors_and_at_most_max_open_stay_open(pristine):
     ds = open_shards(pristine, max_open=2)
     try:
-        assert descriptors_into(pristine) == 4
-        assert sum(s is not None for s in ds.shards) == 2
+        # More shards than max_open: each is opened (and checked) when first read.
+        assert descriptors_into(pristine) == 0
+        assert sum(s is not None for s in ds.shards) == 0
         for i in range(len(ds)):
             ds[i]
+        assert descriptors_into(pristine) == 4
+        assert sum(s is not None for s in ds.shards) == 2
         views = ds.payloads(np.arange(len(ds)), "data")  # a batch over more shards than max_open
         assert descriptors_into(pristine) == 4  # the first shard's records were copied
         assert [bytes(v[:1]) for v in views[::8]] == [bytes([i]) for i in (0, 8, 16)]

@@ -10,7 +10,7 @@ import simplejpeg
 
 import formats
 from formats.errors import InputError
-from formats.shard.manifest import decode_manifest, manifest_bytes
+from formats.shard.manifest import decode_manifest, manifest_files
 from packer import PackOptions, UsageError, pack
 from packer.cli import main
 from tests.helpers_coco import CATEGORIES, LABEL_OF, coco_json, make_coco
@@ -299,15 +299,17 @@ def test_the_command_line_names_coco_options_and_refuses_misuse(tmp_path, rng, c
 def test_class_info_round_trips_through_the_manifest_and_is_checked(tmp_path, rng):
     images_dir, ann = make_coco(tmp_path, rng, n=2)
     pack(images_dir, tmp_path / "dst", opts(ann))
-    raw = (tmp_path / "dst" / "manifest.json").read_bytes()
-    m = decode_manifest(raw, "manifest.json")
-    assert manifest_bytes(m) == raw and json.loads(raw)["class_info"][0]["id"] == 3
+    dst = tmp_path / "dst"
+    raw = (dst / "manifest.json").read_bytes()
+    m = decode_manifest(raw, dst / "manifest.json")
+    assert dict(manifest_files(m))["manifest.json"] == raw
+    assert json.loads(raw)["class_info"][0]["id"] == 3
     obj = json.loads(raw)
     obj["class_info"] = obj["class_info"][:2]
     with pytest.raises(formats.ShardpackError, match="class_info"):
-        decode_manifest(json.dumps(obj).encode(), "manifest.json")
+        decode_manifest(json.dumps(obj).encode(), dst / "manifest.json")
     del obj["class_info"]  # optional: a reader of older manifests finds none
-    assert decode_manifest(json.dumps(obj).encode(), "manifest.json").class_info is None
+    assert decode_manifest(json.dumps(obj).encode(), dst / "manifest.json").class_info is None
 
 
 def test_coco_option_misuse_in_the_library_is_a_usage_error():

@@ -402,19 +402,21 @@ def test_an_old_dataset_half_deleted_by_a_kill_is_still_ours(tmp_path, rng):
 
 
 def test_the_writer_refuses_what_no_reader_would_open(tmp_path, monkeypatch):
-    from formats import DatasetWriter, Field, SchemaError
-    from formats.shard import dataset_writer
+    from formats import DatasetWriter, Field, ManifestError, SchemaError
+    from formats.shard import manifest
 
     with pytest.raises(SchemaError, match="at least one field"):
         DatasetWriter(tmp_path / "none", [], records_per_shard=1)
-    monkeypatch.setattr(dataset_writer, "_MANIFEST_SHARD_BUDGET", 2000)
+    # Shards no longer count against the manifest's bound (they are in the shard table),
+    # but classes still do: a manifest no reader would open is refused when written.
+    monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 2000)
     w = DatasetWriter(tmp_path / "many", [Field("n", "int")], records_per_shard=1,
-                      durable=False)
-    with pytest.raises(SchemaError, match="use larger shards"):
-        for i in range(100):
-            w.write({"n": i})
-    w.abort()
-    assert len(w.sealed) < 20
+                      durable=False, classes=[f"class {i}" for i in range(200)])
+    for i in range(100):
+        w.write({"n": i})
+    with pytest.raises(ManifestError, match="too many classes"):
+        w.close()
+    assert len(w.sealed) == 100 and not (tmp_path / "many" / "manifest.json").exists()
 
 
 def test_an_image_field_is_typed_by_what_it_holds_across_a_resume(tmp_path, rng):

@@ -24,7 +24,7 @@ def test_per_element_sizes_and_tweaks_permute_each_domain_on_its_own():
     n = np.repeat(sizes, sizes)
     tweak = np.repeat(np.arange(len(sizes)), sizes)
     out = permute(x, n, round_keys(1), tweak)
-    for part, size in zip(np.split(out, np.cumsum(sizes)[:-1]), sizes):
+    for part, size in zip(np.split(out, np.cumsum(sizes)[:-1]), sizes, strict=True):
         assert np.array_equal(np.sort(part), np.arange(size))
     # Two domains of one size but different tweaks are different permutations.
     ends = np.cumsum(sizes)

@@ -1,0 +1,33 @@
+"""A remote dataset's manifest with its shard table, checked as a local one is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..files import check_plain_name
+from ..shard.manifest import MANIFEST_NAME, Manifest, decode_manifest, shard_table_ref
+from .location import Location
+
+__all__ = ["decode_remote_manifest"]
+
+
+def decode_remote_manifest(location: Location, raw: bytes, folder: Path) -> Manifest:
+    """Decode the manifest bytes ``raw`` read from ``location``, first fetching the shard
+    table it names (a 2.x manifest) into the local ``folder`` unless it is there.
+
+    The download is checked against the size and CRC32C the manifest gives, and the
+    table is checked again as a local one is when the manifest is decoded.
+
+    Raises:
+        ManifestError, VersionError: as for a local dataset.
+        StorageError: the table cannot be fetched (names the object).
+    """
+    uri = location.uri_of(MANIFEST_NAME)
+    ref = shard_table_ref(raw, uri)
+    if ref is not None:
+        name, size, crc = ref
+        check_plain_name(folder, name, what="shard table name")
+        if not (folder / name).exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            location.download(name, folder / name, size=size, crc=crc)
+    return decode_manifest(raw, uri, root=folder)
