@@ -3,7 +3,7 @@
     python -m scripts.bench_remote --data /tmp/bench-reader [--n 4000] [--workers N]
 
 The dataset is uploaded to a local S3 server on loopback (moto, see
-:mod:`scripts.local_s3`). Each row reads one whole epoch:
+:mod:`tests.helpers_s3_server`). Each row reads one whole epoch:
 
 * ``s3 cold``: epoch 0 of a loader on a fresh, empty cache folder: every shard
   is downloaded (prefetched ahead of the workers), checked, then mapped;
@@ -30,7 +30,7 @@ from pathlib import Path
 from formats import open_shards
 from formats.storage import open_location
 from scripts.bench_reader import BATCH, build_inputs, pipeline_specs, warm
-from scripts.local_s3 import CREDENTIALS, new_bucket, s3_server, s3_uri
+from tests.helpers_s3_server import CREDENTIALS, new_bucket, s3_server, s3_uri
 
 
 def _loader(source, cache, *, raw: bool, workers: int):
