@@ -21,7 +21,6 @@ byte into a reused buffer, so every reader touches the same bytes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -31,19 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the peers' virtualenv does not install shardpack
     sys.path.insert(0, str(ROOT))
 
+from scripts import harness as h  # noqa: E402  (after the path, in the peers' virtualenv)
+
 BATCH = 256
 SIZE = 224
 SHARD_BYTES = 256 * 1000**2  # our default; peers with a size knob get the same
-
-
-def samples(src: Path) -> list[tuple[str, str, int]]:
-    """(path, key, label) of an image folder, in sorted order (label = class index)."""
-    out = []
-    classes = sorted(p.name for p in Path(src).iterdir() if p.is_dir())
-    for label, cls in enumerate(classes):
-        for f in sorted((Path(src) / cls).iterdir()):
-            out.append((str(f), f"{cls}/{f.name}", label))
-    return out
 
 
 def _read(path: str) -> bytes:
@@ -85,14 +76,14 @@ def write_shards(src: Path, out: Path, workers: int) -> int:
     from packer import PackOptions, pack
 
     pack(src, out, PackOptions(durable=False, workers=workers))
-    return len(samples(src))
+    return len(h.folder_samples(src))
 
 
 def write_tfrecord(src: Path, out: Path, workers: int) -> int:
     from tfrecord import TFRecordWriter
 
     out.mkdir(parents=True, exist_ok=True)
-    items = samples(src)
+    items = h.folder_samples(src)
     w = TFRecordWriter(str(out / "data.tfrecord"))
     for path, key, label in items:
         w.write({"image": (_read(path), "byte"), "label": (label, "int"),
@@ -105,7 +96,7 @@ def write_wds(src: Path, out: Path, workers: int) -> int:
     import webdataset as wds
 
     out.mkdir(parents=True, exist_ok=True)
-    items = samples(src)
+    items = h.folder_samples(src)
     with wds.ShardWriter(str(out / "part-%05d.tar"), maxsize=SHARD_BYTES, verbose=0) as w:
         for path, key, label in items:
             w.write({"__key__": key.rsplit(".", 1)[0].replace(".", "_"), "jpg": _read(path),
@@ -116,7 +107,7 @@ def write_wds(src: Path, out: Path, workers: int) -> int:
 def write_mds(src: Path, out: Path, workers: int) -> int:
     from streaming import MDSWriter
 
-    items = samples(src)
+    items = h.folder_samples(src)
     with MDSWriter(out=str(out), columns={"image": "bytes", "label": "int", "key": "str"},
                    size_limit=SHARD_BYTES) as w:
         for path, key, label in items:
@@ -132,7 +123,7 @@ def _litdata_item(item):
 def write_litdata(src: Path, out: Path, workers: int) -> int:
     import litdata
 
-    items = samples(src)
+    items = h.folder_samples(src)
     litdata.optimize(fn=_litdata_item, inputs=items, output_dir=str(out), num_workers=workers,
                      chunk_bytes=SHARD_BYTES, mode="overwrite")
     return len(items)
@@ -241,12 +232,6 @@ READERS = {"shards": read_shards, "tfrecord": read_tfrecord, "wds": read_wds,
 
 # -- full pipeline (decode + random resized crop 224 + flip) -------------------------------
 
-def _specs():
-    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
-
-    return [RandomResizedCrop(SIZE), RandomHorizontalFlip()]
-
-
 class _Decode:
     """Our decoder (the same work for every peer), built lazily in each worker."""
 
@@ -262,7 +247,7 @@ class _Decode:
             from reader.pipeline.decode import Decoder
             from reader.transforms import ImagePipeline
 
-            self.dec = Decoder(ImagePipeline(_specs()))
+            self.dec = Decoder(ImagePipeline(h.rrc_flip(SIZE)))
             self.rng = np.random.default_rng(os.getpid())
         out = np.empty((SIZE, SIZE, 3), np.uint8)
         self.dec.decode_into(data, out, self.rng)
@@ -272,34 +257,22 @@ class _Decode:
 _DECODE = _Decode()
 
 
-def _pil_rrc_flip(path: str):
-    """torchvision's ImageFolder + RandomResizedCrop + flip, written out with PIL."""
-    import numpy as np
-    from PIL import Image
-
-    from reader.transforms import RandomResizedCrop
-
-    rng = np.random.default_rng()
-    img = Image.open(path).convert("RGB")
-    top, left, h, w = RandomResizedCrop(SIZE).get_params(img.height, img.width, rng)
-    img = img.resize((SIZE, SIZE), Image.BILINEAR, box=(left, top, left + w, top + h))
-    if rng.random() < 0.5:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    return np.asarray(img)
-
-
 class _Folder:
+    """torchvision's ImageFolder + RandomResizedCrop + flip, written out with PIL."""
+
     def __init__(self, src: Path) -> None:
-        self.items = samples(src)
+        self.items = h.folder_samples(src)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, i: int):
+        import numpy as np
         import torch
 
         path, _, label = self.items[i]
-        return torch.from_numpy(_pil_rrc_flip(path).copy()), label
+        img = h.naive_rrc_flip(path, np.random.default_rng(), SIZE)
+        return torch.from_numpy(img.copy()), label
 
 
 def _wds_map(s):
@@ -322,7 +295,7 @@ def pipeline(fmt: str, root: Path, workers: int) -> int:
         from reader import Loader
 
         with Loader(root, BATCH, num_workers=workers, shuffle="block", seed=0,
-                    transform=_specs()) as lo:
+                    transform=h.rrc_flip(SIZE)) as lo:
             return sum(len(b["label"]) for b in lo)
     import torch
     from torch.utils.data import DataLoader
@@ -389,10 +362,6 @@ def _preload(fmt: str, cmd: str) -> None:
         importlib.import_module(name)
 
 
-def _emit(**kw) -> None:
-    print(json.dumps(kw), flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -420,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "loader-memory":
         from scripts.bench_reader import loader_memory
 
-        _emit(seconds=1.0, records=0, bytes=0, kb=loader_memory(args.dir, args.workers))
+        h.emit(seconds=1.0, records=0, bytes=0, kb=loader_memory(args.dir, args.workers))
         return 0
     try:
         _preload(args.format, args.cmd)
@@ -429,18 +398,18 @@ def main(argv: list[str] | None = None) -> int:
             n = WRITERS[args.format](args.src, args.out, args.workers)
             dt = time.perf_counter() - t
             nbytes = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
-            _emit(seconds=dt, records=n, bytes=nbytes)
+            h.emit(seconds=dt, records=n, bytes=nbytes)
         elif args.cmd == "read":
             sink = _Sink(copy=not args.no_copy)
             t = time.perf_counter()
             READERS[args.format](args.dir, args.mode, args.count, args.seed, sink)
-            _emit(seconds=time.perf_counter() - t, records=sink.records, bytes=sink.bytes)
+            h.emit(seconds=time.perf_counter() - t, records=sink.records, bytes=sink.bytes)
         else:
             t = time.perf_counter()
             n = pipeline(args.format, args.dir, args.workers)
-            _emit(seconds=time.perf_counter() - t, records=n, bytes=0)
+            h.emit(seconds=time.perf_counter() - t, records=n, bytes=0)
     except (ImportError, NotImplementedError) as exc:
-        _emit(skipped=f"{type(exc).__name__}: {exc}")
+        h.emit(skipped=f"{type(exc).__name__}: {exc}")
     return 0
 
 
