@@ -184,38 +184,21 @@ def decode_rates(jpegs: list[bytes]) -> dict[str, float]:
 
 # -- the suite ---------------------------------------------------------------------------------
 
-class Suite:
-    def __init__(self, args) -> None:
-        self.args = args
-        self.rows: list[tuple] = []  # (section, name, value, spread, ratio, target, mem)
-        self.notes: list[str] = []
+def new_report() -> h.Report:
+    return h.Report(h.Col("measure"), h.Col("median", 18, ">"), h.Col("spread", 6, ">"),
+                    h.Col("ratio", 26), h.Col("target", 22), h.Col("RssAnon MiB", 11, ">"))
 
-    def section(self, title: str) -> None:
-        self.rows.append((title,))
 
-    def row(self, case: Case, ratio_s: str = "", target: str = "", scale: float = 1.0) -> None:
-        if case.skipped is not None:
-            self.rows.append(("", case.name, f"skipped: {case.skipped}", "", "", target, ""))
-            return
-        fmt = h.figure(case.median * scale)
-        mem = f"{case.mem_kb / 1024:,.0f}" if case.mem_kb else ""
-        self.rows.append(("", case.name + (f" [{case.note}]" if case.note else ""),
-                          f"{fmt} {case.unit}", f"{case.spread:.0%}", ratio_s, target, mem))
-
-    def print(self) -> None:
-        table = h.Table(h.Col("measure"), h.Col("median", 18, ">"), h.Col("spread", 6, ">"),
-                        h.Col("ratio", 26), h.Col("target", 22), h.Col("RssAnon MiB", 11, ">"))
-        table = table.fit(r[1:] for r in self.rows if len(r) > 1)
-        print(table.head(rule=True))
-        for r in self.rows:
-            if len(r) == 1:
-                print(f"\n## {r[0]}")
-            elif r[2].startswith("skipped"):
-                print(table.note(r[1], r[2]))
-            else:
-                print(table.line(*r[1:]))
-        for n in self.notes:
-            print(f"note: {n}")
+def row(report: h.Report, case: Case, ratio_s: str = "", target: str = "") -> None:
+    """A case's row: its median rate, spread, ratio, target and peak memory (or why not)."""
+    if case.skipped is not None:
+        report.skip(case.name, f"skipped: {case.skipped}")
+        return
+    x = case.median
+    mem = f"{case.mem_kb / 1024:,.0f}" if case.mem_kb else ""
+    report.row(case.name + (f" [{case.note}]" if case.note else ""),
+               f"{x:,.2f} {case.unit}" if x < 100 else f"{x:,.0f} {case.unit}",
+               f"{case.spread:.0%}", ratio_s, target, mem)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = sum(p.stat().st_size for p in paths)
     cores = args.workers
     run = Runner(args.peers_python, cold=not args.no_cold)
-    suite = Suite(args)
+    suite = new_report()
     if args.peers_python is None:
         suite.notes.append("MDS and LitData skipped: no --peers-python / $SHARDPACK_PEERS_PYTHON")
     scratch = args.data / "scratch"
@@ -291,12 +274,12 @@ def main(argv: list[str] | None = None) -> int:
             dec[k].rates.append(v)
     suite.section("limits (warm page cache)")
     for c in (small, copy, seq_big):
-        suite.row(c, h.ratio_text(ratio(c, memcpy), "of memcpy"))
-    suite.row(memcpy, "1.00 of memcpy")
-    suite.row(dec["simplejpeg"])
-    suite.row(dec["pil"], h.ratio_text(ratio(dec["pil"], dec["simplejpeg"]), "of simplejpeg"))
-    suite.row(dec["ours_rrc"], h.ratio_text(ratio(dec["ours_rrc"], dec["pil_rrc"]), "of PIL RRC"))
-    suite.row(dec["pil_rrc"])
+        row(suite, c, h.ratio_text(ratio(c, memcpy), "of memcpy"))
+    row(suite, memcpy, "1.00 of memcpy")
+    row(suite, dec["simplejpeg"])
+    row(suite, dec["pil"], h.ratio_text(ratio(dec["pil"], dec["simplejpeg"]), "of simplejpeg"))
+    row(suite, dec["ours_rrc"], h.ratio_text(ratio(dec["ours_rrc"], dec["pil_rrc"]), "of PIL RRC"))
+    row(suite, dec["pil_rrc"])
     print(f"limits done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- packing -------------------------------------------------------------------------
@@ -318,11 +301,11 @@ def main(argv: list[str] | None = None) -> int:
            + [(writers[f], write(f)) for f in formats], args.repeat)
     big.unlink(missing_ok=True)
     suite.section(f"packing {n} JPEGs (page cache warm, durable=False: no fsync)")
-    suite.row(pack_copy, "1.00 of copy limit")
+    row(suite, pack_copy, "1.00 of copy limit")
     ours_w = writers["shards"]
-    suite.row(ours_w, h.ratio_text(ratio(ours_w, pack_copy), "of copy limit"), ">= 0.9 of copy limit")
+    row(suite, ours_w, h.ratio_text(ratio(ours_w, pack_copy), "of copy limit"), ">= 0.9 of copy limit")
     for f in formats[1:]:
-        suite.row(writers[f], h.ratio_text(ratio(ours_w, writers[f]), "ours ÷ it"), "> 1.0")
+        row(suite, writers[f], h.ratio_text(ratio(ours_w, writers[f]), "ours ÷ it"), "> 1.0")
     print(f"packing done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- raw reading, warm ---------------------------------------------------------------
@@ -371,17 +354,17 @@ def main(argv: list[str] | None = None) -> int:
            + [(rndc[f], reader(f, "random", lookups[f])) for f in rnd_fmts]
            + [(batched, reader("shards", "random-batch", n))], args.repeat)
     suite.section("raw reading, warm (every payload byte copied out)")
-    suite.row(mem_seq)
-    suite.row(seq["shards"], h.ratio_text(ratio(seq["shards"], mem_seq), "of memcpy"), ">= 0.8 of memcpy")
+    row(suite, mem_seq)
+    row(suite, seq["shards"], h.ratio_text(ratio(seq["shards"], mem_seq), "of memcpy"), ">= 0.8 of memcpy")
     for f in formats[1:]:
-        suite.row(seq[f], h.ratio_text(ratio(seq["shards"], seq[f]), "ours ÷ it"), "> 1.0")
-    suite.row(Case("tfrecord / webdataset random access", "",
-                   skipped="n/a: sequential formats (no per-record index in their readers)"))
+        row(suite, seq[f], h.ratio_text(ratio(seq["shards"], seq[f]), "ours ÷ it"), "> 1.0")
+    suite.skip("tfrecord / webdataset random access",
+               "skipped: n/a: sequential formats (no per-record index in their readers)")
     for cases in (rnd, rndc):
-        suite.row(cases["shards"])
+        row(suite, cases["shards"])
         for f in ("mds", "litdata"):
-            suite.row(cases[f], h.ratio_text(ratio(cases["shards"], cases[f]), "ours ÷ it"), ">= 10x")
-    suite.row(batched, h.ratio_text(ratio(batched, rndc["mds"]), "÷ MDS + copy"), ">= 10x")
+            row(suite, cases[f], h.ratio_text(ratio(cases["shards"], cases[f]), "ours ÷ it"), ">= 10x")
+    row(suite, batched, h.ratio_text(ratio(batched, rndc["mds"]), "÷ MDS + copy"), ">= 10x")
     print(f"raw reading done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- full pipeline, warm ---------------------------------------------------------------
@@ -421,21 +404,21 @@ def main(argv: list[str] | None = None) -> int:
            + [(pipe[f], pipeline(f)) for f in pfmts], args.repeat)
     suite.section(f"full pipeline, warm: decode + RRC 224 + flip, batch 256, {cores} workers, "
                   f"{len(h.files_of(pipe_src))} JPEGs")
-    suite.row(ceiling)
-    suite.row(bare, h.ratio_text(ratio(bare, ceiling), "of ceiling"))
-    suite.row(pipe["shards"], h.ratio_text(ratio(pipe["shards"], ceiling), "of ceiling"), ">= 0.9 of ceiling")
+    row(suite, ceiling)
+    row(suite, bare, h.ratio_text(ratio(bare, ceiling), "of ceiling"))
+    row(suite, pipe["shards"], h.ratio_text(ratio(pipe["shards"], ceiling), "of ceiling"), ">= 0.9 of ceiling")
     suite.notes.append(f"Loader ÷ bare parallel decode (same load, same round): "
                        f"{ratio(pipe['shards'], bare):.2f}")
-    suite.row(pipe["imagefolder"], h.ratio_text(ratio(pipe["shards"], pipe["imagefolder"]), "ours ÷ it"), ">= 1.5x")
+    row(suite, pipe["imagefolder"], h.ratio_text(ratio(pipe["shards"], pipe["imagefolder"]), "ours ÷ it"), ">= 1.5x")
     for f in formats[1:]:
-        suite.row(pipe[f], h.ratio_text(ratio(pipe["shards"], pipe[f]), "ours ÷ it"), "> 1.0")
+        row(suite, pipe[f], h.ratio_text(ratio(pipe["shards"], pipe[f]), "ours ÷ it"), "> 1.0")
     print(f"pipeline done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- cold cache ----------------------------------------------------------------------
     why = "--no-cold" if args.no_cold else can_drop_caches()
     suite.section(f"cold page cache (dropped before every run), {len(h.files_of(pipe_src))} JPEGs")
     if why:
-        suite.rows.append(("", "cold cache runs", f"skipped: {why}", "", "", "", ""))
+        suite.skip("cold cache runs", f"skipped: {why}")
     else:
         pfiles = h.files_of(pipe_src)
         pbytes = sum(p.stat().st_size for p in pfiles)
@@ -455,14 +438,14 @@ def main(argv: list[str] | None = None) -> int:
         rounds([(csmall, cold_small)]
                + [(cseq[f], reader(f, "seq", counts[f], drop=True, root=pouts[f])) for f in formats]
                + [(cpipe[f], pipeline(f, drop=True)) for f in pfmts], args.repeat)
-        suite.row(csmall)
-        suite.row(cseq["shards"], h.ratio_text(ratio(cseq["shards"], csmall), "of small-file read"))
+        row(suite, csmall)
+        row(suite, cseq["shards"], h.ratio_text(ratio(cseq["shards"], csmall), "of small-file read"))
         for f in formats[1:]:
-            suite.row(cseq[f], h.ratio_text(ratio(cseq["shards"], cseq[f]), "ours ÷ it"), "> 1.0")
-        suite.row(cpipe["shards"], h.ratio_text(ratio(cpipe["shards"], pipe["shards"]), "of warm"))
-        suite.row(cpipe["imagefolder"], h.ratio_text(ratio(cpipe["shards"], cpipe["imagefolder"]), "ours ÷ it"), ">= 1.5x")
+            row(suite, cseq[f], h.ratio_text(ratio(cseq["shards"], cseq[f]), "ours ÷ it"), "> 1.0")
+        row(suite, cpipe["shards"], h.ratio_text(ratio(cpipe["shards"], pipe["shards"]), "of warm"))
+        row(suite, cpipe["imagefolder"], h.ratio_text(ratio(cpipe["shards"], cpipe["imagefolder"]), "ours ÷ it"), ">= 1.5x")
         for f in formats[1:]:
-            suite.row(cpipe[f], h.ratio_text(ratio(cpipe["shards"], cpipe[f]), "ours ÷ it"), "> 1.0")
+            row(suite, cpipe[f], h.ratio_text(ratio(cpipe["shards"], cpipe[f]), "ours ÷ it"), "> 1.0")
     print(f"cold done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- memory and monitor ----------------------------------------------------------------
@@ -473,9 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny = [bench_reader.build_tiny(args.data, m) for m in sizes]
     mem = [run("shards", "loader-memory", str(t), "--workers", str(cores)).get("kb", float("nan"))
            for t in tiny]
-    suite.rows.append(("", f"Loader RssAnon (main + workers), {sizes[1]:,} vs {sizes[0]:,} records",
-                       f"{mem[1] / 1024:,.0f} MiB", "", f"{mem[1] / mem[0]:.2f} of the small one",
-                       "~1.0 (flat)", ""))
+    suite.row(f"Loader RssAnon (main + workers), {sizes[1]:,} vs {sizes[0]:,} records",
+              f"{mem[1] / 1024:,.0f} MiB", "", f"{mem[1] / mem[0]:.2f} of the small one",
+              "~1.0 (flat)")
     mon_ds = args.data / "monitor-ds"
     if not (mon_ds / "manifest.json").exists():
         shutil.rmtree(mon_ds, ignore_errors=True)
@@ -484,9 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     res = bench_monitor.bench_loader(str(mon_ds / "ds"), samples=2 * args.repeat, workers=cores,
                                      batch_size=64, raw=False)
     on, off = res["rates"]["on"], res["rates"]["off"]
-    suite.rows.append(("", "monitor on ÷ off, decode + CenterCrop 224, 64/batch",
-                       f"{h.median(on):,.0f} img/s", f"{h.spread(on):.0%}",
-                       f"{h.paired_ratio(on, off):.3f} of off", ">= 0.98", ""))
+    suite.row("monitor on ÷ off, decode + CenterCrop 224, 64/batch", f"{h.median(on):,.0f} img/s",
+              f"{h.spread(on):.0%}", f"{h.paired_ratio(on, off):.3f} of off", ">= 0.98")
     cpu_off = h.median(res["cpu"]["off"])
     extra = h.median(res["cpu"]["on"]) - cpu_off
     suite.notes.append(f"monitor: main-process CPU per batch {extra * 1e6:+.0f} us on a "

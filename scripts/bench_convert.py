@@ -318,18 +318,14 @@ def _measure(sections: list[Section], repeat: int, scratch: Path, n: int, nbytes
 
 
 def _print(sections: list[Section], n: int, nbytes: int, header: list[str]) -> None:
-    table = h.Table(h.Col("case"), h.Col("records/s", 10, ">"), h.Col("MB/s", 7, ">"),
-                    h.Col("spread", 6, ">"), h.Col("ratio", 20), h.Col("target", 0))
-    table = table.fit([(c.name,) for s in sections for c in s.cases])
-    print("\n".join(header))
-    print()
-    print(table.head(rule=True))
+    report = h.Report(h.Col("case"), h.Col("records/s", 10, ">"), h.Col("MB/s", 7, ">"),
+                      h.Col("spread", 6, ">"), h.Col("ratio", 20), h.Col("target", 0))
     for sec in sections:
-        print(f"\n## {sec.title}")
+        report.section(sec.title)
         by_name = {c.name: c for c in sec.cases}
         for c in sec.cases:
             if c.skipped:
-                print(table.note(c.name, c.skipped))
+                report.skip(c.name, c.skipped)
                 continue
             rates = [n / s for s in c.seconds]
             med = h.median(rates)
@@ -338,8 +334,11 @@ def _print(sections: list[Section], n: int, nbytes: int, header: list[str]) -> N
                 a, b, label = by_name[c.ratio[0]], by_name[c.ratio[1]], c.ratio[2]
                 if a.seconds and b.seconds:  # rate(a) ÷ rate(b) = seconds(b) ÷ seconds(a)
                     ratio = h.ratio_text(h.paired_ratio(b.seconds, a.seconds), label)
-            print(table.line(c.name, f"{med:,.0f}", f"{med * nbytes / n / 1e6:,.0f}",
-                             f"{h.spread(rates):.0%}", ratio, c.target))
+            report.row(c.name, f"{med:,.0f}", f"{med * nbytes / n / 1e6:,.0f}",
+                       f"{h.spread(rates):.0%}", ratio, c.target)
+    print("\n".join(header))
+    print()
+    report.print()
 
 
 def _plural(k: int, what: str) -> str:

@@ -39,8 +39,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 __all__ = [
-    "CORES", "DATA", "Col", "Load", "Peak", "Table", "add_data", "add_peers_python",
-    "add_repeat", "add_workers", "copy_limit", "drop_caches", "emit", "figure", "files_of",
+    "CORES", "DATA", "Col", "Load", "Peak", "Report", "Table", "add_data", "add_peers_python",
+    "add_repeat", "add_workers", "copy_limit", "drop_caches", "emit", "files_of",
     "folder_samples", "fresh_dir", "image_folder", "last_json", "link_folder", "median",
     "naive_rrc_flip", "packed_dataset", "paired_ratio", "parser", "ratio_text",
     "rotated", "rounds", "rrc_flip", "rss_anon_kb", "shmem_kb", "spread", "timed",
@@ -156,11 +156,6 @@ def ratio_text(x: float, label: str) -> str:
     return f"{x:.2f} {label}" if x == x else ""
 
 
-def figure(x: float) -> str:
-    """A rate for a table: two decimals below 100, none above, thousands separated."""
-    return f"{x:,.2f}" if x < 100 else f"{x:,.0f}"
-
-
 class Load:
     """The 1, 5 and 15 minute load averages at construction (``before``) and now."""
 
@@ -236,6 +231,35 @@ class Table:
 
     def print(self, rows: Sequence, rule: bool = False) -> None:
         print(self.render(rows, rule))
+
+
+class Report:
+    """A suite's table: rows in sections (``## title``), a row skipped says why after
+    its name, notes follow the table (``note: ...``)."""
+
+    def __init__(self, *columns: Col, sep: str = "  ") -> None:
+        self.table = Table(*columns, sep=sep)
+        self.rows: list[tuple] = []  # ("row", cells) | ("skip", name, why) | ("section", title)
+        self.notes: list[str] = []
+
+    def section(self, title: str) -> None:
+        self.rows.append(("section", title))
+
+    def row(self, *cells: str) -> None:
+        self.rows.append(("row", cells))
+
+    def skip(self, name: str, why: str) -> None:
+        self.rows.append(("skip", name, why))
+
+    def print(self) -> None:
+        t = self.table.fit(r[1] if r[0] == "row" else (r[1],) for r in self.rows
+                           if r[0] != "section")
+        print(t.head(rule=True))
+        for kind, *rest in self.rows:
+            print(f"\n## {rest[0]}" if kind == "section" else
+                  t.note(*rest) if kind == "skip" else t.line(*rest[0]))
+        for n in self.notes:
+            print(f"note: {n}")
 
 
 # -- machine-readable output ------------------------------------------------------------
