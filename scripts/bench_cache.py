@@ -51,11 +51,7 @@ def run(path: Path, cache_bytes: int | None, epochs: int) -> tuple[list[float], 
                        transform=h.rrc_flip(), persistent_workers=True,
                        decoded_cache=opts) as lo:
         for _ in range(epochs):
-            t = time.perf_counter()
-            n = 0
-            for b in lo:
-                n += len(b["label"])
-            rates.append(n / (time.perf_counter() - t))
+            rates.append(h.per_second(lambda: sum(len(b["label"]) for b in lo)))
         stats = lo.decoded_cache.stats() if lo.decoded_cache is not None else {}
         ring = lo.ring.nbytes if lo.ring is not None else 0
     peak = mem.stop()

@@ -283,9 +283,7 @@ def torch_epoch(images: Path, annotations: Path, workers: int) -> float:
 
     dl = torch.utils.data.DataLoader(CocoFiles(images, annotations), batch_size=BATCH,
                                      shuffle=True, num_workers=workers, collate_fn=list_collate)
-    t = time.perf_counter()
-    n = sum(len(imgs) for imgs, _ in dl)
-    return n / (time.perf_counter() - t)
+    return h.per_second(lambda: sum(len(imgs) for imgs, _ in dl))
 
 
 # -- the classification pipeline, for (d) -------------------------------------------

@@ -204,13 +204,13 @@ def pipeline_rate(ds, batch, workers, device, epochs=2) -> float:
     sync = (lambda: None) if device == "cpu" else require_cupy().cuda.get_current_stream().synchronize
     with reader.Loader(ds, batch, num_workers=workers, shuffle="block", seed=0,
                        transform=h.rrc_flip(), device=device) as lo:
-        best = 0.0
-        for _ in range(epochs):
-            t = time.perf_counter()
+
+        def epoch() -> int:
             n = sum(len(b["label"]) for b in lo)
             sync()
-            best = max(best, n / (time.perf_counter() - t))
-    return best
+            return n
+
+        return max(h.per_second(epoch) for _ in range(epochs))
 
 
 def pipeline(ds, batch, workers, rounds) -> dict:
@@ -253,12 +253,13 @@ def dali(src: Path, batch: int, workers: int, epochs: int = 2) -> dict:
     pipe = classification()
     pipe.build()
     steps = max(1, len(files) // batch)
-    best = 0.0
-    for _ in range(epochs):
-        t = time.perf_counter()
+
+    def epoch() -> int:
         for _ in range(steps):
             pipe.run()
-        best = max(best, steps * batch / (time.perf_counter() - t))
+        return steps * batch
+
+    best = max(h.per_second(epoch) for _ in range(epochs))
     return {"version": nvdali.__version__, "threads": workers, "img_s": best,
             "pipeline": "readers.file, decoders.image(mixed), random_resized_crop 224, "
                         "crop_mirror_normalize(float16, CHW, coin-flip mirror)"}

@@ -257,7 +257,7 @@ class _Decode:
 _DECODE = _Decode()
 
 
-class _Folder:
+class ImageFolderPIL:
     """torchvision's ImageFolder + RandomResizedCrop + flip, written out with PIL."""
 
     def __init__(self, src: Path) -> None:
@@ -301,7 +301,7 @@ def pipeline(fmt: str, root: Path, workers: int) -> int:
     from torch.utils.data import DataLoader
 
     if fmt == "imagefolder":
-        dl = DataLoader(_Folder(root), batch_size=BATCH, shuffle=True, num_workers=workers)
+        dl = DataLoader(ImageFolderPIL(root), batch_size=BATCH, shuffle=True, num_workers=workers)
     elif fmt == "wds":
         import webdataset as wds
 

@@ -92,24 +92,23 @@ def raw_read(shards: Path) -> tuple[float, float]:
 
     ds = open_shards(shards)
     payload = sum(int(s.lengths[:, 0].sum()) for s in ds.shards)
-    best_loader = 0.0
-    for _ in range(3):
-        t = time.perf_counter()
-        nbytes = 0
+
+    def loader_pass() -> int:
         with Loader(ds, BATCH, decode=False, copy=True) as lo:
-            for b in lo:
-                nbytes += sum(len(x) for x in b["image"])
-        best_loader = max(best_loader, nbytes / (time.perf_counter() - t))
+            nbytes = sum(len(x) for b in lo for x in b["image"])
+        assert nbytes == payload
+        return nbytes
+
     src = [s.data for s in ds.shards]
     dst = np.empty(max(a.size for a in src), np.uint8)
-    best_copy = 0.0
-    for _ in range(3):
-        t = time.perf_counter()
+
+    def copy_pass() -> int:
         for a in src:
             np.copyto(dst[: a.size], a)
-        best_copy = max(best_copy, sum(a.size for a in src) / (time.perf_counter() - t))
-    assert nbytes == payload
-    return best_loader, best_copy
+        return sum(a.size for a in src)
+
+    return (max(h.per_second(loader_pass) for _ in range(3)),
+            max(h.per_second(copy_pass) for _ in range(3)))
 
 
 def single_core_ours(shards: Path, n: int) -> float:
@@ -121,12 +120,14 @@ def single_core_ours(shards: Path, n: int) -> float:
     out = np.empty((SIZE, SIZE, 3), np.uint8)
     rng = np.random.default_rng(0)
     views = ds.payloads(np.arange(min(n, len(ds))), "image")
-    for v in views[:10]:
-        dec.decode_into(v, out, rng)
-    t = time.perf_counter()
-    for v in views:
-        dec.decode_into(v, out, rng)
-    return len(views) / (time.perf_counter() - t)
+
+    def decode(views) -> int:
+        for v in views:
+            dec.decode_into(v, out, rng)
+        return len(views)
+
+    decode(views[:10])
+    return h.per_second(decode, views)
 
 
 def _one_core(job: tuple[Path, int, int]) -> tuple[int, float]:
@@ -160,10 +161,13 @@ def single_core_naive(shards: Path, n: int) -> float:
     ds = open_shards(shards)
     datas = [bytes(v) for v in ds.payloads(np.arange(min(n, len(ds))), "image")]
     rng = np.random.default_rng(0)
-    t = time.perf_counter()
-    for d in datas:
-        h.naive_rrc_flip(d, rng, SIZE)
-    return len(datas) / (time.perf_counter() - t)
+
+    def decode() -> int:
+        for d in datas:
+            h.naive_rrc_flip(d, rng, SIZE)
+        return len(datas)
+
+    return h.per_second(decode)
 
 
 def full_pipeline(shards: Path, workers: int, epochs: int = 1) -> float:
@@ -171,41 +175,18 @@ def full_pipeline(shards: Path, workers: int, epochs: int = 1) -> float:
 
     with Loader(shards, BATCH, num_workers=workers, shuffle="block", seed=0,
                 transform=h.rrc_flip(SIZE)) as lo:
-        best = 0.0
-        for _ in range(epochs):
-            t = time.perf_counter()
-            n = sum(len(b["label"]) for b in lo)
-            best = max(best, n / (time.perf_counter() - t))
-    return best
-
-
-class _FolderDataset:
-    """torchvision's ImageFolder, written out (torchvision is not importable here)."""
-
-    def __init__(self, root: Path) -> None:
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-        self.samples = [(str(f), i) for i, c in enumerate(classes) for f in sorted((root / c).iterdir())]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int):
-        import torch
-
-        path, label = self.samples[i]
-        with open(path, "rb") as fh:
-            img = h.naive_rrc_flip(fh.read(), np.random.default_rng(), SIZE)
-        return torch.from_numpy(img.copy()), label
+        return max(h.per_second(lambda: sum(len(b["label"]) for b in lo))
+                   for _ in range(epochs))
 
 
 def imagefolder_torch(folder: Path, workers: int) -> float:
     import torch
 
-    dl = torch.utils.data.DataLoader(_FolderDataset(folder), batch_size=BATCH, shuffle=True,
+    from scripts.bench_peers import ImageFolderPIL
+
+    dl = torch.utils.data.DataLoader(ImageFolderPIL(folder), batch_size=BATCH, shuffle=True,
                                      num_workers=workers)
-    t = time.perf_counter()
-    n = sum(len(y) for _, y in dl)
-    return n / (time.perf_counter() - t)
+    return h.per_second(lambda: sum(len(y) for _, y in dl))
 
 
 _DECODER = None
@@ -230,9 +211,7 @@ def webdataset_torch(tars: Path, workers: int) -> float:
     urls = sorted(str(p) for p in tars.glob("*.tar"))
     ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_wds_decode).batched(BATCH)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
-    t = time.perf_counter()
-    n = sum(len(y) for _, y in dl)
-    return n / (time.perf_counter() - t)
+    return h.per_second(lambda: sum(len(y) for _, y in dl))
 
 
 def loader_memory(path: Path, workers: int, batches: int = 20) -> int:

@@ -42,7 +42,7 @@ __all__ = [
     "CORES", "DATA", "Col", "Load", "Peak", "Report", "Table", "add_data", "add_peers_python",
     "add_repeat", "add_workers", "copy_limit", "drop_caches", "emit", "files_of",
     "folder_samples", "fresh_dir", "image_folder", "last_json", "link_folder", "median",
-    "naive_rrc_flip", "packed_dataset", "paired_ratio", "parser", "ratio_text",
+    "naive_rrc_flip", "packed_dataset", "paired_ratio", "parser", "per_second", "ratio_text",
     "rotated", "rounds", "rrc_flip", "rss_anon_kb", "shmem_kb", "spread", "timed",
     "timed_call", "tree_pss_bytes", "tree_rss_anon_kb", "warm", "write_json",
 ]
@@ -99,6 +99,12 @@ def timed_call(fn: Callable, *args, **kwargs):
     t = time.perf_counter()
     out = fn(*args, **kwargs)
     return time.perf_counter() - t, out
+
+
+def per_second(fn: Callable, *args, **kwargs) -> float:
+    """What one call of ``fn`` counts (its return value: images, bytes) per second."""
+    seconds, count = timed_call(fn, *args, **kwargs)
+    return count / seconds
 
 
 def rotated(items: Sequence, r: int) -> list:
