@@ -163,16 +163,12 @@ def decode_rates(jpegs: list[bytes]) -> dict[str, float]:
     import simplejpeg
     from PIL import Image
 
-    from reader.pipeline.decode import Decoder
-    from reader.transforms import ImagePipeline
-
-    dec = Decoder(ImagePipeline(h.rrc_flip()))
-    out = np.empty((224, 224, 3), np.uint8)
+    dec = h.rrc_flip_decoder()
     rng = np.random.default_rng(0)
     fns = {
         "simplejpeg": simplejpeg.decode_jpeg,
         "pil": lambda d: np.asarray(Image.open(io.BytesIO(d)).convert("RGB")),
-        "ours_rrc": lambda d: dec.decode_into(d, out, rng),
+        "ours_rrc": lambda d: dec(d, rng),
         "pil_rrc": lambda d: h.naive_rrc_flip(d, rng),
     }
     rates = {}

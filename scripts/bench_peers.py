@@ -42,34 +42,6 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-class _Sink:
-    """Copies payloads into a reused buffer (what a consumer of raw bytes pays).
-
-    With ``copy=False`` it only counts them: what ``__getitem__`` itself costs (ours
-    returns a zero-copy view, the peers return bytes they already copied).
-    """
-
-    def __init__(self, copy: bool = True) -> None:
-        self.copy = copy
-        self.buf = bytearray(8 << 20)
-        self.view = memoryview(self.buf)
-        self.records = 0
-        self.bytes = 0
-
-    def __call__(self, data) -> None:
-        n = len(data)
-        if not self.copy:
-            self.records += 1
-            self.bytes += n
-            return
-        if n > len(self.buf):
-            self.buf = bytearray(n)
-            self.view = memoryview(self.buf)
-        self.view[:n] = data
-        self.records += 1
-        self.bytes += n
-
-
 # -- writers -----------------------------------------------------------------------------
 
 def write_shards(src: Path, out: Path, workers: int) -> int:
@@ -144,7 +116,7 @@ def _order(n: int, mode: str, count: int | None, seed: int) -> list[int]:
     return rng.integers(0, n, count or n).tolist()
 
 
-def read_shards(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def read_shards(root: Path, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     from formats import open_shards
 
     ds = open_shards(root)
@@ -171,7 +143,7 @@ def read_shards(root: Path, mode: str, count: int | None, seed: int, sink: _Sink
         sink(ds[i]["image"])  # a whole sample, like the peers' __getitem__
 
 
-def read_tfrecord(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def read_tfrecord(root: Path, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     if mode != "seq":
         raise NotImplementedError("the tfrecord package reads sequentially (its index only "
                                   "splits files between workers)")
@@ -184,7 +156,7 @@ def read_tfrecord(root: Path, mode: str, count: int | None, seed: int, sink: _Si
             break
 
 
-def read_wds(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def read_wds(root: Path, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     if mode != "seq":
         raise NotImplementedError("webdataset tars are sequential-only (no index)")
     import webdataset as wds
@@ -204,7 +176,7 @@ def _mds_dataset(root: Path, cls=None, **kw):
     return (cls or StreamingDataset)(local=str(root), remote=None, shuffle=False, **kw)
 
 
-def _read_map_style(ds, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def _read_map_style(ds, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     """A peer's dataset: iterate it (seq) or index it (random)."""
     if mode == "seq":
         for s in ds:
@@ -216,11 +188,11 @@ def _read_map_style(ds, mode: str, count: int | None, seed: int, sink: _Sink) ->
         sink(ds[i]["image"])
 
 
-def read_mds(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def read_mds(root: Path, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     _read_map_style(_mds_dataset(root, batch_size=1), mode, count, seed, sink)
 
 
-def read_litdata(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def read_litdata(root: Path, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     import litdata
 
     _read_map_style(litdata.StreamingDataset(str(root), shuffle=False), mode, count, seed, sink)
@@ -244,13 +216,9 @@ class _Decode:
         import torch
 
         if self.dec is None:
-            from reader.pipeline.decode import Decoder
-            from reader.transforms import ImagePipeline
-
-            self.dec = Decoder(ImagePipeline(h.rrc_flip(SIZE)))
+            self.dec = h.rrc_flip_decoder(SIZE)
             self.rng = np.random.default_rng(os.getpid())
-        out = np.empty((SIZE, SIZE, 3), np.uint8)
-        self.dec.decode_into(data, out, self.rng)
+        out = self.dec(data, self.rng, np.empty((SIZE, SIZE, 3), np.uint8))
         return torch.from_numpy(out), int(label)
 
 
@@ -275,7 +243,7 @@ class ImageFolderPIL:
         return torch.from_numpy(img.copy()), label
 
 
-def _wds_map(s):
+def wds_decode(s):
     return _DECODE(s["jpg"], s["cls"])
 
 
@@ -306,7 +274,7 @@ def pipeline(fmt: str, root: Path, workers: int) -> int:
         import webdataset as wds
 
         urls = sorted(str(p) for p in root.glob("*.tar"))
-        ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_wds_map)
+        ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(wds_decode)
         dl = DataLoader(ds.batched(BATCH), batch_size=None, num_workers=workers)
     elif fmt == "tfrecord":
         from tfrecord.tools.tfrecord2idx import create_index
@@ -400,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             nbytes = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
             h.emit(seconds=dt, records=n, bytes=nbytes)
         elif args.cmd == "read":
-            sink = _Sink(copy=not args.no_copy)
+            sink = h.Sink(copy=not args.no_copy)
             t = time.perf_counter()
             READERS[args.format](args.dir, args.mode, args.count, args.seed, sink)
             h.emit(seconds=time.perf_counter() - t, records=sink.records, bytes=sink.bytes)

@@ -112,18 +112,14 @@ def raw_read(shards: Path) -> tuple[float, float]:
 
 
 def single_core_ours(shards: Path, n: int) -> float:
-    from reader.pipeline.decode import Decoder
-    from reader.transforms import ImagePipeline
-
     ds = open_shards(shards)
-    dec = Decoder(ImagePipeline(h.rrc_flip(SIZE)))
-    out = np.empty((SIZE, SIZE, 3), np.uint8)
+    dec = h.rrc_flip_decoder(SIZE)
     rng = np.random.default_rng(0)
     views = ds.payloads(np.arange(min(n, len(ds))), "image")
 
     def decode(views) -> int:
         for v in views:
-            dec.decode_into(v, out, rng)
+            dec(v, rng)
         return len(views)
 
     decode(views[:10])
@@ -132,18 +128,11 @@ def single_core_ours(shards: Path, n: int) -> float:
 
 def _one_core(job: tuple[Path, int, int]) -> tuple[int, float]:
     shards, start, count = job
-    from reader.pipeline.decode import Decoder
-    from reader.transforms import ImagePipeline
-
     ds = open_shards(shards)
-    dec = Decoder(ImagePipeline(h.rrc_flip(SIZE)))
-    out = np.empty((SIZE, SIZE, 3), np.uint8)
+    dec = h.rrc_flip_decoder(SIZE)
     rng = np.random.default_rng(start)
     views = ds.payloads(np.arange(start, start + count) % len(ds), "image")
-    t = time.perf_counter()
-    for v in views:
-        dec.decode_into(v, out, rng)
-    return count, time.perf_counter() - t
+    return count, h.timed(lambda: [dec(v, rng) for v in views])
 
 
 def parallel_raw_decode(shards: Path, cores: int, per_core: int) -> float:
@@ -189,27 +178,14 @@ def imagefolder_torch(folder: Path, workers: int) -> float:
     return h.per_second(lambda: sum(len(y) for _, y in dl))
 
 
-_DECODER = None
-
-
-def _wds_decode(sample):
-    global _DECODER
-    from reader.pipeline.decode import Decoder
-    from reader.transforms import ImagePipeline
-
-    if _DECODER is None:
-        _DECODER = Decoder(ImagePipeline(h.rrc_flip(SIZE)))
-    out = np.empty((SIZE, SIZE, 3), np.uint8)
-    _DECODER.decode_into(sample["jpg"], out, np.random.default_rng())
-    return out, int(sample["cls"])
-
-
 def webdataset_torch(tars: Path, workers: int) -> float:
     import torch
     import webdataset as wds
 
+    from scripts.bench_peers import wds_decode
+
     urls = sorted(str(p) for p in tars.glob("*.tar"))
-    ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_wds_decode).batched(BATCH)
+    ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(wds_decode).batched(BATCH)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
     return h.per_second(lambda: sum(len(y) for _, y in dl))
 

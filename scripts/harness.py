@@ -39,11 +39,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 __all__ = [
-    "CORES", "DATA", "Col", "Load", "Peak", "Report", "Table", "add_data", "add_peers_python",
+    "CORES", "DATA", "Col", "Load", "Peak", "Report", "Sink", "Table", "add_data", "add_peers_python",
     "add_repeat", "add_workers", "copy_limit", "drop_caches", "emit", "files_of",
     "folder_samples", "fresh_dir", "image_folder", "last_json", "link_folder", "median",
     "naive_rrc_flip", "packed_dataset", "paired_ratio", "parser", "per_second", "ratio_text",
-    "rotated", "rounds", "rrc_flip", "rss_anon_kb", "shmem_kb", "spread", "timed",
+    "rotated", "rounds", "rrc_flip", "rrc_flip_decoder", "rss_anon_kb", "shmem_kb", "spread", "timed",
     "timed_call", "tree_pss_bytes", "tree_rss_anon_kb", "warm", "write_json",
 ]
 
@@ -469,6 +469,31 @@ def copy_limit(paths: Sequence[Path | str], out: Path) -> int:
     return total
 
 
+class Sink:
+    """Copies every payload into one reused buffer (what a consumer of raw bytes pays),
+    so every reader measured touches the same bytes; counts records and bytes.
+
+    With ``copy=False`` it only counts them: what ``__getitem__`` itself costs (ours
+    returns a zero-copy view, the peers return bytes they already copied).
+    """
+
+    def __init__(self, copy: bool = True) -> None:
+        self.copy = copy
+        self.view = memoryview(bytearray(8 << 20))
+        self.records = 0
+        self.bytes = 0
+
+    def __call__(self, data) -> int:
+        n = len(data)
+        if self.copy:
+            if n > len(self.view):
+                self.view = memoryview(bytearray(n))
+            self.view[:n] = data
+        self.records += 1
+        self.bytes += n
+        return n
+
+
 # -- the classification pipeline every reader benchmark runs ------------------------------
 
 def rrc_flip(size: int = 224) -> list:
@@ -476,6 +501,25 @@ def rrc_flip(size: int = 224) -> list:
     from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     return [RandomResizedCrop(size), RandomHorizontalFlip()]
+
+
+def rrc_flip_decoder(size: int = 224):
+    """Our decoder of the classification pipeline (:func:`rrc_flip`, fused):
+    ``decode(jpeg, rng, out=None)`` fills ``out`` (default: one reused array) and returns it."""
+    import numpy as np
+
+    from reader.pipeline.decode import Decoder
+    from reader.transforms import ImagePipeline
+
+    dec = Decoder(ImagePipeline(rrc_flip(size)))
+    reused = np.empty((size, size, 3), np.uint8)
+
+    def decode(data, rng, out=None):
+        out = reused if out is None else out
+        dec.decode_into(data, out, rng)
+        return out
+
+    return decode
 
 
 def naive_rrc_flip(src, rng, size: int = 224):
