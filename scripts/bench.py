@@ -91,7 +91,7 @@ class Runner:
             return {"skipped": "needs the peers virtualenv (--peers-python or "
                                "$SHARDPACK_PEERS_PYTHON; see BENCHMARKS.md)"}
         if drop:
-            h.drop_caches()
+            drop_caches()
         proc = subprocess.Popen([py, str(PEERS), *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=HERE.parent)
         mon = h.Peak(kb=lambda: h.tree_rss_anon_kb(proc.pid))  # page cache not in it
@@ -106,9 +106,16 @@ class Runner:
         return res
 
 
+def drop_caches() -> None:
+    """Drop the page cache (needs root): the next read comes from the disk."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
 def can_drop_caches() -> str | None:
     try:
-        h.drop_caches()
+        drop_caches()
     except OSError as exc:
         return f"cannot drop the page cache ({exc}); run as root"
     return None
@@ -130,6 +137,11 @@ def rounds(cases: list[tuple[Case, callable]], repeat: int) -> None:
             fn(case)
 
     h.rounds(cases, repeat, run)
+
+
+def files_of(root: Path) -> list[Path]:
+    """Every file under ``root`` but the hidden ones (the markers), sorted."""
+    return sorted(f for f in root.rglob("*") if f.is_file() and not f.name.startswith("."))
 
 
 # -- limits (in-process) ---------------------------------------------------------------------
@@ -224,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     src = h.image_folder(args.data, args.count)
     pipe_src = h.link_folder(src, args.data / f"subset-{args.pipeline_count}",
                              per_class=max(1, args.pipeline_count // 20))
-    paths = h.files_of(src)
+    paths = files_of(src)
     n = len(paths)
     nbytes = sum(p.stat().st_size for p in paths)
     cores = args.workers
@@ -238,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     big = scratch / "copy.bin"
     formats = ["shards", "tfrecord", "wds", "mds", "litdata"]
     print(f"{n} JPEGs, {nbytes / n / 1e3:.0f} KB mean, {nbytes / 1e9:.2f} GB; pipeline subset "
-          f"{len(h.files_of(pipe_src))}; {cores} workers = cores; median of {args.repeat} rounds",
+          f"{len(files_of(pipe_src))}; {cores} workers = cores; median of {args.repeat} rounds",
           flush=True)
     h.warm(src)
 
@@ -380,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (pouts[f] / ".complete").exists():
             pipe[f].skipped = writers.get(f, pipe[f]).skipped or "not written"
     ceiling = Case(f"ceiling: {cores} x 1-core decode+RRC+flip", "img/s")
-    pjpegs = [p.read_bytes() for p in h.files_of(pipe_src)[:200]]
+    pjpegs = [p.read_bytes() for p in files_of(pipe_src)[:200]]
 
     def pipeline(fmt, drop=False):
         def fn(c):
@@ -399,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
            + ([(bare, bare_decode)] if pipe["shards"].skipped is None else [])
            + [(pipe[f], pipeline(f)) for f in pfmts], args.repeat)
     suite.section(f"full pipeline, warm: decode + RRC 224 + flip, batch 256, {cores} workers, "
-                  f"{len(h.files_of(pipe_src))} JPEGs")
+                  f"{len(files_of(pipe_src))} JPEGs")
     row(suite, ceiling)
     row(suite, bare, h.ratio_text(ratio(bare, ceiling), "of ceiling"))
     row(suite, pipe["shards"], h.ratio_text(ratio(pipe["shards"], ceiling), "of ceiling"), ">= 0.9 of ceiling")
@@ -412,11 +424,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- cold cache ----------------------------------------------------------------------
     why = "--no-cold" if args.no_cold else can_drop_caches()
-    suite.section(f"cold page cache (dropped before every run), {len(h.files_of(pipe_src))} JPEGs")
+    suite.section(f"cold page cache (dropped before every run), {len(files_of(pipe_src))} JPEGs")
     if why:
         suite.skip("cold cache runs", f"skipped: {why}")
     else:
-        pfiles = h.files_of(pipe_src)
+        pfiles = files_of(pipe_src)
         pbytes = sum(p.stat().st_size for p in pfiles)
         csmall = Case("plain read of every small file", "MB/s")
         cseq = {f: Case(f"{LABELS[f]} sequential raw read", "MB/s") for f in formats}
@@ -428,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             cpipe[f].skipped = pipe[f].skipped
 
         def cold_small(c):
-            h.drop_caches()
+            drop_caches()
             c.rates.append(pbytes / h.timed(lambda: read_small_files(pfiles)) / 1e6)
 
         rounds([(csmall, cold_small)]

@@ -1,7 +1,7 @@
 """The benchmarks' one harness: what every ``scripts/bench*.py`` shares, so that a script
 is its workload and nothing else.
 
-The method (BENCHMARKS.md, "Method"), written once here:
+The method (BENCHMARKS.md, "How it measures"), written once here:
 
 * cases run in rounds, back to back, in an order rotated every round (:func:`rotated`,
   :func:`rounds`), so that none always goes first and drift hits every side alike;
@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -37,15 +36,6 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-__all__ = [
-    "CORES", "DATA", "Col", "Load", "Peak", "Report", "Sink", "Table", "add_data", "add_peers_python",
-    "add_repeat", "add_workers", "copy_limit", "drop_caches", "emit", "files_of",
-    "folder_samples", "fresh_dir", "image_folder", "last_json", "link_folder", "median",
-    "naive_rrc_flip", "packed_dataset", "paired_ratio", "parser", "per_second", "ratio_text",
-    "rotated", "rounds", "rrc_flip", "rrc_flip_decoder", "rss_anon_kb", "shmem_kb", "spread", "timed",
-    "timed_call", "tree_pss_bytes", "tree_rss_anon_kb", "warm", "write_json",
-]
 
 #: Where benchmarks keep their generated data between runs (``--data``'s usual default).
 DATA = Path(tempfile.gettempdir()) / "shardpack-bench"
@@ -374,13 +364,6 @@ class Peak(threading.Thread):
         return self.peak
 
 
-def drop_caches() -> None:
-    """Drop the page cache (needs root): the next read comes from the disk."""
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
 # -- data -------------------------------------------------------------------------------
 
 def image_folder(data: Path, count: int, classes: int = 20, name: str = "imagefolder-{n}",
@@ -403,11 +386,6 @@ def folder_samples(root: Path) -> list[tuple[str, str, int]]:
         for f in sorted((root / cls).iterdir()):
             out.append((str(f), f"{cls}/{f.name}", label))
     return out
-
-
-def files_of(root: Path) -> list[Path]:
-    """Every file under ``root`` but the hidden ones (the markers), sorted."""
-    return sorted(f for f in root.rglob("*") if f.is_file() and not f.name.startswith("."))
 
 
 def link_folder(src: Path, dst: Path, *, per_class: int | None = None,
@@ -539,7 +517,3 @@ def naive_rrc_flip(src, rng, size: int = 224):
     if rng.random() < 0.5:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(img)
-
-
-if __name__ == "__main__":
-    sys.exit("scripts/harness.py is imported by the benchmarks, not run")
