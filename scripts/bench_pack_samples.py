@@ -141,20 +141,17 @@ def produce_and_write(n: int, workers: int, out: Path) -> float:
 def ours(n: int, workers: int, out: Path) -> float:
     from packer import PackOptions, pack_samples
 
-    t = time.perf_counter()
-    s = pack_samples(sample, range(n), out, PackOptions(workers=workers, durable=False),
-                     progress=False)
+    seconds, s = h.timed_call(pack_samples, sample, range(n), out,
+                              PackOptions(workers=workers, durable=False), progress=False)
     assert s.records_written == n
-    return time.perf_counter() - t
+    return seconds
 
 
 def litdata(n: int, workers: int, out: Path) -> float:
     import litdata as ld
 
-    t = time.perf_counter()
-    ld.optimize(fn=sample, inputs=list(range(n)), output_dir=str(out), num_workers=workers,
-                chunk_bytes="64MB", mode="overwrite")
-    return time.perf_counter() - t
+    return h.timed(ld.optimize, fn=sample, inputs=list(range(n)), output_dir=str(out),
+                   num_workers=workers, chunk_bytes="64MB", mode="overwrite")
 
 
 def mds(n: int, workers: int, out: Path) -> float:

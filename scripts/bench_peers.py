@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -337,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("format", choices=sorted(WRITERS))
     w.add_argument("src", type=Path)
     w.add_argument("out", type=Path)
-    w.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    h.add_workers(w)
     r = sub.add_parser("read")
     r.add_argument("format", choices=sorted(READERS))
     r.add_argument("dir", type=Path)
@@ -349,10 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("pipeline")
     q.add_argument("format", choices=sorted([*READERS, "imagefolder"]))
     q.add_argument("dir", type=Path)
-    q.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    h.add_workers(q)
     m = sub.add_parser("loader-memory", help="RssAnon of a Loader (main + workers) mid-epoch")
     m.add_argument("dir", type=Path)
-    m.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    h.add_workers(m)
     args = p.parse_args(argv)
     if args.cmd == "loader-memory":
         from scripts.bench_reader import loader_memory
@@ -362,20 +361,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _preload(args.format, args.cmd)
         if args.cmd == "write":
-            t = time.perf_counter()
-            n = WRITERS[args.format](args.src, args.out, args.workers)
-            dt = time.perf_counter() - t
+            dt, n = h.timed_call(WRITERS[args.format], args.src, args.out, args.workers)
             nbytes = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
             h.emit(seconds=dt, records=n, bytes=nbytes)
         elif args.cmd == "read":
             sink = h.Sink(copy=not args.no_copy)
-            t = time.perf_counter()
-            READERS[args.format](args.dir, args.mode, args.count, args.seed, sink)
-            h.emit(seconds=time.perf_counter() - t, records=sink.records, bytes=sink.bytes)
+            dt = h.timed(READERS[args.format], args.dir, args.mode, args.count, args.seed, sink)
+            h.emit(seconds=dt, records=sink.records, bytes=sink.bytes)
         else:
-            t = time.perf_counter()
-            n = pipeline(args.format, args.dir, args.workers)
-            h.emit(seconds=time.perf_counter() - t, records=n, bytes=0)
+            dt, n = h.timed_call(pipeline, args.format, args.dir, args.workers)
+            h.emit(seconds=dt, records=n, bytes=0)
     except (ImportError, NotImplementedError) as exc:
         h.emit(skipped=f"{type(exc).__name__}: {exc}")
     return 0

@@ -79,19 +79,19 @@ def add_peers_python(p: argparse.ArgumentParser, help: str | None = None) -> Non
 
 # -- timing and rounds --------------------------------------------------------------------
 
-def timed(fn: Callable, *args, **kwargs) -> float:
+def timed(fn: Callable, /, *args, **kwargs) -> float:
     """Seconds of one call of ``fn``."""
     return timed_call(fn, *args, **kwargs)[0]
 
 
-def timed_call(fn: Callable, *args, **kwargs):
+def timed_call(fn: Callable, /, *args, **kwargs):
     """``(seconds, result)`` of one call of ``fn``."""
     t = time.perf_counter()
     out = fn(*args, **kwargs)
     return time.perf_counter() - t, out
 
 
-def per_second(fn: Callable, *args, **kwargs) -> float:
+def per_second(fn: Callable, /, *args, **kwargs) -> float:
     """What one call of ``fn`` counts (its return value: images, bytes) per second."""
     seconds, count = timed_call(fn, *args, **kwargs)
     return count / seconds
