@@ -29,21 +29,17 @@ virtualenv (``--peers-python`` or ``$SHARDPACK_PEERS_PYTHON``), or are skipped.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from scripts.bench_reader import warm
+from scripts import harness as h
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "bench_peers.py"
@@ -67,65 +63,16 @@ class Case:
 
     @property
     def median(self) -> float:
-        return statistics.median(self.rates) if self.rates else float("nan")
+        return h.median(self.rates)
 
     @property
     def spread(self) -> float:
-        r = self.rates
-        return (max(r) - min(r)) / statistics.median(r) if len(r) > 1 else 0.0
+        return h.spread(self.rates)
 
 
 def ratio(a: Case, b: Case) -> float:
     """Median over rounds of a's rate ÷ b's rate in the same round."""
-    pairs = [x / y for x, y in zip(a.rates, b.rates, strict=False) if y]
-    return statistics.median(pairs) if pairs else float("nan")
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d))
-    return kids
-
-
-def rss_anon_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def tree_rss_anon_kb(pid: int) -> int:
-    """RssAnon of ``pid`` and all its descendants (shared page cache is not in it)."""
-    kids, total, todo = _children(), 0, [pid]
-    while todo:
-        p = todo.pop()
-        total += rss_anon_kb(p)
-        todo.extend(kids.get(p, ()))
-    return total
-
-
-class PeakMemory(threading.Thread):
-    """Samples the process tree's RssAnon every 200 ms; ``peak`` is the maximum (KiB)."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.peak, self.done = pid, 0, threading.Event()
-
-    def run(self) -> None:
-        # Every 200 ms: a scan of /proc costs a few ms of a core this run shares.
-        while not self.done.wait(0.2):
-            self.peak = max(self.peak, tree_rss_anon_kb(self.pid))
+    return h.paired_ratio(a.rates, b.rates)
 
 
 class Runner:
@@ -147,21 +94,20 @@ class Runner:
             drop_caches()
         proc = subprocess.Popen([py, str(PEERS), *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=HERE.parent)
-        mon = PeakMemory(proc.pid)
+        mon = h.Peak(kb=lambda: h.tree_rss_anon_kb(proc.pid))  # page cache not in it
         mon.start()
         out, err = proc.communicate()
-        mon.done.set()
-        mon.join()
-        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-        if proc.returncode or not lines:
+        peak = mon.stop()["kb"]
+        res = h.last_json(out)
+        if proc.returncode or res is None:
             tail = (err.strip().splitlines() or ["no output"])[-1]
             return {"skipped": f"failed (exit {proc.returncode}): {tail[:150]}"}
-        res = json.loads(lines[-1])
-        res["mem_kb"] = mon.peak
+        res["mem_kb"] = peak
         return res
 
 
 def drop_caches() -> None:
+    """Drop the page cache (needs root): the next read comes from the disk."""
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
@@ -183,47 +129,18 @@ def record(case: Case, res: dict, amount: str = "records") -> None:
     case.mem_kb = max(case.mem_kb, res.get("mem_kb", 0))
 
 
-def rounds(cases: list[tuple[Case, callable]], repeat: int, after_round=None) -> None:
-    """Run every case once per round, rotating the order so none always goes first."""
-    for r in range(repeat):
-        k = r % len(cases)
-        for case, fn in cases[k:] + cases[:k]:
-            if case.skipped is None:
-                fn(case)
-        if after_round:
-            after_round(r)
+def rounds(cases: list[tuple[Case, callable]], repeat: int) -> None:
+    """Run every case not skipped once per round (:func:`scripts.harness.rounds`)."""
+    def run(case_fn, _r):
+        case, fn = case_fn
+        if case.skipped is None:
+            fn(case)
 
-
-# -- data -------------------------------------------------------------------------------------
-
-def image_folder(data: Path, count: int) -> Path:
-    classes, per = 20, max(1, count // 20)
-    root = data / f"imagefolder-{classes * per}"
-    if not (root / ".complete").exists():
-        from scripts.synth import make_image_folder
-
-        t = time.perf_counter()
-        print(f"generating {classes * per} JPEGs in {root} ...", file=sys.stderr, flush=True)
-        make_image_folder(root, classes, per, workers=2)
-        (root / ".complete").write_text(f"{classes} {per} 0")
-        print(f"  done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
-    return root
-
-
-def subset(src: Path, dst: Path, per_class: int) -> Path:
-    """Hard links to the first ``per_class`` files of every class (same bytes, no copy)."""
-    if (dst / ".complete").exists():
-        return dst
-    shutil.rmtree(dst, ignore_errors=True)
-    for cls in sorted(p for p in src.iterdir() if p.is_dir()):
-        (dst / cls.name).mkdir(parents=True)
-        for f in sorted(cls.iterdir())[:per_class]:
-            os.link(f, dst / cls.name / f.name)
-    (dst / ".complete").touch()
-    return dst
+    h.rounds(cases, repeat, run)
 
 
 def files_of(root: Path) -> list[Path]:
+    """Every file under ``root`` but the hidden ones (the markers), sorted."""
     return sorted(f for f in root.rglob("*") if f.is_file() and not f.name.startswith("."))
 
 
@@ -242,23 +159,6 @@ def read_small_files(paths: list[Path]) -> int:
     return total
 
 
-def copy_limit(paths: list[Path], out: Path) -> int:
-    """Read every small file and append it to one file, one process (no fsync)."""
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    total = 0
-    try:
-        for p in paths:
-            f = os.open(p, os.O_RDONLY)
-            try:
-                data = os.read(f, os.fstat(f).st_size)
-            finally:
-                os.close(f)
-            total += os.write(fd, data)
-    finally:
-        os.close(fd)
-    return total
-
-
 def read_big_file(path: Path) -> int:
     buf = bytearray(8 << 20)
     total = 0
@@ -268,12 +168,6 @@ def read_big_file(path: Path) -> int:
     return total
 
 
-def timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def decode_rates(jpegs: list[bytes]) -> dict[str, float]:
     """Single-core images/s: full decodes, and decode + RRC 224 + flip (ours and naive PIL)."""
     import io
@@ -281,85 +175,54 @@ def decode_rates(jpegs: list[bytes]) -> dict[str, float]:
     import simplejpeg
     from PIL import Image
 
-    from reader.pipeline.decode import Decoder
-    from reader.transforms import ImagePipeline
-    from scripts.bench_peers import _specs
-    from scripts.bench_reader import naive_rrc_flip
-
-    dec = Decoder(ImagePipeline(_specs()))
-    out = np.empty((224, 224, 3), np.uint8)
+    dec = h.rrc_flip_decoder()
     rng = np.random.default_rng(0)
     fns = {
         "simplejpeg": simplejpeg.decode_jpeg,
         "pil": lambda d: np.asarray(Image.open(io.BytesIO(d)).convert("RGB")),
-        "ours_rrc": lambda d: dec.decode_into(d, out, rng),
-        "pil_rrc": lambda d: naive_rrc_flip(d, rng),
+        "ours_rrc": lambda d: dec(d, rng),
+        "pil_rrc": lambda d: h.naive_rrc_flip(d, rng),
     }
     rates = {}
     for name, fn in fns.items():
         fn(jpegs[0])
-        rates[name] = len(jpegs) / timed(lambda fn=fn: [fn(d) for d in jpegs])
+        rates[name] = len(jpegs) / h.timed(lambda fn=fn: [fn(d) for d in jpegs])
     return rates
 
 
 # -- the suite ---------------------------------------------------------------------------------
 
-class Suite:
-    def __init__(self, args) -> None:
-        self.args = args
-        self.rows: list[tuple] = []  # (section, name, value, spread, ratio, target, mem)
-        self.notes: list[str] = []
-
-    def section(self, title: str) -> None:
-        self.rows.append((title,))
-
-    def row(self, case: Case, ratio_s: str = "", target: str = "", scale: float = 1.0) -> None:
-        if case.skipped is not None:
-            self.rows.append(("", case.name, f"skipped: {case.skipped}", "", "", target, ""))
-            return
-        value = case.median * scale
-        fmt = f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
-        mem = f"{case.mem_kb / 1024:,.0f}" if case.mem_kb else ""
-        self.rows.append(("", case.name + (f" [{case.note}]" if case.note else ""),
-                          f"{fmt} {case.unit}", f"{case.spread:.0%}", ratio_s, target, mem))
-
-    def print(self) -> None:
-        w = max(len(r[1]) for r in self.rows if len(r) > 1)
-        head = f"{'measure':<{w}}  {'median':>18}  {'spread':>6}  {'ratio':<26}  {'target':<22}  {'RssAnon MiB':>11}"
-        print(head)
-        print("-" * len(head))
-        for r in self.rows:
-            if len(r) == 1:
-                print(f"\n## {r[0]}")
-                continue
-            _, name, value, spread, rat, target, mem = r
-            if value.startswith("skipped"):
-                print(f"{name:<{w}}  {value}")
-                continue
-            print(f"{name:<{w}}  {value:>18}  {spread:>6}  {rat:<26}  {target:<22}  {mem:>11}")
-        for n in self.notes:
-            print(f"note: {n}")
+def new_report() -> h.Report:
+    return h.Report(h.Col("measure"), h.Col("median", 18, ">"), h.Col("spread", 6, ">"),
+                    h.Col("ratio", 26), h.Col("target", 22), h.Col("RssAnon MiB", 11, ">"))
 
 
-def _r(x: float, label: str) -> str:
-    return f"{x:.2f} {label}" if x == x else ""
+def row(report: h.Report, case: Case, ratio_s: str = "", target: str = "") -> None:
+    """A case's row: its median rate, spread, ratio, target and peak memory (or why not)."""
+    if case.skipped is not None:
+        report.skip(case.name, f"skipped: {case.skipped}")
+        return
+    x = case.median
+    mem = f"{case.mem_kb / 1024:,.0f}" if case.mem_kb else ""
+    report.row(case.name + (f" [{case.note}]" if case.note else ""),
+               f"{x:,.2f} {case.unit}" if x < 100 else f"{x:,.0f} {case.unit}",
+               f"{case.spread:.0%}", ratio_s, target, mem)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, default=Path("/tmp/shardpack-bench"),
-                   help="where the image folder and the packed copies live (reused)")
+    p = h.parser(__doc__)
+    h.add_data(p, Path("/tmp/shardpack-bench"),
+               help="where the image folder and the packed copies live (reused)")
     p.add_argument("--count", type=int, default=20_000, help="JPEGs in the dataset")
     p.add_argument("--pipeline-count", type=int, default=4_000,
                    help="JPEGs in the subset used for the full pipeline and the cold runs")
     p.add_argument("--random-count", type=int, default=5_000,
                    help="random lookups per peer __getitem__ run (ours does --count)")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    h.add_repeat(p)
+    h.add_workers(p, len(os.sched_getaffinity(0)))
     p.add_argument("--quick", action="store_true", help="2,000 JPEGs, 600 in the pipeline")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs")
-    p.add_argument("--peers-python", default=os.environ.get("SHARDPACK_PEERS_PYTHON"),
-                   help="python of the virtualenv with mosaicml-streaming and litdata")
+    h.add_peers_python(p, help="python of the virtualenv with mosaicml-streaming and litdata")
     p.add_argument("--workloads", action="store_true",
                    help="then the detection, token-stream and pack-from-a-function benchmarks "
                         "(scripts/bench_detection.py, bench_tokens.py, bench_pack_samples.py), "
@@ -368,16 +231,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.count, args.pipeline_count, args.random_count = 2_000, 600, 1_000
     t_start = time.perf_counter()
-    load0 = os.getloadavg()
+    load = h.Load()
     args.data.mkdir(parents=True, exist_ok=True)
-    src = image_folder(args.data, args.count)
-    pipe_src = subset(src, args.data / f"subset-{args.pipeline_count}", max(1, args.pipeline_count // 20))
+    src = h.image_folder(args.data, args.count)
+    pipe_src = h.link_folder(src, args.data / f"subset-{args.pipeline_count}",
+                             per_class=max(1, args.pipeline_count // 20))
     paths = files_of(src)
     n = len(paths)
     nbytes = sum(p.stat().st_size for p in paths)
     cores = args.workers
     run = Runner(args.peers_python, cold=not args.no_cold)
-    suite = Suite(args)
+    suite = new_report()
     if args.peers_python is None:
         suite.notes.append("MDS and LitData skipped: no --peers-python / $SHARDPACK_PEERS_PYTHON")
     scratch = args.data / "scratch"
@@ -388,25 +252,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{n} JPEGs, {nbytes / n / 1e3:.0f} KB mean, {nbytes / 1e9:.2f} GB; pipeline subset "
           f"{len(files_of(pipe_src))}; {cores} workers = cores; median of {args.repeat} rounds",
           flush=True)
-    warm([src])
+    h.warm(src)
 
     # ---- limits --------------------------------------------------------------------------
     small = Case("plain read of every small file", "MB/s")
     copy = Case("copy limit: read + append to one file, 1 proc", "MB/s")
     seq_big = Case("sequential read of one large file", "MB/s")
     memcpy = Case("numpy memcpy", "MB/s")
-    copy_limit(paths, big)
+    h.copy_limit(paths, big)
     src_arr = np.fromfile(big, np.uint8)
     dst_arr = np.ones_like(src_arr)
 
     def do_copy(c):
         os.sync()
-        c.rates.append(nbytes / timed(lambda: copy_limit(paths, big)) / 1e6)
+        c.rates.append(nbytes / h.timed(lambda: h.copy_limit(paths, big)) / 1e6)
 
-    rounds([(small, lambda c: c.rates.append(nbytes / timed(lambda: read_small_files(paths)) / 1e6)),
+    rounds([(small, lambda c: c.rates.append(nbytes / h.timed(lambda: read_small_files(paths)) / 1e6)),
             (copy, do_copy),
-            (seq_big, lambda c: c.rates.append(nbytes / timed(lambda: read_big_file(big)) / 1e6)),
-            (memcpy, lambda c: c.rates.append(nbytes / timed(lambda: np.copyto(dst_arr, src_arr)) / 1e6))],
+            (seq_big, lambda c: c.rates.append(nbytes / h.timed(lambda: read_big_file(big)) / 1e6)),
+            (memcpy, lambda c: c.rates.append(nbytes / h.timed(lambda: np.copyto(dst_arr, src_arr)) / 1e6))],
            args.repeat)
     src_arr = dst_arr = None  # free the memory before the next section
     jpegs = [p.read_bytes() for p in paths[:: max(1, n // 300)]]
@@ -418,12 +282,12 @@ def main(argv: list[str] | None = None) -> int:
             dec[k].rates.append(v)
     suite.section("limits (warm page cache)")
     for c in (small, copy, seq_big):
-        suite.row(c, _r(ratio(c, memcpy), "of memcpy"))
-    suite.row(memcpy, "1.00 of memcpy")
-    suite.row(dec["simplejpeg"])
-    suite.row(dec["pil"], _r(ratio(dec["pil"], dec["simplejpeg"]), "of simplejpeg"))
-    suite.row(dec["ours_rrc"], _r(ratio(dec["ours_rrc"], dec["pil_rrc"]), "of PIL RRC"))
-    suite.row(dec["pil_rrc"])
+        row(suite, c, h.ratio_text(ratio(c, memcpy), "of memcpy"))
+    row(suite, memcpy, "1.00 of memcpy")
+    row(suite, dec["simplejpeg"])
+    row(suite, dec["pil"], h.ratio_text(ratio(dec["pil"], dec["simplejpeg"]), "of simplejpeg"))
+    row(suite, dec["ours_rrc"], h.ratio_text(ratio(dec["ours_rrc"], dec["pil_rrc"]), "of PIL RRC"))
+    row(suite, dec["pil_rrc"])
     print(f"limits done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- packing -------------------------------------------------------------------------
@@ -441,20 +305,20 @@ def main(argv: list[str] | None = None) -> int:
             record(c, run(fmt, "write", fmt, str(src), str(out), "--workers", str(cores)))
         return fn
 
-    rounds([(pack_copy, lambda c: (os.sync(), c.rates.append(n / timed(lambda: copy_limit(paths, big)))))]
+    rounds([(pack_copy, lambda c: (os.sync(), c.rates.append(n / h.timed(lambda: h.copy_limit(paths, big)))))]
            + [(writers[f], write(f)) for f in formats], args.repeat)
     big.unlink(missing_ok=True)
     suite.section(f"packing {n} JPEGs (page cache warm, durable=False: no fsync)")
-    suite.row(pack_copy, "1.00 of copy limit")
+    row(suite, pack_copy, "1.00 of copy limit")
     ours_w = writers["shards"]
-    suite.row(ours_w, _r(ratio(ours_w, pack_copy), "of copy limit"), ">= 0.9 of copy limit")
+    row(suite, ours_w, h.ratio_text(ratio(ours_w, pack_copy), "of copy limit"), ">= 0.9 of copy limit")
     for f in formats[1:]:
-        suite.row(writers[f], _r(ratio(ours_w, writers[f]), "ours ÷ it"), "> 1.0")
+        row(suite, writers[f], h.ratio_text(ratio(ours_w, writers[f]), "ours ÷ it"), "> 1.0")
     print(f"packing done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- raw reading, warm ---------------------------------------------------------------
     ready = [f for f in formats if (outs[f]).exists() and writers[f].skipped is None]
-    warm([outs[f] for f in ready])
+    h.warm(*(outs[f] for f in ready))
     seq = {f: Case(f"{LABELS[f]} sequential", "MB/s") for f in formats}
     mem_seq = Case("numpy memcpy, 8 MB chunks into a reused buffer", "MB/s")
     for f in formats:
@@ -480,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
 
     counts = {"shards": None, "tfrecord": None, "wds": None, "mds": min(2_000, n), "litdata": None}
     seq["mds"].note = f"first {counts['mds']} records (slow reader)"
-    rounds([(mem_seq, lambda c: c.rates.append(src_arr.nbytes / timed(chunked_memcpy) / 1e6))]
+    rounds([(mem_seq, lambda c: c.rates.append(src_arr.nbytes / h.timed(chunked_memcpy) / 1e6))]
            + [(seq[f], reader(f, "seq", counts[f])) for f in formats], args.repeat)
     src_arr = dst_arr = None  # free the memory before the next section
     rnd_fmts = ("shards", "mds", "litdata")
@@ -498,17 +362,17 @@ def main(argv: list[str] | None = None) -> int:
            + [(rndc[f], reader(f, "random", lookups[f])) for f in rnd_fmts]
            + [(batched, reader("shards", "random-batch", n))], args.repeat)
     suite.section("raw reading, warm (every payload byte copied out)")
-    suite.row(mem_seq)
-    suite.row(seq["shards"], _r(ratio(seq["shards"], mem_seq), "of memcpy"), ">= 0.8 of memcpy")
+    row(suite, mem_seq)
+    row(suite, seq["shards"], h.ratio_text(ratio(seq["shards"], mem_seq), "of memcpy"), ">= 0.8 of memcpy")
     for f in formats[1:]:
-        suite.row(seq[f], _r(ratio(seq["shards"], seq[f]), "ours ÷ it"), "> 1.0")
-    suite.row(Case("tfrecord / webdataset random access", "",
-                   skipped="n/a: sequential formats (no per-record index in their readers)"))
+        row(suite, seq[f], h.ratio_text(ratio(seq["shards"], seq[f]), "ours ÷ it"), "> 1.0")
+    suite.skip("tfrecord / webdataset random access",
+               "skipped: n/a: sequential formats (no per-record index in their readers)")
     for cases in (rnd, rndc):
-        suite.row(cases["shards"])
+        row(suite, cases["shards"])
         for f in ("mds", "litdata"):
-            suite.row(cases[f], _r(ratio(cases["shards"], cases[f]), "ours ÷ it"), ">= 10x")
-    suite.row(batched, _r(ratio(batched, rndc["mds"]), "÷ MDS + copy"), ">= 10x")
+            row(suite, cases[f], h.ratio_text(ratio(cases["shards"], cases[f]), "ours ÷ it"), ">= 10x")
+    row(suite, batched, h.ratio_text(ratio(batched, rndc["mds"]), "÷ MDS + copy"), ">= 10x")
     print(f"raw reading done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- full pipeline, warm ---------------------------------------------------------------
@@ -535,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             record(c, run(fmt, "pipeline", fmt, str(pouts[fmt]), "--workers", str(cores), drop=drop))
         return fn
 
-    warm([pouts[f] for f in pfmts if pipe[f].skipped is None])
+    h.warm(*(pouts[f] for f in pfmts if pipe[f].skipped is None))
     bare = Case(f"bare parallel decode+RRC+flip, {cores} procs, no loader", "img/s")
 
     def bare_decode(c):
@@ -548,21 +412,21 @@ def main(argv: list[str] | None = None) -> int:
            + [(pipe[f], pipeline(f)) for f in pfmts], args.repeat)
     suite.section(f"full pipeline, warm: decode + RRC 224 + flip, batch 256, {cores} workers, "
                   f"{len(files_of(pipe_src))} JPEGs")
-    suite.row(ceiling)
-    suite.row(bare, _r(ratio(bare, ceiling), "of ceiling"))
-    suite.row(pipe["shards"], _r(ratio(pipe["shards"], ceiling), "of ceiling"), ">= 0.9 of ceiling")
+    row(suite, ceiling)
+    row(suite, bare, h.ratio_text(ratio(bare, ceiling), "of ceiling"))
+    row(suite, pipe["shards"], h.ratio_text(ratio(pipe["shards"], ceiling), "of ceiling"), ">= 0.9 of ceiling")
     suite.notes.append(f"Loader ÷ bare parallel decode (same load, same round): "
                        f"{ratio(pipe['shards'], bare):.2f}")
-    suite.row(pipe["imagefolder"], _r(ratio(pipe["shards"], pipe["imagefolder"]), "ours ÷ it"), ">= 1.5x")
+    row(suite, pipe["imagefolder"], h.ratio_text(ratio(pipe["shards"], pipe["imagefolder"]), "ours ÷ it"), ">= 1.5x")
     for f in formats[1:]:
-        suite.row(pipe[f], _r(ratio(pipe["shards"], pipe[f]), "ours ÷ it"), "> 1.0")
+        row(suite, pipe[f], h.ratio_text(ratio(pipe["shards"], pipe[f]), "ours ÷ it"), "> 1.0")
     print(f"pipeline done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- cold cache ----------------------------------------------------------------------
     why = "--no-cold" if args.no_cold else can_drop_caches()
     suite.section(f"cold page cache (dropped before every run), {len(files_of(pipe_src))} JPEGs")
     if why:
-        suite.rows.append(("", "cold cache runs", f"skipped: {why}", "", "", "", ""))
+        suite.skip("cold cache runs", f"skipped: {why}")
     else:
         pfiles = files_of(pipe_src)
         pbytes = sum(p.stat().st_size for p in pfiles)
@@ -577,19 +441,19 @@ def main(argv: list[str] | None = None) -> int:
 
         def cold_small(c):
             drop_caches()
-            c.rates.append(pbytes / timed(lambda: read_small_files(pfiles)) / 1e6)
+            c.rates.append(pbytes / h.timed(lambda: read_small_files(pfiles)) / 1e6)
 
         rounds([(csmall, cold_small)]
                + [(cseq[f], reader(f, "seq", counts[f], drop=True, root=pouts[f])) for f in formats]
                + [(cpipe[f], pipeline(f, drop=True)) for f in pfmts], args.repeat)
-        suite.row(csmall)
-        suite.row(cseq["shards"], _r(ratio(cseq["shards"], csmall), "of small-file read"))
+        row(suite, csmall)
+        row(suite, cseq["shards"], h.ratio_text(ratio(cseq["shards"], csmall), "of small-file read"))
         for f in formats[1:]:
-            suite.row(cseq[f], _r(ratio(cseq["shards"], cseq[f]), "ours ÷ it"), "> 1.0")
-        suite.row(cpipe["shards"], _r(ratio(cpipe["shards"], pipe["shards"]), "of warm"))
-        suite.row(cpipe["imagefolder"], _r(ratio(cpipe["shards"], cpipe["imagefolder"]), "ours ÷ it"), ">= 1.5x")
+            row(suite, cseq[f], h.ratio_text(ratio(cseq["shards"], cseq[f]), "ours ÷ it"), "> 1.0")
+        row(suite, cpipe["shards"], h.ratio_text(ratio(cpipe["shards"], pipe["shards"]), "of warm"))
+        row(suite, cpipe["imagefolder"], h.ratio_text(ratio(cpipe["shards"], cpipe["imagefolder"]), "ours ÷ it"), ">= 1.5x")
         for f in formats[1:]:
-            suite.row(cpipe[f], _r(ratio(cpipe["shards"], cpipe[f]), "ours ÷ it"), "> 1.0")
+            row(suite, cpipe[f], h.ratio_text(ratio(cpipe["shards"], cpipe[f]), "ours ÷ it"), "> 1.0")
     print(f"cold done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- memory and monitor ----------------------------------------------------------------
@@ -600,9 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny = [bench_reader.build_tiny(args.data, m) for m in sizes]
     mem = [run("shards", "loader-memory", str(t), "--workers", str(cores)).get("kb", float("nan"))
            for t in tiny]
-    suite.rows.append(("", f"Loader RssAnon (main + workers), {sizes[1]:,} vs {sizes[0]:,} records",
-                       f"{mem[1] / 1024:,.0f} MiB", "", f"{mem[1] / mem[0]:.2f} of the small one",
-                       "~1.0 (flat)", ""))
+    suite.row(f"Loader RssAnon (main + workers), {sizes[1]:,} vs {sizes[0]:,} records",
+              f"{mem[1] / 1024:,.0f} MiB", "", f"{mem[1] / mem[0]:.2f} of the small one",
+              "~1.0 (flat)")
     mon_ds = args.data / "monitor-ds"
     if not (mon_ds / "manifest.json").exists():
         shutil.rmtree(mon_ds, ignore_errors=True)
@@ -611,19 +475,14 @@ def main(argv: list[str] | None = None) -> int:
     res = bench_monitor.bench_loader(str(mon_ds / "ds"), samples=2 * args.repeat, workers=cores,
                                      batch_size=64, raw=False)
     on, off = res["rates"]["on"], res["rates"]["off"]
-    per = statistics.median(a / b for a, b in zip(on, off, strict=True))
-    suite.rows.append(("", "monitor on ÷ off, decode + CenterCrop 224, 64/batch",
-                       f"{statistics.median(on):,.0f} img/s", f"{(max(on) - min(on)) / statistics.median(on):.0%}",
-                       f"{per:.3f} of off", ">= 0.98", ""))
-    cpu_off = statistics.median(res["cpu"]["off"])
-    extra = statistics.median(res["cpu"]["on"]) - cpu_off
+    suite.row("monitor on ÷ off, decode + CenterCrop 224, 64/batch", f"{h.median(on):,.0f} img/s",
+              f"{h.spread(on):.0%}", f"{h.paired_ratio(on, off):.3f} of off", ">= 0.98")
+    cpu_off = h.median(res["cpu"]["off"])
+    extra = h.median(res["cpu"]["on"]) - cpu_off
     suite.notes.append(f"monitor: main-process CPU per batch {extra * 1e6:+.0f} us on a "
-                       f"{64 / statistics.median(off) * 1e3:.1f} ms batch "
-                       f"(bound {1 - max(extra, 0) / (64 / statistics.median(off)):.3f})")
-
-    load1 = os.getloadavg()
-    suite.notes.append(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after "
-                       f"{load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} ({os.cpu_count()} cores)")
+                       f"{64 / h.median(off) * 1e3:.1f} ms batch "
+                       f"(bound {1 - max(extra, 0) / (64 / h.median(off)):.3f})")
+    suite.notes.append(load.line())
     suite.notes.append("ratios: median over rounds of (ours ÷ reference) measured back to back; "
                        "spread = (max - min) ÷ median of the rates")
     suite.notes.append(f"total {time.perf_counter() - t_start:.0f} s")

@@ -28,64 +28,35 @@ Usage: ``python -m scripts.bench_cache [--count 4000] [--cache-gb 3]``.
 
 from __future__ import annotations
 
-import argparse
 import os
-import tempfile
-import threading
 import time
 from pathlib import Path
+
+from scripts import harness as h
 
 __all__ = ["main"]
 
 
-def shmem_kb() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1])
-    return 0
-
-
-class Sampler(threading.Thread):
-    """Peak RssAnon of this process tree and peak Shmem growth, every 200 ms (KiB)."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.base = shmem_kb()
-        self.anon = self.shmem = 0
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        from scripts.bench import tree_rss_anon_kb
-
-        while not self.done.wait(0.2):
-            self.anon = max(self.anon, tree_rss_anon_kb(os.getpid()))
-            self.shmem = max(self.shmem, shmem_kb() - self.base)
-
-
-def run(path: Path, cache_bytes: int | None, epochs: int) -> tuple[list[float], dict, Sampler]:
+def run(path: Path, cache_bytes: int | None, epochs: int) -> tuple[list[float], dict, dict]:
+    """Images/s per epoch, the cache's stats, and the peaks (KiB) of this process tree's
+    RssAnon (``anon``) and of the machine's Shmem growth (``shmem``)."""
     import reader
-    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     opts = reader.DecodedCacheOptions(max_bytes=cache_bytes) if cache_bytes else None
-    mem = Sampler()
+    base = h.shmem_kb()
+    mem = h.Peak(anon=lambda: h.tree_rss_anon_kb(os.getpid()), shmem=lambda: h.shmem_kb() - base)
     mem.start()
     rates = []
-    with reader.Loader(path, 64, num_workers=os.cpu_count() or 1, shuffle=True, seed=0,
-                       transform=[RandomResizedCrop(224), RandomHorizontalFlip()],
-                       persistent_workers=True, decoded_cache=opts) as lo:
+    with reader.Loader(path, 64, num_workers=h.CORES, shuffle=True, seed=0,
+                       transform=h.rrc_flip(), persistent_workers=True,
+                       decoded_cache=opts) as lo:
         for _ in range(epochs):
-            t = time.perf_counter()
-            n = 0
-            for b in lo:
-                n += len(b["label"])
-            rates.append(n / (time.perf_counter() - t))
+            rates.append(h.per_second(lambda: sum(len(b["label"]) for b in lo)))
         stats = lo.decoded_cache.stats() if lo.decoded_cache is not None else {}
         ring = lo.ring.nbytes if lo.ring is not None else 0
-    mem.done.set()
-    mem.join()
+    peak = mem.stop()
     stats["ring_bytes"] = ring
-    return rates, stats, mem
+    return rates, stats, peak
 
 
 def page_cost_us(mib: int = 256) -> float:
@@ -113,11 +84,10 @@ def first_epoch_bound(path: Path, count: int = 600) -> dict:
 
     import reader
     from reader.pipeline.imaging import make_pipeline
-    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     ds = reader.open_dataset(path)
     blobs = [bytes(ds[i]["image"]) for i in range(min(count, len(ds)))]
-    dec = make_pipeline([RandomResizedCrop(224), RandomHorizontalFlip()]).decoder()
+    dec = make_pipeline(h.rrc_flip()).decoder()
     out = np.empty((224, 224, 3), np.uint8)
     rng = np.random.default_rng(0)
 
@@ -149,12 +119,11 @@ def compare(path: Path, bound: int, batches: int) -> tuple[int, int, float]:
     import numpy as np
 
     import reader
-    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     def loader(cache):
         return reader.Loader(path, 64, num_workers=1, shuffle=True, seed=0,
-                             transform=[RandomResizedCrop(224), RandomHorizontalFlip()],
-                             persistent_workers=True, decoded_cache=cache)
+                             transform=h.rrc_flip(), persistent_workers=True,
+                             decoded_cache=cache)
 
     equal = total = 0
     worst = 0.0
@@ -170,18 +139,16 @@ def compare(path: Path, bound: int, batches: int) -> tuple[int, int, float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardpack-bench")
+    p = h.parser(__doc__)
+    h.add_data(p)
     p.add_argument("--count", type=int, default=4000)
     p.add_argument("--cache-gb", type=float, default=3.0)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--compare", type=int, default=8, help="batches compared (0: none)")
     args = p.parse_args(argv)
-    from scripts.bench_pack import packed_dataset
-
-    path = packed_dataset(args.data, args.count)
+    path = h.packed_dataset(args.data, args.count)
     bound = int(args.cache_gb * (1 << 30))
-    print(f"{args.count} JPEGs, batch 64, {os.cpu_count()} workers, decode + RRC 224 + flip, "
+    print(f"{args.count} JPEGs, batch 64, {h.CORES} workers, decode + RRC 224 + flip, "
           f"page cache warm; cache bound {bound / 2**30:.1f} GiB")
     b = first_epoch_bound(path)
     print(f"one core, per image: uncached {b['fused_us']:,.0f} µs; miss path into populated "
@@ -191,19 +158,19 @@ def main(argv=None) -> int:
           f"{b['bound']:.2f}")
     plain, _, mem0 = run(path, None, args.epochs)
     cached, stats, mem1 = run(path, bound, args.epochs)
-    print(f"{'':22}" + "".join(f"{'epoch ' + str(e + 1):>12}" for e in range(args.epochs)))
-    print(f"{'no cache, img/s':22}" + "".join(f"{r:12,.0f}" for r in plain))
-    print(f"{'decoded cache, img/s':22}" + "".join(f"{r:12,.0f}" for r in cached))
+    h.Table(h.Col("", 22), *(h.Col(f"epoch {e + 1}", 12, ">") for e in range(args.epochs)),
+            sep="").print([("no cache, img/s", *(f"{r:,.0f}" for r in plain)),
+                           ("decoded cache, img/s", *(f"{r:,.0f}" for r in cached))])
     print(f"cached: epoch 2 ÷ epoch 1 = {cached[1] / cached[0]:.2f}x (target >= 3x); "
           f"cached epoch 2 ÷ uncached epoch 2 = {cached[1] / plain[1]:.2f}x; cached epoch 1 ÷ "
           f"uncached epoch 1 = {cached[0] / plain[0]:.2f} (bound {b['bound']:.2f}: "
           f"{cached[0] / plain[0] / b['bound']:.2f} of it)")
     print(f"cache: {stats['records']:,} records, {stats['bytes'] / 2**20:,.0f} MiB of "
           f"{stats['max_bytes'] / 2**20:,.0f} MiB; ring {stats['ring_bytes'] / 2**20:,.0f} MiB")
-    print(f"private memory (RssAnon, loader tree, peak): {mem0.anon / 1024:,.0f} MiB without, "
-          f"{mem1.anon / 1024:,.0f} MiB with the cache")
-    print(f"shared memory growth (Shmem, peak): {mem0.shmem / 1024:,.0f} MiB without, "
-          f"{mem1.shmem / 1024:,.0f} MiB with; bound + ring = "
+    print(f"private memory (RssAnon, loader tree, peak): {mem0['anon'] / 1024:,.0f} MiB without, "
+          f"{mem1['anon'] / 1024:,.0f} MiB with the cache")
+    print(f"shared memory growth (Shmem, peak): {mem0['shmem'] / 1024:,.0f} MiB without, "
+          f"{mem1['shmem'] / 1024:,.0f} MiB with; bound + ring = "
           f"{(stats['max_bytes'] + stats['ring_bytes']) / 2**20:,.0f} MiB")
     if args.compare:
         equal, total, worst = compare(path, bound, args.compare)

@@ -53,11 +53,9 @@ Needs ``pip install 'shardpack[bench]'`` and ``datasets`` for the reference rows
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -65,24 +63,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scripts import harness as h
+
 __all__ = ["main"]
 
 _CLASSES = 20
 _MIN_SIDE, _MAX_SIDE = 200, 400  # JPEGs of ~30-100 KB (53 KB mean)
 _PER_FILE = 1_000  # records per TFRecord / tar / Parquet file of the sources
-_BUF = bytearray(8 << 20)  # every reference reader copies each payload in here
-_VIEW = memoryview(_BUF)
+_touch = h.Sink()  # every reference reader copies each payload in here (returns its length)
 
 
 class BenchError(RuntimeError):
     """A case produced the wrong number of records or bytes."""
-
-
-def _touch(data) -> int:
-    """Copy ``data`` into the reused buffer (so the reader really delivered it)."""
-    n = len(data)
-    _VIEW[:n] = data
-    return n
 
 
 def _check(case: str, what: str, found: int, expected: int) -> None:
@@ -94,12 +86,8 @@ def _check(case: str, what: str, found: int, expected: int) -> None:
 
 
 def _image_folder(data: Path, count: int) -> tuple[Path, list[Path]]:
-    from scripts.synth import cached_image_folder
-
-    per_class = max(1, count // _CLASSES)
-    root = cached_image_folder(
-        data / f"convert-jpegs-{_CLASSES * per_class}-{_MIN_SIDE}-{_MAX_SIDE}", _CLASSES,
-        per_class, min_side=_MIN_SIDE, max_side=_MAX_SIDE)
+    root = h.image_folder(data, count, _CLASSES, f"convert-jpegs-{{n}}-{_MIN_SIDE}-{_MAX_SIDE}",
+                          min_side=_MIN_SIDE, max_side=_MAX_SIDE)
     files = sorted(f for d in root.iterdir() if d.is_dir() for f in d.iterdir())
     return root, files
 
@@ -136,9 +124,7 @@ def _make_sources(folder: Path, root: Path, cores: int, n: int) -> Sources:
 
 
 def _copy_limit(files: list[Path], out: Path) -> tuple[int, int]:
-    from scripts.bench import copy_limit
-
-    return len(files), copy_limit(files, out / "copy.bin")
+    return len(files), h.copy_limit(files, out / "copy.bin")
 
 
 def _ours(src, out: Path, cores: int, **kw) -> tuple[int, int]:
@@ -294,14 +280,8 @@ class Section:
 
 
 def _run_once(case: Case, scratch: Path, n: int, nbytes: int, first: bool) -> float:
-    # Writeback of the previous run's output would throttle this one's writes
-    # (dirty-page limits) and bias whichever case runs later: start clean.
-    os.sync()
-    out = Path(tempfile.mkdtemp(dir=scratch))
-    try:
-        t = time.perf_counter()
-        count, got = case.fn(out)
-        seconds = time.perf_counter() - t
+    with h.fresh_dir(scratch) as out:
+        seconds, (count, got) = h.timed_call(case.fn, out)
         _check(case.name, "records", count, n)
         if got >= 0:
             _check(case.name, "payload bytes", got, nbytes)
@@ -309,8 +289,6 @@ def _run_once(case: Case, scratch: Path, n: int, nbytes: int, first: bool) -> fl
             count, got = case.readback(out)
             _check(f"{case.name} (read back)", "records", count, n)
             _check(f"{case.name} (read back)", "payload bytes", got, nbytes)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
     return seconds
 
 
@@ -326,38 +304,33 @@ def _measure(sections: list[Section], repeat: int, scratch: Path, n: int, nbytes
             _run_once(case, scratch, n, nbytes, first=True)
     for r in range(repeat):
         for sec in sections:
-            live = [c for c in sec.cases if c.skipped is None]
-            k = r % len(live) if live else 0
-            for case in live[k:] + live[:k]:
+            for case in h.rotated([c for c in sec.cases if c.skipped is None], r):
                 case.seconds.append(_run_once(case, scratch, n, nbytes, first=False))
         print(f"round {r + 1} of {repeat} done", file=sys.stderr)
 
 
 def _print(sections: list[Section], n: int, nbytes: int, header: list[str]) -> None:
-    w = max(len(c.name) for s in sections for c in s.cases)
-    print("\n".join(header))
-    print()
-    head = f"{'case':<{w}}  {'records/s':>10}  {'MB/s':>7}  {'spread':>6}  {'ratio':<20}  target"
-    print(head)
-    print("-" * len(head))
+    report = h.Report(h.Col("case"), h.Col("records/s", 10, ">"), h.Col("MB/s", 7, ">"),
+                      h.Col("spread", 6, ">"), h.Col("ratio", 20), h.Col("target", 0))
     for sec in sections:
-        print(f"\n## {sec.title}")
+        report.section(sec.title)
         by_name = {c.name: c for c in sec.cases}
         for c in sec.cases:
             if c.skipped:
-                print(f"{c.name:<{w}}  {c.skipped}")
+                report.skip(c.name, c.skipped)
                 continue
             rates = [n / s for s in c.seconds]
-            med = statistics.median(rates)
-            spread = (max(rates) - min(rates)) / med
+            med = h.median(rates)
             ratio = ""
             if c.ratio is not None:
                 a, b, label = by_name[c.ratio[0]], by_name[c.ratio[1]], c.ratio[2]
-                if a.seconds and b.seconds:
-                    value = statistics.median(sb / sa for sa, sb in zip(a.seconds, b.seconds, strict=True))
-                    ratio = f"{value:.2f} {label}"
-            print(f"{c.name:<{w}}  {med:>10,.0f}  {med * nbytes / n / 1e6:>7,.0f}  "
-                  f"{spread:>6.0%}  {ratio:<20}  {c.target}".rstrip())
+                if a.seconds and b.seconds:  # rate(a) ÷ rate(b) = seconds(b) ÷ seconds(a)
+                    ratio = h.ratio_text(h.paired_ratio(b.seconds, a.seconds), label)
+            report.row(c.name, f"{med:,.0f}", f"{med * nbytes / n / 1e6:,.0f}",
+                       f"{h.spread(rates):.0%}", ratio, c.target)
+    print("\n".join(header))
+    print()
+    report.print()
 
 
 def _plural(k: int, what: str) -> str:
@@ -391,12 +364,10 @@ def _to_section(kind: str, shards: Path, cores: int, ref: Case,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardpack-bench",
-                   help="cache folder for the generated image folder")
+    p = h.parser(__doc__)
+    h.add_data(p, help="cache folder for the generated image folder")
     p.add_argument("--count", type=int, default=4_000, help="images (default 4,000)")
-    p.add_argument("--repeat", type=int, default=None,
-                   help="timed rounds (default 5; 3 with --quick)")
+    h.add_repeat(p, None, help="timed rounds (default 5; 3 with --quick)")
     p.add_argument("--quick", action="store_true", help="1,000 images, 3 rounds")
     args = p.parse_args(argv)
     count = 1_000 if args.quick else args.count
@@ -404,11 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     if repeat < 1 or count < _CLASSES:
         p.error(f"need --repeat >= 1 and --count >= {_CLASSES}")
     start = time.perf_counter()
-    load_before = os.getloadavg()[0]
+    load = h.Load()
     args.data.mkdir(parents=True, exist_ok=True)
     folder, files = _image_folder(args.data, count)
     n = len(files)
-    cores = os.cpu_count() or 1
+    cores = h.CORES
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files: never the network
     try:  # no progress bars for the datasets rows
         import datasets
@@ -454,8 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{nbytes / 1e6:,.0f} MB; sources written by our sinks, {_PER_FILE:,} records a file",
         f"ours: workers={cores} = cores, durable=False; references: 1 process; median of "
         f"{repeat} rounds, page cache warm; MB/s of JPEG payload",
-        f"load average (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, "
-        f"{cores} cores (the machine may be shared: compare ratios of one run)",
+        load.line(),
     ]
     _print(sections, n, nbytes, header)
     print(f"\n({time.perf_counter() - start:.0f} s wall time)")

@@ -8,10 +8,8 @@ when it is not installed.
 
 from __future__ import annotations
 
-import argparse
 import io
 import math
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -19,19 +17,20 @@ import simplejpeg
 from PIL import Image
 
 from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
+from scripts import harness as h
 from scripts.synth import make_jpeg
 
 SIZE = 224
 
 
 def _rate(fn: Callable[[bytes], object], jpegs: list[bytes], rounds: int) -> float:
-    best = math.inf
-    for _ in range(rounds):
-        start = time.perf_counter()
+    """Items per second, the best of ``rounds`` passes."""
+
+    def one_pass() -> None:
         for data in jpegs:
             fn(data)
-        best = min(best, time.perf_counter() - start)
-    return len(jpegs) / best
+
+    return len(jpegs) / min(h.timed(one_pass) for _ in range(rounds))
 
 
 def _naive(rng: np.random.Generator) -> Callable[[bytes], np.ndarray]:
@@ -103,7 +102,7 @@ def _backend_table(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print the tables."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = h.parser(__doc__)
     parser.add_argument("--count", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
@@ -139,13 +138,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates["simplejpeg full decode"],
         rates["naive: decode, pillow crop+resize, flip, CHW"],
     )
-    print(f"\n{'path (one core)':48} {'img/s':>8} {'/naive':>7} {'/decode':>8}")
-    for name, r in rates.items():
-        print(f"{name:48} {r:8.0f} {r / naive:7.2f} {r / decode:8.2f}")
-
-    print(f"\n{'resize backend (crop -> 224x224)':32} {'µs/img':>8} {'PSNR vs pillow':>15}")
-    for name, us, quality in _backend_table(jpegs, args.rounds, has_cv2):
-        print(f"{name:32} {us:8.0f} {quality:15.1f}")
+    print()
+    h.Table(h.Col("path (one core)", 48), h.Col("img/s", 8, ">"), h.Col("/naive", 7, ">"),
+            h.Col("/decode", 8, ">"), sep=" ").print(
+        [(name, f"{r:.0f}", f"{r / naive:.2f}", f"{r / decode:.2f}") for name, r in rates.items()])
+    print()
+    h.Table(h.Col("resize backend (crop -> 224x224)", 32), h.Col("µs/img", 8, ">"),
+            h.Col("PSNR vs pillow", 15, ">"), sep=" ").print(
+        [(name, f"{us:.0f}", f"{quality:.1f}")
+         for name, us, quality in _backend_table(jpegs, args.rounds, has_cv2)])
     return 0
 
 

@@ -34,7 +34,6 @@ round, with the range of the per-round ratios beside it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -44,6 +43,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from scripts import harness as h
 
 try:
     from torch.utils.data import Dataset as _TorchDataset
@@ -282,40 +283,33 @@ def torch_epoch(images: Path, annotations: Path, workers: int) -> float:
 
     dl = torch.utils.data.DataLoader(CocoFiles(images, annotations), batch_size=BATCH,
                                      shuffle=True, num_workers=workers, collate_fn=list_collate)
-    t = time.perf_counter()
-    n = sum(len(imgs) for imgs, _ in dl)
-    return n / (time.perf_counter() - t)
+    return h.per_second(lambda: sum(len(imgs) for imgs, _ in dl))
 
 
 # -- the classification pipeline, for (d) -------------------------------------------
 
 def classification_ratio(root: Path, n: int, cores: int) -> tuple[float, float]:
     """``scripts.bench_reader``'s (b): the Loader's images/s and cores x its 1-core rate."""
-    from scripts.bench_reader import build_inputs, full_pipeline, single_core_ours, warm
+    from scripts.bench_reader import build_inputs, full_pipeline, single_core_ours
 
     inputs = build_inputs(root, n)
-    warm([inputs["shards"]])
+    h.warm(inputs["shards"])
     one = single_core_ours(inputs["shards"], max(256, n // 4))
     return full_pipeline(inputs["shards"], cores, epochs=2), cores * one
 
 
 # -- report ----------------------------------------------------------------------------
 
-def _median(xs: list[float]) -> float:
-    return float(np.median(xs)) if xs else float("nan")
-
-
 def _range(xs: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(min(xs))}-{fmt.format(max(xs))}" if len(xs) > 1 else ""
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=Path("/tmp/shardpack-bench-detection"))
+    p = h.parser(__doc__, full=True)
+    h.add_data(p, Path("/tmp/shardpack-bench-detection"))
     p.add_argument("--images", type=int, default=None, help="detection images (default 2000)")
-    p.add_argument("--repeat", type=int, default=3, help="rounds")
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    h.add_repeat(p, help="rounds")
+    h.add_workers(p, len(os.sched_getaffinity(0)))
     p.add_argument("--classification-data", type=Path,
                    default=Path("/tmp/shardpack-bench-reader"),
                    help="scripts.bench_reader's data folder (shared with it)")
@@ -329,13 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     repeat = 1 if args.quick else args.repeat
     cores = args.workers
     t0 = time.perf_counter()
-    load_before = os.getloadavg()
+    load = h.Load()
 
     images, ann, shards = cached_coco(args.data, n)
-    from scripts.bench_reader import build_inputs, warm
+    from scripts.bench_reader import build_inputs
 
     build_inputs(args.classification_data, n_cls)
-    warm([images, ann, shards])
+    h.warm(images, ann, shards)
     coco = json.loads(ann.read_text())
     nboxes = len(coco["annotations"]) / len(coco["images"])
     kb = sum(f.stat().st_size for f in images.iterdir()) / n / 1e3
@@ -361,37 +355,36 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if torch_missing is None:
         cases.append(("torch", lambda r: torch_epoch(images, ann, cores)))
-    for r in range(repeat):
-        for name, fn in cases[r % len(cases):] + cases[:r % len(cases)]:
-            res[name].append(fn(r))
-        print(f"round {r + 1}/{repeat} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    h.rounds(cases, repeat, lambda case, r: res[case[0]].append(case[1](r)),
+             lambda r: print(f"round {r + 1}/{repeat} done ({time.perf_counter() - t0:.0f} s)",
+                             file=sys.stderr))
 
     grouped, plain, inproc = res["grouped"], res["plain"], res["inproc"]
     ours = [g["rate"] for g in grouped]
     ceiling = [cores * x["rate"] for x in inproc]
     bare = res["bare"]
-    rows = [(f"(a) Loader / ({cores} x 1-core in-process rate)", f"{_median(ours):.0f} img/s",
-             f"{_median(ceiling):.0f} img/s",
+    rows = [(f"(a) Loader / ({cores} x 1-core in-process rate)", f"{h.median(ours):.0f} img/s",
+             f"{h.median(ceiling):.0f} img/s",
              [a / c for a, c in zip(ours, ceiling, strict=True)], ">= 0.85"),
             (f"    Loader / {cores} bare processes building the same batches",
-             f"{_median(ours):.0f} img/s", f"{_median(bare):.0f} img/s",
+             f"{h.median(ours):.0f} img/s", f"{h.median(bare):.0f} img/s",
              [a / b for a, b in zip(ours, bare, strict=True)], "(context: same load)")]
     if torch_missing is None:
         base = res["torch"]
         rows.append(("(b) Loader / torchvision-style Dataset+DataLoader",
-                     f"{_median(ours):.0f} img/s", f"{_median(base):.0f} img/s",
+                     f"{h.median(ours):.0f} img/s", f"{h.median(base):.0f} img/s",
                      [a / b for a, b in zip(ours, base, strict=True)], ">= 1.5"))
     else:
         rows.append(("(b) torchvision-style Dataset+DataLoader", "skipped", torch_missing, [],
                      ">= 1.5"))
     gw, pw = [g["waste"] for g in grouped], [x["waste"] for x in plain]
     rows.append(("(c) padding waste, aspect-grouped / plain shuffled",
-                 f"{_median(gw):.1%}", f"{_median(pw):.1%}",
+                 f"{h.median(gw):.1%}", f"{h.median(pw):.1%}",
                  [a / b for a, b in zip(gw, pw, strict=True)], "<= 0.5"))
     gpb, ppb = res["grouped_pb"], res["plain_pb"]
     rows.append(("    one short side per batch (per_batch=True): grouped / plain",
-                 f"{_median([g['waste'] for g in gpb]):.1%}",
-                 f"{_median([x['waste'] for x in ppb]):.1%}",
+                 f"{h.median([g['waste'] for g in gpb]):.1%}",
+                 f"{h.median([x['waste'] for x in ppb]):.1%}",
                  [g["waste"] / x["waste"] for g, x in zip(gpb, ppb, strict=True)], "<= 0.5"))
     cls = res["cls"]
     hw = np.array([(im["height"], im["width"]) for im in coco["images"]], np.int64)
@@ -401,42 +394,39 @@ def main(argv: list[str] | None = None) -> int:
         g, q = planned_waste(sizes, short)
         rows.append((label, f"{g:.1%}", f"{q:.1%}", [g / q], "(context, planned sizes)"))
     rows.append(("(d) classification Loader / (cores x 1-core rate)",
-                 f"{_median([a for a, _ in cls]):.0f} img/s",
-                 f"{_median([c for _, c in cls]):.0f} img/s", [a / c for a, c in cls],
+                 f"{h.median([a for a, _ in cls]):.0f} img/s",
+                 f"{h.median([c for _, c in cls]):.0f} img/s", [a / c for a, c in cls],
                  "no regression (BENCHMARKS.md: 0.82)"))
     rows.append(("(e) assemble / worker busy time (monitor)",
-                 f"{_median([g['assemble_share'] for g in grouped]):.1%}", "",
+                 f"{h.median([g['assemble_share'] for g in grouped]):.1%}", "",
                  [g["assemble_share"] for g in grouped], "<= 0.05"))
     rows.append(("    one short side per batch: assemble / worker busy time",
-                 f"{_median([g['assemble_share'] for g in gpb]):.1%}", "",
+                 f"{h.median([g['assemble_share'] for g in gpb]):.1%}", "",
                  [g["assemble_share"] for g in gpb], "<= 0.05"))
     rows.append(("    one short side per batch: Loader images/s, / per-image draws",
-                 f"{_median([g['rate'] for g in gpb]):.0f} img/s", f"{_median(ours):.0f} img/s",
+                 f"{h.median([g['rate'] for g in gpb]):.0f} img/s", f"{h.median(ours):.0f} img/s",
                  [g["rate"] / o for g, o in zip(gpb, ours, strict=True)], "(context)"))
     rows.append(("    of which padding zero-fill (1 core, replayed)",
-                 f"{_median([x['zero_fill_share'] for x in inproc]):.1%}", "",
+                 f"{h.median([x['zero_fill_share'] for x in inproc]):.1%}", "",
                  [x["zero_fill_share"] for x in inproc], "(context)"))
     rows.append(("    plain shuffled Loader / aspect-grouped Loader",
-                 f"{_median([x['rate'] for x in plain]):.0f} img/s", f"{_median(ours):.0f} img/s",
+                 f"{h.median([x['rate'] for x in plain]):.0f} img/s", f"{h.median(ours):.0f} img/s",
                  [x["rate"] / g["rate"] for x, g in zip(plain, grouped, strict=True)],
                  "(context)"))
 
-    shares = {k: _median([g["shares"][k] for g in grouped])
+    shares = {k: h.median([g["shares"][k] for g in grouped])
               for k in ("io", "decode", "transform", "assemble")}
     print(f"detection: {n} JPEGs of 480-640 px ({kb:.0f} KB mean), {nboxes:.1f} boxes/image; "
           f"ResizeShortestEdge({SHORT[0]}-{SHORT[-1]}, max {MAX_SIZE}) + flip + "
           f"PadToMultiple({MULTIPLE}); batch {BATCH}; {cores} workers = cores; "
           f"median of {repeat} round(s)")
-    w0 = max(len(r[0]) for r in rows)
-    print(f"{'measure':<{w0}}  {'ours':>12}  {'reference':>12}  {'ratio':>6}  {'rounds':>9}  target")
-    for name, a, b, ratios, target in rows:
-        ratio = f"{_median(ratios):.3f}" if ratios else "-"
-        print(f"{name:<{w0}}  {a:>12}  {b:>12}  {ratio:>6}  {_range(ratios):>9}  {target}")
+    h.Table(h.Col("measure"), h.Col("ours", 12, ">"), h.Col("reference", 12, ">"),
+            h.Col("ratio", 6, ">"), h.Col("rounds", 9, ">"), h.Col("target", 0)).print(
+        [(name, a, b, f"{h.median(ratios):.3f}" if ratios else "-", _range(ratios), target)
+         for name, a, b, ratios, target in rows])
     print("worker time (monitor, grouped Loader): "
           + "  ".join(f"{k} {v:.1%}" for k, v in shares.items()))
-    load = os.getloadavg()
-    print(f"load average: before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
-          f"after {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
+    print(load.line())
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
 

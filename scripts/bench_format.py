@@ -13,27 +13,21 @@ Run: ``python -m scripts.bench_format [--records 3000] [--size 100000] [--data D
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from formats import DatasetWriter, Field, open_shards
+from scripts import harness as h
 
 REPEATS = 5
 
 
 def best_of(fn, repeats=REPEATS):
     """Median and spread of ``repeats`` timings of ``fn()`` (seconds)."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), (max(times) - min(times)) / statistics.median(times)
+    times = [h.timed(fn) for _ in range(repeats)]
+    return h.median(times), h.spread(times)
 
 
 def build(root: Path, records: int, size: int) -> None:
@@ -55,10 +49,10 @@ def build_tiny(root: Path, records: int) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = h.parser(__doc__, full=True)
     ap.add_argument("--records", type=int, default=3000)
     ap.add_argument("--size", type=int, default=100_000, help="mean record size in bytes")
-    ap.add_argument("--data", type=Path, default=None, help="where to build datasets (default: a temp dir)")
+    h.add_data(ap, None, help="where to build datasets (default: a temp dir)")
     args = ap.parse_args(argv)
 
     tmp = tempfile.TemporaryDirectory() if args.data is None else None
@@ -148,14 +142,17 @@ def main(argv=None) -> None:
         ("reader sequential, one record at a time", total / t_single / gb, "GB/s", t_mem / t_single, n_single),
     ]
     print(f"dataset: {n} records, {total / 1e6:.0f} MB of field bytes, {len(ds.shards)} shards")
-    print(f"{'read path':42s} {'rate':>10s}      {'÷ memcpy':>9s}  {'spread':>7s}")
-    for name, rate, unit, ratio, noise in rows:
-        print(f"{name:42s} {rate:10.2f} {unit:4s} {ratio:9.2f}  {noise:6.0%}")
+    h.Table(h.Col("read path", 42), h.Col("rate", 10, ">"), h.Col("", 4),
+            h.Col("÷ memcpy", 9, ">"), h.Col("spread", 6, ">", gap="  "), sep=" ").print(
+        [(name, f"{rate:.2f}", unit, f"{ratio:.2f}", f"{noise:.0%}")
+         for name, rate, unit, ratio, noise in rows])
     print()
-    print(f"{'lookups':42s} {'per second':>14s}  {'spread':>7s}")
-    print(f"{'single (ds.payload)':42s} {len(idx_single) / t_ls:14,.0f}  {n_ls:6.0%}")
-    print(f"{'vectorized (ds.spans, 1M indices)':42s} {len(idx_vec) / t_lv:14,.0f}  {n_lv:6.0%}")
-    print(f"{'vectorized scalars, 1M-record dataset':42s} {len(tiny_idx) / t_tiny_vec:14,.0f}  {n_tiny:6.0%}")
+    h.Table(h.Col("lookups", 42), h.Col("per second", 14, ">"),
+            h.Col("spread", 6, ">", gap="  "), sep=" ").print([
+        ("single (ds.payload)", f"{len(idx_single) / t_ls:,.0f}", f"{n_ls:.0%}"),
+        ("vectorized (ds.spans, 1M indices)", f"{len(idx_vec) / t_lv:,.0f}", f"{n_lv:.0%}"),
+        ("vectorized scalars, 1M-record dataset", f"{len(tiny_idx) / t_tiny_vec:,.0f}",
+         f"{n_tiny:.0%}")])
     print()
     print(f"open a 1,000,000-record dataset: {t_open * 1e3:.1f} ms (spread {n_open:.0%}; target < 100 ms)")
     print(f"targets: sequential ≥ 0.8 of memcpy: {'met' if t_mem / t_seq >= 0.8 else 'MISSED'}; "

@@ -25,10 +25,7 @@ Run: ``python -m scripts.bench_gpu [--images 32768] [--workers N] [--out FILE]``
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -41,6 +38,7 @@ import numpy as np
 import reader
 from reader.runtime.device import DeviceOptions, measure_pinned_bandwidth, normalize, require_cupy
 from reader.transforms import CenterCrop, RandomResizedCrop
+from scripts import harness as h
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TESTS = ["tests/reader/runtime/test_device.py"]
@@ -141,13 +139,13 @@ def transfer_rate(ds, batch, workers, pinning, epochs=2):
     if not timed:
         raise RuntimeError("no copy was timed: give more --images")
     rates = [n / s / 1e9 for s, n in timed]
-    return statistics.median(rates), mode, max(n for _s, n in timed)
+    return h.median(rates), mode, max(n for _s, n in timed)
 
 
 def h2d(ds, batch, workers) -> dict:
     reg, reg_mode, nbytes = transfer_rate(ds, batch, workers, "register")
     stg, stg_mode, _ = transfer_rate(ds, batch, workers, "staging")
-    raw = statistics.median(measure_pinned_bandwidth(nbytes) for _ in range(5))
+    raw = h.median(measure_pinned_bandwidth(nbytes) for _ in range(5))
     return {"batch_bytes": nbytes, "raw_pinned_gb_s": raw, "ring_gb_s": reg, "ring_mode": reg_mode,
             "ring_ratio": reg / raw, "staging_gb_s": stg, "staging_mode": stg_mode,
             "staging_ratio": stg / raw, "target": H2D_TARGET, "met": reg / raw >= H2D_TARGET}
@@ -203,26 +201,26 @@ def check_epoch(ds, batch, workers, step_ms, compare=16) -> dict:
 def pipeline_rate(ds, batch, workers, device, epochs=2) -> float:
     """Best epoch's images/s of the classification pipeline to ``device``; on the GPU the
     clock stops once the last batch's copies and kernels are done."""
-    from scripts.bench_reader import pipeline_specs
-
     sync = (lambda: None) if device == "cpu" else require_cupy().cuda.get_current_stream().synchronize
     with reader.Loader(ds, batch, num_workers=workers, shuffle="block", seed=0,
-                       transform=pipeline_specs(), device=device) as lo:
-        best = 0.0
-        for _ in range(epochs):
-            t = time.perf_counter()
+                       transform=h.rrc_flip(), device=device) as lo:
+
+        def epoch() -> int:
             n = sum(len(b["label"]) for b in lo)
             sync()
-            best = max(best, n / (time.perf_counter() - t))
-    return best
+            return n
+
+        return max(h.per_second(epoch) for _ in range(epochs))
 
 
 def pipeline(ds, batch, workers, rounds) -> dict:
     cpu, cuda = [], []
-    for r in range(rounds):  # alternated: neither side always runs first
-        for device in ("cpu", "cuda") if r % 2 == 0 else ("cuda", "cpu"):
-            (cpu if device == "cpu" else cuda).append(pipeline_rate(ds, batch, workers, device))
-    ratio = statistics.median(g / c for g, c in zip(cuda, cpu, strict=True))
+
+    def one(device, _r):
+        (cpu if device == "cpu" else cuda).append(pipeline_rate(ds, batch, workers, device))
+
+    h.rounds(("cpu", "cuda"), rounds, one)  # alternated: neither side always runs first
+    ratio = h.paired_ratio(cuda, cpu)
     return {"workers": workers, "cpu_img_s": cpu, "cuda_img_s": cuda, "ratio": ratio,
             "target": PIPELINE_TARGET, "met": ratio >= PIPELINE_TARGET}
 
@@ -255,12 +253,13 @@ def dali(src: Path, batch: int, workers: int, epochs: int = 2) -> dict:
     pipe = classification()
     pipe.build()
     steps = max(1, len(files) // batch)
-    best = 0.0
-    for _ in range(epochs):
-        t = time.perf_counter()
+
+    def epoch() -> int:
         for _ in range(steps):
             pipe.run()
-        best = max(best, steps * batch / (time.perf_counter() - t))
+        return steps * batch
+
+    best = max(h.per_second(epoch) for _ in range(epochs))
     return {"version": nvdali.__version__, "threads": workers, "img_s": best,
             "pipeline": "readers.file, decoders.image(mixed), random_resized_crop 224, "
                         "crop_mirror_normalize(float16, CHW, coin-flip mirror)"}
@@ -283,7 +282,7 @@ def step(report: dict, name: str, fn, *args):
 def table(r: dict) -> str:
     """The report for people: one row per figure, then reasons and names (kept out of
     the rows so the columns stay narrow)."""
-    rows = [("measure", "value", "÷ limit", "target")]
+    rows = []
     notes: list[str] = []
 
     def verdict(met):
@@ -304,11 +303,11 @@ def table(r: dict) -> str:
         notes += [f"skipped ({n}): {why}" for why, n in t["skips"].items()]
     unmeasured("data", "the JPEGs and shards")
     if not unmeasured("h2d", "host-to-device"):
-        h = r["h2d"]
-        rows += [(f"(a) raw pinned H2D, {h['batch_bytes'] / 2**20:.1f} MiB", f"{h['raw_pinned_gb_s']:.2f} GB/s", "1.00", ""),
-                 (f"(b) slot ring, {h['ring_mode']}", f"{h['ring_gb_s']:.2f} GB/s", f"{h['ring_ratio']:.2f}",
-                  f">= {H2D_TARGET} {verdict(h['met'])}"),
-                 (f"(c) slot ring, {h['staging_mode']}", f"{h['staging_gb_s']:.2f} GB/s", f"{h['staging_ratio']:.2f}", "")]
+        hd = r["h2d"]
+        rows += [(f"(a) raw pinned H2D, {hd['batch_bytes'] / 2**20:.1f} MiB", f"{hd['raw_pinned_gb_s']:.2f} GB/s", "1.00", ""),
+                 (f"(b) slot ring, {hd['ring_mode']}", f"{hd['ring_gb_s']:.2f} GB/s", f"{hd['ring_ratio']:.2f}",
+                  f">= {H2D_TARGET} {verdict(hd['met'])}"),
+                 (f"(c) slot ring, {hd['staging_mode']}", f"{hd['staging_gb_s']:.2f} GB/s", f"{hd['staging_ratio']:.2f}", "")]
     if not unmeasured("epoch", "an epoch on the GPU"):
         e = r["epoch"]
         rows += [(f"{e['compared']} of {e['batches']} GPU batches = CPU path",
@@ -317,35 +316,27 @@ def table(r: dict) -> str:
     ours = None
     if not unmeasured("pipeline", "pipeline to the GPU ÷ to the CPU"):
         p = r["pipeline"]
-        ours = statistics.median(p["cuda_img_s"])
-        rows += [(f"pipeline to the CPU, {p['workers']} workers", f"{statistics.median(p['cpu_img_s']):.0f} img/s", "", ""),
+        ours = h.median(p["cuda_img_s"])
+        rows += [(f"pipeline to the CPU, {p['workers']} workers", f"{h.median(p['cpu_img_s']):.0f} img/s", "", ""),
                  ("pipeline to the GPU (float16 NCHW)", f"{ours:.0f} img/s",
                   f"{p['ratio']:.2f}", f">= {PIPELINE_TARGET} {verdict(p['met'])}")]
     if not unmeasured("dali", "DALI GPU pipeline"):
         d = r["dali"]
         rows.append((f"DALI {d['version']} GPU pipeline, {d['threads']} threads", f"{d['img_s']:.0f} img/s",
                      f"ours {ours / d['img_s']:.2f}x" if ours else "", ""))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join(["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                      for row in rows] + notes)
-
-
-def write(report: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
+    table = h.Table(h.Col("measure"), h.Col("value"), h.Col("÷ limit"), h.Col("target"))
+    return "\n".join([table.render(rows), *notes])
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("/tmp/shardpack-gpu-bench"),
-                    help="where the JPEGs and shards are made once and kept")
+    ap = h.parser(__doc__, full=True)
+    h.add_data(ap, Path("/tmp/shardpack-gpu-bench"),
+               help="where the JPEGs and shards are made once and kept")
     ap.add_argument("--out", type=Path, help="the JSON report (default: DATA/gpu_check.json)")
     ap.add_argument("--images", type=int, default=32768,
                     help="JPEGs of 300-500 px: 8 batches per worker per epoch at 16 workers")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    h.add_workers(ap, os.cpu_count())
     ap.add_argument("--rounds", type=int, default=3, help="alternated rounds of the pipeline ratio")
     ap.add_argument("--step-ms", type=float, default=60.0, help="the consumer's simulated step")
     args = ap.parse_args(argv)
@@ -361,7 +352,7 @@ def main(argv=None) -> int:
         report["skipped"] = reason
         tests = step(report, "stand_in_tests", run_tests, "not gpu", args.data)
         report["seconds"] = round(time.perf_counter() - t0, 1)
-        write(report, out)
+        h.write_json(out, report)
         if "error" in tests:
             summary = tests["error"]
         else:
@@ -386,7 +377,7 @@ def main(argv=None) -> int:
         step(report, "pipeline", pipeline, ds, args.batch, args.workers, args.rounds)
         step(report, "dali", dali, src, args.batch, args.workers)
     report["seconds"] = round(time.perf_counter() - t0, 1)
-    write(report, out)
+    h.write_json(out, report)
     print(table(report))
     print(f"{report['seconds']:.0f} s; every figure in {out}")
     t = report["tests"]

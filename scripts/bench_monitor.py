@@ -13,9 +13,7 @@ Usage: ``python scripts/bench_monitor.py [--records N] [--samples S] [--workers 
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -25,6 +23,7 @@ import numpy as np
 from reader import Monitor
 from reader.runtime.proc import ProcCpu
 from reader.runtime.timing import BatchTiming
+from scripts import harness as h
 
 
 def _timing(i: int) -> BatchTiming:
@@ -45,15 +44,13 @@ def bench_on_batch(calls: int = 200_000, interval: float = 0.05) -> dict[str, fl
     """
     timings = [_timing(i) for i in range(1024)]
     out: dict[str, float] = {}
+    def feed(mon: Monitor) -> None:
+        for i in range(calls):
+            mon.on_batch(timings[i & 1023])
+
     for label, ival in (("hot path (no report)", 1e9), (f"with a report every {interval}s", interval)):
-        best = float("inf")
-        for _ in range(3):
-            mon = Monitor(ival, output=False, record=os.devnull, num_workers=2)
-            t0 = time.perf_counter()
-            for i in range(calls):
-                mon.on_batch(timings[i & 1023])
-            best = min(best, (time.perf_counter() - t0) / calls)
-        out[label] = best
+        out[label] = min(h.timed(feed, Monitor(ival, output=False, record=os.devnull,
+                                               num_workers=2)) for _ in range(3)) / calls
     return out
 
 
@@ -62,13 +59,12 @@ def bench_proc_cpu(reads: int = 2000) -> float | None:
     cpu = ProcCpu()
     if cpu() is None:
         return None
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
+
+    def read() -> None:
         for _ in range(reads):
             cpu()
-        best = min(best, (time.perf_counter() - t0) / reads)
-    return best
+
+    return min(h.timed(read) for _ in range(3)) / reads
 
 
 def _make_dataset(root: str, records: int, side: int) -> str:
@@ -131,7 +127,7 @@ def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw:
                 pass
         del _batch  # a batch held outside the timed loops would be a lease kept for good
         for i in range(samples):
-            for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            for mode in h.rotated(("off", "on"), i):
                 loader = loaders[mode]
                 n = batches = 0
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -151,7 +147,7 @@ def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = h.parser(__doc__)
     parser.add_argument("--records", type=int, default=2048)
     parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2)
@@ -160,25 +156,23 @@ def main(argv: list[str] | None = None) -> int:
 
     costs = bench_on_batch()
     print("on_batch cost")
-    print(f"{'case':<34}{'us/call':>10}")
-    for label, s in costs.items():
-        print(f"{label:<34}{s * 1e6:>10.2f}")
+    cost_table = h.Table(h.Col("case", 34), h.Col("us/call", 10, ">"), sep="")
+    cost_table.print([(label, f"{s * 1e6:.2f}") for label, s in costs.items()])
     worst = max(costs.values())
     proc = bench_proc_cpu()
     if proc is None:
         print("/proc CPU read: no readable /proc, CPU figures off")
     else:
-        print(f"{'/proc CPU read (once per report)':<34}{proc * 1e6:>10.2f}"
-              f"  = {proc / 5.0:.1e} of a 5 s interval")  # fmt: skip
+        print(cost_table.line("/proc CPU read (once per report)", f"{proc * 1e6:.2f}")
+              + f"  = {proc / 5.0:.1e} of a 5 s interval")
     print()
     print("on_batch cost vs realistic batch times (1 - cost/batch time = throughput ratio bound)")
-    print(f"{'batch':<44}{'batch ms':>10}{'ratio':>10}{'limit':>8}")
-    for label, batch_s in (
-        ("64 x 224px decode+crop, 2 workers", 64 / (2 * 700)),
-        ("256 x 110 KB raw bytes at 5 GB/s", 256 * 110e3 / 5e9),
-        ("64 x 110 KB raw bytes at 10 GB/s", 64 * 110e3 / 10e9),
-    ):
-        print(f"{label:<44}{batch_s * 1e3:>10.3f}{1 - worst / batch_s:>10.4f}{'>= 0.98':>8}")
+    h.Table(h.Col("batch", 44), h.Col("batch ms", 10, ">"), h.Col("ratio", 10, ">"),
+            h.Col("limit", 8, ">"), sep="").print(
+        [(label, f"{batch_s * 1e3:.3f}", f"{1 - worst / batch_s:.4f}", ">= 0.98")
+         for label, batch_s in (("64 x 224px decode+crop, 2 workers", 64 / (2 * 700)),
+                                ("256 x 110 KB raw bytes at 5 GB/s", 256 * 110e3 / 5e9),
+                                ("64 x 110 KB raw bytes at 10 GB/s", 64 * 110e3 / 10e9))])
 
     try:
         from reader import Loader  # noqa: F401
@@ -198,15 +192,15 @@ def main(argv: list[str] | None = None) -> int:
             print()
             print(f"Loader, {mode}, {args.records} records, batch {args.batch_size}, "
                   f"{args.workers} workers, {args.samples} samples each")  # fmt: skip
-            print(f"{'monitor':<10}{'best/s':>12}{'median/s':>12}")
-            print(f"{'off':<10}{max(off):>12.0f}{statistics.median(off):>12.0f}")
-            print(f"{'on':<10}{max(on):>12.0f}{statistics.median(on):>12.0f}")
+            h.Table(h.Col("monitor", 10), h.Col("best/s", 12, ">"), h.Col("median/s", 12, ">"),
+                    sep="").print([(side, f"{max(r):.0f}", f"{h.median(r):.0f}")
+                                   for side, r in (("off", off), ("on", on))])
             ratio_best = max(on) / max(off)
-            ratio_med = statistics.median(on) / statistics.median(off)
+            ratio_med = h.median(on) / h.median(off)
             print(f"ratio on/off: best {ratio_best:.3f}, median {ratio_med:.3f} (limit >= 0.98)")
-            cpu_off = statistics.median(res["cpu"]["off"])
-            extra = statistics.median(res["cpu"]["on"]) - cpu_off
-            batch_s = args.batch_size / statistics.median(off)
+            cpu_off = h.median(res["cpu"]["off"])
+            extra = h.median(res["cpu"]["on"]) - cpu_off
+            batch_s = args.batch_size / h.median(off)
             print(f"main-process CPU per batch: off {cpu_off * 1e6:.1f} us, monitor adds "
                   f"{extra * 1e6:.1f} us = {extra / batch_s:.2%} of a {batch_s * 1e3:.3f} ms batch "
                   f"-> ratio bound {1 - max(extra, 0.0) / batch_s:.3f}")  # fmt: skip

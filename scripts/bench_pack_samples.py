@@ -44,7 +44,6 @@ Usage: ``python -m scripts.bench_pack_samples [--count 200000] [--workers W]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -57,6 +56,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from scripts import harness as h
 
 __all__ = ["kb_samples", "main", "sample"]
 
@@ -140,20 +141,17 @@ def produce_and_write(n: int, workers: int, out: Path) -> float:
 def ours(n: int, workers: int, out: Path) -> float:
     from packer import PackOptions, pack_samples
 
-    t = time.perf_counter()
-    s = pack_samples(sample, range(n), out, PackOptions(workers=workers, durable=False),
-                     progress=False)
+    seconds, s = h.timed_call(pack_samples, sample, range(n), out,
+                              PackOptions(workers=workers, durable=False), progress=False)
     assert s.records_written == n
-    return time.perf_counter() - t
+    return seconds
 
 
 def litdata(n: int, workers: int, out: Path) -> float:
     import litdata as ld
 
-    t = time.perf_counter()
-    ld.optimize(fn=sample, inputs=list(range(n)), output_dir=str(out), num_workers=workers,
-                chunk_bytes="64MB", mode="overwrite")
-    return time.perf_counter() - t
+    return h.timed(ld.optimize, fn=sample, inputs=list(range(n)), output_dir=str(out),
+                   num_workers=workers, chunk_bytes="64MB", mode="overwrite")
 
 
 def mds(n: int, workers: int, out: Path) -> float:
@@ -206,39 +204,8 @@ def _memory_case(name: str, workers: int, out: Path) -> int:
                      PackOptions(workers=workers, durable=False), progress=False)
     maxrss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                  resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    print(json.dumps({"seconds": time.perf_counter() - t, "records": s.records_written,
-                      "maxrss_kib": maxrss}))
+    h.emit(seconds=time.perf_counter() - t, records=s.records_written, maxrss_kib=maxrss)
     return 0
-
-
-def _tree_pss(root: int) -> int:
-    """Bytes: the summed PSS of ``root`` and its descendants (VmRSS where no smaps_rollup)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
-    tree, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        tree.add(pid)
-        todo += [c for c, p in parents.items() if p == pid and c not in tree]
-    total = 0
-    for pid in tree:
-        for path, key in ((f"/proc/{pid}/smaps_rollup", b"Pss:"), (f"/proc/{pid}/status", b"VmRSS:")):
-            try:
-                with open(path, "rb") as f:
-                    line = next((x for x in f if x.startswith(key)), None)
-            except OSError:
-                continue
-            if line is not None:
-                total += int(line.split()[1]) << 10
-                break
-    return total
 
 
 def _disk_bytes(root: Path) -> int:
@@ -258,10 +225,13 @@ def memory(workers: int, endless_seconds: float, scratch: Path) -> None:
 
     print(f"pack_samples peak memory: samples of 1 KB (int32[256]), workers={workers}, "
           f"durable=False, packer from {Path(packer.__file__).parent}; load "
-          f"{os.getloadavg()[0]:.2f} at start")
+          f"{h.Load.now()[0]:.2f} at start")
     print("tree peak: the case's process tree, summed PSS sampled every 0.1 s; "
           "ru_maxrss: its largest process\n")
     root = Path(__file__).resolve().parent.parent
+    table = h.Table(h.Col("case", 12), h.Col("inputs", 6, ">"), h.Col("samples", 8, ">"),
+                    h.Col("seconds", 8, ">"), h.Col("tree peak MB", 13, ">"),
+                    h.Col("ru_maxrss MB", 13, ">"), sep=" ")
     peaks = {}
     for name, inputs in MEMORY_CASES.items():
         out = scratch / name.replace(" ", "-")
@@ -274,7 +244,7 @@ def memory(workers: int, endless_seconds: float, scratch: Path) -> None:
         peak, trace, shown = 0, [], 0.0
         while proc.poll() is None:
             t = time.perf_counter() - t0
-            pss = _tree_pss(proc.pid)
+            pss = h.tree_pss_bytes(proc.pid)
             peak = max(peak, pss)
             if endless and t >= shown:
                 trace.append((t, pss, _disk_bytes(out)))
@@ -285,25 +255,23 @@ def memory(workers: int, endless_seconds: float, scratch: Path) -> None:
                     trace.append((t, pss, _disk_bytes(out)))
                 break
             time.sleep(0.1)
-        got = proc.communicate()[0].strip().splitlines()
+        res = h.last_json(proc.communicate()[0])
         if endless:
             why = f"over {_MEMORY_GUARD >> 30} GiB" if peak > _MEMORY_GUARD else "as planned"
             print(f"{name}: one input yielding 1 KB samples without end, killed at "
                   f"{time.perf_counter() - t0:.1f} s ({why})")
-            print(f"{'t (s)':>6} {'tree PSS MB':>12} {'on disk MB':>11}")
-            for t, pss, disk in trace:
-                print(f"{t:>6.1f} {pss / 1e6:>12.1f} {disk / 1e6:>11.1f}")
+            h.Table(h.Col("t (s)", 6, ">"), h.Col("tree PSS MB", 12, ">"),
+                    h.Col("on disk MB", 11, ">"), sep=" ").print(
+                [(f"{t:.1f}", f"{pss / 1e6:.1f}", f"{disk / 1e6:.1f}") for t, pss, disk in trace])
             continue
-        if proc.returncode or not got:
+        if proc.returncode or res is None:
             print(f"{name}: failed (exit {proc.returncode})")
             continue
-        res = json.loads(got[-1])
         peaks[name] = peak
         if len(peaks) == 1:
-            print(f"{'case':<12} {'inputs':>6} {'samples':>8} {'seconds':>8} "
-                  f"{'tree peak MB':>13} {'ru_maxrss MB':>13}")
-        print(f"{name:<12} {len(inputs):>6} {res['records']:>8,} {res['seconds']:>8.1f} "
-              f"{peak / 1e6:>13.1f} {res['maxrss_kib'] * 1024 / 1e6:>13.1f}")
+            print(table.head())
+        print(table.line(name, str(len(inputs)), f"{res['records']:,}", f"{res['seconds']:.1f}",
+                         f"{peak / 1e6:.1f}", f"{res['maxrss_kib'] * 1024 / 1e6:.1f}"))
         if len(peaks) == 2:
             a, b = peaks.values()
             print(f"one input ÷ 300 inputs (tree peak): {a / b:.2f} (target <= 1.3)\n")
@@ -321,18 +289,18 @@ def _peer(python: str | None, name: str, n: int, workers: int, out: Path) -> flo
                          env={**os.environ, "BENCH_WORK_US": str(_WORK_US)})
     if res.returncode:
         return f"failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}"
-    return json.loads(res.stdout.strip().splitlines()[-1])["seconds"]
+    return h.last_json(res.stdout)["seconds"]
 
 
 def main(argv: list[str] | None = None) -> int:
     global _WORK_US
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = h.parser(__doc__)
     p.add_argument("--count", type=int, default=200_000)
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--repeat", type=int, default=3)
+    h.add_workers(p)
+    h.add_repeat(p)
     p.add_argument("--work-us", type=float, default=0.0,
                    help="extra CPU microseconds per sample (a costlier tokenizer)")
-    p.add_argument("--peers-python", default=os.environ.get("SHARDPACK_PEERS_PYTHON"))
+    h.add_peers_python(p)
     p.add_argument("--quick", action="store_true", help="20,000 samples, one round")
     p.add_argument("--memory", action="store_true",
                    help="peak memory of one input yielding many samples (see the docstring)")
@@ -352,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
         return 0
     if args.peer:  # inside the peers' virtualenv
-        print(json.dumps({"seconds": PEERS[args.peer](args.count, args.workers, args.out)}))
+        h.emit(seconds=PEERS[args.peer](args.count, args.workers, args.out))
         return 0
     _WORK_US = args.work_us
     os.environ["BENCH_WORK_US"] = str(args.work_us)  # forked workers read the global
@@ -360,10 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     w = args.workers
     scratch = Path(tempfile.mkdtemp(prefix="bench-samples-"))
     sizes = [sample(i)["tokens"].nbytes for i in range(0, n, max(1, n // 1000))]
-    load = os.getloadavg()[0]
+    load = h.Load()
     print(f"{n:,} samples (str + int32 ndarray of {min(sizes)}-{max(sizes)} B, mean "
           f"{statistics.mean(sizes):,.0f} B), +{args.work_us:g} µs of work each; W = {w} "
-          f"workers ({os.cpu_count()} cores); load {load:.2f} at start; median of {repeat}")
+          f"workers ({os.cpu_count()} cores); load {load.before[0]:.2f} at start; median of {repeat}")
     cases = {
         "produce and discard": lambda o: produce_and_discard(n, w),
         "produce and write bytes": lambda o: produce_and_write(n, w, o),
@@ -375,26 +343,26 @@ def main(argv: list[str] | None = None) -> int:
     secs: dict[str, list] = {k: [] for k in names}
     try:
         for r in range(repeat):
-            order = names[r % len(names):] + names[: r % len(names)]
-            for name in order:
+            for name in h.rotated(names, r):
                 out = scratch / f"{name.split()[0]}-{r}"
                 secs[name].append(cases[name](out))
                 shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    print(f"\n{'case':<24} {'records/s':>10} {'pack_samples ÷ it':>18}  target")
+    table = h.Table(h.Col("case", 24), h.Col("records/s", 10, ">"),
+                    h.Col("pack_samples ÷ it", 18, ">"), h.Col("target", 0, gap="  "), sep=" ")
+    print()
+    print(table.head())
     targets = {"produce and discard": ">= 0.8", "LitData optimize": ">= 1.0",
                "MDSWriter + Pool.imap": ">= 1.0"}
     for name in names:
         got = secs[name]
         if any(isinstance(x, str) for x in got):
-            print(f"{name:<24} {next(x for x in got if isinstance(x, str))}")
+            print(table.note(name, next(x for x in got if isinstance(x, str))))
             continue
-        rate = n / statistics.median(got)
-        ratio = "" if name == "pack_samples" else \
-            f"{statistics.median(b / a for a, b in zip(secs['pack_samples'], got, strict=True)):.2f}"
-        print(f"{name:<24} {rate:>10,.0f} {ratio:>18}  {targets.get(name, '')}")
-    print(f"load {os.getloadavg()[0]:.2f} at the end")
+        ratio = "" if name == "pack_samples" else f"{h.paired_ratio(got, secs['pack_samples']):.2f}"
+        print(table.line(name, f"{n / h.median(got):,.0f}", ratio, targets.get(name, "")))
+    print(f"load {h.Load.now()[0]:.2f} at the end")
     return 0
 
 

@@ -21,62 +21,24 @@ byte into a reused buffer, so every reader touches the same bytes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the peers' virtualenv does not install shardpack
     sys.path.insert(0, str(ROOT))
 
+from scripts import harness as h  # noqa: E402  (after the path, in the peers' virtualenv)
+
 BATCH = 256
 SIZE = 224
 SHARD_BYTES = 256 * 1000**2  # our default; peers with a size knob get the same
 
 
-def samples(src: Path) -> list[tuple[str, str, int]]:
-    """(path, key, label) of an image folder, in sorted order (label = class index)."""
-    out = []
-    classes = sorted(p.name for p in Path(src).iterdir() if p.is_dir())
-    for label, cls in enumerate(classes):
-        for f in sorted((Path(src) / cls).iterdir()):
-            out.append((str(f), f"{cls}/{f.name}", label))
-    return out
-
-
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
-
-
-class _Sink:
-    """Copies payloads into a reused buffer (what a consumer of raw bytes pays).
-
-    With ``copy=False`` it only counts them: what ``__getitem__`` itself costs (ours
-    returns a zero-copy view, the peers return bytes they already copied).
-    """
-
-    def __init__(self, copy: bool = True) -> None:
-        self.copy = copy
-        self.buf = bytearray(8 << 20)
-        self.view = memoryview(self.buf)
-        self.records = 0
-        self.bytes = 0
-
-    def __call__(self, data) -> None:
-        n = len(data)
-        if not self.copy:
-            self.records += 1
-            self.bytes += n
-            return
-        if n > len(self.buf):
-            self.buf = bytearray(n)
-            self.view = memoryview(self.buf)
-        self.view[:n] = data
-        self.records += 1
-        self.bytes += n
 
 
 # -- writers -----------------------------------------------------------------------------
@@ -85,14 +47,14 @@ def write_shards(src: Path, out: Path, workers: int) -> int:
     from packer import PackOptions, pack
 
     pack(src, out, PackOptions(durable=False, workers=workers))
-    return len(samples(src))
+    return len(h.folder_samples(src))
 
 
 def write_tfrecord(src: Path, out: Path, workers: int) -> int:
     from tfrecord import TFRecordWriter
 
     out.mkdir(parents=True, exist_ok=True)
-    items = samples(src)
+    items = h.folder_samples(src)
     w = TFRecordWriter(str(out / "data.tfrecord"))
     for path, key, label in items:
         w.write({"image": (_read(path), "byte"), "label": (label, "int"),
@@ -105,7 +67,7 @@ def write_wds(src: Path, out: Path, workers: int) -> int:
     import webdataset as wds
 
     out.mkdir(parents=True, exist_ok=True)
-    items = samples(src)
+    items = h.folder_samples(src)
     with wds.ShardWriter(str(out / "part-%05d.tar"), maxsize=SHARD_BYTES, verbose=0) as w:
         for path, key, label in items:
             w.write({"__key__": key.rsplit(".", 1)[0].replace(".", "_"), "jpg": _read(path),
@@ -116,7 +78,7 @@ def write_wds(src: Path, out: Path, workers: int) -> int:
 def write_mds(src: Path, out: Path, workers: int) -> int:
     from streaming import MDSWriter
 
-    items = samples(src)
+    items = h.folder_samples(src)
     with MDSWriter(out=str(out), columns={"image": "bytes", "label": "int", "key": "str"},
                    size_limit=SHARD_BYTES) as w:
         for path, key, label in items:
@@ -132,7 +94,7 @@ def _litdata_item(item):
 def write_litdata(src: Path, out: Path, workers: int) -> int:
     import litdata
 
-    items = samples(src)
+    items = h.folder_samples(src)
     litdata.optimize(fn=_litdata_item, inputs=items, output_dir=str(out), num_workers=workers,
                      chunk_bytes=SHARD_BYTES, mode="overwrite")
     return len(items)
@@ -153,7 +115,7 @@ def _order(n: int, mode: str, count: int | None, seed: int) -> list[int]:
     return rng.integers(0, n, count or n).tolist()
 
 
-def read_shards(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def read_shards(root: Path, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     from formats import open_shards
 
     ds = open_shards(root)
@@ -180,7 +142,7 @@ def read_shards(root: Path, mode: str, count: int | None, seed: int, sink: _Sink
         sink(ds[i]["image"])  # a whole sample, like the peers' __getitem__
 
 
-def read_tfrecord(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def read_tfrecord(root: Path, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     if mode != "seq":
         raise NotImplementedError("the tfrecord package reads sequentially (its index only "
                                   "splits files between workers)")
@@ -193,7 +155,7 @@ def read_tfrecord(root: Path, mode: str, count: int | None, seed: int, sink: _Si
             break
 
 
-def read_wds(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def read_wds(root: Path, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     if mode != "seq":
         raise NotImplementedError("webdataset tars are sequential-only (no index)")
     import webdataset as wds
@@ -213,7 +175,7 @@ def _mds_dataset(root: Path, cls=None, **kw):
     return (cls or StreamingDataset)(local=str(root), remote=None, shuffle=False, **kw)
 
 
-def _read_map_style(ds, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def _read_map_style(ds, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     """A peer's dataset: iterate it (seq) or index it (random)."""
     if mode == "seq":
         for s in ds:
@@ -225,11 +187,11 @@ def _read_map_style(ds, mode: str, count: int | None, seed: int, sink: _Sink) ->
         sink(ds[i]["image"])
 
 
-def read_mds(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def read_mds(root: Path, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     _read_map_style(_mds_dataset(root, batch_size=1), mode, count, seed, sink)
 
 
-def read_litdata(root: Path, mode: str, count: int | None, seed: int, sink: _Sink) -> None:
+def read_litdata(root: Path, mode: str, count: int | None, seed: int, sink: h.Sink) -> None:
     import litdata
 
     _read_map_style(litdata.StreamingDataset(str(root), shuffle=False), mode, count, seed, sink)
@@ -240,12 +202,6 @@ READERS = {"shards": read_shards, "tfrecord": read_tfrecord, "wds": read_wds,
 
 
 # -- full pipeline (decode + random resized crop 224 + flip) -------------------------------
-
-def _specs():
-    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
-
-    return [RandomResizedCrop(SIZE), RandomHorizontalFlip()]
-
 
 class _Decode:
     """Our decoder (the same work for every peer), built lazily in each worker."""
@@ -259,50 +215,34 @@ class _Decode:
         import torch
 
         if self.dec is None:
-            from reader.pipeline.decode import Decoder
-            from reader.transforms import ImagePipeline
-
-            self.dec = Decoder(ImagePipeline(_specs()))
+            self.dec = h.rrc_flip_decoder(SIZE)
             self.rng = np.random.default_rng(os.getpid())
-        out = np.empty((SIZE, SIZE, 3), np.uint8)
-        self.dec.decode_into(data, out, self.rng)
+        out = self.dec(data, self.rng, np.empty((SIZE, SIZE, 3), np.uint8))
         return torch.from_numpy(out), int(label)
 
 
 _DECODE = _Decode()
 
 
-def _pil_rrc_flip(path: str):
+class ImageFolderPIL:
     """torchvision's ImageFolder + RandomResizedCrop + flip, written out with PIL."""
-    import numpy as np
-    from PIL import Image
 
-    from reader.transforms import RandomResizedCrop
-
-    rng = np.random.default_rng()
-    img = Image.open(path).convert("RGB")
-    top, left, h, w = RandomResizedCrop(SIZE).get_params(img.height, img.width, rng)
-    img = img.resize((SIZE, SIZE), Image.BILINEAR, box=(left, top, left + w, top + h))
-    if rng.random() < 0.5:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    return np.asarray(img)
-
-
-class _Folder:
     def __init__(self, src: Path) -> None:
-        self.items = samples(src)
+        self.items = h.folder_samples(src)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, i: int):
+        import numpy as np
         import torch
 
         path, _, label = self.items[i]
-        return torch.from_numpy(_pil_rrc_flip(path).copy()), label
+        img = h.naive_rrc_flip(path, np.random.default_rng(), SIZE)
+        return torch.from_numpy(img.copy()), label
 
 
-def _wds_map(s):
+def wds_decode(s):
     return _DECODE(s["jpg"], s["cls"])
 
 
@@ -322,18 +262,18 @@ def pipeline(fmt: str, root: Path, workers: int) -> int:
         from reader import Loader
 
         with Loader(root, BATCH, num_workers=workers, shuffle="block", seed=0,
-                    transform=_specs()) as lo:
+                    transform=h.rrc_flip(SIZE)) as lo:
             return sum(len(b["label"]) for b in lo)
     import torch
     from torch.utils.data import DataLoader
 
     if fmt == "imagefolder":
-        dl = DataLoader(_Folder(root), batch_size=BATCH, shuffle=True, num_workers=workers)
+        dl = DataLoader(ImageFolderPIL(root), batch_size=BATCH, shuffle=True, num_workers=workers)
     elif fmt == "wds":
         import webdataset as wds
 
         urls = sorted(str(p) for p in root.glob("*.tar"))
-        ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_wds_map)
+        ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(wds_decode)
         dl = DataLoader(ds.batched(BATCH), batch_size=None, num_workers=workers)
     elif fmt == "tfrecord":
         from tfrecord.tools.tfrecord2idx import create_index
@@ -389,10 +329,6 @@ def _preload(fmt: str, cmd: str) -> None:
         importlib.import_module(name)
 
 
-def _emit(**kw) -> None:
-    print(json.dumps(kw), flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -400,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("format", choices=sorted(WRITERS))
     w.add_argument("src", type=Path)
     w.add_argument("out", type=Path)
-    w.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    h.add_workers(w)
     r = sub.add_parser("read")
     r.add_argument("format", choices=sorted(READERS))
     r.add_argument("dir", type=Path)
@@ -412,35 +348,31 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("pipeline")
     q.add_argument("format", choices=sorted([*READERS, "imagefolder"]))
     q.add_argument("dir", type=Path)
-    q.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    h.add_workers(q)
     m = sub.add_parser("loader-memory", help="RssAnon of a Loader (main + workers) mid-epoch")
     m.add_argument("dir", type=Path)
-    m.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    h.add_workers(m)
     args = p.parse_args(argv)
     if args.cmd == "loader-memory":
         from scripts.bench_reader import loader_memory
 
-        _emit(seconds=1.0, records=0, bytes=0, kb=loader_memory(args.dir, args.workers))
+        h.emit(seconds=1.0, records=0, bytes=0, kb=loader_memory(args.dir, args.workers))
         return 0
     try:
         _preload(args.format, args.cmd)
         if args.cmd == "write":
-            t = time.perf_counter()
-            n = WRITERS[args.format](args.src, args.out, args.workers)
-            dt = time.perf_counter() - t
+            dt, n = h.timed_call(WRITERS[args.format], args.src, args.out, args.workers)
             nbytes = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
-            _emit(seconds=dt, records=n, bytes=nbytes)
+            h.emit(seconds=dt, records=n, bytes=nbytes)
         elif args.cmd == "read":
-            sink = _Sink(copy=not args.no_copy)
-            t = time.perf_counter()
-            READERS[args.format](args.dir, args.mode, args.count, args.seed, sink)
-            _emit(seconds=time.perf_counter() - t, records=sink.records, bytes=sink.bytes)
+            sink = h.Sink(copy=not args.no_copy)
+            dt = h.timed(READERS[args.format], args.dir, args.mode, args.count, args.seed, sink)
+            h.emit(seconds=dt, records=sink.records, bytes=sink.bytes)
         else:
-            t = time.perf_counter()
-            n = pipeline(args.format, args.dir, args.workers)
-            _emit(seconds=time.perf_counter() - t, records=n, bytes=0)
+            dt, n = h.timed_call(pipeline, args.format, args.dir, args.workers)
+            h.emit(seconds=dt, records=n, bytes=0)
     except (ImportError, NotImplementedError) as exc:
-        _emit(skipped=f"{type(exc).__name__}: {exc}")
+        h.emit(skipped=f"{type(exc).__name__}: {exc}")
     return 0
 
 

@@ -21,17 +21,15 @@ Needs ``pip install 'shardpack[ray]'``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from scripts.bench_pack import _dataset, _time, _warm
+from scripts import harness as h
 
 __all__ = ["main"]
 
@@ -42,18 +40,9 @@ def _pack(src: Path, out: Path, **kw) -> None:
     pack(src, out / "ds", PackOptions(durable=False, **kw))
 
 
-def _copies(src: Path, dst: Path, copies: int) -> Path:
-    """``copies`` hard links to every file of the image folder ``src`` (cached)."""
-    if (dst / ".complete").exists():
-        return dst
-    shutil.rmtree(dst, ignore_errors=True)
-    for cls in sorted(p for p in src.iterdir() if p.is_dir()):
-        (dst / cls.name).mkdir(parents=True)
-        for f in sorted(cls.iterdir()):
-            for k in range(copies):
-                os.link(f, dst / cls.name / f"{k}-{f.name}")
-    (dst / ".complete").touch()
-    return dst
+def _seconds(fn, scratch: Path) -> float:
+    with h.fresh_dir(scratch) as out:
+        return h.timed(fn, out)
 
 
 def _rounds(cases, repeat: int, scratch: Path) -> list[tuple[float, float, float]]:
@@ -61,24 +50,22 @@ def _rounds(cases, repeat: int, scratch: Path) -> list[tuple[float, float, float
     times: list[list[tuple[float, float]]] = [[] for _ in cases]
     for _ in range(repeat):
         for i, (a, b) in enumerate(cases):
-            times[i].append((_time(a, 1, scratch), _time(b, 1, scratch)))
-    return [(statistics.median(a for a, _ in t), statistics.median(b for _, b in t),
-             statistics.median(b / a for a, b in t)) for t in times]
+            times[i].append((_seconds(a, scratch), _seconds(b, scratch)))
+    return [(h.median(a for a, _ in t), h.median(b for _, b in t),
+             h.paired_ratio([b for _, b in t], [a for a, _ in t])) for t in times]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardpack-bench",
-                   help="cache folder for the generated image folder")
+    p = h.parser(__doc__)
+    h.add_data(p, help="cache folder for the generated image folder")
     p.add_argument("--count", type=int, default=4_000, help="JPEGs generated (default 4,000)")
     p.add_argument("--copies", type=int, default=5,
                    help="hard links per JPEG for the plain case (default 5)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="worker count for both engines (default: all cores)")
+    h.add_workers(p, help="worker count for both engines (default: all cores)")
     p.add_argument("--task-records", type=int, default=None,
                    help="records per Ray task (default: 4 ranges per worker)")
     p.add_argument("--quick", action="store_true", help="1,000 JPEGs, one round")
-    p.add_argument("--repeat", type=int, default=3)
+    h.add_repeat(p)
     args = p.parse_args(argv)
     try:
         import ray
@@ -87,9 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     count, repeat = (1_000, 1) if args.quick else (args.count, args.repeat)
     args.data.mkdir(parents=True, exist_ok=True)
-    src, samples = _dataset(args.data, count)
-    many = _copies(src, args.data / f"{src.name}x{args.copies}", args.copies)
-    nbytes = _warm(samples)
+    src = h.image_folder(args.data, count)
+    samples = h.folder_samples(src)
+    many = h.link_folder(src, args.data / f"{src.name}x{args.copies}", copies=args.copies)
+    nbytes = h.warm(*(path for path, _, _ in samples))
     n, w = len(samples), args.workers
     n_many = n * args.copies
     few_dir = args.data / f"{src.name}-first20"  # a flat folder: --from files
@@ -122,19 +110,21 @@ def main(argv: list[str] | None = None) -> int:
          lambda o: _pack(few_dir, o, **ray_kw(20))),
     ]
     try:
-        first = _time(cases[0][2], 1, scratch)
-        _time(cases[0][1], 1, scratch)  # warm-up: imports
+        first = _seconds(cases[0][2], scratch)
+        _seconds(cases[0][1], scratch)  # warm-up: imports
         results = _rounds([(a, b) for _, a, b in cases], repeat, scratch)
     finally:
         ray.shutdown()
         shutil.rmtree(scratch, ignore_errors=True)
 
-    print(f"\n{'case':<34} {'local s':>8} {'ray s':>8} {'local rec/s':>12} {'ray rec/s':>10} "
-          f"{'ray ÷ local':>12}")
-    for (name, _, _), (a, b, ratio), records in zip(cases, results, (n_many, n, 20),
-                                                     strict=True):
-        print(f"{name:<34} {a:>8.2f} {b:>8.2f} {records / a:>12,.0f} {records / b:>10,.0f} "
-              f"{ratio:>12.2f}")
+    print()
+    h.Table(h.Col("case", 34), h.Col("local s", 8, ">"), h.Col("ray s", 8, ">"),
+            h.Col("local rec/s", 12, ">"), h.Col("ray rec/s", 10, ">"),
+            h.Col("ray ÷ local", 12, ">"), sep=" ").print(
+        [(name, f"{a:.2f}", f"{b:.2f}", f"{records / a:,.0f}", f"{records / b:,.0f}",
+          f"{ratio:.2f}")
+         for (name, _, _), (a, b, ratio), records in zip(cases, results, (n_many, n, 20),
+                                                          strict=True)])
     print(f"\nRay start-up (ray.init, {w} CPUs): {start_up:.2f} s; first Ray pack of the plain "
           f"case (cold workers): {first:.2f} s")
     cold = (start_up + first) / results[0][0]

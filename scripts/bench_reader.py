@@ -14,7 +14,6 @@ Needs the ``bench`` extra (torch, webdataset); peers that are missing are skippe
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from formats import DatasetWriter, Field, open_shards
+from scripts import harness as h
 
 BATCH = 256
 SIZE = 224
@@ -84,15 +84,6 @@ def build_tiny(root: Path, n: int) -> Path:
     return path
 
 
-def warm(paths) -> None:
-    for p in paths:
-        for f in Path(p).rglob("*"):
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    while fh.read(16 << 20):
-                        pass
-
-
 # -- measurements ------------------------------------------------------------------------
 
 def raw_read(shards: Path) -> tuple[float, float]:
@@ -101,63 +92,47 @@ def raw_read(shards: Path) -> tuple[float, float]:
 
     ds = open_shards(shards)
     payload = sum(int(s.lengths[:, 0].sum()) for s in ds.shards)
-    best_loader = 0.0
-    for _ in range(3):
-        t = time.perf_counter()
-        nbytes = 0
+
+    def loader_pass() -> int:
         with Loader(ds, BATCH, decode=False, copy=True) as lo:
-            for b in lo:
-                nbytes += sum(len(x) for x in b["image"])
-        best_loader = max(best_loader, nbytes / (time.perf_counter() - t))
+            nbytes = sum(len(x) for b in lo for x in b["image"])
+        assert nbytes == payload
+        return nbytes
+
     src = [s.data for s in ds.shards]
     dst = np.empty(max(a.size for a in src), np.uint8)
-    best_copy = 0.0
-    for _ in range(3):
-        t = time.perf_counter()
+
+    def copy_pass() -> int:
         for a in src:
             np.copyto(dst[: a.size], a)
-        best_copy = max(best_copy, sum(a.size for a in src) / (time.perf_counter() - t))
-    assert nbytes == payload
-    return best_loader, best_copy
+        return sum(a.size for a in src)
 
-
-def pipeline_specs():
-    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
-
-    return [RandomResizedCrop(SIZE), RandomHorizontalFlip()]
+    return (max(h.per_second(loader_pass) for _ in range(3)),
+            max(h.per_second(copy_pass) for _ in range(3)))
 
 
 def single_core_ours(shards: Path, n: int) -> float:
-    from reader.pipeline.decode import Decoder
-    from reader.transforms import ImagePipeline
-
     ds = open_shards(shards)
-    dec = Decoder(ImagePipeline(pipeline_specs()))
-    out = np.empty((SIZE, SIZE, 3), np.uint8)
+    dec = h.rrc_flip_decoder(SIZE)
     rng = np.random.default_rng(0)
     views = ds.payloads(np.arange(min(n, len(ds))), "image")
-    for v in views[:10]:
-        dec.decode_into(v, out, rng)
-    t = time.perf_counter()
-    for v in views:
-        dec.decode_into(v, out, rng)
-    return len(views) / (time.perf_counter() - t)
+
+    def decode(views) -> int:
+        for v in views:
+            dec(v, rng)
+        return len(views)
+
+    decode(views[:10])
+    return h.per_second(decode, views)
 
 
 def _one_core(job: tuple[Path, int, int]) -> tuple[int, float]:
     shards, start, count = job
-    from reader.pipeline.decode import Decoder
-    from reader.transforms import ImagePipeline
-
     ds = open_shards(shards)
-    dec = Decoder(ImagePipeline(pipeline_specs()))
-    out = np.empty((SIZE, SIZE, 3), np.uint8)
+    dec = h.rrc_flip_decoder(SIZE)
     rng = np.random.default_rng(start)
     views = ds.payloads(np.arange(start, start + count) % len(ds), "image")
-    t = time.perf_counter()
-    for v in views:
-        dec.decode_into(v, out, rng)
-    return count, time.perf_counter() - t
+    return count, h.timed(lambda: [dec(v, rng) for v in views])
 
 
 def parallel_raw_decode(shards: Path, cores: int, per_core: int) -> float:
@@ -171,104 +146,48 @@ def parallel_raw_decode(shards: Path, cores: int, per_core: int) -> float:
     return sum(c for c, _ in done) / wall
 
 
-def naive_rrc_flip(data: bytes, rng: np.random.Generator) -> np.ndarray:
-    """What a torchvision user's pipeline does: full PIL decode, crop, bilinear resize, flip."""
-    from PIL import Image
-
-    from reader.transforms import RandomResizedCrop
-
-    img = Image.open(io.BytesIO(data)).convert("RGB")
-    top, left, h, w = RandomResizedCrop(SIZE).get_params(img.height, img.width, rng)
-    img = img.resize((SIZE, SIZE), Image.BILINEAR, box=(left, top, left + w, top + h))
-    if rng.random() < 0.5:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    return np.asarray(img)
-
-
 def single_core_naive(shards: Path, n: int) -> float:
     ds = open_shards(shards)
     datas = [bytes(v) for v in ds.payloads(np.arange(min(n, len(ds))), "image")]
     rng = np.random.default_rng(0)
-    t = time.perf_counter()
-    for d in datas:
-        naive_rrc_flip(d, rng)
-    return len(datas) / (time.perf_counter() - t)
+
+    def decode() -> int:
+        for d in datas:
+            h.naive_rrc_flip(d, rng, SIZE)
+        return len(datas)
+
+    return h.per_second(decode)
 
 
 def full_pipeline(shards: Path, workers: int, epochs: int = 1) -> float:
     from reader import Loader
 
     with Loader(shards, BATCH, num_workers=workers, shuffle="block", seed=0,
-                transform=pipeline_specs()) as lo:
-        best = 0.0
-        for _ in range(epochs):
-            t = time.perf_counter()
-            n = sum(len(b["label"]) for b in lo)
-            best = max(best, n / (time.perf_counter() - t))
-    return best
-
-
-class _FolderDataset:
-    """torchvision's ImageFolder, written out (torchvision is not importable here)."""
-
-    def __init__(self, root: Path) -> None:
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-        self.samples = [(str(f), i) for i, c in enumerate(classes) for f in sorted((root / c).iterdir())]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int):
-        import torch
-
-        path, label = self.samples[i]
-        with open(path, "rb") as fh:
-            img = naive_rrc_flip(fh.read(), np.random.default_rng())
-        return torch.from_numpy(img.copy()), label
+                transform=h.rrc_flip(SIZE)) as lo:
+        return max(h.per_second(lambda: sum(len(b["label"]) for b in lo))
+                   for _ in range(epochs))
 
 
 def imagefolder_torch(folder: Path, workers: int) -> float:
     import torch
 
-    dl = torch.utils.data.DataLoader(_FolderDataset(folder), batch_size=BATCH, shuffle=True,
+    from scripts.bench_peers import ImageFolderPIL
+
+    dl = torch.utils.data.DataLoader(ImageFolderPIL(folder), batch_size=BATCH, shuffle=True,
                                      num_workers=workers)
-    t = time.perf_counter()
-    n = sum(len(y) for _, y in dl)
-    return n / (time.perf_counter() - t)
-
-
-_DECODER = None
-
-
-def _wds_decode(sample):
-    global _DECODER
-    from reader.pipeline.decode import Decoder
-    from reader.transforms import ImagePipeline
-
-    if _DECODER is None:
-        _DECODER = Decoder(ImagePipeline(pipeline_specs()))
-    out = np.empty((SIZE, SIZE, 3), np.uint8)
-    _DECODER.decode_into(sample["jpg"], out, np.random.default_rng())
-    return out, int(sample["cls"])
+    return h.per_second(lambda: sum(len(y) for _, y in dl))
 
 
 def webdataset_torch(tars: Path, workers: int) -> float:
     import torch
     import webdataset as wds
 
+    from scripts.bench_peers import wds_decode
+
     urls = sorted(str(p) for p in tars.glob("*.tar"))
-    ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_wds_decode).batched(BATCH)
+    ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(wds_decode).batched(BATCH)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
-    t = time.perf_counter()
-    n = sum(len(y) for _, y in dl)
-    return n / (time.perf_counter() - t)
-
-
-def rss_anon_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-    return 0
+    return h.per_second(lambda: sum(len(y) for _, y in dl))
 
 
 def loader_memory(path: Path, workers: int, batches: int = 20) -> int:
@@ -280,7 +199,7 @@ def loader_memory(path: Path, workers: int, batches: int = 20) -> int:
         it = iter(lo)
         for _ in range(batches):
             next(it)
-        kb = rss_anon_kb(os.getpid()) + sum(rss_anon_kb(p.pid) for p in it.workers)
+        kb = h.rss_anon_kb(os.getpid()) + sum(h.rss_anon_kb(p.pid) for p in it.workers)
         it.shutdown()
     return kb
 
@@ -288,12 +207,13 @@ def loader_memory(path: Path, workers: int, batches: int = 20) -> int:
 # -- report -----------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=Path("/tmp/shardpack-bench-reader"))
+    p = h.parser(__doc__, full=True)
+    h.add_data(p, Path("/tmp/shardpack-bench-reader"))
     p.add_argument("--quick", action="store_true", help="fewer images (about a minute)")
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    h.add_workers(p, len(os.sched_getaffinity(0)))
     p.add_argument("--images", type=int, default=None)
     args = p.parse_args(argv)
+    load = h.Load()
     n = args.images or (1536 if args.quick else 4096)
     cores = args.workers
     t0 = time.perf_counter()
@@ -301,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     tiny = [build_tiny(args.data, m) for m in ((2000, 20000) if args.quick else (10000, 100000))]
     print(f"data: {n} JPEGs (~{sum(f.stat().st_size for f in inputs['shards'].glob('*.rec')) / n / 1e3:.0f} KB), "
           f"prepared in {time.perf_counter() - t0:.0f} s; workers = cores = {cores}", file=sys.stderr)
-    warm(inputs.values())
+    h.warm(*inputs.values())
 
     rows = []
     mem = [loader_memory(t, cores) for t in tiny]
@@ -336,13 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     rows.append((f"memory: RssAnon {large} vs {small} records", f"{mem[1] / 1024:.0f} MiB",
                  f"{mem[0] / 1024:.0f} MiB", mem[1] / mem[0], "~ 1.0 (flat)"))
 
-    w0 = max(len(r[0]) for r in rows)
-    print(f"{'measure':<{w0}}  {'ours':>14}  {'reference':>14}  {'ratio':>6}  target")
-    for name, ours, ref, ratio, target in rows:
-        print(f"{name:<{w0}}  {ours:>14}  {ref:>14}  {ratio:>6.2f}  {target}")
-    load = os.getloadavg()
-    print(f"load average during the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores "
-          "(other processes compete with every multi-process figure)")
+    h.Table(h.Col("measure"), h.Col("ours", 14, ">"), h.Col("reference", 14, ">"),
+            h.Col("ratio", 6, ">"), h.Col("target", 0)).print(
+        [(name, ours, ref, f"{ratio:.2f}", target) for name, ours, ref, ratio, target in rows])
+    print(load.line())
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
 

@@ -3,7 +3,7 @@
     python -m scripts.bench_remote --data /tmp/bench-reader [--n 4000] [--workers N]
 
 The dataset is uploaded to a local S3 server on loopback (moto, see
-:mod:`scripts.local_s3`). Each row reads one whole epoch:
+:mod:`tests.helpers_s3_server`). Each row reads one whole epoch:
 
 * ``s3 cold``: epoch 0 of a loader on a fresh, empty cache folder: every shard
   is downloaded (prefetched ahead of the workers), checked, then mapped;
@@ -19,7 +19,6 @@ Target (DESIGN/issue): warm >= 0.95 of local.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -29,15 +28,16 @@ from pathlib import Path
 
 from formats import open_shards
 from formats.storage import open_location
-from scripts.bench_reader import BATCH, build_inputs, pipeline_specs, warm
-from scripts.local_s3 import CREDENTIALS, new_bucket, s3_server, s3_uri
+from scripts import harness as h
+from scripts.bench_reader import BATCH, build_inputs
+from tests.helpers_s3_server import CREDENTIALS, new_bucket, s3_server, s3_uri
 
 
 def _loader(source, cache, *, raw: bool, workers: int):
     from reader import Loader
 
     kw = dict(decode=False, copy=True) if raw else dict(
-        num_workers=workers, transform=pipeline_specs(), persistent_workers=True)
+        num_workers=workers, transform=h.rrc_flip(), persistent_workers=True)
     return Loader(source, BATCH, shuffle="block", seed=0, cache=cache, **kw)
 
 
@@ -68,11 +68,11 @@ def _download_limit(uri: str, shards: Path, scratch: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "bench-reader")
+    p = h.parser(__doc__)
+    h.add_data(p, Path(tempfile.gettempdir()) / "bench-reader")
     p.add_argument("--n", type=int, default=4000, help="images (default 4000)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--repeat", type=int, default=5, help="warm epochs (best of N) per loader")
+    h.add_workers(p)
+    h.add_repeat(p, 5, help="warm epochs (best of N) per loader")
     args = p.parse_args(argv)
     from reader import CacheOptions
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             limit = max(_download_limit(uri, shards, scratch) for _ in range(2))
             print(f"upload {up / 1e6:.0f} MB/s; download limit (plain sequential GETs) "
                   f"{limit / 1e6:.0f} MB/s\n")
-            warm([shards])
+            h.warm(shards)
             rows = []
             for raw in (True, False):
                 mode = "raw bytes" if raw else "pipeline"
@@ -117,10 +117,12 @@ def main(argv: list[str] | None = None) -> int:
                     cold_rate = stored / cold
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    print(f"{'load':<10} {'source':<8} {'seconds':>8} {'img/s':>9} {'MB/s':>8} {'÷ local':>8}")
-    for mode, src, sec, n, nbytes, ratio in rows:
-        mbs = f"{nbytes / sec / 1e6:8.0f}" if nbytes else f"{'':>8}"
-        print(f"{mode:<10} {src:<8} {sec:8.3f} {n / sec:9.0f} {mbs} {ratio:8.2f}")
+    h.Table(h.Col("load", 10), h.Col("source", 8), h.Col("seconds", 8, ">"),
+            h.Col("img/s", 9, ">"), h.Col("MB/s", 8, ">"), h.Col("÷ local", 8, ">"),
+            sep=" ").print(
+        [(mode, src, f"{sec:.3f}", f"{n / sec:.0f}",
+          f"{nbytes / sec / 1e6:.0f}" if nbytes else "", f"{ratio:.2f}")
+         for mode, src, sec, n, nbytes, ratio in rows])
     print(f"\ncold raw epoch moves shard bytes at {cold_rate / 1e6:.0f} MB/s = "
           f"{cold_rate / limit:.2f} of the download limit")
     warm_ratios = [r[5] for r in rows if r[1] == "s3 warm"]

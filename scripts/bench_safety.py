@@ -24,14 +24,11 @@ Usage: ``python -m scripts.bench_safety [--count 2000] [--repeat 5]``.
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import tempfile
 import time
 from pathlib import Path
 
 from reader.runtime.sinks import CpuSink
+from scripts import harness as h
 
 __all__ = ["main"]
 
@@ -48,9 +45,8 @@ def _epoch(ds_path: Path, *, check: bool = True, leases: bool = True, decode: bo
            side: int = 224, batch_size: int = 128, workers: int = 1,
            bytes_per_s: bool = False) -> float:
     import reader
-    from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
 
-    transform = [RandomResizedCrop(side), RandomHorizontalFlip()] if decode else None
+    transform = h.rrc_flip(side) if decode else None
     fields = None if decode else ("image", "label")
     with reader.Loader(ds_path, batch_size=batch_size, num_workers=workers if decode else 0,
                        shuffle=decode, seed=0, transform=transform, decode=decode,
@@ -107,18 +103,19 @@ def _memcpy(ds_path: Path) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardpack-bench")
+    p = h.parser(__doc__)
+    h.add_data(p)
     p.add_argument("--count", type=int, default=2000)
-    p.add_argument("--repeat", type=int, default=5)
+    h.add_repeat(p, 5)
     args = p.parse_args(argv)
-    from scripts.bench_pack import packed_dataset
-
-    ds_path = packed_dataset(args.data, args.count)
-    workers = os.cpu_count() or 1
+    ds_path = h.packed_dataset(args.data, args.count)
+    workers = h.CORES
     print(f"{args.count} JPEGs, best of {args.repeat}, alternated, page cache warm; "
           f"pipelines: {workers} workers")
-    print(f"{'check':9} {'path':50} {'on':>9} {'off':>9} {'on ÷ off':>9} {'median':>7}  target")
+    table = h.Table(h.Col("check", 9), h.Col("path", 50), h.Col("on", 9, ">"),
+                    h.Col("off", 9, ">"), h.Col("on ÷ off", 9, ">"), h.Col("median", 7, ">"),
+                    h.Col("target", 0, gap="  "), sep=" ")
+    print(table.head())
     full = {"workers": workers}
     rows = (
         ("checksums", "full pipeline (decode + RRC 224 + flip) img/s, batch 128", "check",
@@ -133,25 +130,26 @@ def main(argv=None) -> int:
     for check, label, key, kw, target in rows:
         rates: dict[bool, list[float]] = {True: [], False: []}
         for i in range(args.repeat):
-            for on in (True, False) if i % 2 == 0 else (False, True):
+            for on in h.rotated((True, False), i):
                 rates[on].append(_epoch(ds_path, **kw, **{key: on}))
         best = {on: max(r) for on, r in rates.items()}
         if key == "leases" and "side" not in kw:
             best_full = best[True]
-        paired = statistics.median(a / b for a, b in zip(rates[True], rates[False], strict=True))
-        print(f"{check:9} {label:50} {best[True]:9,.0f} {best[False]:9,.0f} "
-              f"{best[True] / best[False]:9.3f} {paired:7.3f}  {target}", flush=True)
+        paired = h.paired_ratio(rates[True], rates[False])
+        print(table.line(check, label, f"{best[True]:,.0f}", f"{best[False]:,.0f}",
+                         f"{best[True] / best[False]:.3f}", f"{paired:.3f}", target), flush=True)
     cost = _lease_cost_us()
     batch_ms = 128 / best_full * 1e3
-    print(f"{'leases':9} {'cost per batch (lease + free + collect, 3 fields), us':50} "
-          f"{cost:9.2f} {'':9} {1 - cost / (batch_ms * 1e3):9.5f}  bound for a "
-          f"{batch_ms:.0f} ms batch", flush=True)
+    print(table.line("leases", "cost per batch (lease + free + collect, 3 fields), us",
+                     f"{cost:.2f}", "", f"{1 - cost / (batch_ms * 1e3):.5f}")
+          + f"  bound for a {batch_ms:.0f} ms batch", flush=True)
     on = memcpy = 0.0
     for _ in range(args.repeat):
         on = max(on, _epoch(ds_path, decode=False, bytes_per_s=True))
         memcpy = max(memcpy, _memcpy(ds_path))
-    print(f"{'checksums':9} {'raw, checks on, MB/s ÷ numpy memcpy MB/s':50} {on / 1e6:9,.0f} "
-          f"{memcpy / 1e6:9,.0f} {on / memcpy:9.3f}  >= 0.75 of memcpy", flush=True)
+    print(table.line("checksums", "raw, checks on, MB/s ÷ numpy memcpy MB/s", f"{on / 1e6:,.0f}",
+                     f"{memcpy / 1e6:,.0f}", f"{on / memcpy:.3f}") + "  >= 0.75 of memcpy",
+          flush=True)
     return 0
 
 

@@ -25,9 +25,7 @@ It also measures the padding of budgeted document batches
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -41,6 +39,7 @@ from formats import DatasetWriter, Field, open_shards
 from reader.options import SamplerOptions
 from reader.order.batching import BudgetBatches, field_sizes, padding_waste
 from reader.order.tokens import TokenBlocks
+from scripts import harness as h
 
 BLOCK = 2048
 BATCH = 16
@@ -74,13 +73,6 @@ def chunked(offsets: np.ndarray, chunk: int) -> np.ndarray:
     shorter), as LitData's ``optimize`` fills its chunks: a block rarely crosses one."""
     total = int(offsets[-1])
     return np.append(np.arange(0, total, chunk, dtype=np.int64), total)
-
-
-def warm(root: Path) -> None:
-    for p in sorted(root.glob("*.rec")):
-        with open(p, "rb") as f:
-            while f.read(1 << 24):
-                pass
 
 
 def ours(root: Path, batch_size: int | None, seconds: float, shuffle: str = "block") -> float:
@@ -162,7 +154,7 @@ def litdata(peers: str | None, data: Path, tokens: np.ndarray, offsets: np.ndarr
                        capture_output=True, text=True, cwd=data)
     if r.returncode != 0:
         return f"skipped: litdata failed ({r.stderr.strip().splitlines()[-1:]})"
-    return json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"]
+    return h.last_json(r.stdout)["tokens_per_s"]
 
 
 def padding(root: Path, budget: int) -> tuple[float, float]:
@@ -182,17 +174,17 @@ def padding(root: Path, budget: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = h.parser(__doc__)
     p.add_argument("--tokens", type=int, default=75_000_000)
-    p.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "sb_tokens")
+    h.add_data(p, Path(tempfile.gettempdir()) / "sb_tokens")
     p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--peers-python", default=os.environ.get("SHARDPACK_PEERS_PYTHON"))
+    h.add_peers_python(p)
     args = p.parse_args(argv)
     args.data.mkdir(parents=True, exist_ok=True)
     tokens, offsets = documents(args.tokens)
     chunks = pack(args.data / f"chunks-{args.tokens}", tokens, chunked(offsets, 1 << 20))
     docs = pack(args.data / f"docs-{args.tokens}", tokens, offsets)
-    warm(chunks)
+    h.warm(chunks)
     rows = {
         "memcpy of the same bytes": memcpy(chunks, args.seconds),
         "2^20-token records, batches of 16": ours(chunks, BATCH, args.seconds),
@@ -201,20 +193,22 @@ def main(argv: list[str] | None = None) -> None:
         "LitData TokensLoader": litdata(args.peers_python, args.data, tokens, offsets,
                                         args.seconds),
     }
-    warm(docs)
+    h.warm(docs)
     rows["document records, batches of 16"] = ours(docs, BATCH, args.seconds)
     limit = rows["memcpy of the same bytes"]
     peer = rows["LitData TokensLoader"]
     print(f"{len(tokens) / 1e6:.0f} M int32 tokens ({tokens.nbytes / 1e6:.0f} MB) in "
           f"{len(offsets) - 1:,} documents; block {BLOCK} (+1), batches of {BATCH}; "
-          f"load {os.getloadavg()[0]:.2f}")
-    print(f"{'':36} {'M tokens/s':>11} {'/ memcpy':>9} {'/ LitData':>10}")
+          f"load {h.Load.now()[0]:.2f}")
+    table = h.Table(h.Col("", 36), h.Col("M tokens/s", 11, ">"), h.Col("/ memcpy", 9, ">"),
+                    h.Col("/ LitData", 10, ">"), sep=" ")
+    print(table.head())
     for name, v in rows.items():
         if isinstance(v, str):
-            print(f"{name:36} {v}")
+            print(table.note(name, v))
             continue
-        vs = f"{v / peer:10.2f}" if not isinstance(peer, str) else f"{'-':>10}"
-        print(f"{name:36} {v / 1e6:11.1f} {v / limit:9.2f} {vs}")
+        vs = f"{v / peer:.2f}" if not isinstance(peer, str) else "-"
+        print(table.line(name, f"{v / 1e6:.1f}", f"{v / limit:.2f}", vs))
     budgeted, fixed = padding(docs, budget=16 * 4096)
     print(f"padding / all tokens: budgeted batches {budgeted:.3f}, random batches of the same "
           f"mean size {fixed:.3f}")

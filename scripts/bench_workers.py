@@ -33,17 +33,16 @@ Usage: ``python -m scripts.bench_workers [--seconds 30] [--repeat 3] [--signals]
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
+
+from scripts import harness as h
 
 __all__ = ["main"]
 
@@ -130,26 +129,28 @@ def sweep(label: str, args, cores: int, **kw) -> list[float]:
     """Every fixed count and auto, ``--repeat`` rounds; prints the table; returns the ratios."""
     counts = [*range(1, 2 * cores + 1), "auto"]
     rates: dict = {c: [] for c in counts}
-    last_changes = []
+    last_changes, last_final = [], None
     print(label, flush=True)
-    for r in range(args.repeat):
-        k = r % len(counts)
-        for c in counts[k:] + counts[:k]:
-            rate, changes, final, windows = run(seconds=args.seconds, workers=c, **kw)
-            rates[c].append(rate)
-            if c == "auto":
-                last_changes, last_final = changes, final
-                TRACES.setdefault(label, []).append([dataclasses.asdict(w) for w in windows])
+
+    def one(c, r):
+        nonlocal last_changes, last_final
+        rate, changes, final, windows = run(seconds=args.seconds, workers=c, **kw)
+        rates[c].append(rate)
+        if c == "auto":
+            last_changes, last_final = changes, final
+            TRACES.setdefault(label, []).append([dataclasses.asdict(w) for w in windows])
+
+    h.rounds(counts, args.repeat, one)
     ratios = [rates["auto"][r] / max(rates[c][r] for c in counts[:-1]) for r in range(args.repeat)]
     for c in counts[:-1]:
-        print(f"    {c} workers {statistics.median(rates[c]):10,.0f} img/s  "
+        print(f"    {c} workers {h.median(rates[c]):10,.0f} img/s  "
               f"(rounds: {', '.join(f'{x:,.0f}' for x in rates[c])})")
-    best = max(counts[:-1], key=lambda c: statistics.median(rates[c]))
-    print(f"    auto      {statistics.median(rates['auto']):10,.0f} img/s  "
+    best = max(counts[:-1], key=lambda c: h.median(rates[c]))
+    print(f"    auto      {h.median(rates['auto']):10,.0f} img/s  "
           f"(rounds: {', '.join(f'{x:,.0f}' for x in rates['auto'])}; last ended at "
           f"{last_final} workers)")
     print(f"    auto ÷ best fixed, per round: {', '.join(f'{x:.3f}' for x in ratios)}; median "
-          f"{statistics.median(ratios):.3f}; best fixed by median: {best} (target >= 0.95)")
+          f"{h.median(ratios):.3f}; best fixed by median: {best} (target >= 0.95)")
     for ch in last_changes:
         print(f"        {ch.at_s:6.1f} s  workers {ch.before} -> {ch.after}: {ch.reason}")
     return ratios
@@ -189,8 +190,10 @@ def signals(args, path: Path, transform, cores: int) -> None:
 
     print(f"over-subscription signals, {args.signal_seconds:.0f} s each, decode-bound loader, "
           "idle consumer")
-    print(f"    {'workers':>8} {'burners':>8} {'CPU pressure':>13} {'run queue - ours':>17} "
-          f"{'others cores':>13} {'idle cores':>11}")
+    table = h.Table(h.Col("", 3), h.Col("workers", 8, ">"), h.Col("burners", 8, ">"),
+                    h.Col("CPU pressure", 13, ">"), h.Col("run queue - ours", 17, ">"),
+                    h.Col("others cores", 13, ">"), h.Col("idle cores", 11, ">"), sep=" ")
+    print(table.head())
     for burn in (0, cores):
         for n in range(1, 2 * cores + 1):
             burners = Burners(burn)
@@ -218,15 +221,15 @@ def signals(args, path: Path, transform, cores: int) -> None:
             others = ((c1.busy - c0.busy) - (c1.loader - c0.loader)) / ticks - steal
             idle = 1.0 - (c1.busy - c0.busy) / ticks
             psi = "n/a" if psi0 is None else f"{(psi1 - psi0) / 1e6 / (t1 - t0):.0%}"
-            print(f"    {n:>8} {burn:>8} {psi:>13} {statistics.mean(rq.samples):>17.2f} "
-                  f"{others * cores:>13.2f} {idle * cores:>11.2f}", flush=True)
+            print(table.line("", str(n), str(burn), psi, f"{statistics.mean(rq.samples):.2f}",
+                             f"{others * cores:.2f}", f"{idle * cores:.2f}"), flush=True)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardpack-bench")
+    p = h.parser(__doc__)
+    h.add_data(p)
     p.add_argument("--seconds", type=float, default=30.0, help="length of each run")
-    p.add_argument("--repeat", type=int, default=3, help="rounds")
+    h.add_repeat(p, help="rounds")
     p.add_argument("--only", choices=("decode", "light", "trainer", "burners"), action="append",
                    help="run only these workloads (repeatable)")
     p.add_argument("--signals", action="store_true", help="measure the signals instead")
@@ -235,12 +238,11 @@ def main(argv=None) -> int:
     p.add_argument("--signal-seconds", type=float, default=6.0)
     args = p.parse_args(argv)
     from reader.runtime.autoscale import WINDOW_S, usable_cores
-    from reader.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
-    from scripts.bench_pack import packed_dataset
+    from reader.transforms import CenterCrop
 
-    big = packed_dataset(args.data, 2000)
+    big = h.packed_dataset(args.data, 2000)
     cores = usable_cores()
-    rrc = [RandomResizedCrop(224), RandomHorizontalFlip()]
+    rrc = h.rrc_flip()
     if args.signals:
         signals(args, big, rrc, cores)
         return 0
@@ -264,13 +266,13 @@ def main(argv=None) -> int:
         label, kw = workloads[key]
         summary[key] = sweep(label, args, cores, **kw)
     print("auto ÷ best fixed (median of rounds; target >= 0.95): " + "; ".join(
-        f"{k} {statistics.median(v):.3f}" for k, v in summary.items()))
+        f"{k} {h.median(v):.3f}" for k, v in summary.items()))
     if args.record_trace:
-        args.record_trace.write_text(json.dumps(
-            {"machine": f"{cores} cores, {os.uname().machine}, recorded "
-                        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-             "window_s": WINDOW_S, "cores": cores, "hi": 2 * cores, "traces": TRACES},
-            indent=1, sort_keys=True) + "\n")
+        h.write_json(args.record_trace,
+                     {"machine": f"{cores} cores, {os.uname().machine}, recorded "
+                                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+                      "window_s": WINDOW_S, "cores": cores, "hi": 2 * cores, "traces": TRACES},
+                     indent=1)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The local S3 server of :mod:`scripts.local_s3`, skipping (with the reason) without moto."""
+"""The local S3 server of :mod:`tests.helpers_s3_server`, skipping (with the reason) without moto."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from scripts.local_s3 import CREDENTIALS, new_bucket, s3_server, s3_uri
+from tests.helpers_s3_server import CREDENTIALS, new_bucket, s3_server, s3_uri
 
 __all__ = ["CREDENTIALS", "moto_server", "new_bucket", "s3_endpoint", "s3_uri"]
 

@@ -1,6 +1,10 @@
-"""A local S3-compatible server on loopback (moto's server mode), for tests and benchmarks.
+"""A local S3-compatible server on loopback (moto's server mode): a test fixture, which
+``scripts/bench_remote.py`` borrows (run from the checkout, ``tests`` imports as a package).
 
-    python -m scripts.local_s3            # serves until Ctrl-C, prints its endpoint
+    python -m tests.helpers_s3_server     # serves until Ctrl-C, prints its endpoint
+
+No pytest here, so a benchmark can import it; :mod:`tests.helpers_s3` adds the skip
+when moto is missing.
 
 Needs ``moto[server]`` (in the ``dev`` extra). Credentials are the fixed test
 ones in :data:`CREDENTIALS`; nothing listens beyond 127.0.0.1.
