@@ -2,7 +2,7 @@
 
     python -m scripts.bench_scale [--sizes 6,7,8,9,10] [--world 8] [--seeds 20]
                                   [--quality-records 1_000_000] [--numpy-up-to 8]
-                                  [--data /tmp/sb_scale] [--records 6,7] [--shards 100000]
+                                  [--data DIR] [--records 6,7] [--shards 100000]
 
 For each size N (10^k records in N / 1,000 shards: 10^9 in 10^6 shards, 10^10 in
 10^7, from synthetic shard boundaries: no data is read), rank 0 of ``--world``,
@@ -39,9 +39,12 @@ both, and whether ours lies within numpy's.
 
 from __future__ import annotations
 
-import argparse
+import json
+import subprocess
+import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 
@@ -49,6 +52,7 @@ from reader.options import SamplerOptions
 from reader.order.permutation import permute, round_keys
 from reader.order.sampler import Sampler, rank_positions
 from reader.order.tokens import _BlockOrder
+from scripts import harness as h
 
 BATCH = 256
 RECORDS_PER_SHARD = 1_000
@@ -97,34 +101,41 @@ def numpy_order(n: int, starts: np.ndarray, opts: SamplerOptions, epoch: int = 1
 
 
 def orders(sizes: list[int], world: int, numpy_up_to: int) -> None:
-    print(f"\n## The epoch order (rank 0 of {world}, batches of {BATCH}, "
-          f"{RECORDS_PER_SHARD:,} records a shard)\n")
-    print("| records | shards | mode | epoch start | per batch | peak memory | bound "
-          "(16 B x shards + 16 MB) | numpy-drawn start | numpy-drawn memory |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"\nThe epoch order: rank 0 of {world}, batches of {BATCH}, "
+          f"{RECORDS_PER_SHARD:,} records a shard\n")
+    table = h.Table(h.Col("records", 42), h.Col("shards", 10, ">"), h.Col("mode", 5),
+                    h.Col("start", 9, ">"), h.Col("batch", 8, ">"), h.Col("peak", 9, ">"),
+                    h.Col("bound", 7, ">"), h.Col("numpy start", 11, ">"),
+                    h.Col("numpy peak", 10, ">"))
+    print(table.head(rule=True))
     for k in sizes:
         n = 10 ** k
         shards = max(1, n // RECORDS_PER_SHARD)
         starts = boundaries(n, shards)
-        bound = 16 * shards + (16 << 20)
         for mode in ("full", "block"):
             opts = SamplerOptions(shuffle=mode, seed=0, rank=0, world_size=world)
             r = measure(Sampler(n, starts, BATCH, opts))
             old = numpy_order(n, starts, opts) if k <= numpy_up_to else None
-            print(f"| 10^{k} | {shards:,} | {mode} | {r['start'] * 1e3:.1f} ms | "
-                  f"{r['batch'] * 1e6:.0f} µs | {r['peak'] / 1e6:.1f} MB | {bound / 1e6:.0f} MB | "
-                  + (f"{old['start']:.2f} s | {old['peak'] / 1e6:.0f} MB |" if old else "- | - |"),
-                  flush=True)
+            print(table.line(f"10^{k}", f"{shards:,}", mode, *_figures(r, shards),
+                             f"{old['start']:.2f} s" if old else "-",
+                             f"{old['peak'] / 1e6:.0f} MB" if old else "-"), flush=True)
     tokens, block, token_shards = 10 ** 10, 2048, 10_000
     blocks = (tokens - 1) // block
     starts = boundaries(blocks, token_shards)
     for mode in ("block", "full"):
         opts = SamplerOptions(shuffle=mode, seed=0, rank=0, world_size=world)
         r = measure(_BlockOrder(blocks, starts, 16, opts))
-        print(f"| TokenBlocks: 10^10 tokens, {blocks:,} blocks | {token_shards:,} | {mode} | "
-              f"{r['start'] * 1e3:.1f} ms | {r['batch'] * 1e6:.0f} µs (16 blocks) | "
-              f"{r['peak'] / 1e6:.1f} MB | {(16 * token_shards + (16 << 20)) / 1e6:.0f} MB | - | - |",
-              flush=True)
+        print(table.line(f"TokenBlocks, 10^10 tokens: {blocks:,} blocks", f"{token_shards:,}",
+                         mode, *_figures(r, token_shards), "-", "-"), flush=True)
+    print("\nstart: the epoch's order and its first batch; batch: one batch's indices (of 16 "
+          "blocks for TokenBlocks), mean of 2,000 at random positions; peak: Python "
+          "allocations while the epoch starts; bound: 16 B x shards + 16 MB; numpy: the "
+          "whole epoch drawn by numpy, as before")
+
+
+def _figures(r: dict, shards: int) -> tuple[str, str, str, str]:
+    return (f"{r['start'] * 1e3:.1f} ms", f"{r['batch'] * 1e6:.0f} µs",
+            f"{r['peak'] / 1e6:.1f} MB", f"{(16 * shards + (16 << 20)) / 1e6:.0f} MB")
 
 
 def label_stats(order: np.ndarray, classes: int = 1_000) -> tuple[float, float]:
@@ -139,19 +150,25 @@ def quality(n: int, seeds: int) -> None:
     ours = np.array([label_stats(permute(np.arange(n), n, round_keys(s, 0)))
                      for s in range(seeds)])
     ref = np.array([label_stats(np.random.default_rng(s).permutation(n)) for s in range(seeds)])
-    print(f"\n## Shuffle quality: {n:,} records, {seeds} seeds, the full order against "
+    print(f"\nShuffle quality: {n:,} records, {seeds} seeds, the full order against "
           "numpy.random.permutation\n")
-    print("| statistic | ours (min - max) | numpy (min - max) | within numpy's range "
-          "| ours mean ± sd | numpy mean ± sd |")
-    print("|---|---|---|---|---|---|")
+    table = h.Table(h.Col("statistic", 36), h.Col("ours min - max", 19, ">"),
+                    h.Col("numpy min - max", 19, ">"), h.Col("inside", 6, ">"),
+                    h.Col("ours mean ± sd", 21, ">"), h.Col("numpy mean ± sd", 21, ">"))
+    rows = []
     for j, (name, fmt) in enumerate((("neighbour correlation", "{:+.5f}"),
                                      (f"distinct labels per batch of {BATCH}", "{:.3f}"))):
         lo, hi = ref[:, j].min(), ref[:, j].max()
         inside = lo <= ours[:, j].min() and ours[:, j].max() <= hi
-        print(f"| {name} | {fmt.format(ours[:, j].min())} - {fmt.format(ours[:, j].max())} | "
-              f"{fmt.format(lo)} - {fmt.format(hi)} | {'yes' if inside else 'no'} | "
-              f"{fmt.format(ours[:, j].mean())} ± {ours[:, j].std():.5f} | "
-              f"{fmt.format(ref[:, j].mean())} ± {ref[:, j].std():.5f} |")
+
+        def span(a, b, fmt=fmt):
+            return f"{fmt.format(a)} - {fmt.format(b)}"
+
+        rows.append((name, span(ours[:, j].min(), ours[:, j].max()), span(lo, hi),
+                     "yes" if inside else "no",
+                     f"{fmt.format(ours[:, j].mean())} ± {ours[:, j].std():.5f}",
+                     f"{fmt.format(ref[:, j].mean())} ± {ref[:, j].std():.5f}"))
+    table.print(rows, rule=True)
     # The expectation for uniform batches: classes * (1 - (1 - 1/classes)^BATCH).
     print(f"\n(a uniformly random batch holds {1000 * (1 - (1 - 1 / 1000) ** BATCH):.3f} "
           "distinct labels on average)")
@@ -198,36 +215,29 @@ print(json.dumps({"records": len(ds), "shards": len(ds.starts) - 1, "open": open
 """
 
 
-def datasets(data, records: list[int], shards: int, world: int) -> None:
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    data = Path(data)
+def datasets(data: Path, records: list[int], shards: int, world: int) -> None:
     data.mkdir(parents=True, exist_ok=True)
     cases = [(data / f"records-1e{k}", 10 ** k, 100_000) for k in records]
     if shards:
         cases.append((data / f"shards-{shards}", shards, 1))
-    print(f"\n## Datasets: open, read the last record, a Loader's first batch "
-          f"(rank 0 of {world}, raw, block shuffle)\n")
+    print(f"\nDatasets: open and read the last record; a Loader's first batch (rank 0 of "
+          f"{world}, raw, block shuffle)\n")
     rows = []
     for root, n, per in cases:
         build(root, n, per)
         out = subprocess.run([sys.executable, "-c", _PROBE, str(root), str(world)],
                              capture_output=True, text=True, check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print("| records | shards | open + last record | its memory | Loader's first batch "
-          "| main process memory after it |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['records']:,} | {r['shards']:,} | {r['open']:.3f} s | {r['open_mb']:.0f} MB "
-              f"| {r['first']:.3f} s | {r['loader_mb']:.0f} MB |")
-    print("\n(memory: resident, above the interpreter with `reader` imported)")
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append((f"{r['records']:,}", f"{r['shards']:,}", f"{r['open']:.3f} s",
+                     f"{r['open_mb']:.0f} MB", f"{r['first']:.3f} s", f"{r['loader_mb']:.0f} MB"))
+    h.Table(h.Col("records", align=">"), h.Col("shards", align=">"),
+            h.Col("open + last record", align=">"), h.Col("its memory", align=">"),
+            h.Col("first batch", align=">"), h.Col("memory after", align=">")).print(rows, rule=True)
+    print("\nmemory: resident, above the interpreter with `reader` imported")
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = h.parser(__doc__)
     ap.add_argument("--sizes", default="6,7,8,9,10",
                     help="powers of ten of the record counts of the order (default 6,7,8,9,10)")
     ap.add_argument("--world", type=int, default=8, help="ranks (rank 0 is measured)")
@@ -235,16 +245,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quality-records", type=int, default=1_000_000)
     ap.add_argument("--numpy-up-to", type=int, default=8,
                     help="largest power of ten to draw the numpy order for (memory!)")
-    ap.add_argument("--data", default="/tmp/sb_scale", help="where datasets are built (kept)")
+    h.add_data(ap, h.DATA / "scale", help="where datasets are built (kept)")
     ap.add_argument("--records", default="6,7",
                     help="powers of ten of the tiny-record datasets ('' for none; 8 needs 8.5 GB)")
     ap.add_argument("--shards", type=int, default=100_000,
                     help="one-record shards of the many-shard dataset (0 for none)")
     args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    orders(sizes, args.world, args.numpy_up_to)
+    load = h.Load()
+    orders([int(s) for s in args.sizes.split(",") if s], args.world, args.numpy_up_to)
     datasets(args.data, [int(s) for s in args.records.split(",") if s], args.shards, args.world)
     quality(args.quality_records, args.seeds)
+    print(f"\n{load.line()}")
 
 
 if __name__ == "__main__":
