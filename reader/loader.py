@@ -403,7 +403,7 @@ class Loader:
         start = getattr(self.dataset, "prefetcher", None)
         if start is None or first_batch >= self.sampler.num_batches_in(epoch):
             return None
-        return start(self.sampler.rank_indices(epoch), self.sampler.rank_offsets(epoch),
+        return start(lambda k: self.sampler.batch(epoch, k), self.sampler.num_batches_in(epoch),
                      first_batch, self.num_workers + 1)
 
     def _start_method(self) -> str:

@@ -15,8 +15,10 @@ reads it first).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -132,43 +134,36 @@ class RemoteDataset(ShardDataset):
             self.cache.ensure_meta(self.location, self.root, e)
         return read_metadata(self.root, columns, self.manifest)
 
-    def prefetcher(self, order: np.ndarray, offsets: np.ndarray | int, first_batch: int,
-                   processes: int = 1) -> Prefetcher:
-        """A started :class:`Prefetcher` for a rank's epoch ``order`` (batch ``k`` is
-        ``order[offsets[k]:offsets[k + 1]]``; an int is a fixed batch size) from
-        ``first_batch``, for a loader of ``processes`` processes that map shards
-        (workers + main)."""
-        return Prefetcher(self, order, offsets, first_batch, processes)
+    def prefetcher(self, batch_of: Callable[[int], np.ndarray], num_batches: int,
+                   first_batch: int, processes: int = 1) -> Prefetcher:
+        """A started :class:`Prefetcher` for a rank's epoch of ``num_batches`` batches
+        (``batch_of(k)``: batch ``k``'s records) from ``first_batch``, for a loader of
+        ``processes`` processes that map shards (workers + main)."""
+        return Prefetcher(self, batch_of, num_batches, first_batch, processes)
 
 
 class Prefetcher:
     """Downloads shards in order of first use, ``prefetch_shards`` ahead of the batches issued.
 
+    The order of first use is found as downloads need it, batch by batch (the epoch's
+    order is computed, never stored: a billion records cost nothing here until read),
+    keeping a bit per shard for those already met. Shards already in the cache are
+    left out (one stat each, once per epoch).
+
     Errors are left for the reader to meet (it retries and raises with the
     object's name); the prefetcher only counts them.
     """
 
-    def __init__(self, ds: RemoteDataset, order: np.ndarray, offsets: np.ndarray | int,
-                 first_batch: int, processes: int = 1) -> None:
+    def __init__(self, ds: RemoteDataset, batch_of: Callable[[int], np.ndarray],
+                 num_batches: int, first_batch: int, processes: int = 1) -> None:
         self.ds = ds
         opts = ds.cache_options
-        if np.ndim(offsets) == 0:  # a fixed batch size
-            size = int(offsets)
-            offsets = np.minimum(np.arange(0, len(order) + size, size, dtype=np.int64), len(order))
-        offsets = np.asarray(offsets, np.int64)
-        start = int(offsets[first_batch])
-        rest = np.asarray(order[start:], np.int64)
-        shards = np.searchsorted(ds.starts, rest, side="right") - 1
-        distinct, first = np.unique(shards, return_index=True)
-        by_use = np.argsort(first, kind="stable")
-        # Shards already in the cache are left out (one stat each, once per epoch): a
-        # warm epoch starts no thread and its batches pay nothing for prefetching.
-        missing = [not ds.cache.present(ds.root, ds.manifest.shards[s])
-                   for s in distinct[by_use].tolist()]
-        self.shards = distinct[by_use][missing].tolist()
-        # The batch that first needs each shard: where its first record falls among offsets.
-        self.need_batch = (np.searchsorted(offsets, first[by_use][missing] + start,
-                                           side="right") - 1).tolist()
+        self._batch_of = batch_of
+        self._num_batches = num_batches
+        self._scanned = first_batch  # batches before this one are in shards / need_batch
+        self._met = np.zeros(len(ds.starts) - 1, bool)
+        self.shards: list[int] = []  # missing shards, in order of first use
+        self.need_batch: list[int] = []  # the batch that first needs each
         self.ahead = opts.prefetch_shards
         if ds.cache.max_bytes is not None:
             # Never prefetch so far ahead that shards fetched early evict each other
@@ -182,8 +177,22 @@ class Prefetcher:
         self._stop = False
         self._pool = ThreadPoolExecutor(opts.download_threads, thread_name_prefix="shardpack-fetch")
         self._thread = threading.Thread(target=self._run, name="shardpack-prefetch", daemon=True)
-        if self.ahead and self.shards:
+        if self.ahead and first_batch < num_batches:
             self._thread.start()
+
+    def _scan(self, upto: int) -> None:
+        """Find the missing shards first used by the batches before ``upto``."""
+        ds = self.ds
+        while self._scanned < min(upto, self._num_batches) and not self._stop:
+            k = self._scanned
+            used = np.unique(np.searchsorted(ds.starts, self._batch_of(k), side="right") - 1)
+            new = used[~self._met[used]]
+            self._met[new] = True
+            for s in new.tolist():
+                if not ds.cache.present(ds.root, ds.manifest.shards[s]):
+                    self.shards.append(s)
+                    self.need_batch.append(k)
+            self._scanned = k + 1
 
     def advance(self, issued: int) -> None:
         """Batches before ``issued`` have been handed to the workers."""
@@ -193,19 +202,29 @@ class Prefetcher:
             self._issued = issued
             self._cv.notify()
 
-    def _window_end(self) -> int:
-        """How far into ``self.shards`` downloads may run now."""
-        current = int(np.searchsorted(self.need_batch, self._issued, side="right"))
-        return current + self.ahead
+    def _window_end(self, issued: int) -> int:
+        """How far into ``self.shards`` downloads may run once ``issued`` batches were."""
+        return bisect.bisect_right(self.need_batch, issued) + self.ahead
 
     def _run(self) -> None:
-        for i, s in enumerate(self.shards):
+        i = 0
+        while True:
             with self._cv:
-                while not self._stop and i >= self._window_end():
-                    self._cv.wait(0.5)
+                issued = self._issued
+            # Everything first needed up to the batch issued, and shard i, must be known.
+            self._scan(issued + 1)
+            while len(self.shards) <= i and self._scanned < self._num_batches and not self._stop:
+                self._scan(self._scanned + 1)
+            if len(self.shards) <= i:
+                return  # the epoch's every shard is in the cache or on its way
+            with self._cv:
                 if self._stop:
                     return
-            self._pool.submit(self._fetch, s)
+                if i >= self._window_end(self._issued):
+                    self._cv.wait(0.5)
+                    continue
+            self._pool.submit(self._fetch, self.shards[i])
+            i += 1
 
     def _fetch(self, s: int) -> None:
         if self._stop:

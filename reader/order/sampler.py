@@ -235,8 +235,8 @@ class Sampler:
         return self.order(epoch).records(np.arange(self.num_records, dtype=np.int64))
 
     def rank_indices(self, epoch: int) -> np.ndarray:
-        """This rank's records for ``epoch``, in delivery order: O(records / ranks), for
-        the callers that plan a whole epoch (a remote dataset's shard prefetcher)."""
+        """This rank's records for ``epoch``, in delivery order: O(records / ranks), for a
+        caller that wants the whole epoch at once (the loader asks batch by batch)."""
         return self.records_between(epoch, 0, self.num_samples)
 
     def records_between(self, epoch: int, start: int, stop: int) -> np.ndarray:
