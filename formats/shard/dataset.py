@@ -16,7 +16,6 @@ column and sorts it (:class:`formats.shard.metadata.KeyIndex`, about 1 s and
 
 from __future__ import annotations
 
-import bisect
 import difflib
 import errno
 import os
@@ -125,7 +124,6 @@ class ShardDataset(ShardSet):
         counts = self.manifest.shards.records
         self.starts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self.starts[1:])
-        self._starts_list = self.starts.tolist()
         self._decoder = PayloadDecoder(self.fields, self.manifest.max_raw_size,
                                      load_dictionaries(self.root, self.manifest, follow_symlinks))
         self._keys: KeyIndex | None = None  # built by the first lookup by key
@@ -153,8 +151,8 @@ class ShardDataset(ShardSet):
             raise IndexError(f"record {index} out of range for a dataset of {n} records")
         if index < 0:
             index += n
-        s = bisect.bisect_right(self._starts_list, index) - 1
-        return s, index - self._starts_list[s]
+        s = int(self.starts.searchsorted(index, "right")) - 1
+        return s, index - int(self.starts[s])
 
     def payload(self, index: int, field: str) -> memoryview:
         """The stored bytes of one field (zero-copy; compressed if the field is)."""
