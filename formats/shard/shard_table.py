@@ -138,6 +138,10 @@ class ShardTable(Sequence):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def take(self, rows) -> ShardTable:
+        """The table of the shards at ``rows`` (indices), in that order."""
+        return ShardTable(self._table.take(pa.array(np.asarray(rows, np.int64))))
+
     def name(self, i: int) -> str:
         return self._names[i].as_py()
 

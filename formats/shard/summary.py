@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -276,8 +277,8 @@ def field_bytes(ds: ShardDataset, index: int, field: str) -> bytes:
 
 
 def dataset_stats(path: str | Path, *, top: int = 10, with_arrays: bool = False,
-                  follow_symlinks: bool = False,
-                  fetch_index: IndexFetch | None = None) -> dict[str, Any]:
+                  follow_symlinks: bool = False, fetch_index: IndexFetch | None = None,
+                  max_shards: int | None = None, seed: int = 0) -> dict[str, Any]:
     """Label histogram, record size and image resolution distributions, and the size
     distribution of every variable-size field (``field_lengths``: text, JSON and raw
     bytes in bytes, variable-shape arrays in elements and rows; from the index files,
@@ -289,8 +290,19 @@ def dataset_stats(path: str | Path, *, top: int = 10, with_arrays: bool = False,
             variable-size field's per-record ``values``), for plots.
         follow_symlinks: read files that are symlinks out of the dataset folder.
         fetch_index: gives a remote dataset's index files (default: read them in ``path``).
+        max_shards: read at most this many shards (None: all), a seeded random sample
+            of them when the dataset has more; ``sampled`` then says which share the
+            figures describe (its records, of how many).
+        seed: the sample's seed.
     """
     m = read_manifest(path, follow_symlinks=follow_symlinks)
+    total, shards = m.records, len(m.shards)
+    sampled = None
+    if max_shards is not None and shards > max_shards:
+        rows = np.sort(np.random.default_rng(seed).choice(shards, max_shards, replace=False))
+        m = replace(m, shards=m.shards.take(rows))
+        sampled = {"shards": max_shards, "of_shards": shards, "records": m.records,
+                   "of_records": total, "seed": seed}
     table = read_metadata(path, manifest=m, follow_symlinks=follow_symlinks)
     classes = m.classes
     labels = table.column("label").to_numpy(zero_copy_only=False)
@@ -312,7 +324,8 @@ def dataset_stats(path: str | Path, *, top: int = 10, with_arrays: bool = False,
         order = np.argsort(-counts, kind="stable")[:top]
         res = {f"{int(pairs[i, 0])}x{int(pairs[i, 1])}": int(counts[i]) for i in order}
     out = {
-        "records": table.num_rows,
+        "records": total,
+        "sampled": sampled,
         "labels": hist,
         "size_bytes": distribution(size),
         "width": distribution(w),

@@ -122,7 +122,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     made = info["created_by"] or {}
     rows = [
         ["records", f"{info['records']:,}"],
-        ["shards", info["shards"]],
+        ["shards", f"{info['shards']:,}"],
         ["data bytes", f"{_size(info['data_bytes'])} ({info['data_bytes']:,})"],
         ["bytes on disk", _size(info["total_bytes"])],
         ["format version", info["format_version"]],
@@ -327,11 +327,18 @@ def _plot(stats: dict, out: str) -> None:
 def cmd_stats(args: argparse.Namespace) -> int:
     stats = dataset_stats(args.dst, with_arrays=bool(args.plot),
                           follow_symlinks=args.follow_symlinks,
-                          fetch_index=getattr(args, "fetch_index", None))
+                          fetch_index=getattr(args, "fetch_index", None),
+                          max_shards=None if args.all else args.shards)
     if args.plot:
         _plot(stats, args.plot)
         stats.pop("arrays")
-    lines = [f"records: {stats['records']:,}", "", _table(
+    lines = [f"records: {stats['records']:,}"]
+    sample = stats["sampled"]
+    if sample:
+        lines.append(f"sampled: {sample['shards']:,} of {sample['of_shards']:,} shards at "
+                     f"random (seed {sample['seed']}), {sample['records']:,} records: the "
+                     "figures below describe these; --all reads every shard")
+    lines += ["", _table(
         [[k, v["class"] or "", v["count"]] for k, v in stats["labels"].items()],
         ["label", "class", "records"]) if stats["labels"] else "labels: none"]
     dist_rows = [[name, *(("-",) * 6 if d is None else

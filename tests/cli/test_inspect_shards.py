@@ -113,6 +113,25 @@ def test_stats(dataset, capsys, tmp_path):
     assert code == 0 and "emu" in out and "p50" in out
 
 
+def test_stats_samples_shards_of_a_large_dataset_and_says_so(dataset, capsys):
+    _, root = dataset  # 9 records in 3 shards
+    code, out, _ = run(capsys, root, "stats", "--shards", "2", "--json")
+    stats = json.loads(out)
+    assert code == 0 and stats["records"] == 9
+    assert stats["sampled"] == {"shards": 2, "of_shards": 3, "records": 5, "of_records": 9,
+                                "seed": 0}
+    assert sum(v["count"] for v in stats["labels"].values()) == 5  # the sample's records
+    code, out, _ = run(capsys, root, "stats", "--shards", "2")
+    assert "sampled: 2 of 3 shards at random (seed 0), 5 records" in out
+    for argv in (("--shards", "3"), ("--shards", "2", "--all")):
+        code, out, _ = run(capsys, root, "stats", *argv, "--json")
+        stats = json.loads(out)
+        assert stats["sampled"] is None and sum(v["count"] for v in stats["labels"].values()) == 9
+    with pytest.raises(SystemExit):
+        run(capsys, root, "stats", "--shards", "0")
+    assert "must be 1 or more" in capsys.readouterr().err
+
+
 def test_stats_plot(dataset, capsys, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
     _, root = dataset
