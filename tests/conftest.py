@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -13,6 +14,10 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# Mapped per-record columns and downloads go to a cache folder of the run's own, never
+# the user's ~/.cache (worker processes inherit it).
+os.environ.setdefault("SHARDPACK_CACHE", tempfile.mkdtemp(prefix="shardpack-test-cache-"))
 
 
 @pytest.fixture

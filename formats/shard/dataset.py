@@ -408,10 +408,13 @@ class ShardDataset(ShardSet):
 
     # -- metadata ---------------------------------------------------------------------
 
-    def metadata(self, columns: list[str] | None = None) -> pa.Table:
-        """The per-record metadata table of all shards (see :func:`read_metadata`)."""
+    def metadata(self, columns: list[str] | None = None, *,
+                 shard: int | None = None) -> pa.Table:
+        """The per-record metadata table of all shards, or of ``shard`` alone (see
+        :func:`read_metadata`): a dataset of many shards is read one at a time."""
         return read_metadata(self.root, columns, self.manifest,
-                             follow_symlinks=self.follow_symlinks)
+                             follow_symlinks=self.follow_symlinks,
+                             shards=None if shard is None else [shard])
 
 
 def check_dataset_path(path: str | Path) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import difflib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,8 @@ _THRIFT_CONTAINERS = 1 << 16
 
 
 def read_metadata(path: str | Path, columns: list[str] | None = None,
-                  manifest: Manifest | None = None, *, follow_symlinks: bool = False) -> pa.Table:
+                  manifest: Manifest | None = None, *, follow_symlinks: bool = False,
+                  shards: Sequence[int] | None = None) -> pa.Table:
     """The per-record metadata table (label, key, size, width, height), in record order.
 
     Reads the manifest and the small ``.meta.parquet`` files only, never the data
@@ -64,6 +66,7 @@ def read_metadata(path: str | Path, columns: list[str] | None = None,
         columns: the columns to read (default: all).
         manifest: the dataset's manifest, if already read.
         follow_symlinks: read files that are symlinks out of the folder (FORMAT.md, §8).
+        shards: read only these shards' tables, in this order (default: every shard).
 
     Raises:
         FormatError: a table that is missing, damaged, disagrees with the
@@ -76,7 +79,7 @@ def read_metadata(path: str | Path, columns: list[str] | None = None,
         if c not in META_SCHEMA.names:
             raise SchemaError(f"no metadata column {c!r}", expected=META_SCHEMA.names)
     tables = []
-    for e in manifest.shards:
+    for e in manifest.shards if shards is None else (manifest.shards[s] for s in shards):
         _check_index_size(root, e, follow_symlinks)
         tables.append(_read_table(root, e, columns, follow_symlinks))
     if not tables:

@@ -129,10 +129,12 @@ class RemoteDataset(ShardDataset):
 
     # -- metadata and prefetching -----------------------------------------------------
 
-    def metadata(self, columns: list[str] | None = None) -> pa.Table:
-        for e in self.manifest.shards:
+    def metadata(self, columns: list[str] | None = None, *,
+                 shard: int | None = None) -> pa.Table:
+        for e in self.manifest.shards if shard is None else [self.manifest.shards[shard]]:
             self.cache.ensure_meta(self.location, self.root, e)
-        return read_metadata(self.root, columns, self.manifest)
+        return read_metadata(self.root, columns, self.manifest,
+                             shards=None if shard is None else [shard])
 
     def prefetcher(self, batch_of: Callable[[int], np.ndarray], num_batches: int,
                    first_batch: int, processes: int = 1) -> Prefetcher:

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from ..data.columns import mapped_column
 from ..options import SamplerOptions
 from .sampler import ORDER, per_rank, rank_positions, shuffled_order
 
@@ -98,8 +99,22 @@ def _check_length(arr: np.ndarray, dataset: Any, what: str) -> None:
 # -- sizes from a dataset ---------------------------------------------------------------
 
 def known_image_sizes(dataset: Any) -> np.ndarray:
-    """``(height, width)`` of every record from the metadata table (no data file read),
-    0 where the table has none."""
+    """``(height, width)`` of every record from the metadata tables (no data file read),
+    0 where a table has none: a column mapped from the cache folder, built once per node
+    (:mod:`reader.data.columns`), 8 bytes a record."""
+    import pyarrow.compute as pc
+
+    def per_shard(s: int) -> np.ndarray:
+        table = dataset.metadata(["width", "height"], shard=s)
+        return np.stack([pc.fill_null(table.column(c), 0).to_numpy().astype(np.int32)
+                         for c in ("height", "width")], axis=1)
+
+    if not hasattr(dataset, "manifest_crc32c"):  # not a dataset of ours: read it all
+        return _known_image_sizes(dataset)
+    return mapped_column(dataset, "image_hw", np.int32, per_shard, width=2)
+
+
+def _known_image_sizes(dataset: Any) -> np.ndarray:
     import pyarrow.compute as pc
 
     table = dataset.metadata(["width", "height"])
@@ -133,7 +148,8 @@ def field_sizes(dataset: Any, name: str) -> np.ndarray:
     (except the 8 bytes of an ``int`` field): the value of an ``int`` field; the stored
     length of an uncompressed ``bytes``/``str``/``json`` field (UTF-8 bytes for text);
     the product of the variable dimensions of an uncompressed ``ndarray`` field (its
-    rows for a ``[None, 4]`` array, its length for a ``[None]`` one).
+    rows for a ``[None, 4]`` array, its length for a ``[None]`` one). A column mapped
+    from the cache folder, built once per node (:mod:`reader.data.columns`).
 
     Raises:
         ValueError: an unknown or unsuitable field, or a payload length that is not a
@@ -144,34 +160,48 @@ def field_sizes(dataset: Any, name: str) -> np.ndarray:
         has = ", ".join(f"{f.name} ({f.type})" for f in dataset.fields)
         raise ValueError(f"size='field:{name}': no field {name!r}; the fields are {has}")
     f = fields[name]
-    every = np.arange(len(dataset), dtype=np.int64)
-    if f.type == "int":
-        out = dataset.scalars(every, name)
-        bad = np.flatnonzero(out < 0)
-        if bad.size:
-            raise ValueError(f"field {name!r} of record {int(bad[0])} is {int(out[bad[0]])}: "
-                             f"a size must be >= 0")
-        return out
-    if f.type not in ("bytes", "str", "json", "ndarray"):
+    if f.type not in ("int", "bytes", "str", "json", "ndarray"):
         raise ValueError(f"size='field:{name}': a {f.type} field has no size; use an int, "
                          f"bytes, str, json or ndarray field, or pass the sizes as an array")
-    if f.compression != "none":
+    if f.type != "int" and f.compression != "none":
         raise ValueError(f"size='field:{name}': the field is {f.compression}-compressed, so "
                          f"its stored length is not its size; pass the sizes as an array")
-    lengths = dataset.spans(every, name)[2].astype(np.int64)
+    if not hasattr(dataset, "manifest_crc32c"):  # not a dataset of ours: read it all
+        return _sizes_of(dataset, f, np.arange(len(dataset), dtype=np.int64))
+    starts = dataset.starts
+
+    def per_shard(s: int) -> np.ndarray:
+        return _sizes_of(dataset, f, np.arange(starts[s], starts[s + 1], dtype=np.int64))
+
+    key = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return mapped_column(dataset, f"size-{key}", np.int64, per_shard)
+
+
+def _sizes_of(dataset: Any, f: Any, records: np.ndarray) -> np.ndarray:
+    """:func:`field_sizes` of ``records`` (a run of them)."""
+    name = f.name
+    if f.type == "int":
+        out = dataset.scalars(records, name)
+        bad = np.flatnonzero(out < 0)
+        if bad.size:
+            raise ValueError(f"field {name!r} of record {int(records[bad[0]])} is "
+                             f"{int(out[bad[0]])}: a size must be >= 0")
+        return out
+    lengths = dataset.spans(records, name)[2].astype(np.int64)
     if f.type != "ndarray":
         return lengths
     fixed = int(np.prod([d for d in f.shape if d is not None], dtype=np.int64))
     row = np.dtype(f.dtype).itemsize * fixed
     if f.fixed_shape or row == 0:
-        return np.full(len(dataset), int(f.fixed_shape), np.int64)
+        return np.full(len(records), int(f.fixed_shape), np.int64)
     header = 8 * (1 + len(f.shape))  # u64 ndim, u64 dims[ndim] (FORMAT.md, section 5)
     body = lengths - header
     bad = np.flatnonzero((body < 0) | (body % row != 0))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"field {name!r} of record {i}: a payload of {lengths[i]} bytes is "
-                         f"not a {header}-byte shape header plus whole rows of {row} bytes")
+        raise ValueError(f"field {name!r} of record {int(records[i])}: a payload of "
+                         f"{lengths[i]} bytes is not a {header}-byte shape header plus whole "
+                         f"rows of {row} bytes")
     return body // row
 
 
@@ -482,7 +512,7 @@ class BudgetBatches:
             sizes, source = self.size, "array"
         elif self.size == "pixels":
             hw = image_sizes(dataset)
-            sizes, source = hw[:, 0] * hw[:, 1], self.size
+            sizes, source = hw[:, 0].astype(np.int64) * hw[:, 1], self.size
         else:
             sizes, source = field_sizes(dataset, self.size[6:]), self.size
         if len(sizes) and sizes.max() > self.budget:

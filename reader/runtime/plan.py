@@ -154,6 +154,8 @@ def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
     if unknown.size:
         from ..pipeline.decode import image_size
 
+        hw = np.array(hw, np.int64)  # a private copy of the shared, read-only column
+
         for r in unknown.tolist():
             try:
                 hw[r] = image_size(ds.payload(r, image))
