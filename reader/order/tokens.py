@@ -28,6 +28,7 @@ and byte offset, never a wrong token.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from numpy.lib.stride_tricks import as_strided
 from formats import ShardDataset
 from formats.checksum import crc32c
 
+from ..data.columns import mapped_column
 from ..data.dataset import open_dataset
 from ..options import SamplerOptions, _int, check_batch_size
 from .sampler import EpochOrder, Sampler, check_resume, next_unseen
@@ -108,15 +110,14 @@ class TokenBlocks:
         self.check_crc = check_crc
         self._j = ds.field_index[field]
         self._index()
-        total = int(self._starts[-1])
-        self.num_tokens = total
+        total = self.num_tokens
         self.num_blocks = (total - 1) // self.block_size if total else 0
         if self.num_blocks == 0:
             raise ValueError(f"a block needs block_size + 1 = {self.block_size + 1} tokens; "
                              f"{field!r} of {ds.root} holds {total} in all")
         # Blocks by the shard their first token is in: the "block" order shuffles shards,
         # then the blocks of each shard, so a batch is one gather from one shard.
-        token_at = self._starts[ds.starts]
+        token_at = self._record_start(ds.starts)
         block_starts = np.minimum(-(-token_at // self.block_size), self.num_blocks)
         self.sampler = _BlockOrder(self.num_blocks, block_starts, self.batch_size or 1,
                                    self.options)
@@ -124,32 +125,51 @@ class TokenBlocks:
         self.position = 0  # the next batch of the running (or last) loop
         self._resume = False  # load_state_dict() since the last iter(): it starts there
         self._loop: _Loop | None = None  # the running iterator's
-        # Records no block reads (no tokens, or only after the last whole block) need no
-        # check: once every other one is checked, batches skip the check altogether.
-        end = self.num_blocks * self.block_size + 1
-        self._verified = (self._count == 0) | (self._starts[:-1] >= end)
-        self._unverified = int((~self._verified).sum())
+        # A bit per record: its checksum was checked in this process.
+        self._verified = np.zeros((len(ds) + 7) // 8, np.uint8)
         self._rows: dict[int, np.ndarray] = {}
         self._plan: tuple | None = None  # (epoch, first block, arrays): see _chunk
 
     # -- the index, once ---------------------------------------------------------------
 
     def _index(self) -> None:
-        """Per record: its shard, first token's element offset in the shard's data, count."""
+        """Per record, its first token's place in the stream and in its shard's data:
+        two columns mapped from the cache folder (8 bytes a record each, built once per
+        node, :mod:`reader.data.columns`); a record's shard is found in the dataset's
+        starts. Nothing per record in this process's own memory."""
         ds, j, item = self.dataset, self._j, self.dtype.itemsize
-        shard, elem, count = [], [], []
-        for s in range(len(ds.starts) - 1):
-            sh = ds.shard(s)
-            off = sh.offsets[:, j].astype(np.int64)
-            ln = sh.lengths[:, j].astype(np.int64)
-            shard.append(np.full(len(off), s, np.int64))
-            elem.append((off + _HEADER) // item)
-            count.append((ln - _HEADER) // item)
-        self._shard = np.concatenate(shard) if shard else np.zeros(0, np.int64)
-        self._elem = np.concatenate(elem) if elem else np.zeros(0, np.int64)
-        self._count = np.concatenate(count) if count else np.zeros(0, np.int64)
-        self._starts = np.zeros(len(self._count) + 1, np.int64)
-        np.cumsum(self._count, out=self._starts[1:])
+        tag = hashlib.sha256(self.field.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        running = [0]  # shards are given in order: the stream so far
+
+        def starts(s: int) -> np.ndarray:
+            count = (ds.shard(s).lengths[:, j].astype(np.int64) - _HEADER) // item
+            out = running[0] + np.cumsum(count) - count
+            running[0] += int(count.sum())
+            return out
+
+        def elems(s: int) -> np.ndarray:
+            return (ds.shard(s).offsets[:, j].astype(np.int64) + _HEADER) // item
+
+        self._starts = mapped_column(ds, f"token-starts-{tag}", np.int64, starts)
+        self._elem = mapped_column(ds, f"token-elems-{tag}", np.int64, elems)
+        n = len(ds)
+        if n == 0:
+            self.num_tokens = 0
+            return
+        s = int(np.searchsorted(ds.starts, n - 1, side="right")) - 1
+        last = ds.shard(s).lengths[n - 1 - int(ds.starts[s]), j]
+        self.num_tokens = int(self._starts[n - 1]) + (int(last) - _HEADER) // item
+
+    def _record_start(self, rec) -> np.ndarray:
+        """Where records ``rec`` start in the stream (its end for ``len(dataset)``)."""
+        rec = np.asarray(rec, np.int64)
+        n = len(self._starts)
+        if n == 0:
+            return np.zeros(rec.shape, np.int64)
+        return np.where(rec < n, self._starts[np.minimum(rec, n - 1)], self.num_tokens)
+
+    def _shard_of(self, rec: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.dataset.starts, rec, side="right") - 1
 
     def _view(self, s: int) -> np.ndarray:
         """Shard ``s``'s data file as tokens (checked for truncation on every call)."""
@@ -181,9 +201,10 @@ class TokenBlocks:
         # Records of no tokens share their start with the next one: side="right" finds
         # the last of them, which holds the token.
         rec = np.searchsorted(self._starts, first, side="right") - 1
-        inside = first - self._starts[rec] + width <= self._count[rec]
-        shard = self._shard[rec]
-        elem = self._elem[rec] + first - self._starts[rec]
+        begin = self._starts[rec]
+        inside = first - begin + width <= self._record_start(rec + 1) - begin
+        shard = self._shard_of(rec)
+        elem = self._elem[rec] + first - begin
         heads = np.arange(0, len(blocks), b)
         single = ((np.minimum.reduceat(shard, heads) == np.maximum.reduceat(shard, heads))
                   & np.logical_and.reduceat(inside, heads)) if len(blocks) else np.zeros(0, bool)
@@ -200,8 +221,8 @@ class TokenBlocks:
         prec = np.repeat(rec[cross], per) + (np.arange(per.sum()) - np.repeat(
             np.cumsum(per) - per, per))
         lo_tok = np.maximum(self._starts[prec], first[owner])
-        hi_tok = np.minimum(self._starts[prec + 1], first[owner] + width)
-        pieces = (owner, prec, self._shard[prec], self._elem[prec] + lo_tok - self._starts[prec],
+        hi_tok = np.minimum(self._record_start(prec + 1), first[owner] + width)
+        pieces = (owner, prec, self._shard_of(prec), self._elem[prec] + lo_tok - self._starts[prec],
                   lo_tok - first[owner], hi_tok - lo_tok)
         plan = (rec, shard, elem, inside, bounds, pieces, shard_of)
         self._plan = (epoch, lo, plan)
@@ -258,7 +279,7 @@ class TokenBlocks:
                 base, (rec, shard, elem, inside, *_) = self._chunk(epoch, i)
                 end = base + len(rec)
                 shards, elems, ins = shard.tolist(), elem.tolist(), inside.tolist()
-            if self.check_crc and self._unverified:
+            if self.check_crc:
                 self._verify(rec[i - base:i - base + 1])
             if ins[i - base]:
                 s = shards[i - base]
@@ -275,7 +296,7 @@ class TokenBlocks:
         b = self.batch_size or 1
         base, (rec, shard, elem, inside, bounds, pieces, shard_of) = self._chunk(epoch, k * b)
         lo, hi = k * b - base, min((k + 1) * b - base, len(rec))
-        if self.check_crc and self._unverified:
+        if self.check_crc:
             self._verify(rec[lo:hi])
             self._verify(pieces[1][int(bounds[lo]):int(bounds[hi])])
         s = shard_of[lo // b]
@@ -320,18 +341,18 @@ class TokenBlocks:
 
     def _verify(self, records: np.ndarray) -> None:
         """Check the records' checksums, each once in this process."""
-        if self._verified[records].all():
+        bit = (np.uint8(1) << (records & 7).astype(np.uint8))
+        seen = (self._verified[records >> 3] & bit) != 0
+        if seen.all():
             return
-        todo = records[~self._verified[records]]
-        for r in np.unique(todo).tolist():
-            s = int(self._shard[r])
+        for r in np.unique(records[~seen]).tolist():
+            s = int(self._shard_of(r))
             local = r - int(self.dataset.starts[s])
             sh = self.dataset.shard(s)
             payload = sh.payload(local, self._j)
             if crc32c(payload) != int(sh.crcs[local, self._j]):
                 sh.check(local, self._j, payload)  # raises, naming shard, record and offset
-            self._verified[r] = True
-            self._unverified -= 1
+            self._verified[r >> 3] |= np.uint8(1 << (r & 7))
 
     # -- position ----------------------------------------------------------------------
 
