@@ -42,7 +42,7 @@ class ShardsSource:
         meta = self.ds.metadata(["width", "height"])
         widths = meta.column("width").to_pylist()
         heights = meta.column("height").to_pylist()
-        names = [s.data_path.name for s in self.ds.shards]
+        names = [e.data_file for e in self.ds.manifest.shards]
         starts = self.ds.starts.tolist()
         for s, name in enumerate(names):
             for i in range(starts[s], starts[s + 1]):

@@ -1,7 +1,9 @@
 """Random access to a whole dataset by global record index.
 
-Opening reads the manifest and checks each shard's two files: O(shards), nothing
-per record. A global index maps to (shard, record) through prefix sums; a batch
+Opening reads the manifest and its shard table; a dataset of a few shards (at
+most 256) has every shard's two files opened and checked at once, a larger one
+each when a read first needs it (a million shards open in a fraction of a
+second). A global index maps to (shard, record) through prefix sums; a batch
 of indices is located with one ``searchsorted`` and gathered shard by shard in
 numpy. Which shards are open, and checking them before each read, is
 :class:`formats.shard.shard_set.ShardSet`'s: a batch reads one shard at a time, so it

@@ -19,7 +19,6 @@ record), so a file truncated under a reader is a typed error, not SIGBUS.
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from pathlib import Path
 
@@ -31,7 +30,9 @@ from .shard import ShardReader
 
 __all__ = ["ShardSet", "default_max_open"]
 
-_log = logging.getLogger("shardpack")
+
+# Datasets of at most this many shards have every shard opened (and checked) at once.
+EAGER_SHARDS = 256
 
 
 def default_max_open() -> int:
@@ -84,19 +85,16 @@ class ShardSet:
         self._shards: list[ShardReader | None] = [None] * len(self.manifest.shards)
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._bounded = self.max_open < len(self._shards)
+        self._lazy = self._bounded or len(self._shards) > EAGER_SHARDS
 
     def _open_all(self) -> None:
-        """Open (check) every shard now, when all of them stay open."""
-        if self._bounded:
-            # Opening costs O(1), not O(shards): a million shards open in a fraction of a
-            # second, each checked (FORMAT.md, §8, item 2) when a read first maps it.
-            _log.info("%s: %d shards, of which this process keeps %d open (two descriptors "
-                      "each, within its open-file limit); each is checked and mapped when a "
-                      "read needs it: raise 'ulimit -n' if reads across all shards are slow",
-                      self.root, len(self._shards), self.max_open)
-            return
-        for s in range(len(self._shards)):
-            self._open_shard(s)
+        """Open (check, FORMAT.md §8 item 2) every shard now, when they are few enough:
+        a reader opened before a dataset is overwritten then reads the old one to its
+        end. More shards (a million open in a fraction of a second) are each opened and
+        checked when a read first needs them."""
+        if not self._lazy:
+            for s in range(len(self._shards)):
+                self._open_shard(s)
 
     def _map_shard(self, s: int) -> ShardReader:
         m = self.manifest
@@ -123,9 +121,9 @@ class ShardSet:
                     "records are still referenced stays open; raise 'ulimit -n' or drop views",
                     path=self.root / self.manifest.shards[s].data_file) from None
         known = self._identity[s]
-        if known is None and self._bounded:
-            # First seen after open (shards beyond max_open are checked lazily): the
-            # manifest must still be the one opened, as an eager open would have found.
+        if known is None and self._lazy:
+            # A shard first opened after the dataset was (see _open_all): the manifest
+            # must still be the one this object was opened on.
             try:
                 self._check_unreplaced()
             except BaseException:

@@ -224,7 +224,11 @@ class TokenBlocks:
         hi_tok = np.minimum(self._record_start(prec + 1), first[owner] + width)
         pieces = (owner, prec, self._shard_of(prec), self._elem[prec] + lo_tok - self._starts[prec],
                   lo_tok - first[owner], hi_tok - lo_tok)
-        plan = (rec, shard, elem, inside, bounds, pieces, shard_of)
+        # Whether any record the chunk reads is unchecked: once every one is, batches
+        # skip the checks altogether (every later epoch, and most of the first).
+        check = self.check_crc and not (self._checked(rec).all()
+                                         and self._checked(pieces[1]).all())
+        plan = (rec, shard, elem, inside, bounds, pieces, shard_of, check)
         self._plan = (epoch, lo, plan)
         return lo, plan
 
@@ -276,10 +280,10 @@ class TokenBlocks:
             if loop.ended is not None:
                 raise RuntimeError(loop.ended)
             if i >= end:  # the next chunk's plan, as lists: per block only lookups
-                base, (rec, shard, elem, inside, *_) = self._chunk(epoch, i)
+                base, (rec, shard, elem, inside, *_, check) = self._chunk(epoch, i)
                 end = base + len(rec)
                 shards, elems, ins = shard.tolist(), elem.tolist(), inside.tolist()
-            if self.check_crc:
+            if check:
                 self._verify(rec[i - base:i - base + 1])
             if ins[i - base]:
                 s = shards[i - base]
@@ -294,9 +298,10 @@ class TokenBlocks:
 
     def _batch(self, epoch: int, k: int) -> np.ndarray:
         b = self.batch_size or 1
-        base, (rec, shard, elem, inside, bounds, pieces, shard_of) = self._chunk(epoch, k * b)
+        base, (rec, shard, elem, inside, bounds, pieces, shard_of, check) = self._chunk(epoch,
+                                                                                      k * b)
         lo, hi = k * b - base, min((k + 1) * b - base, len(rec))
-        if self.check_crc:
+        if check:
             self._verify(rec[lo:hi])
             self._verify(pieces[1][int(bounds[lo]):int(bounds[hi])])
         s = shard_of[lo // b]
@@ -339,10 +344,14 @@ class TokenBlocks:
         self._rows[s] = rows
         return rows
 
+    def _checked(self, records: np.ndarray) -> np.ndarray:
+        """Whether each of ``records`` had its checksum checked in this process."""
+        bit = np.uint8(1) << (records & 7).astype(np.uint8)
+        return (self._verified[records >> 3] & bit) != 0
+
     def _verify(self, records: np.ndarray) -> None:
         """Check the records' checksums, each once in this process."""
-        bit = (np.uint8(1) << (records & 7).astype(np.uint8))
-        seen = (self._verified[records >> 3] & bit) != 0
+        seen = self._checked(records)
         if seen.all():
             return
         for r in np.unique(records[~seen]).tolist():
