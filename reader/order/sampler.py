@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ..options import SamplerOptions
-from .permutation import permute, round_keys
+from .permutation import WindowPermutations, permute, round_keys
 
 __all__ = ["ORDER", "EpochOrder", "Sampler", "check_resume", "next_unseen", "per_rank", "rank_positions",
            "shuffled_order"]
@@ -29,7 +29,8 @@ __all__ = ["ORDER", "EpochOrder", "Sampler", "check_resume", "next_unseen", "per
 
 # Names the way a shuffled order is computed; a state saved under another (or none: the
 # orders drawn whole by numpy before 0.9) cannot resume exactly.
-ORDER = "feistel-1"
+ORDER = "computed-1"
+_WINDOWS = 0x77696E646F77  # separates the windows' permutations from the shards' order
 
 
 class EpochOrder:
@@ -38,7 +39,8 @@ class EpochOrder:
     Nothing here grows with the records: ``"full"`` is a keyed bijection on
     ``[0, n)`` (:mod:`reader.order.permutation`); ``"block"`` keeps the shard
     permutation and its prefix sums (12 bytes a shard) and permutes each window of
-    ``window`` positions of the shards' concatenation on demand; ``window=None``
+    ``window`` positions of the shards' concatenation when it is reached
+    (:class:`~reader.order.permutation.WindowPermutations`); ``window=None``
     makes every shard its own window (the blocks of a token stream).
     """
 
@@ -50,6 +52,7 @@ class EpochOrder:
         self.window = options.shuffle_window if window == "options" else window
         if self.mode != "block":
             return
+        self.windows = WindowPermutations(options.seed, epoch, stream, _WINDOWS)
         starts = np.asarray(shard_starts, np.int64)
         rng = np.random.default_rng([options.seed, int(epoch), stream])
         count = len(starts) - 1
@@ -71,12 +74,11 @@ class EpochOrder:
             i = np.searchsorted(self.ends, p, side="right")
             first = self.ends[i] - self._size(i)
             s = self.shards[i]
-            return self.shard_starts[s] + permute(p - first, self._size(i), self.keys, s)
+            return self.shard_starts[s] + self.windows(p - first, self._size(i), s)
         w, full = self.window, self.full
         j = p // w
-        tail = p >= full
-        size = np.where(tail, self.num_records - full, w)
-        q = j * w + permute(p - j * w, size, self.keys, j)
+        size = np.where(p >= full, self.num_records - full, w)
+        q = j * w + self.windows(p - j * w, size, j)
         i = np.searchsorted(self.ends, q, side="right")
         return self.shard_starts[self.shards[i]] + q - (self.ends[i] - self._size(i))
 
