@@ -290,20 +290,6 @@ class Decoder:
         self._apply_user(target, out, rng)
         return time.perf_counter() - t
 
-    def decode_mask(self, data: memoryview | bytes, height: int, width: int, plan: Plan,
-                    out: np.ndarray) -> None:
-        """A label mask with the image's ``plan``: nearest-neighbour (labels are never
-        blended), zero outside the image; ``out`` is uint8 ``plan.size`` (2-D).
-
-        Raises:
-            DecodeError: the bytes do not decode, or the mask is not ``height`` x ``width``.
-        """
-        mask = _mask_decode(data)
-        if mask.shape[:2] != (height, width):
-            raise DecodeError(f"mask is {mask.shape[0]}x{mask.shape[1]}, its image is "
-                              f"{height}x{width}")
-        _resample_nearest(mask, plan.box, out, plan.flip)
-
     def decode_timed(
         self, data: memoryview | bytes, out: np.ndarray, rng: np.random.Generator
     ) -> tuple[float, float]:
@@ -490,40 +476,6 @@ def _resample_cv2(image: np.ndarray, box: Box, out: np.ndarray, flip: bool) -> N
             np.copyto(dst, result)
     if flip:
         cv2.flip(out, 1, dst=out)  # in place, ~4 µs for 224x224
-
-
-def _mask_decode(data: memoryview | bytes) -> np.ndarray:
-    """A label mask as stored (PNG, 8-bit, one channel; the first channel of a colour one)."""
-    import cv2
-
-    try:
-        arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if len(data) else None
-    except cv2.error:
-        arr = None
-    if arr is None:
-        raise DecodeError(f"cannot decode mask ({_describe(data)})")
-    if arr.dtype != np.uint8:
-        raise DecodeError(f"mask holds {arr.dtype} samples; masks are 8-bit label images")
-    return arr if arr.ndim == 2 else arr[..., 0]
-
-
-def _resample_nearest(image: np.ndarray, box: Box, out: np.ndarray, flip: bool) -> None:
-    """Nearest-neighbour resample of ``box`` into ``out``: every output pixel is one
-    source pixel's label (sampled at its centre), zero outside the image."""
-    import cv2
-
-    (x0, y0, x1, y1), dst = _target_region(image, box, out)
-    if dst is None:
-        return
-    h, w = image.shape[:2]
-    # Centres of the output pixels mapped into the source, as integer indices.
-    ys = np.clip(np.floor(y0 + (np.arange(dst.shape[0]) + 0.5) * (y1 - y0) / dst.shape[0]),
-                 0, h - 1).astype(np.intp)
-    xs = np.clip(np.floor(x0 + (np.arange(dst.shape[1]) + 0.5) * (x1 - x0) / dst.shape[1]),
-                 0, w - 1).astype(np.intp)
-    dst[...] = image[ys[:, None], xs[None, :]]
-    if flip:
-        cv2.flip(out, 1, dst=out)
 
 
 def _resample_pillow(image: np.ndarray, box: Box, out: np.ndarray, flip: bool) -> None:
