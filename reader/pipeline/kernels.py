@@ -19,7 +19,10 @@ There are two sorts of kernel:
   the same rows.
 
 Adding a kind of annotation is one :class:`Kernel` subclass registered in
-:data:`KERNELS`, and the rule that finds its fields in :mod:`reader.runtime.plan`.
+:data:`KERNELS`: its :meth:`Kernel.finds` says which fields are of that kind, its
+flags and methods how the plan applies to them. (Naming such fields explicitly, as
+``reader.Annotations`` does for boxes, keypoints and masks, would be an option of
+its own.)
 """
 
 from __future__ import annotations
@@ -28,11 +31,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from formats.fields import BOXES_FIELD, IMAGE_TYPES
+
 from ..errors import DecodeError
 from .decode import _describe, _target_region
 from .geometry import Plan, move_boxes, move_keypoints
 
-__all__ = ["KERNELS", "Kernel", "KernelParams"]
+__all__ = ["KERNELS", "Kernel", "KernelParams", "is_mask_name", "var_rows"]
+
+
+def is_mask_name(name: str) -> bool:
+    return name == "mask" or name.endswith("_mask")
+
+
+def var_rows(f) -> bool:
+    """An ndarray field whose first dimension varies and the rest are fixed."""
+    return (f.type == "ndarray" and f.shape and f.shape[0] is None
+            and None not in f.shape[1:])
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,11 @@ class Kernel:
     decoded = False
     filters = False
     fractional = False
+
+    def finds(self, field) -> bool:
+        """By its name and schema, ``field`` (a ``formats.Field``) is of this kind, where
+        the Loader's ``annotations=`` does not say."""
+        return False
 
     def check(self, field, pipeline) -> None:
         """Refuse a schema ``field`` of this kind that ``pipeline`` (an ImagePipeline, or
@@ -109,6 +129,9 @@ class ImageKernel(Kernel):
     kind = "image"
     decoded = True
 
+    def finds(self, field):
+        return field.type in IMAGE_TYPES and not is_mask_name(field.name)
+
     def shape(self, pipeline, size):
         return pipeline.output_for(*size)
 
@@ -130,6 +153,9 @@ class MaskKernel(Kernel):
 
     kind = "mask"
     decoded = True
+
+    def finds(self, field):
+        return is_mask_name(field.name) and field.type in IMAGE_TYPES
 
     def shape(self, pipeline, size):
         return tuple(size)
@@ -156,6 +182,10 @@ class BoxesKernel(Kernel):
     filters = True
     fractional = True
 
+    def finds(self, field):
+        return (field.name == BOXES_FIELD and field.type == "ndarray"
+                and tuple(field.shape) == (None, 4))
+
     def move(self, value, plan, params):
         return move_boxes(value, plan, params.min_box_size)
 
@@ -166,6 +196,9 @@ class KeypointsKernel(Kernel):
 
     kind = "keypoints"
     fractional = True
+
+    def finds(self, field):
+        return field.name == "keypoints" and var_rows(field) and len(field.shape) == 3
 
     def check(self, field, pipeline):
         pairs = getattr(pipeline, "keypoint_pairs", ())

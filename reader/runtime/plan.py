@@ -23,6 +23,7 @@ from ..order.batching import field_sizes, known_image_sizes
 from ..pipeline.collate import Padded, VarField
 from ..pipeline.imaging import make_pipeline
 from ..pipeline.kernels import KERNELS, KernelParams
+from ..pipeline.kernels import var_rows as _var_rows
 from ..pipeline.sample import Annotations, SampleSpec
 from ..pipeline.transforms import Resize, ResizeShortestEdge
 from .slots import SlotLayout
@@ -55,20 +56,20 @@ class BatchPlan:
     layout: SlotLayout
 
 
-def _is_mask(name: str) -> bool:
-    return name == "mask" or name.endswith("_mask")
+# The kinds the Loader's options can name (image_field=, reader.Annotations); a field
+# of any other registered kind is found by its kernel's rule alone.
+_NAMED_KINDS = ("image", "boxes", "keypoints", "mask")
 
 
-def _var_rows(f) -> bool:
-    """An ndarray field whose first dimension varies and the rest are fixed."""
-    return (f.type == "ndarray" and f.shape and f.shape[0] is None
-            and None not in f.shape[1:])
+def _found(kind: str, types: dict, names: tuple[str, ...], image: str | None) -> list[str]:
+    """The fields among ``names`` (other than the image) of ``kind``, by its kernel's rule."""
+    kernel = KERNELS[kind]
+    return [n for n in names if n != image and kernel.finds(types[n])]
 
 
 def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...],
-                 image: str | None, rows) -> tuple[str | None, str | None, tuple[str, ...],
-                                                   tuple[str, ...]]:
-    """(boxes, keypoints, per_box, masks) among ``names``, explicit or found (see Annotations).
+                 image: str | None, rows) -> tuple[dict[str, str], tuple[str, ...]]:
+    """``({field: kind}, per_box)`` among ``names``, explicit or found (see Annotations).
 
     ``rows(name)`` gives a field's row counts per record (cached by the caller)."""
     ann = ann or Annotations()
@@ -83,9 +84,7 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
             return value
         return default
 
-    boxes_default = BOXES_FIELD if (BOXES_FIELD in names
-                                    and types[BOXES_FIELD].type == "ndarray"
-                                    and tuple(types[BOXES_FIELD].shape) == (None, 4)) else None
+    boxes_default = next(iter(_found("boxes", types, names, image)), None)
     if ann.boxes is None and BOXES_FIELD in names and boxes_default is None \
             and image is not None:
         raise ValueError(_boxes_hint(types[BOXES_FIELD]))
@@ -93,8 +92,7 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
     if boxes is not None and not (_var_rows(types[boxes]) and types[boxes].shape[1:] == (4,)):
         raise ValueError(f"boxes field {boxes!r} must be an ndarray of shape [None, 4] (xyxy "
                          f"pixels), not {types[boxes].type} {types[boxes].shape}")
-    kp_default = "keypoints" if ("keypoints" in names and _var_rows(types["keypoints"])
-                                 and len(types["keypoints"].shape) == 3) else None
+    kp_default = next(iter(_found("keypoints", types, names, image)), None)
     keypoints = named(ann.keypoints, kp_default, "keypoints")
     if keypoints is not None and not (_var_rows(types[keypoints])
                                       and len(types[keypoints].shape) == 3
@@ -124,9 +122,14 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
                 raise ValueError(f"annotations masks: {n!r} is not an image field (other than "
                                  "the decoded image) among the fields read")
     else:
-        masks = tuple(n for n in names if n != image and _is_mask(n)
-                      and types[n].type in IMAGE_TYPES)
-    return boxes, keypoints, per_box, masks
+        masks = tuple(_found("mask", types, names, image))
+    kinds = {n: kind for kind, found in (("boxes", (boxes,)), ("keypoints", (keypoints,)),
+                                         ("mask", masks))
+             for n in found if n is not None}
+    for kind in KERNELS:
+        if kind not in _NAMED_KINDS:
+            kinds.update((n, kind) for n in _found(kind, types, names, image) if n not in kinds)
+    return kinds, per_box
 
 
 def _boxes_hint(f) -> str:
@@ -280,16 +283,11 @@ def _choose_image(d: _Draft) -> None:
     types, names, opts = d.types, d.names, d.opts
     image = opts.image_field
     if image is None:
-        image = next((n for n in names if types[n].type in IMAGE_TYPES and not _is_mask(n)),
-                     None)
+        image = next((n for n in names if KERNELS["image"].finds(types[n])), None)
     if image is not None and types[image].type not in IMAGE_TYPES:
         raise ValueError(f"field {image!r} is {types[image].type}, not an image")
     d.image = image
-    boxes, keypoints, d.per_box, masks = _annotations(opts.annotations, d.ds, types, names,
-                                                      image, d.rows)
-    d.kinds = {n: kind for kind, found in (("boxes", (boxes,)), ("keypoints", (keypoints,)),
-                                           ("mask", masks))
-               for n in found if n is not None}
+    d.kinds, d.per_box = _annotations(opts.annotations, d.ds, types, names, image, d.rows)
     if image is None:
         if opts.transform is not None:
             raise ValueError("transform would have no effect: none of the fields read is an "
