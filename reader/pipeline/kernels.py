@@ -34,7 +34,7 @@ import numpy as np
 from formats.fields import BOXES_FIELD, IMAGE_TYPES
 
 from ..errors import DecodeError
-from .decode import _describe, _target_region
+from .decode import describe_bytes, target_region
 from .geometry import Plan, move_boxes, move_keypoints
 
 __all__ = ["KERNELS", "Kernel", "KernelParams", "is_mask_name", "var_rows"]
@@ -226,7 +226,7 @@ def _mask_decode(data: memoryview | bytes) -> np.ndarray:
     except cv2.error:
         arr = None
     if arr is None:
-        raise DecodeError(f"cannot decode mask ({_describe(data)})")
+        raise DecodeError(f"cannot decode mask ({describe_bytes(data)})")
     if arr.dtype != np.uint8:
         raise DecodeError(f"mask holds {arr.dtype} samples; masks are 8-bit label images")
     return arr if arr.ndim == 2 else arr[..., 0]
@@ -237,7 +237,7 @@ def _resample_nearest(image: np.ndarray, box, out: np.ndarray, flip: bool) -> No
     source pixel's label (sampled at its centre), zero outside the image."""
     import cv2
 
-    (x0, y0, x1, y1), dst = _target_region(image, box, out)
+    (x0, y0, x1, y1), dst = target_region(image, box, out)
     if dst is None:
         return
     h, w = image.shape[:2]
