@@ -72,7 +72,8 @@ _JPEG_SOI = b"\xff\xd8"
 _PIL_ERRORS = (OSError, ValueError, EOFError, SyntaxError, struct.error, MemoryError)
 
 
-def _describe(data: memoryview | bytes) -> str:
+def describe_bytes(data: memoryview | bytes) -> str:
+    """Bad input as decode errors name it (here and in the mask kernel): length and first bytes."""
     head = bytes(data[:8])
     return f"{len(data)} bytes starting {head!r}"
 
@@ -92,13 +93,13 @@ def _other_decode(data: memoryview | bytes) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError:
-        raise DecodeError(f"cannot decode image ({_describe(data)}): OpenCV cannot, and "
+        raise DecodeError(f"cannot decode image ({describe_bytes(data)}): OpenCV cannot, and "
                           "Pillow (pip install pillow) is not installed to try") from None
     try:
         with Image.open(io.BytesIO(data)) as im:
             return np.asarray(im.convert("RGB"))
     except (*_PIL_ERRORS, Image.DecompressionBombError) as exc:
-        raise DecodeError(f"cannot decode image ({_describe(data)}): {exc}") from exc
+        raise DecodeError(f"cannot decode image ({describe_bytes(data)}): {exc}") from exc
 
 
 def _is_jpeg(data: memoryview | bytes) -> bool:
@@ -109,7 +110,7 @@ def _jpeg_header(data: memoryview | bytes, **scale: int) -> tuple[int, int]:
     try:
         height, width, _, _ = simplejpeg.decode_jpeg_header(data, **scale)
     except ValueError as exc:
-        raise DecodeError(f"corrupt JPEG header ({_describe(data)}): {exc}") from exc
+        raise DecodeError(f"corrupt JPEG header ({describe_bytes(data)}): {exc}") from exc
     return height, width
 
 
@@ -131,7 +132,7 @@ def decode_full(data: memoryview | bytes) -> np.ndarray:
     try:
         return simplejpeg.decode_jpeg(data, colorspace="RGB")
     except ValueError as exc:
-        raise DecodeError(f"corrupt JPEG ({_describe(data)}): {exc}") from exc
+        raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
 
 
 def image_size(data: memoryview | bytes) -> tuple[int, int]:
@@ -290,20 +291,6 @@ class Decoder:
         self._apply_user(target, out, rng)
         return time.perf_counter() - t
 
-    def decode_mask(self, data: memoryview | bytes, height: int, width: int, plan: Plan,
-                    out: np.ndarray) -> None:
-        """A label mask with the image's ``plan``: nearest-neighbour (labels are never
-        blended), zero outside the image; ``out`` is uint8 ``plan.size`` (2-D).
-
-        Raises:
-            DecodeError: the bytes do not decode, or the mask is not ``height`` x ``width``.
-        """
-        mask = _mask_decode(data)
-        if mask.shape[:2] != (height, width):
-            raise DecodeError(f"mask is {mask.shape[0]}x{mask.shape[1]}, its image is "
-                              f"{height}x{width}")
-        _resample_nearest(mask, plan.box, out, plan.flip)
-
     def decode_timed(
         self, data: memoryview | bytes, out: np.ndarray, rng: np.random.Generator
     ) -> tuple[float, float]:
@@ -420,7 +407,7 @@ class Decoder:
         try:
             return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=self._scratch, **scale)
         except ValueError as exc:
-            raise DecodeError(f"corrupt JPEG ({_describe(data)}): {exc}") from exc
+            raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
 
 
 Box = tuple[float, float, float, float]
@@ -444,7 +431,7 @@ def _split_box(box: Box, height: int, width: int, size: tuple[int, int]):
     return (cx0, cy0, cx1, cy1), (rows, cols)
 
 
-def _target_region(image: np.ndarray, box: Box, out: np.ndarray):
+def target_region(image: np.ndarray, box: Box, out: np.ndarray):
     """The clipped box and the part of ``out`` it maps to (None when they do not overlap)."""
     clipped, region = _split_box(box, image.shape[0], image.shape[1], out.shape[:2])
     if region is None:
@@ -466,7 +453,7 @@ def _resample_cv2(image: np.ndarray, box: Box, out: np.ndarray, flip: bool) -> N
     """Integer-crop the box (a view), resize it into ``out`` with OpenCV, mirror in place."""
     import cv2
 
-    (x0, y0, x1, y1), dst = _target_region(image, box, out)
+    (x0, y0, x1, y1), dst = target_region(image, box, out)
     if dst is None:
         return
     h, w = image.shape[:2]
@@ -492,45 +479,11 @@ def _resample_cv2(image: np.ndarray, box: Box, out: np.ndarray, flip: bool) -> N
         cv2.flip(out, 1, dst=out)  # in place, ~4 µs for 224x224
 
 
-def _mask_decode(data: memoryview | bytes) -> np.ndarray:
-    """A label mask as stored (PNG, 8-bit, one channel; the first channel of a colour one)."""
-    import cv2
-
-    try:
-        arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if len(data) else None
-    except cv2.error:
-        arr = None
-    if arr is None:
-        raise DecodeError(f"cannot decode mask ({_describe(data)})")
-    if arr.dtype != np.uint8:
-        raise DecodeError(f"mask holds {arr.dtype} samples; masks are 8-bit label images")
-    return arr if arr.ndim == 2 else arr[..., 0]
-
-
-def _resample_nearest(image: np.ndarray, box: Box, out: np.ndarray, flip: bool) -> None:
-    """Nearest-neighbour resample of ``box`` into ``out``: every output pixel is one
-    source pixel's label (sampled at its centre), zero outside the image."""
-    import cv2
-
-    (x0, y0, x1, y1), dst = _target_region(image, box, out)
-    if dst is None:
-        return
-    h, w = image.shape[:2]
-    # Centres of the output pixels mapped into the source, as integer indices.
-    ys = np.clip(np.floor(y0 + (np.arange(dst.shape[0]) + 0.5) * (y1 - y0) / dst.shape[0]),
-                 0, h - 1).astype(np.intp)
-    xs = np.clip(np.floor(x0 + (np.arange(dst.shape[1]) + 0.5) * (x1 - x0) / dst.shape[1]),
-                 0, w - 1).astype(np.intp)
-    dst[...] = image[ys[:, None], xs[None, :]]
-    if flip:
-        cv2.flip(out, 1, dst=out)
-
-
 def _resample_pillow(image: np.ndarray, box: Box, out: np.ndarray, flip: bool) -> None:
     """Resize the exact (fractional) box into ``out`` with Pillow's antialiased bilinear."""
     from PIL import Image
 
-    (x0, y0, x1, y1), dst = _target_region(image, box, out)
+    (x0, y0, x1, y1), dst = target_region(image, box, out)
     if dst is not None:
         wx0, wy0 = math.floor(x0), math.floor(y0)
         wx1, wy1 = max(math.ceil(x1), wx0 + 1), max(math.ceil(y1), wy0 + 1)

@@ -10,11 +10,13 @@ sample. Per batch:
 1. the records' payloads are paged in and their arrays read (``io``);
 2. each image's size comes from its header and its :class:`Plan` is drawn from
    the batch's random stream, in record order (``decode`` with step 3);
-3. each image is decoded with its plan straight into its region of the slot
-   (DCT scaling, crop, resize and flip in one pass, as on the classification
-   path), masks with the same plan, nearest-neighbour;
-4. boxes and keypoints are moved by the same plan; boxes cropped away are dropped
-   together with the same rows of every per-box field (``transform``);
+3. each decoded field (the image, then its masks) is decoded with its plan straight
+   into its region of the slot by the kernel of its kind
+   (:mod:`reader.pipeline.kernels`: for the image DCT scaling, crop, resize and flip
+   in one pass, as on the classification path; for a mask nearest-neighbour);
+4. each moved field (boxes, keypoints) is moved by the same plan by its kind's
+   kernel; rows a filtering kernel drops (boxes cropped away) go together with the
+   same rows of every per-box field (``transform``);
 5. the per-sample arrays are written padded or ragged (:mod:`reader.pipeline.collate`,
    ``assemble``).
 
@@ -34,11 +36,9 @@ import numpy as np
 from ..data.dataset import page_in
 from ..errors import DecodeError
 from .collate import VarField
-from .geometry import move_boxes, move_keypoints
+from .kernels import KERNELS, KernelParams
 
 __all__ = ["Annotations", "FieldDecoder", "SampleBuilder", "SampleSpec"]
-
-
 
 @dataclass(frozen=True)
 class Annotations:
@@ -116,33 +116,38 @@ class FieldDecoder:
 class SampleSpec:
     """What the sample path writes (planned once by the loader, see :mod:`reader.loader`).
 
+    Fields are named with their kind, a key of :data:`reader.pipeline.kernels.KERNELS`;
+    the builder dispatches on it.
+
     Attributes:
-        image: the image field decoded through the pipeline (None: no image).
-        image_var: how the image is stored when its size varies (None: fixed shape).
-        masks: mask fields, each with its :class:`VarField` (None: fixed shape).
-        boxes, keypoints: annotation fields (None: none).
-        per_box: fields filtered with the boxes.
+        image: the field the geometry is planned on (its header gives the source
+            size), decoded through the pipeline (None: no image).
+        decoded: ``(field, kind, VarField or None)`` of the fields decoded with the
+            plan, the image first (None: a fixed shape).
+        moved: ``(field, kind)`` of the array fields the plan moves (boxes, keypoints).
+        per_box: fields losing the rows a filtering kernel drops (with the boxes).
         arrays: every varying-size array field read in the workers, boxes included.
-        min_box_size: see :class:`Annotations`.
+        params: what the kernels need besides the plan.
         decoders: ``(field, FieldDecoder)`` of the fields decoded by user callables
             (their :class:`VarField` is among ``arrays``).
     """
 
     image: str | None
-    image_var: VarField | None
-    masks: tuple[tuple[str, VarField | None], ...]
-    boxes: str | None
-    keypoints: str | None
+    decoded: tuple[tuple[str, str, VarField | None], ...]
+    moved: tuple[tuple[str, str], ...]
     per_box: tuple[str, ...]
     arrays: tuple[VarField, ...]
-    min_box_size: float = 1.0
+    params: KernelParams
     decoders: tuple[tuple[str, FieldDecoder], ...] = ()
 
     @property
+    def image_var(self) -> VarField | None:
+        """How the image is stored when its size varies (None: fixed shape, or no image)."""
+        return self.decoded[0][2] if self.decoded else None
+
+    @property
     def var_fields(self) -> tuple[VarField, ...]:
-        own = [self.image_var] if self.image_var is not None else []
-        own += [v for _, v in self.masks if v is not None]
-        return (*own, *self.arrays)
+        return (*(v for _, _, v in self.decoded if v is not None), *self.arrays)
 
 
 class SampleBuilder:
@@ -157,6 +162,10 @@ class SampleBuilder:
         self.pipeline = pipeline  # reader.pipeline.imaging.DecoderPipeline
         self.on_error = on_error
         self.current: int | None = None
+        self._decoded_fields = [(name, KERNELS[kind], var) for name, kind, var in spec.decoded]
+        moved = [(name, KERNELS[kind]) for name, kind in spec.moved]
+        self._filters = [(name, k) for name, k in moved if k.filters]
+        self._movers = [(name, k) for name, k in moved if not k.filters]
 
     def build(self, indices: np.ndarray, slot: dict, rng: np.random.Generator, valid):
         """Returns ``(io_s, decode_s, transform_s, assemble_s, bytes, skipped, shapes)``."""
@@ -164,9 +173,9 @@ class SampleBuilder:
         idx = indices.tolist()
         n = len(idx)
         t = time.perf_counter()
-        views = ds.payloads(indices, spec.image) if spec.image else []
-        masks = [ds.payloads(indices, name) for name, _ in spec.masks]
-        nbytes = page_in(views) + sum(page_in(ms) for ms in masks)
+        payloads = [ds.payloads(indices, name) for name, _, _ in self._decoded_fields]
+        views = payloads[0] if payloads else []
+        nbytes = sum(page_in(p) for p in payloads)
         decoded = dict(spec.decoders)
         arrays = {f.name: [self._array(r, f) for r in idx] for f in spec.arrays
                   if f.name not in decoded}
@@ -203,12 +212,12 @@ class SampleBuilder:
 
         shapes: dict[str, tuple] = {}
         if spec.image and self.pipeline.pipeline.samples:
-            d, tr, a, k = self._with_callables(idx, views, masks, sizes, plans, arrays, slot,
+            d, tr, a, k = self._with_callables(idx, payloads, sizes, plans, arrays, slot,
                                                shapes, rng, valid)
             decode_s, transform_s, assemble_s, skipped = (decode_s + d, transform_s + tr, a,
                                                           skipped + k)
         else:
-            d, tr, a, k = self._decode_into_slot(idx, views, masks, sizes, plans, slot, shapes,
+            d, tr, a, k = self._decode_into_slot(idx, payloads, sizes, plans, slot, shapes,
                                                  rng, valid, arrays)
             decode_s, transform_s, skipped = decode_s + d, transform_s + tr, skipped + k
             t = time.perf_counter()
@@ -249,77 +258,80 @@ class SampleBuilder:
         return (0, 0)
 
     def _follow(self, arrays: dict, i: int, plan, size) -> None:
-        """Step 4: move this sample's boxes and keypoints with its image."""
+        """Step 4: move this sample's array fields with its image, each by its kind's kernel."""
+        for name, kernel in self._filters:
+            self._filter(arrays, i, name, kernel, plan, size)
+        if plan is not None:
+            params = self.spec.params
+            for name, kernel in self._movers:
+                arrays[name][i] = kernel.move(arrays[name][i], plan, params)[0]
+
+    def _filter(self, arrays: dict, i: int, name: str, kernel, plan, size) -> None:
+        """A filtering kernel's field (the boxes), and the same rows of every per-box field."""
         spec = self.spec
-        if spec.boxes is None:
-            if spec.keypoints is not None and plan is not None:
-                arrays[spec.keypoints][i] = move_keypoints(
-                    arrays[spec.keypoints][i], plan, self.pipeline.pipeline.keypoint_pairs)
-            return
-        boxes = arrays[spec.boxes][i]
-        for name in spec.per_box:
-            if len(arrays[name][i]) != len(boxes):
-                raise ValueError(f"record {self.current}: field {name!r} has "
-                                 f"{len(arrays[name][i])} rows, boxes has {len(boxes)}: "
+        boxes = arrays[name][i]
+        for other in spec.per_box:
+            if len(arrays[other][i]) != len(boxes):
+                raise ValueError(f"record {self.current}: field {other!r} has "
+                                 f"{len(arrays[other][i])} rows, boxes has {len(boxes)}: "
                                  f"per-box fields need one row per box (annotations=)")
         if plan is None:  # no image, or a skipped one: nothing to place the boxes on
             keep = np.zeros(len(boxes), bool) if size == (0, 0) else np.ones(len(boxes), bool)
             moved = boxes[keep]
         else:
-            moved, keep = move_boxes(boxes, plan, spec.min_box_size)
-        arrays[spec.boxes][i] = moved
-        for name in spec.per_box:
-            kept = arrays[name][i][keep]
-            if name == spec.keypoints and plan is not None:
-                kept = move_keypoints(kept, plan, self.pipeline.pipeline.keypoint_pairs)
-            arrays[name][i] = kept
+            moved, keep = kernel.move(boxes, plan, spec.params)
+        arrays[name][i] = moved
+        for other in spec.per_box:
+            arrays[other][i] = arrays[other][i][keep]
 
-    def _decode_into_slot(self, idx, views, masks, sizes, plans, slot, shapes, rng, valid,
+    def _decode(self, decoder, payloads: list, i: int, size, plan, outs: list, rng) -> float:
+        """Step 3 for sample ``i``: each decoded field into its ``outs``, by its kind's
+        kernel; returns the seconds of user transforms among it."""
+        tr = 0.0
+        for (_, kernel, _), p, out in zip(self._decoded_fields, payloads, outs, strict=True):
+            tr += kernel.decode(decoder, p[i], *size, plan, out, rng)
+        return tr
+
+    def _decode_into_slot(self, idx, payloads, sizes, plans, slot, shapes, rng, valid,
                           arrays):
-        """Step 3 on the fast path: every image straight into its region of the slot."""
+        """Step 3 on the fast path: every decoded field straight into its region of the slot."""
         spec = self.spec
         if not spec.image:
             return 0.0, 0.0, 0.0, 0
         t = time.perf_counter()  # laying out the padded or ragged regions is assembly
         out_sizes = [p.size if p is not None else (0, 0) for p in plans]
-        if spec.image_var is not None:
-            regions, shapes[spec.image] = self._regions(spec.image_var, slot, out_sizes, idx)
-        else:
-            regions = slot[spec.image]
-        mask_regions = []
-        for name, var in spec.masks:
+        regions = []
+        for name, _, var in self._decoded_fields:
             if var is not None:
                 r, shapes[name] = self._regions(var, slot, out_sizes, idx)
             else:
                 r = slot[name]
-            mask_regions.append(r)
+            regions.append(r)
         assemble_s = time.perf_counter() - t
         decode_s = transform_s = 0.0
         skipped = 0
         decoder = self.pipeline.decoder()
-        for i, v in enumerate(views):
+        image_var = spec.image_var
+        for i in range(len(plans)):
             if plans[i] is None:
-                if spec.image_var is None:
-                    regions[i] = 0
-                    for r in mask_regions:
+                if image_var is None:
+                    for r in regions:
                         r[i] = 0
                 continue
             self.current = idx[i]
             t = time.perf_counter()
             try:
-                tr = decoder.decode_plan(v, *sizes[i], plans[i], regions[i], rng)
-                for ms, r in zip(masks, mask_regions, strict=True):
-                    decoder.decode_mask(ms[i], *sizes[i], plans[i], r[i])
+                tr = self._decode(decoder, payloads, i, sizes[i], plans[i],
+                                  [r[i] for r in regions], rng)
             except DecodeError as exc:
                 self._skip(i, exc, valid)
-                regions[i][...] = 0
-                for r in mask_regions:
+                for r in regions:
                     r[i][...] = 0
                 # As a sample whose header did not read: no boxes, no size (its region,
                 # laid out already, holds zeros; a ragged one keeps its place).
                 for name in arrays:
                     arrays[name][i] = arrays[name][i][:0]
-                if spec.image_var is not None and spec.image_var.mode == "padded":
+                if image_var is not None and image_var.mode == "padded":
                     slot[spec.image + "_size"][i] = 0
                 skipped += 1
                 continue
@@ -327,25 +339,24 @@ class SampleBuilder:
             transform_s += tr
         return decode_s, transform_s, assemble_s, skipped
 
-    def _with_callables(self, idx, views, masks, sizes, plans, arrays, slot, shapes, rng, valid):
+    def _with_callables(self, idx, payloads, sizes, plans, arrays, slot, shapes, rng, valid):
         """Step 3 with sample callables: decode into arrays, run them, then write."""
-        spec, pipeline = self.spec, self.pipeline.pipeline
+        pipeline = self.pipeline.pipeline
         decoder = self.pipeline.decoder()
         decode_s = transform_s = 0.0
         skipped = 0
         samples = []
-        for i, v in enumerate(views):
+        for i in range(len(plans)):
             self.current = idx[i]
             sample = {name: arrays[name][i] for name in arrays}
             if plans[i] is not None:
                 t = time.perf_counter()
+                outs = [np.empty(k.shape(pipeline, plans[i].size), k.dtype(pipeline))
+                        for _, k, _ in self._decoded_fields]
                 try:
-                    image = np.empty(pipeline.output_for(*plans[i].size), pipeline.dtype)
-                    tr = decoder.decode_plan(v, *sizes[i], plans[i], image, rng)
-                    sample[spec.image] = image
-                    for (name, _), ms in zip(spec.masks, masks, strict=True):
-                        sample[name] = np.empty(plans[i].size, np.uint8)
-                        decoder.decode_mask(ms[i], *sizes[i], plans[i], sample[name])
+                    tr = self._decode(decoder, payloads, i, sizes[i], plans[i], outs, rng)
+                    sample.update((name, out) for (name, _, _), out
+                                  in zip(self._decoded_fields, outs, strict=True))
                 except DecodeError as exc:
                     self._skip(i, exc, valid)
                     skipped += 1
@@ -355,9 +366,8 @@ class SampleBuilder:
                 transform_s += tr
             if plans[i] is None:  # skipped: an empty sample, written as zeros
                 sample = {name: arrays[name][i][:0] for name in arrays}
-                sample[spec.image] = np.zeros(pipeline.output_for(0, 0), pipeline.dtype)
-                for name, _ in spec.masks:
-                    sample[name] = np.zeros((0, 0), np.uint8)
+                for name, k, _ in self._decoded_fields:
+                    sample[name] = np.zeros(k.shape(pipeline, (0, 0)), k.dtype(pipeline))
             else:
                 t = time.perf_counter()
                 for fn in pipeline.samples:
@@ -389,35 +399,26 @@ class SampleBuilder:
         return result
 
     def _write_samples(self, samples: list[dict], slot: dict, shapes: dict, idx: list) -> None:
-        spec = self.spec
         pipeline = self.pipeline.pipeline
-        images = [s[spec.image] for s in samples]
-        if spec.image_var is not None:
-            cf = spec.image_var.channels_first
-            sizes = [im.shape[1:] if cf else im.shape[:2] for im in images]
-            regions, shapes[spec.image] = self._regions(spec.image_var, slot, sizes, idx)
-        else:
-            regions = slot[spec.image]
-        for i, im in enumerate(images):
-            if not im.size:
-                regions[i][...] = 0  # a skipped sample (a padded one is zeroed already)
-            elif spec.image_var is None and im.shape != pipeline.output_shape:
-                raise ValueError(f"a SampleTransform returned image {im.shape} for batch "
-                                 f"sample {i}; this pipeline's images are {pipeline.output_shape}")
-            else:
-                regions[i][...] = im
-        for name, var in spec.masks:
-            ms = [s[name] for s in samples]
+        for name, kernel, var in self._decoded_fields:
+            values = [s[name] for s in samples]
             if var is not None:
-                r, shapes[name] = self._regions(var, slot, [m.shape for m in ms], idx)
+                sizes = [kernel.size_of(a, var.channels_first) for a in values]
+                regions, shapes[name] = self._regions(var, slot, sizes, idx)
+                fixed = None
             else:
-                r = slot[name]
-            for i, m in enumerate(ms):
-                if m.size:
-                    r[i][...] = m
+                regions = slot[name]
+                fixed = kernel.fixed_shape(pipeline)
+            for i, a in enumerate(values):
+                if not a.size:
+                    regions[i][...] = 0  # a skipped sample (a padded one is zeroed already)
+                elif fixed is not None and a.shape != fixed:
+                    raise ValueError(f"a SampleTransform returned {kernel.kind} {a.shape} for "
+                                     f"batch sample {i}; this pipeline's {kernel.kind}s are "
+                                     f"{fixed}")
                 else:
-                    r[i][...] = 0
-        arrays = {f.name: [s[f.name] for s in samples] for f in spec.arrays}
+                    regions[i][...] = a
+        arrays = {f.name: [s[f.name] for s in samples] for f in self.spec.arrays}
         self._write_arrays(arrays, slot, shapes, idx)
 
     def _regions(self, var: VarField, slot: dict, sizes: list, idx: list):

@@ -22,6 +22,8 @@ from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 from ..order.batching import field_sizes, known_image_sizes
 from ..pipeline.collate import Padded, VarField
 from ..pipeline.imaging import make_pipeline
+from ..pipeline.kernels import KERNELS, KernelParams
+from ..pipeline.kernels import var_rows as _var_rows
 from ..pipeline.sample import Annotations, SampleSpec
 from ..pipeline.transforms import Resize, ResizeShortestEdge
 from .slots import SlotLayout
@@ -54,20 +56,20 @@ class BatchPlan:
     layout: SlotLayout
 
 
-def _is_mask(name: str) -> bool:
-    return name == "mask" or name.endswith("_mask")
+# The kinds the Loader's options can name (image_field=, reader.Annotations); a field
+# of any other registered kind is found by its kernel's rule alone.
+_NAMED_KINDS = ("image", "boxes", "keypoints", "mask")
 
 
-def _var_rows(f) -> bool:
-    """An ndarray field whose first dimension varies and the rest are fixed."""
-    return (f.type == "ndarray" and f.shape and f.shape[0] is None
-            and None not in f.shape[1:])
+def _found(kind: str, types: dict, names: tuple[str, ...], image: str | None) -> list[str]:
+    """The fields among ``names`` (other than the image) of ``kind``, by its kernel's rule."""
+    kernel = KERNELS[kind]
+    return [n for n in names if n != image and kernel.finds(types[n])]
 
 
 def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...],
-                 image: str | None, rows) -> tuple[str | None, str | None, tuple[str, ...],
-                                                   tuple[str, ...]]:
-    """(boxes, keypoints, per_box, masks) among ``names``, explicit or found (see Annotations).
+                 image: str | None, rows) -> tuple[dict[str, str], tuple[str, ...]]:
+    """``({field: kind}, per_box)`` among ``names``, explicit or found (see Annotations).
 
     ``rows(name)`` gives a field's row counts per record (cached by the caller)."""
     ann = ann or Annotations()
@@ -82,9 +84,7 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
             return value
         return default
 
-    boxes_default = BOXES_FIELD if (BOXES_FIELD in names
-                                    and types[BOXES_FIELD].type == "ndarray"
-                                    and tuple(types[BOXES_FIELD].shape) == (None, 4)) else None
+    boxes_default = next(iter(_found("boxes", types, names, image)), None)
     if ann.boxes is None and BOXES_FIELD in names and boxes_default is None \
             and image is not None:
         raise ValueError(_boxes_hint(types[BOXES_FIELD]))
@@ -92,8 +92,7 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
     if boxes is not None and not (_var_rows(types[boxes]) and types[boxes].shape[1:] == (4,)):
         raise ValueError(f"boxes field {boxes!r} must be an ndarray of shape [None, 4] (xyxy "
                          f"pixels), not {types[boxes].type} {types[boxes].shape}")
-    kp_default = "keypoints" if ("keypoints" in names and _var_rows(types["keypoints"])
-                                 and len(types["keypoints"].shape) == 3) else None
+    kp_default = next(iter(_found("keypoints", types, names, image)), None)
     keypoints = named(ann.keypoints, kp_default, "keypoints")
     if keypoints is not None and not (_var_rows(types[keypoints])
                                       and len(types[keypoints].shape) == 3
@@ -123,9 +122,14 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
                 raise ValueError(f"annotations masks: {n!r} is not an image field (other than "
                                  "the decoded image) among the fields read")
     else:
-        masks = tuple(n for n in names if n != image and _is_mask(n)
-                      and types[n].type in IMAGE_TYPES)
-    return boxes, keypoints, per_box, masks
+        masks = tuple(_found("mask", types, names, image))
+    kinds = {n: kind for kind, found in (("boxes", (boxes,)), ("keypoints", (keypoints,)),
+                                         ("mask", masks))
+             for n in found if n is not None}
+    for kind in KERNELS:
+        if kind not in _NAMED_KINDS:
+            kinds.update((n, kind) for n in _found(kind, types, names, image) if n not in kinds)
+    return kinds, per_box
 
 
 def _boxes_hint(f) -> str:
@@ -225,7 +229,7 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
         _image_regions(d)
     _check_decoders(d)
     for n in names:
-        if n != d.image and n not in d.masks:
+        if n != d.image and n not in d.decoded:
             _place_field(d, n, budget)
     return _layout(d, _sample_spec(d)), types
 
@@ -244,14 +248,12 @@ class _Draft:
     decoders: dict
     image: str | None = None
     pipeline: Any = None
-    boxes: str | None = None
-    keypoints: str | None = None
+    kinds: dict = field(default_factory=dict)  # annotation field -> its kind (KERNELS' key)
     per_box: tuple[str, ...] = ()
-    masks: tuple[str, ...] = ()
     image_var: VarField | None = None
     specs: list = field(default_factory=list)  # (name, dtype, shape) of the slot's arrays
     var_fields: list = field(default_factory=list)
-    mask_vars: list = field(default_factory=list)
+    decoded_vars: list = field(default_factory=list)  # (name, kind, VarField or None)
     slot_fields: list = field(default_factory=list)
     main: list = field(default_factory=list)
     arrays: list = field(default_factory=list)
@@ -272,32 +274,30 @@ class _Draft:
     def fixed_image(self) -> bool:
         return self.pipeline is not None and self.pipeline.output_shape is not None
 
+    @property
+    def decoded(self) -> tuple[str, ...]:
+        """The annotation fields decoded with the image's plan (masks)."""
+        return tuple(n for n, k in self.kinds.items() if KERNELS[k].decoded)
+
 
 def _choose_image(d: _Draft) -> None:
     """The image field, the annotations that follow its geometry, and its pipeline."""
     types, names, opts = d.types, d.names, d.opts
     image = opts.image_field
     if image is None:
-        image = next((n for n in names if types[n].type in IMAGE_TYPES and not _is_mask(n)),
-                     None)
+        image = next((n for n in names if KERNELS["image"].finds(types[n])), None)
     if image is not None and types[image].type not in IMAGE_TYPES:
         raise ValueError(f"field {image!r} is {types[image].type}, not an image")
     d.image = image
-    d.boxes, d.keypoints, d.per_box, d.masks = _annotations(opts.annotations, d.ds, types,
-                                                            names, image, d.rows)
+    d.kinds, d.per_box = _annotations(opts.annotations, d.ds, types, names, image, d.rows)
     if image is None:
         if opts.transform is not None:
             raise ValueError("transform would have no effect: none of the fields read is an "
                              "image (fields=..., image_field=...)")
         return
     d.pipeline = make_pipeline(opts.transform)
-    pairs = getattr(d.core, "keypoint_pairs", ())
-    if pairs and d.keypoints is not None:
-        k = types[d.keypoints].shape[1]
-        bad = [p for p in pairs if not (0 <= p[0] < k and 0 <= p[1] < k)]
-        if bad:
-            raise ValueError(f"RandomHorizontalFlip(keypoint_pairs=...) names keypoint "
-                             f"{bad[0]}; {d.keypoints!r} holds {k} per instance")
+    for n, kind in d.kinds.items():
+        KERNELS[kind].check(types[n], d.core)
 
 
 def _image_regions(d: _Draft) -> None:
@@ -322,22 +322,26 @@ def _image_regions(d: _Draft) -> None:
         d.image_var = _var(image, collate.get(image, "padded"), core.dtype, 2, (3,), bound, b,
                            bool(core.normalize and core.normalize.channels_first))
         d.var_fields.append(d.image_var)
-    for m in d.masks:
+    d.decoded_vars.append((image, "image", d.image_var))
+    for m in d.decoded:
+        kernel = KERNELS[d.kinds[m]]
         if d.fixed_image:
             if m in collate:
-                raise ValueError(f"collate[{m!r}]: this pipeline's masks all have the size "
-                                 f"{pipeline.output_shape[:2]}; only varying-size fields "
+                raise ValueError(f"collate[{m!r}]: this pipeline's {kernel.kind}s all have the "
+                                 f"size {pipeline.output_shape[:2]}; only varying-size fields "
                                  "are padded or ragged")
             size = core.resample_shape[:2] if core is not None else pipeline.output_shape[:2]
-            d.specs.append((m, np.uint8, (b, *size)))
-            d.mask_vars.append((m, None))
+            d.specs.append((m, kernel.dtype(core), (b, *kernel.shape(core, size))))
+            d.decoded_vars.append((m, kernel.kind, None))
         else:
             iv = d.image_var
             like_image = (iv.mode if iv.mode == "ragged" else
                           Padded(iv.to, 1 if iv.to else iv.multiple))
-            v = _var(m, collate.get(m, like_image), np.uint8, 2, (), iv.bound, b)
+            # Its region has the image's sides; what the kernel adds after them is fixed.
+            v = _var(m, collate.get(m, like_image), kernel.dtype(core), 2,
+                     kernel.shape(core, ()), iv.bound, b)
             d.var_fields.append(v)
-            d.mask_vars.append((m, v))
+            d.decoded_vars.append((m, kernel.kind, v))
 
 
 def _check_decoders(d: _Draft) -> None:
@@ -347,10 +351,10 @@ def _check_decoders(d: _Draft) -> None:
         if n not in d.names:
             raise ValueError(f"decoders names {n!r}, which is not among the fields read "
                              f"({', '.join(d.names)})")
-        if types[n].type not in BYTES_TYPES or n == d.image or n in d.masks:
+        if types[n].type not in BYTES_TYPES or n == d.image or n in d.decoded:
             raise ValueError(f"decoders[{n!r}]: a FieldDecoder takes a bytes field's stored "
                              f"bytes; {n!r} is {types[n].type}"
-                             + (" and decoded as an image already" if n in (d.image, *d.masks)
+                             + (" and decoded as an image already" if n in (d.image, *d.decoded)
                                 else ""))
         if types[n].compression != "none":
             raise ValueError(f"decoders[{n!r}]: the field is stored {types[n].compression}-"
@@ -380,7 +384,8 @@ def _place_field(d: _Draft, n: str, budget: tuple[str, int, bool] | None) -> Non
         if budget is not None and budget[0] == n and (
                 mode == "ragged" or (mode == "padded" and budget[2])):
             limit = budget[1]  # the batch's rows (padded or summed) stay within it
-        if n in (d.boxes, d.keypoints) and d.image is not None and np.dtype(dtype).kind in "iub":
+        if n in d.kinds and KERNELS[d.kinds[n]].fractional and d.image is not None \
+                and np.dtype(dtype).kind in "iub":
             dtype = np.float32  # moved coordinates are fractional: never truncated
         v = _var(n, mode, dtype, 1, f.shape[1:], (_max_rows(d.ds, f, d.rows),), b, limit=limit)
         d.arrays.append(v)
@@ -397,7 +402,7 @@ def _sample_spec(d: _Draft) -> SampleSpec | None:
     """The sample path's plan, or None when the fixed-size image path serves."""
     core, opts = d.core, d.opts
     # Per-batch draws are made where a whole batch is planned: the sample path.
-    needs_sample = (d.image_var is not None or d.masks or d.arrays or d.boxes is not None
+    needs_sample = (d.image_var is not None or d.arrays or d.kinds
                     or (core is not None and (core.samples or core.per_batch)))
     if not needs_sample or d.raw:
         return None
@@ -408,10 +413,11 @@ def _sample_spec(d: _Draft) -> SampleSpec | None:
         raise ValueError("a custom pipeline object serves the fixed-size image path only; "
                          "annotations, masks, per-sample arrays and sizes that vary need "
                          "reader.transforms specs")
-    return SampleSpec(image=d.image, image_var=d.image_var, masks=tuple(d.mask_vars),
-                      boxes=d.boxes, keypoints=d.keypoints, per_box=d.per_box,
-                      arrays=tuple(d.arrays),
-                      min_box_size=(opts.annotations or Annotations()).min_box_size,
+    params = KernelParams((opts.annotations or Annotations()).min_box_size,
+                          getattr(core, "keypoint_pairs", ()))
+    return SampleSpec(image=d.image, decoded=tuple(d.decoded_vars),
+                      moved=tuple((n, k) for n, k in d.kinds.items() if not KERNELS[k].decoded),
+                      per_box=d.per_box, arrays=tuple(d.arrays), params=params,
                       decoders=tuple(d.decoders.items()))
 
 
