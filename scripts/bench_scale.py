@@ -30,6 +30,11 @@ interpreter with ``reader`` imported), and a ``Loader`` of raw records (rank 0 o
 ``--world``, block shuffle, batches of 256): time to its first batch and the main
 process's resident memory after it.
 
+Workers' memory (``--workers-memory``, on the largest ``--records`` dataset): a
+``Loader`` with 2 workers (block shuffle, rank 0 of ``--world``, batches of 256)
+resumed at 10 positions spread through the epoch, 100 batches from each: the
+workers' and the main process's private resident memory after each stretch.
+
 Shuffle quality (the full order against ``numpy.random.permutation``, N =
 ``--quality-records``, ``--seeds`` seeds): the correlation of neighbouring
 positions and the mean number of distinct labels per batch of 256 on a 1,000-class
@@ -241,6 +246,40 @@ def datasets(data: Path, records: list[int], shards: int, world: int) -> None:
           "files, shared by every process), above the interpreter with `reader` imported")
 
 
+_WORKERS_PROBE = r"""
+import json, sys
+import reader
+def anon(pid="self"):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("RssAnon:")) / 1024
+lo = reader.Loader(sys.argv[1], 256, shuffle="block", rank=0, world_size=int(sys.argv[2]),
+                   num_workers=2)
+n = len(lo)
+rows = []
+for i in range(10):
+    state = lo.state_dict()
+    lo.load_state_dict({**state, "batch": i * n // 10})
+    it = iter(lo)
+    for _ in range(min(100, n - i * n // 10)):
+        next(it)
+    rows.append([i * n // 10, anon(), [anon(p) for p in lo._worker_pids()]])
+lo.close()
+print(json.dumps({"batches": n, "rows": rows}))
+"""
+
+
+def workers_memory(root: Path, world: int) -> None:
+    out = subprocess.run([sys.executable, "-c", _WORKERS_PROBE, str(root), str(world)],
+                         capture_output=True, text=True, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"\nWorkers' memory: {root.name}, {r['batches']:,} batches for rank 0, 100 batches "
+          "at each of 10 positions (private resident MB)\n")
+    h.Table(h.Col("from batch", align=">"), h.Col("main", align=">"),
+            h.Col("workers", align=">")).print(
+        [(f"{b:,}", f"{m:.0f}", " + ".join(f"{w:.0f}" for w in ws)) for b, m, ws in r["rows"]],
+        rule=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = h.parser(__doc__)
     ap.add_argument("--sizes", default="6,7,8,9,10",
@@ -253,12 +292,17 @@ def main(argv: list[str] | None = None) -> None:
     h.add_data(ap, h.DATA / "scale", help="where datasets are built (kept)")
     ap.add_argument("--records", default="6,7",
                     help="powers of ten of the tiny-record datasets ('' for none; 8 needs 8.5 GB)")
+    ap.add_argument("--workers-memory", action="store_true",
+                    help="measure a Loader's workers over the largest --records dataset")
     ap.add_argument("--shards", type=int, default=100_000,
                     help="one-record shards of the many-shard dataset (0 for none)")
     args = ap.parse_args(argv)
     load = h.Load()
     orders([int(s) for s in args.sizes.split(",") if s], args.world, args.numpy_up_to)
     datasets(args.data, [int(s) for s in args.records.split(",") if s], args.shards, args.world)
+    records = [int(s) for s in args.records.split(",") if s]
+    if args.workers_memory and records:
+        workers_memory(args.data / f"records-1e{max(records)}", args.world)
     quality(args.quality_records, args.seeds)
     print(f"\n{load.line()}")
 
