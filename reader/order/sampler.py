@@ -9,9 +9,13 @@ the ``"block"`` order, where rank ``r`` takes the ``r``-th contiguous run. The
 block order is built from whole shards, so a contiguous run touches only about
 ``1/W`` of the shards: a rank reading through a cache downloads only those.
 
-:func:`shuffled_order` and :func:`rank_positions` are the two halves of that
-rule, shared with the size-aware batches of :mod:`reader.batching`, which split
-a global list of *batches* among ranks the same way this sampler splits records.
+The global order is never stored: :class:`EpochOrder` gives the record at any
+position (O(1) each, O(shards) to set up), and :func:`rank_positions` a rank's
+positions by arithmetic, so a batch costs O(batch size) at any dataset size and
+workers receive a batch's records, never the epoch's order. The size-aware batches
+of :mod:`reader.batching`, which group every record of the epoch, draw the whole
+order (:func:`shuffled_order`) and split their global list of *batches* among ranks
+the same way this sampler splits records.
 """
 
 from __future__ import annotations
@@ -23,12 +27,12 @@ import numpy as np
 from ..options import SamplerOptions
 from .permutation import WindowPermutations, permute, round_keys
 
-__all__ = ["ORDER", "EpochOrder", "Sampler", "check_resume", "next_unseen", "per_rank", "rank_positions",
-           "shuffled_order"]
+__all__ = ["ORDER", "EpochOrder", "Sampler", "check_resume", "next_unseen", "per_rank",
+           "rank_positions", "shuffled_order"]
 
 
 # Names the way a shuffled order is computed; a state saved under another (or none: the
-# orders drawn whole by numpy before 0.9) cannot resume exactly.
+# orders drawn whole by numpy, before this name existed) cannot resume exactly.
 ORDER = "computed-1"
 _WINDOWS = 0x77696E646F77  # separates the windows' permutations from the shards' order
 
