@@ -18,6 +18,7 @@ column and sorts it (:class:`formats.shard.metadata.KeyIndex`, about 1 s and
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import errno
 import os
@@ -41,6 +42,8 @@ __all__ = ["DatasetNotFoundError", "DuplicateKeyError", "KeyLookupError", "Shard
 
 # Entries of a missing dataset's parent folder compared for a "did you mean".
 _SIBLINGS_SCANNED = 2000
+# Datasets of at most this many shards find a record's shard by bisecting a list of the starts.
+_LIST_SHARDS = 1 << 16
 
 
 class DatasetNotFoundError(ManifestError, FileNotFoundError):
@@ -126,6 +129,10 @@ class ShardDataset(ShardSet):
         counts = self.manifest.shards.records
         self.starts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self.starts[1:])
+        # A list bisects in 0.3 us where the array's searchsorted takes 1.6 (a record read
+        # costs some 35): kept for datasets of up to 65,536 shards, so a million shards
+        # still open without a Python object each.
+        self._starts_list = self.starts.tolist() if len(counts) <= _LIST_SHARDS else None
         self._decoder = PayloadDecoder(self.fields, self.manifest.max_raw_size,
                                      load_dictionaries(self.root, self.manifest, follow_symlinks))
         self._keys: KeyIndex | None = None  # built by the first lookup by key
@@ -153,8 +160,12 @@ class ShardDataset(ShardSet):
             raise IndexError(f"record {index} out of range for a dataset of {n} records")
         if index < 0:
             index += n
-        s = int(self.starts.searchsorted(index, "right")) - 1
-        return s, index - int(self.starts[s])
+        starts = self._starts_list
+        if starts is None:
+            s = int(self.starts.searchsorted(index, "right")) - 1
+            return s, index - int(self.starts[s])
+        s = bisect.bisect_right(starts, index) - 1
+        return s, index - starts[s]
 
     def payload(self, index: int, field: str) -> memoryview:
         """The stored bytes of one field (zero-copy; compressed if the field is)."""
