@@ -299,7 +299,7 @@ def _fsspec(uri: str, parsed: ParsedURI) -> tuple[pafs.FileSystem, str]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
-def open_location(path: str | Path, filesystem: pafs.FileSystem | None = None,
+def open_location(path: str | os.PathLike | Place, filesystem: pafs.FileSystem | None = None,
                   retry: Retry = DEFAULT_RETRY) -> Location:
     """The :class:`Location` for a URI (or, with ``filesystem``, a path on it).
 
@@ -311,15 +311,17 @@ def open_location(path: str | Path, filesystem: pafs.FileSystem | None = None,
             key, a malformed bucket).
         StorageError: a URI that neither pyarrow nor fsspec can open.
     """
-    text = str(path)
-    if not is_uri(text):
-        if filesystem is None:
-            text = str(local_path(text))
+    if filesystem is None:
+        where = place(path)
+    else:  # a path on that filesystem as written: no file:// taken off
+        text = str(path)
+        where = Place(text, is_uri(text), display_uri(text))
+    text, shown = where.text, where.shown
+    if not where.remote:
         if filesystem is not None:
             return Location(filesystem, text, text, retry)
         return Location(pafs.LocalFileSystem(), str(Path(text).resolve()), text, retry)
     parsed = parse_uri(text)
-    shown = display_uri(text)
     if filesystem is not None:
         return Location(filesystem, shown.partition("://")[2], shown, retry)
     scheme = parsed.scheme.lower()
