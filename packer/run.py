@@ -94,11 +94,11 @@ def pack(src: str | os.PathLike | Place, dst: str | os.PathLike | Place,
         if options.engine == "ray":  # the range driver, tasks on Ray (packer/engines/)
             from .remote import hold_remote_dst
 
-            with hold_remote_dst(dst.text):
+            with hold_remote_dst(dst):
                 return _pack_on_ray(src, dst, options, progress)
         from .remote import pack_to_remote
 
-        return pack_to_remote(src.text, dst.text, options, progress, pack)
+        return pack_to_remote(src.text, dst, options, progress, pack)
     dst_shown = dst.shown
     dst = Path(dst.text)
     if options.engine == "ray":

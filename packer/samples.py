@@ -243,13 +243,13 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | os.PathL
     if dst.remote and options.engine == "ray":  # tasks upload their shards themselves
         from .remote import hold_remote_dst
 
-        with hold_remote_dst(dst.text):
+        with hold_remote_dst(dst):
             summary = PackSummary(_fn_name(fn), dst.shown, SOURCE_KIND, "shards")
             return _pack_on_ray(fn, inputs, dst, fields, options, progress, summary)
     if dst.remote:
         from .remote import pack_to_remote
 
-        return pack_to_remote(_fn_name(fn), dst.text, options, progress,
+        return pack_to_remote(_fn_name(fn), dst, options, progress,
                               lambda _s, stage, o, p: _pack(fn, inputs, stage, fields, o, p))
     dst = Path(dst.text)
     check_paths(None, dst)
