@@ -45,7 +45,7 @@ from .report import PackProgress, PackSummary
 from .resolve import open_sink
 from .sources.anyfiles import MAX_FILE_BYTES, FileProblem, file_value
 from .sources.listing import Listing
-from .work import WorkOptions, iter_loaded, load, os_error, prepare, read_file, worker_init
+from .work import WorkOptions, iter_loaded, load, os_error, prepare, process_pool, read_file
 
 __all__ = ["Item", "Run", "listing_items", "open_writer", "pack_listing", "record_items", "resume_point",
            "write_items"]
@@ -211,7 +211,6 @@ def record_items(records: Iterable[Record], fields, work: WorkOptions, workers: 
             yield _prepare_record(rec, images, work)
         return
     import itertools
-    import multiprocessing as mp
 
     def chunks():
         it = iter(records)
@@ -221,8 +220,7 @@ def record_items(records: Iterable[Record], fields, work: WorkOptions, workers: 
                             for k, v in r.fields.items()}, r.meta, r.origin) for r in batch],
                    images, work)
 
-    ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-    with ctx.Pool(workers, initializer=worker_init, initargs=(os.getpid(),)) as pool:
+    with process_pool(workers) as pool:
         for items in pool.imap(_prepare_chunk, chunks()):
             yield from items
 

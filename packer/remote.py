@@ -34,10 +34,12 @@ from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, read_manif
 from formats.shard.ownership import SKIPPED_NAME, dataset_files
 from formats.storage import (
     Location,
+    Place,
     default_cache_folder,
     display_uri,
     is_uri,
     open_location,
+    place,
 )
 from formats.storage.manifests import decode_remote_manifest
 
@@ -56,9 +58,9 @@ log = logging.getLogger("shardpack.packer")
 _REPLACING = ".replacing"  # in the staging folder: a publish that replaces a dataset began
 
 
-def staging_folder(dst: str) -> Path:
+def staging_folder(dst: str | Place) -> Path:
     """Where a pack to ``dst`` is built before it is uploaded (stable across runs)."""
-    key = hashlib.sha256(display_uri(dst).encode()).hexdigest()[:24]
+    key = hashlib.sha256(place(dst).shown.encode()).hexdigest()[:24]
     return default_cache_folder() / "staging" / key
 
 
@@ -126,7 +128,7 @@ def _container_kind(names: list[str]) -> str | None:
 
 
 @contextmanager
-def hold_remote_dst(dst: str):
+def hold_remote_dst(dst: str | Place):
     """One pack at a time to the object-store folder ``dst``, from this machine: an
     exclusive lock beside its staging folder (object stores have no locks; packs from
     several machines to one DST are the user's to keep apart).
@@ -134,28 +136,30 @@ def hold_remote_dst(dst: str):
     Raises:
         PackError: another pack on this machine holds it.
     """
+    dst = place(dst)
     stage = staging_folder(dst)
     stage.parent.mkdir(parents=True, exist_ok=True)
     lock = try_lock(stage.with_name(stage.name + ".lock"))
     if lock is None:
         raise PackError("another pack to this DST is running (it holds the staging folder); "
-                        "wait for it to finish", path=display_uri(dst))
+                        "wait for it to finish", path=dst.shown)
     try:
         yield
     finally:
         os.close(lock)
 
 
-def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress | None,
+def pack_to_remote(src, dst: str | Place, options: PackOptions, progress: PackProgress | None,
                    pack_local) -> PackSummary:
     """Pack ``src`` into the remote folder ``dst`` through the staging folder.
 
     Args:
         pack_local: ``packer.run.pack`` (passed in: it calls this module).
     """
+    dst = place(dst)
     if options.sink != "shards":
         raise UsageError(f"--to {options.sink} writes local files only; object storage takes "
-                         "--to shards", path=display_uri(dst))
+                         "--to shards", path=dst.shown)
     location = open_location(dst)
     stage = staging_folder(dst)
     with hold_remote_dst(dst):
@@ -166,14 +170,14 @@ def pack_to_remote(src, dst: str, options: PackOptions, progress: PackProgress |
             return summary
         if location.exists(MANIFEST_NAME) and not options.overwrite:
             raise DestinationError("DST is already a dataset; pass --overwrite to replace it",
-                             path=display_uri(dst))
+                             path=dst.shown)
         _probe(location)
         if not options.resume and stage.exists():
             shutil.rmtree(stage)
         summary = pack_local(src, stage, options, progress)
         if summary.complete:
             _publish_stage(stage, location, options.overwrite)
-        summary.dst = display_uri(dst)
+        summary.dst = dst.shown
         return summary
 
 
@@ -223,7 +227,7 @@ def _dataset_objects(location: Location) -> set[str]:
     return dataset_files(manifest)
 
 
-def _staged_summary(src, dst: str, stage: Path, options: PackOptions) -> PackSummary:
+def _staged_summary(src, dst: Place, stage: Path, options: PackOptions) -> PackSummary:
     """The counters of a pack finished in the staging folder, after checking that it is
     this pack: the same source and the same options."""
     from collections import Counter
@@ -241,7 +245,7 @@ def _staged_summary(src, dst: str, stage: Path, options: PackOptions) -> PackSum
         for line in skip_file.read_text("utf-8").splitlines():
             skipped[json.loads(line)["kind"]] += 1
     written = manifest.records
-    return PackSummary(shown, display_uri(dst), made.get("source", {}).get("kind", "?"),
+    return PackSummary(shown, dst.shown, made.get("source", {}).get("kind", "?"),
                        "shards", records_in=written + sum(skipped.values()),
                        records_written=written, skipped=skipped, shards=len(manifest.shards),
                        resumed_records=written, complete=True)

@@ -24,7 +24,7 @@ from formats.base import Record
 from formats.errors import InputUsageError
 from formats.fields import IMAGE_TYPES
 from formats.shard.manifest import MANIFEST_NAME
-from formats.storage import display_uri, is_uri, local_path
+from formats.storage import Place, place
 
 from .destination import claimed
 from .engines.driver import drive
@@ -57,8 +57,8 @@ from .sources.listing import Listing
 __all__ = ["pack"]
 
 
-def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
-         progress: PackProgress | None = None) -> PackSummary:
+def pack(src: str | os.PathLike | Place, dst: str | os.PathLike | Place,
+         options: PackOptions | None = None, progress: PackProgress | None = None) -> PackSummary:
     """Pack SRC into DST.
 
     Args:
@@ -85,48 +85,49 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
     if options.engine != "ray" and options.task_records is not None:
         raise UsageError("task_records (--task-records) cuts the ranges of engine='ray' "
                          "(--engine ray); a local pack has none")
-    src, dst = local_path(src), local_path(dst)
+    src, dst = place(src), place(dst)  # read once: below, only what they hold is asked
     check_names(options)
-    check_source_options(options.source, options, remote=is_uri(src))
+    check_source_options(options.source, options, remote=src.remote)
     if options.resume and options.sink != "shards":
         raise UsageError(f"--resume works for --to shards only, not {options.sink!r}")
-    if is_uri(dst):
+    if dst.remote:
         if options.engine == "ray":  # the range driver, tasks on Ray (packer/engines/)
             from .remote import hold_remote_dst
 
-            with hold_remote_dst(str(dst)):
+            with hold_remote_dst(dst):
                 return _pack_on_ray(src, dst, options, progress)
         from .remote import pack_to_remote
 
-        return pack_to_remote(src, str(dst), options, progress, pack)
-    dst = Path(dst)
+        return pack_to_remote(src.text, dst, options, progress, pack)
+    dst_shown = dst.shown
+    dst = Path(dst.text)
     if options.engine == "ray":
-        check_paths(None if is_uri(src) else Path(src), dst)
-        return claimed(dst, options, lambda folder: _pack_on_ray(src, folder, options, progress))
-    if is_uri(src):
+        check_paths(None if src.remote else Path(src.text), dst)
+        return claimed(dst, options, lambda folder: _pack_on_ray(src, place(folder), options,
+                                                                  progress))
+    if src.remote:
         from .remote import open_remote_source
 
         check_paths(None, dst)
-        kind, source, copy = open_remote_source(str(src), options)
+        kind, source, copy = open_remote_source(src.text, options)
         root = None if copy is None else copy.path
         check_source_options(kind, options, remote=True)
     else:
-        src, copy = Path(src), None
-        pattern = pattern_files(src)
-        check_paths(None if pattern else src, dst)
-        kind = options.source or detect_source(pattern[0] if pattern else src)
+        copy, root = None, Path(src.text)
+        pattern = pattern_files(root)
+        check_paths(None if pattern else root, dst)
+        kind = options.source or detect_source(pattern[0] if pattern else root)
         check_source_options(kind, options)
         if pattern and kind in BUILTIN_SOURCES:
             raise UsageError(f"--from {kind} reads one folder or list; a pattern (glob or "
                              "braces) names container files (tfrecord, webdataset, parquet)",
-                             path=src)
-        source = open_source(kind, src, options)
-        root = src
+                             path=root)
+        source = open_source(kind, root, options)
     if (options.max_side or options.to_jpeg) \
             and not any(f.type in IMAGE_TYPES for f in source.fields):
         raise InputUsageError("SRC has no image field: --max-side and --to-jpeg would "
-                              "change nothing", path=display_uri(src))
-    summary = PackSummary(display_uri(src), display_uri(dst), kind, options.sink)
+                              "change nothing", path=src.shown)
+    summary = PackSummary(src.shown, dst_shown, kind, options.sink)
 
     def run(folder: Path) -> PackSummary:
         t0 = time.perf_counter()
@@ -149,7 +150,7 @@ def pack(src: str | Path, dst: str | Path, options: PackOptions | None = None,
             copy.release(delete=summary.complete)
 
 
-def _pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
+def _pack_on_ray(src: Place, dst: Place, options: PackOptions,
                  progress: PackProgress) -> PackSummary:
     """Pack SRC into DST with the range driver, its ranges Ray tasks
     (``options.engine == "ray"``: :mod:`packer.engines.driver`, :mod:`packer.engines.ray`).
@@ -161,10 +162,10 @@ def _pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
         ImportError: Ray is not installed (with the install hint).
         PackError: a range whose worker kept dying (names its first and last file).
     """
-    remote = is_uri(src)
+    remote = src.remote
     # A path is made absolute: tasks run in other folders, maybe on other nodes.
-    src_path = None if remote else Path(os.path.abspath(src))
-    dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
+    src_path = None if remote else Path(os.path.abspath(src.text))
+    dst_text = dst.text if dst.remote else os.path.abspath(dst.text)
     check_destination(src_path, dst_text, options)
     import_ray()  # before the listing, which may take long on a big source
     if remote:
@@ -172,7 +173,7 @@ def _pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
 
         # Listed remotely, every task reads its objects through the listing's Location;
         # a container is told by its names and refused below, before a byte is fetched.
-        kind, listing, _ = open_remote_source(str(src), options, copy=False)
+        kind, listing, _ = open_remote_source(src.text, options, copy=False)
     else:
         kind = options.source or detect_source(src_path)
         listing = (list_source(kind, src_path, **listing_options(options))
@@ -184,15 +185,15 @@ def _pack_on_ray(src: str | Path, dst: str | Path, options: PackOptions,
     n = len(listing)
     if not n:
         raise PackError("SRC holds no input files (hidden files are ignored)",
-                        path=display_uri(src))
+                        path=src.shown)
     if options.shuffle:  # the local engine's order, record for record
         listing.reorder(shuffle_order(n, options.seed))
-    summary = PackSummary(display_uri(src), display_uri(dst), kind, "shards")
+    summary = PackSummary(src.shown, dst.shown, kind, "shards")
     summary.empty_classes = listing.empty_classes
     summary.boxes_clipped = listing.boxes_clipped
     summary.image_type = next((f.type for f in listing.fields if f.type in IMAGE_TYPES), None)
     made = created_by(summary.source, summary.src, options)
-    return drive(on_ray(options), str(src), listing, dst_text,
+    return drive(on_ray(options), src.text, listing, dst_text,
                  listing_fingerprint(listing, options), made, options, progress, summary)
 
 

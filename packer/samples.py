@@ -56,7 +56,7 @@ from typing import Any
 from formats.checksum import crc32c
 from formats.errors import ShardpackError
 from formats.fields import Field
-from formats.storage import display_uri, is_uri, local_path
+from formats.storage import Place, place
 from formats.version import package_version
 
 from .destination import claimed
@@ -163,7 +163,7 @@ def _progress(progress: PackProgress | bool) -> PackProgress:
     return progress
 
 
-def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path,
+def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | os.PathLike | Place,
                  options: PackOptions | None = None, *, schema: Any = None,
                  progress: PackProgress | bool = True, **unknown: Any) -> PackSummary:
     """Pack the samples ``fn`` makes of each input into a shards dataset at ``dst``.
@@ -222,7 +222,7 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path,
     """
     if unknown:
         _refuse_keywords(unknown)
-    dst = local_path(dst)
+    dst = place(dst)  # read once: below, only what it holds is asked
     if not callable(fn):
         raise UsageError(f"fn must be callable, not {type(fn).__name__}")
     if isinstance(inputs, (str, bytes, dict, set, frozenset)) or not hasattr(inputs, "__iter__"):
@@ -240,18 +240,18 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | Path,
     if options.engine == "ray" or options.num_workers > 0:
         _check_pickles(fn, options.engine)
         _check_inputs_pickle(inputs)
-    if is_uri(dst) and options.engine == "ray":  # tasks upload their shards themselves
+    if dst.remote and options.engine == "ray":  # tasks upload their shards themselves
         from .remote import hold_remote_dst
 
-        with hold_remote_dst(str(dst)):
-            summary = PackSummary(_fn_name(fn), display_uri(dst), SOURCE_KIND, "shards")
-            return _pack_on_ray(fn, inputs, str(dst), fields, options, progress, summary)
-    if is_uri(dst):
+        with hold_remote_dst(dst):
+            summary = PackSummary(_fn_name(fn), dst.shown, SOURCE_KIND, "shards")
+            return _pack_on_ray(fn, inputs, dst, fields, options, progress, summary)
+    if dst.remote:
         from .remote import pack_to_remote
 
-        return pack_to_remote(_fn_name(fn), str(dst), options, progress,
+        return pack_to_remote(_fn_name(fn), dst, options, progress,
                               lambda _s, stage, o, p: _pack(fn, inputs, stage, fields, o, p))
-    dst = Path(dst)
+    dst = Path(dst.text)
     check_paths(None, dst)
     return _pack(fn, inputs, dst, fields, options, progress)
 
@@ -326,11 +326,11 @@ def _check_pickles(fn: Callable, engine: str) -> None:
 
 def _pack(fn, inputs: Sequence, dst: Path, fields, options: PackOptions,
           progress: PackProgress) -> PackSummary:
-    summary = PackSummary(_fn_name(fn), display_uri(dst), SOURCE_KIND, "shards")
+    summary = PackSummary(_fn_name(fn), str(dst), SOURCE_KIND, "shards")  # a local folder
     if options.engine == "ray":
         import_ray()  # before DST is claimed: a missing extra changes nothing there
         return claimed(dst, options, _staged(dst, lambda folder: _pack_on_ray(
-            fn, inputs, folder, fields, options, progress, summary)))
+            fn, inputs, place(folder), fields, options, progress, summary)))
 
     def run(folder: Path) -> PackSummary:
         plan = plan_samples(fn, inputs, fields, options)
@@ -368,7 +368,7 @@ def _staged(dst: Path, run: Callable[[Path], PackSummary]) -> Callable[[Path], P
     return staged
 
 
-def _pack_on_ray(fn, inputs, dst: str | Path, fields, options: PackOptions,
+def _pack_on_ray(fn, inputs, dst: Place, fields, options: PackOptions,
                  progress: PackProgress, summary: PackSummary) -> PackSummary:
     """The pack with Ray tasks: the driver settles the schema (inferring it here from
     the first inputs), each task packs ``task_records`` consecutive inputs with the
@@ -377,7 +377,7 @@ def _pack_on_ray(fn, inputs, dst: str | Path, fields, options: PackOptions,
     Raises:
         ImportError: Ray is not installed (with the install hint).
     """
-    dst_text = str(dst) if is_uri(dst) else os.path.abspath(dst)
+    dst_text = dst.text if dst.remote else os.path.abspath(dst.text)
     check_destination(None, dst_text, options)
     run_ranges = on_ray(options)
     plan = plan_samples(fn, inputs, fields, options)

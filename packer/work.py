@@ -33,7 +33,7 @@ from formats.media import JPEG_SUFFIXES
 from formats.sniff import image_kind, image_size, is_gray, looks_complete
 
 __all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Loaded", "WorkOptions", "iter_loaded", "load",
-           "os_error", "prepare", "read_file", "worker_init"]
+           "os_error", "prepare", "process_pool", "read_file", "worker_init"]
 
 # One input read from object storage is refused beyond this (a bound on memory).
 MAX_OBJECT_BYTES = 1 << 30
@@ -355,6 +355,31 @@ def worker_init(parent: int) -> None:
         os._exit(1)
 
 
+def process_pool(workers: int, executor: bool = False):
+    """The packer's one way to start worker processes: ``workers`` of them, each run
+    through :func:`worker_init` (Ctrl-C ignored, death with the parent).
+
+    fork where there is one: spawn would re-import numpy/pyarrow per worker, and the
+    parent holds no lock a worker needs (a worker touches only its own inputs and
+    outputs).
+
+    Args:
+        workers: processes in the pool.
+        executor: a ``concurrent.futures.ProcessPoolExecutor`` (futures, a broken pool
+            noticed) instead of a ``multiprocessing.Pool`` (ordered ``imap``).
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
+    initargs = (os.getpid(),)
+    if executor:
+        from concurrent.futures import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(workers, mp_context=ctx, initializer=worker_init,
+                                   initargs=initargs)
+    return ctx.Pool(workers, initializer=worker_init, initargs=initargs)
+
+
 def _chunks(paths: list[str], size: int, opts: WorkOptions):
     for i in range(0, len(paths), size):
         yield paths[i : i + size], opts
@@ -377,12 +402,7 @@ def iter_loaded(paths: list[str], opts: WorkOptions, workers: int,
         yield from _fetch_in_threads(paths, opts)
         return
     if workers >= 2 and opts.needs_processes:
-        import multiprocessing as mp
-
-        # fork: spawn would re-import numpy/pyarrow per worker; the parent holds no
-        # lock a worker needs (load() touches only its own files).
-        ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-        with ctx.Pool(workers, initializer=worker_init, initargs=(os.getpid(),)) as pool:
+        with process_pool(workers) as pool:
             for results in pool.imap(_load_chunk, _chunks(paths, chunk, opts)):
                 yield from results
         return

@@ -6,10 +6,10 @@ checked downloads and uploads) and ``cache`` (the verified local copy of a remot
 dataset's shards).
 """
 
-from .location import Location, StoredFile, default_cache_folder, open_location
+from .location import Location, Place, StoredFile, default_cache_folder, open_location, place
 from .retry import Retry
 from .uris import S3_QUERY_KEYS, ParsedURI, URIError, display_uri, is_uri, local_path, parse_uri
 
-__all__ = ["S3_QUERY_KEYS", "Location", "ParsedURI", "Retry", "StoredFile", "URIError",
+__all__ = ["S3_QUERY_KEYS", "Location", "ParsedURI", "Place", "Retry", "StoredFile", "URIError",
            "default_cache_folder", "display_uri", "is_uri", "local_path", "open_location",
-           "parse_uri"]
+           "parse_uri", "place"]

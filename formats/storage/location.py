@@ -40,7 +40,7 @@ from .uris import (
     parse_uri,
 )
 
-__all__ = ["Location", "StoredFile", "default_cache_folder", "open_location"]
+__all__ = ["Location", "Place", "StoredFile", "default_cache_folder", "open_location", "place"]
 
 DEFAULT_RETRY = Retry()  # frozen: one shared default
 
@@ -239,6 +239,43 @@ class Location:
         self.retry.run(self.uri_of(name), "delete", rm)
 
 
+class Place(NamedTuple):
+    """A SRC or DST as the user wrote it, read once: where it is, and how it is shown.
+
+    The unopened form of a :class:`Location` (:meth:`open` makes one): entry points
+    (``pack``, ``pack_samples``, the CLIs) read the text once with :func:`place` and
+    hand this down, instead of each layer asking again whether the text is a URI.
+    """
+
+    text: str  # a URI as written (secrets and all), or a local path without ``file://``
+    remote: bool  # a ``scheme://`` URI other than ``file://``
+    shown: str  # for messages, logs and manifests: secrets never shown
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __fspath__(self) -> str:
+        if self.remote:
+            raise TypeError(f"{self.shown} is a URI, not a local path")
+        return self.text
+
+    def open(self, filesystem: pafs.FileSystem | None = None,
+             retry: Retry = DEFAULT_RETRY) -> Location:
+        """The :class:`Location` this names (see :func:`open_location`)."""
+        return open_location(self.text, filesystem, retry)
+
+
+def place(path: str | os.PathLike | Place) -> Place:
+    """Read SRC or DST once: a :class:`Place` (``path`` back if it is one)."""
+    if isinstance(path, Place):
+        return path
+    text = os.fspath(path) if isinstance(path, os.PathLike) else str(path)
+    if is_uri(text):
+        return Place(text, True, display_uri(text))
+    text = str(local_path(text))
+    return Place(text, False, text)
+
+
 def _fsspec(uri: str, parsed: ParsedURI) -> tuple[pafs.FileSystem, str]:
     shown = parsed.display()
     if parsed.user is not None or parsed.password is not None:
@@ -262,7 +299,7 @@ def _fsspec(uri: str, parsed: ParsedURI) -> tuple[pafs.FileSystem, str]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
-def open_location(path: str | Path, filesystem: pafs.FileSystem | None = None,
+def open_location(path: str | os.PathLike | Place, filesystem: pafs.FileSystem | None = None,
                   retry: Retry = DEFAULT_RETRY) -> Location:
     """The :class:`Location` for a URI (or, with ``filesystem``, a path on it).
 
@@ -274,15 +311,17 @@ def open_location(path: str | Path, filesystem: pafs.FileSystem | None = None,
             key, a malformed bucket).
         StorageError: a URI that neither pyarrow nor fsspec can open.
     """
-    text = str(path)
-    if not is_uri(text):
-        if filesystem is None:
-            text = str(local_path(text))
+    if filesystem is None:
+        where = place(path)
+    else:  # a path on that filesystem as written: no file:// taken off
+        text = str(path)
+        where = Place(text, is_uri(text), display_uri(text))
+    text, shown = where.text, where.shown
+    if not where.remote:
         if filesystem is not None:
             return Location(filesystem, text, text, retry)
         return Location(pafs.LocalFileSystem(), str(Path(text).resolve()), text, retry)
     parsed = parse_uri(text)
-    shown = display_uri(text)
     if filesystem is not None:
         return Location(filesystem, shown.partition("://")[2], shown, retry)
     scheme = parsed.scheme.lower()

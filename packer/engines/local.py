@@ -8,11 +8,9 @@ this process.
 
 from __future__ import annotations
 
-import os
-
 from ..errors import PackError, PackInputError
 from ..report import PackProgress
-from ..work import worker_init
+from ..work import process_pool
 from .driver import pack_range
 
 __all__ = ["LocalRanges"]
@@ -31,13 +29,10 @@ class LocalRanges:
                 results[a] = pack_range(job, part.slice(a, b), a, PackProgress())
                 progress.advance(b - a, results[a].bytes_in)
             return
-        import multiprocessing as mp
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        from concurrent.futures import FIRST_COMPLETED, wait
         from concurrent.futures.process import BrokenProcessPool
 
-        ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-        pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=worker_init,
-                                   initargs=(os.getpid(),))
+        pool = process_pool(self.workers, executor=True)
         queue = list(reversed(todo))
         running: dict = {}
         clean = False

@@ -18,7 +18,7 @@ import numpy as np
 
 from formats import ShardDataset, open_shards
 from formats.fields import BYTES_TYPES
-from formats.storage import is_uri
+from formats.storage import place
 from formats.storage.cache import CacheOptions
 
 __all__ = ["ShardDataset", "main_fields", "open_dataset", "read_many"]
@@ -55,12 +55,13 @@ def open_dataset(path: str | Path, *, check_crc: bool = False, cache: CacheOptio
     for name, flag in (("check_crc", check_crc), ("follow_symlinks", follow_symlinks)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, not {flag!r}")
-    if is_uri(path) or filesystem is not None:
+    where = place(path)  # read once: RemoteDataset opens this Place, not the string again
+    if where.remote or filesystem is not None:
         from .remote import RemoteDataset
 
         if follow_symlinks:
             raise ValueError("follow_symlinks applies to local datasets only")
-        return RemoteDataset(str(path), cache=cache, filesystem=filesystem, check_crc=check_crc)
+        return RemoteDataset(where if filesystem is None else str(path), cache=cache, filesystem=filesystem, check_crc=check_crc)
     if cache is not None:
         raise ValueError(f"cache= applies to datasets on object storage (s3://...) only; "
                          f"{path} is a local folder, read in place")

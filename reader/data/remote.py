@@ -31,7 +31,7 @@ from formats.files import atomic_write_bytes
 from formats.shard.dataset import default_max_open, read_metadata
 from formats.shard.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from formats.shard.shard import ShardReader
-from formats.storage import Location, open_location
+from formats.storage import Location, Place, open_location
 from formats.storage.cache import CacheOptions, Pin
 from formats.storage.manifests import decode_remote_manifest
 
@@ -57,7 +57,7 @@ class RemoteDataset(ShardDataset):
         ManifestError, VersionError: as for a local dataset.
     """
 
-    def __init__(self, uri: str, *, cache: CacheOptions | None = None, filesystem: Any = None,
+    def __init__(self, uri: str | Place, *, cache: CacheOptions | None = None, filesystem: Any = None,
                  check_crc: bool = False, max_open: int | None = None) -> None:
         self.location: Location = open_location(uri, filesystem)
         self.cache_options = cache or CacheOptions()
