@@ -52,8 +52,10 @@ class EpochOrder:
                  epoch: int, *, stream: int = 0, window: int | str | None = "options") -> None:
         self.num_records = n = int(num_records)
         self.mode = options.shuffle or None
-        self.keys = round_keys(options.seed, epoch, stream)
         self.window = options.shuffle_window if window == "options" else window
+        if self.mode is None:
+            return  # in storage order: no keys (numpy.random alone costs 8 ms to import)
+        self.keys = round_keys(options.seed, epoch, stream)
         if self.mode != "block":
             return
         self.windows = WindowPermutations(options.seed, epoch, stream, _WINDOWS)
