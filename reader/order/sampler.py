@@ -55,8 +55,8 @@ class EpochOrder:
         self.window = options.shuffle_window if window == "options" else window
         if self.mode is None:
             return  # in storage order: no keys (numpy.random alone costs 8 ms to import)
-        self.keys = round_keys(options.seed, epoch, stream)
-        if self.mode != "block":
+        if self.mode == "full":
+            self.keys = round_keys(options.seed, epoch, stream)
             return
         self.windows = WindowPermutations(options.seed, epoch, stream, _WINDOWS)
         starts = np.asarray(shard_starts, np.int64)
@@ -78,19 +78,21 @@ class EpochOrder:
             return permute(p, self.num_records, self.keys)
         if self.window is None:  # each shard its own window
             i = np.searchsorted(self.ends, p, side="right")
-            first = self.ends[i] - self._size(i)
-            s = self.shards[i]
-            return self.shard_starts[s] + self.windows(p - first, self._size(i), s)
+            s, begin, size = self._shard_at(i)
+            return begin + self.windows(p - (self.ends[i] - size), size, s)
         w, full = self.window, self.full
         j = p // w
         size = np.where(p >= full, self.num_records - full, w)
         q = j * w + self.windows(p - j * w, size, j)
         i = np.searchsorted(self.ends, q, side="right")
-        return self.shard_starts[self.shards[i]] + q - (self.ends[i] - self._size(i))
+        _, begin, size = self._shard_at(i)
+        return begin + q - (self.ends[i] - size)
 
-    def _size(self, i: np.ndarray) -> np.ndarray:
+    def _shard_at(self, i: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The shards at places ``i`` of the shuffled sequence: (shard, first record, size)."""
         s = self.shards[i]
-        return self.shard_starts[s + 1] - self.shard_starts[s]
+        begin = self.shard_starts[s]
+        return s, begin, self.shard_starts[s + 1] - begin
 
 
 def shuffled_order(num_records: int, shard_starts: np.ndarray, options: SamplerOptions,
