@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import ManifestError
 from ..files import check_plain_name
 from ..shard.manifest import MANIFEST_NAME, Manifest, decode_manifest, shard_table_ref
 from .location import Location
@@ -24,10 +25,18 @@ def decode_remote_manifest(location: Location, raw: bytes, folder: Path) -> Mani
     """
     uri = location.uri_of(MANIFEST_NAME)
     ref = shard_table_ref(raw, uri)
-    if ref is not None:
-        name, size, crc = ref
-        check_plain_name(folder, name, what="shard table name")
-        if not (folder / name).exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            location.download(name, folder / name, size=size, crc=crc)
+    if ref is None:
+        return decode_manifest(raw, uri, root=folder)
+    name, size, crc = ref
+    check_plain_name(folder, name, what="shard table name")
+    local = folder / name
+    if local.exists():
+        try:
+            return decode_manifest(raw, uri, root=folder)
+        except ManifestError:
+            # The cached copy went bad after it was checked (ours: the cache folder's):
+            # fetch it again, once; a bad table in storage then fails below, named.
+            local.unlink(missing_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    location.download(name, local, size=size, crc=crc)
     return decode_manifest(raw, uri, root=folder)

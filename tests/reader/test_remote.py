@@ -205,6 +205,25 @@ def test_corrupted_object_is_refused_with_its_name(endpoint, local_ds, tmp_path)
     assert not ShardCache.present(ds.root, ds.manifest.shards[2])
 
 
+def test_the_shard_table_is_fetched_checked_and_fetched_again_when_its_copy_went_bad(
+        endpoint, local_ds, tmp_path):
+    uri = s3_uri(endpoint, new_bucket(endpoint), "table")
+    loc = upload(local_ds, uri)
+    ds = open_dataset(uri, cache=CacheOptions(tmp_path / "cache"))
+    cached = ds.root / "shards.arrow"
+    assert cached.read_bytes() == (local_ds / "shards.arrow").read_bytes()
+    ds.close()
+    cached.write_bytes(cached.read_bytes()[:50])  # the cached copy damaged: fetched again
+    ds = open_dataset(uri, cache=CacheOptions(tmp_path / "cache"))
+    assert ds[len(ds) - 1]["label"] == open_shards(local_ds)[len(ds) - 1]["label"]
+    ds.close()
+    raw = bytearray((local_ds / "shards.arrow").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    loc.write_bytes("shards.arrow", bytes(raw))  # the stored table damaged: refused, named
+    with pytest.raises(StorageError, match=r"shards\.arrow"):
+        open_dataset(uri, cache=CacheOptions(tmp_path / "other"))
+
+
 def test_truncated_and_missing_objects(endpoint, local_ds, tmp_path):
     uri = s3_uri(endpoint, new_bucket(endpoint), "cut")
     loc = upload(local_ds, uri)
