@@ -8,13 +8,21 @@ start-up and imports are not part of any figure.
 
     python scripts/bench_peers.py write FORMAT SRC OUT [--workers N]
     python scripts/bench_peers.py read FORMAT DIR [--mode seq|random] [--count K]
-    python scripts/bench_peers.py pipeline FORMAT DIR [--workers N] [--batch 256]
+    python scripts/bench_peers.py pipeline FORMAT DIR [--workers N] [--dali KEY=VALUE ...]
+    python scripts/bench_peers.py detection FORMAT DIR [--annotations JSON] [--workers N]
 
 FORMAT: ``shards`` (ours), ``tfrecord``, ``wds`` (webdataset), ``mds``, ``litdata``,
-and ``imagefolder`` for ``pipeline``. SRC is an image folder (class subfolders);
+and for ``pipeline`` also ``imagefolder``, ``dali-files`` (DALI's ``readers.file``
+over the image folder) and ``dali-tfrecord`` (DALI's ``readers.tfrecord`` over our
+``--to tfrecord`` output and its ``.idx`` files): DALI's own CPU pipeline, its
+``--workers`` being its ``num_threads``. ``detection`` runs DALI's ``readers.coco``
+over a COCO folder (``scripts/bench_detection.py``'s data): ``dali-det`` (decoded,
+resized, flipped with boxes), ``dali-det-pad`` (the same padded to multiples of 32)
+and ``dali-det-raw`` (no decode: image bytes, boxes, labels). SRC is an image folder (class subfolders);
 every writer stores the same three fields: the JPEG bytes, the label, the key.
-Each call prints one JSON object: ``seconds``, ``records``, ``bytes`` (and
-``skipped`` with a reason when the peer cannot do it). Readers copy every payload
+Each call prints one JSON object: ``seconds``, ``records``, ``bytes``, ``cpu_seconds``
+for ``pipeline`` and ``detection`` (and ``skipped`` with a reason when the peer cannot
+do it). Readers copy every payload
 byte into a reused buffer, so every reader touches the same bytes.
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -311,11 +320,160 @@ def pipeline(fmt: str, root: Path, workers: int) -> int:
     return _count(dl)
 
 
+# -- DALI's own CPU pipelines (the peers' virtualenv) --------------------------------------
+
+#: DALI's settings, as measured best on the CPU (BENCHMARKS.md, "DALI (CPU pipelines)",
+#: says what else was tried); ``--dali KEY=VALUE`` overrides one. Pipeline keywords:
+#: ``prefetch_queue_depth``, ``exec_dynamic`` (DALI 2's executor), ``exec_pipelined``,
+#: ``exec_async``, ``bytes_per_sample``, ``set_affinity``, ``concurrency``; the rest choose ops:
+#: ``crop`` (``decoder``: ``decoders.image_random_crop``, DALI's fused ROI decode;
+#: ``after``: ``decoders.image`` + ``random_resized_crop``), ``flip`` (``flip``:
+#: ``fn.flip``; ``cmn``: ``crop_mirror_normalize`` to uint8 HWC with ``mirror``),
+#: ``antialias`` (``fn.resize``'s, on by default in DALI), ``initial_fill`` (the
+#: readers' shuffle buffer), ``hint`` (``bytes_per_sample_hint`` of the decoder).
+DALI_SETTINGS: dict = {"prefetch_queue_depth": 2, "crop": "decoder", "flip": "flip",
+                       "antialias": True}
+_PIPELINE_KEYS = ("prefetch_queue_depth", "exec_dynamic", "exec_pipelined", "exec_async",
+                  "bytes_per_sample", "set_affinity", "concurrency")
+
+
+def dali_settings(pairs: list[str] | None) -> dict:
+    """:data:`DALI_SETTINGS` with ``KEY=VALUE`` pairs applied (a value is JSON when it
+    parses as JSON: ``2``, ``true``, ``[1, 2]``; else a string)."""
+    import json
+
+    out = dict(DALI_SETTINGS)
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--dali wants KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _dali_pipeline_kw(threads: int, batch: int, settings: dict) -> dict:
+    kw = {"batch_size": batch, "num_threads": threads, "device_id": None, "seed": 0}
+    kw.update({k: settings[k] for k in _PIPELINE_KEYS if k in settings})
+    return kw
+
+
+def _dali_epoch(pipe, batch: int, name: str = "Reader") -> tuple[int, float, float]:
+    """Runs ``pipe`` for one epoch of its reader, in whole batches (the reader runs on
+    into the next epoch for the last one: every image counted was decoded). Returns the
+    images delivered, and the clock (``time.perf_counter``) and :func:`_cpu_seconds` at
+    the last batch's delivery: the batches DALI prefetches past it (``prefetch_queue_depth``)
+    and its teardown are not counted, as they would not be in a longer run."""
+    import time
+
+    pipe.build()
+    meta = pipe.reader_meta(name)
+    n = meta["epoch_size_padded"] if meta.get("epoch_size_padded") else meta["epoch_size"]
+    steps = max(1, -(-n // batch))
+    for _ in range(steps):
+        pipe.run()
+    return steps * batch, time.perf_counter(), _cpu_seconds()
+
+
+def dali_classification(fmt: str, root: Path, threads: int,
+                        settings: dict) -> tuple[int, float, float]:
+    """DALI's CPU pipeline of the classification benchmark: read, decode + random
+    resized crop 224 (torchvision's area 0.08-1 and ratio 3/4-4/3, 10 tries), flip, uint8
+    HWC 224x224x3 out, batches of :data:`BATCH` images."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    fill = {"initial_fill": settings["initial_fill"]} if "initial_fill" in settings else {}
+
+    @pipeline_def(**_dali_pipeline_kw(threads, BATCH, settings))
+    def classification():
+        if fmt == "dali-files":
+            jpegs, labels = fn.readers.file(file_root=str(root), random_shuffle=True,
+                                            name="Reader", **fill)
+        else:
+            import nvidia.dali.tfrecord as tfrec
+
+            files = sorted(root.glob("*.tfrecord"))
+            if not files:
+                raise FileNotFoundError(f"no .tfrecord files in {root}")
+            rec = fn.readers.tfrecord(
+                path=[str(f) for f in files], index_path=[str(f.with_suffix(".idx")) for f in files],
+                features={"image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+                          "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1)},
+                random_shuffle=True, name="Reader", **fill)
+            jpegs, labels = rec["image/encoded"], rec["image/class/label"]
+        hint = {"bytes_per_sample_hint": settings["hint"]} if "hint" in settings else {}
+        crop = {"random_area": [0.08, 1.0], "random_aspect_ratio": [3 / 4, 4 / 3],
+                "num_attempts": 10}
+        if settings["crop"] == "decoder":
+            images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                                   **crop, **hint)
+            images = fn.resize(images, resize_x=SIZE, resize_y=SIZE,
+                               antialias=settings["antialias"])
+        else:
+            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB, **hint)
+            images = fn.random_resized_crop(images, size=(SIZE, SIZE), **crop,
+                                            antialias=settings["antialias"])
+        mirror = fn.random.coin_flip()
+        if settings["flip"] == "cmn":
+            images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="HWC",
+                                              mirror=mirror)
+        else:
+            images = fn.flip(images, horizontal=mirror)
+        return images, labels
+
+    return _dali_epoch(classification(), BATCH)
+
+
+DALI_DETECTION = ("dali-det", "dali-det-pad", "dali-det-raw")
+DET_BATCH = 16
+DET_SHORT = (480, 512, 544, 576, 608)  # scripts/bench_detection.py's SHORT and MAX_SIZE
+DET_MAX = 1000
+
+
+def dali_detection(fmt: str, images: Path, annotations: Path, threads: int,
+                   settings: dict) -> tuple[int, float, float]:
+    """DALI's CPU pipeline of the detection benchmark over the COCO folder: ``readers.coco``
+    (ltrb boxes, no polygons, empty images kept as ours keeps them), decode, resize the
+    short side to one of 480-608 drawn per image with the long side at most 1,000, a
+    coin-flip mirror of image and boxes, boxes scaled back to pixels of the resized image;
+    ``dali-det-pad`` pads the batch to its largest image rounded up to 32 (what
+    ``PadToMultiple(32)`` and our batch layout give); ``dali-det-raw`` stops after the
+    reader (JPEG bytes, boxes, labels)."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(**_dali_pipeline_kw(threads, DET_BATCH, settings))
+    def detection():
+        jpegs, boxes, labels = fn.readers.coco(
+            file_root=str(images), annotations_file=str(annotations), ltrb=True,
+            ratio=fmt != "dali-det-raw", skip_empty=False, polygon_masks=False,
+            random_shuffle=True, name="Reader")
+        if fmt == "dali-det-raw":
+            return jpegs, boxes, labels
+        img = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+        short = fn.random.choice(list(DET_SHORT))
+        img = fn.resize(img, resize_shorter=fn.cast(short, dtype=types.FLOAT),
+                        max_size=DET_MAX, antialias=settings["antialias"])
+        flip = fn.random.coin_flip()
+        img = fn.flip(img, horizontal=flip)
+        boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip)
+        hw = img.shape(dtype=types.FLOAT)  # (h, w, 3)
+        boxes = boxes * fn.stack(hw[1], hw[0], hw[1], hw[0])  # relative -> pixels
+        if fmt == "dali-det-pad":
+            img = fn.pad(img, axes=(0, 1), align=(32, 32))
+        return img, boxes, labels
+
+    return _dali_epoch(detection(), DET_BATCH)
+
+
 # -- CLI -----------------------------------------------------------------------------------
 
 IMPORTS = {"shards": ("formats", "reader", "packer"), "tfrecord": ("tfrecord", "tfrecord.reader"),
            "wds": ("webdataset",), "mds": ("streaming",), "litdata": ("litdata",),
-           "imagefolder": ("PIL.Image",)}
+           "imagefolder": ("PIL.Image",),
+           **dict.fromkeys(("dali-files", "dali-tfrecord", *DALI_DETECTION),
+                           ("nvidia.dali", "nvidia.dali.fn", "nvidia.dali.tfrecord"))}
 
 
 def _preload(fmt: str, cmd: str) -> None:
@@ -323,10 +481,31 @@ def _preload(fmt: str, cmd: str) -> None:
     import importlib
 
     names = list(IMPORTS.get(fmt, ()))
-    if cmd == "pipeline":  # ours needs no torch; the peers feed torch's DataLoader
+    if cmd == "pipeline" and not fmt.startswith("dali"):
+        # ours needs no torch; the peers feed torch's DataLoader
         names += ["reader.pipeline.decode", "reader.transforms"] + ([] if fmt == "shards" else ["torch"])
     for name in names:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            if name.startswith("nvidia.dali"):
+                raise ImportError(f"DALI not installed in {sys.executable} ({exc}); install "
+                                  "nvidia-dali-cuda120 or -cuda130 there (BENCHMARKS.md, "
+                                  "Setting up the peers)") from None
+            raise
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children waited for (a Loader's or a
+    DataLoader's workers are, when it closes), user + system."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _dali_version() -> str:
+    import nvidia.dali
+
+    return nvidia.dali.__version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,9 +525,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--count", type=int, default=None, help="records (default: all)")
     r.add_argument("--seed", type=int, default=0)
     q = sub.add_parser("pipeline")
-    q.add_argument("format", choices=sorted([*READERS, "imagefolder"]))
+    q.add_argument("format", choices=sorted([*READERS, "imagefolder", "dali-files",
+                                             "dali-tfrecord"]))
     q.add_argument("dir", type=Path)
-    h.add_workers(q)
+    h.add_workers(q, help="worker processes (ours, torch's DataLoader); DALI's num_threads")
+    d = sub.add_parser("detection", help="DALI's readers.coco pipelines (bench_detection)")
+    d.add_argument("format", choices=DALI_DETECTION)
+    d.add_argument("dir", type=Path, help="the COCO images folder")
+    d.add_argument("--annotations", type=Path, required=True)
+    h.add_workers(d, help="DALI's num_threads")
+    for x in (q, d):
+        x.add_argument("--dali", action="append", metavar="KEY=VALUE",
+                       help="a DALI setting (bench_peers.DALI_SETTINGS), repeatable")
     m = sub.add_parser("loader-memory", help="RssAnon of a Loader (main + workers) mid-epoch")
     m.add_argument("dir", type=Path)
     h.add_workers(m)
@@ -369,8 +557,20 @@ def main(argv: list[str] | None = None) -> int:
             dt = h.timed(READERS[args.format], args.dir, args.mode, args.count, args.seed, sink)
             h.emit(seconds=dt, records=sink.records, bytes=sink.bytes)
         else:
-            dt, n = h.timed_call(pipeline, args.format, args.dir, args.workers)
-            h.emit(seconds=dt, records=n, bytes=0)
+            extra = {}
+            t, cpu = time.perf_counter(), _cpu_seconds()
+            if args.format.startswith("dali"):  # timed to its last batch (_dali_epoch)
+                if args.cmd == "detection":
+                    n, t_end, cpu_end = dali_detection(args.format, args.dir, args.annotations,
+                                                       args.workers, dali_settings(args.dali))
+                else:
+                    n, t_end, cpu_end = dali_classification(args.format, args.dir, args.workers,
+                                                            dali_settings(args.dali))
+                extra["dali"] = _dali_version()
+            else:
+                n = pipeline(args.format, args.dir, args.workers)
+                t_end, cpu_end = time.perf_counter(), _cpu_seconds()
+            h.emit(seconds=t_end - t, records=n, bytes=0, cpu_seconds=cpu_end - cpu, **extra)
     except (ImportError, NotImplementedError) as exc:
         h.emit(skipped=f"{type(exc).__name__}: {exc}")
     return 0
