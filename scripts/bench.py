@@ -213,14 +213,18 @@ def main(argv: list[str] | None = None) -> int:
     p = h.parser(__doc__)
     h.add_data(p, Path("/tmp/shardpack-bench"),
                help="where the image folder and the packed copies live (reused)")
-    p.add_argument("--count", type=int, default=20_000, help="JPEGs in the dataset")
-    p.add_argument("--pipeline-count", type=int, default=4_000,
-                   help="JPEGs in the subset used for the full pipeline and the cold runs")
-    p.add_argument("--random-count", type=int, default=5_000,
-                   help="random lookups per peer __getitem__ run (ours does --count)")
+    p.add_argument("--count", type=int, default=None,
+                   help="JPEGs in the dataset (default 20,000)")
+    p.add_argument("--pipeline-count", type=int, default=None,
+                   help="JPEGs in the subset used for the full pipeline and the cold runs "
+                        "(default 4,000)")
+    p.add_argument("--random-count", type=int, default=None,
+                   help="random lookups per peer __getitem__ run (ours does --count; "
+                        "default 5,000)")
     h.add_repeat(p)
     h.add_workers(p, len(os.sched_getaffinity(0)))
-    p.add_argument("--quick", action="store_true", help="2,000 JPEGs, 600 in the pipeline")
+    p.add_argument("--quick", action="store_true",
+                   help="2,000 JPEGs, 600 in the pipeline, 1,000 lookups (unless given)")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs")
     h.add_peers_python(p, help="python of the virtualenv with mosaicml-streaming and litdata")
     p.add_argument("--workloads", action="store_true",
@@ -228,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(scripts/bench_detection.py, bench_tokens.py, bench_pack_samples.py), "
                         "each printing its own table of ratios")
     args = p.parse_args(argv)
-    if args.quick:
-        args.count, args.pipeline_count, args.random_count = 2_000, 600, 1_000
+    sizes = (2_000, 600, 1_000) if args.quick else (20_000, 4_000, 5_000)
+    args.count, args.pipeline_count, args.random_count = (
+        given if given is not None else default for given, default in
+        zip((args.count, args.pipeline_count, args.random_count), sizes, strict=True))
     t_start = time.perf_counter()
     load = h.Load()
     args.data.mkdir(parents=True, exist_ok=True)
@@ -376,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"raw reading done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- full pipeline, warm ---------------------------------------------------------------
-    pouts = {f: args.data / f"pipe-{f}" for f in formats}
+    # Named by the subset's size: a --data folder serves runs of several sizes.
+    pouts = {f: args.data / f"pipe-{f}-{args.pipeline_count}" for f in formats}
     for f in ready:
         if not (pouts[f] / ".complete").exists():
             shutil.rmtree(pouts[f], ignore_errors=True)
