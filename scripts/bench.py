@@ -13,8 +13,13 @@ the cases interleaved in every round (rotated order), and prints one table:
 * raw reading (bytes copied out), sequential and random access, ours vs each
   peer's own reader;
 * the full pipeline (decode + random resized crop 224 + flip, batch 256,
-  workers = cores): ours vs ImageFolder + PIL through torch's DataLoader and vs
-  each peer feeding the same decoder through torch's DataLoader;
+  workers = cores): ours vs ImageFolder + PIL through torch's DataLoader, vs
+  each peer feeding the same decoder through torch's DataLoader, and vs DALI's own
+  CPU pipelines (``readers.file`` over the image folder, ``readers.tfrecord`` over our
+  ``--to tfrecord`` output and its ``.idx`` files; ``decoders.image_random_crop`` +
+  ``resize`` 224 + ``flip``, uint8 HWC), at cores threads and at one thread (ours at
+  one worker): each side's scaling efficiency, ours ÷ DALI at both, images per
+  CPU-second;
 * cold cache: raw reading and the pipeline with the page cache dropped before
   each run (needs root; skipped with a message otherwise);
 * memory: peak RssAnon of each reader's process tree (page cache excluded);
@@ -23,7 +28,7 @@ the cases interleaved in every round (rotated order), and prints one table:
 Ratios are computed per round (the two sides measured back to back) and the
 median ratio is reported: this machine's absolute rates vary 2x between runs.
 Every reader and writer runs in a subprocess (``scripts/bench_peers.py``) so its
-memory can be sampled; MosaicML Streaming and LitData run in a separate
+memory can be sampled; MosaicML Streaming, LitData and DALI run in a separate
 virtualenv (``--peers-python`` or ``$SHARDPACK_PEERS_PYTHON``), or are skipped.
 """
 
@@ -43,9 +48,13 @@ from scripts import harness as h
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "bench_peers.py"
-VENV_FORMATS = ("mds", "litdata")
+VENV_FORMATS = ("mds", "litdata", "dali-files", "dali-tfrecord", "dali-det", "dali-det-pad",
+                "dali-det-raw")
 LABELS = {"shards": "shardpack", "tfrecord": "tfrecord", "wds": "webdataset", "mds": "MDS",
-          "litdata": "LitData", "imagefolder": "ImageFolder+PIL (torch DataLoader)"}
+          "litdata": "LitData", "imagefolder": "ImageFolder+PIL (torch DataLoader)",
+          "dali-files": "DALI readers.file (image folder)",
+          "dali-tfrecord": "DALI readers.tfrecord (our --to tfrecord + .idx)"}
+DALI_FORMATS = ("dali-files", "dali-tfrecord")
 
 
 # -- measurement plumbing ---------------------------------------------------------------------
@@ -57,6 +66,7 @@ class Case:
     name: str
     unit: str
     rates: list[float] = field(default_factory=list)
+    per_cpu: list[float] = field(default_factory=list)  # records per CPU-second, per round
     mem_kb: int = 0
     skipped: str | None = None
     note: str = ""
@@ -81,6 +91,7 @@ class Runner:
     def __init__(self, peers_python: str | None, cold: bool) -> None:
         self.peers_python = peers_python
         self.cold = cold
+        self.dali: dict[str, str | None] = {}  # why DALI cannot run there (None: it can)
 
     def python(self, fmt: str) -> str | None:
         return self.peers_python if fmt in VENV_FORMATS else sys.executable
@@ -90,6 +101,11 @@ class Runner:
         if py is None:
             return {"skipped": "needs the peers virtualenv (--peers-python or "
                                "$SHARDPACK_PEERS_PYTHON; see BENCHMARKS.md)"}
+        if fmt.startswith("dali"):
+            if py not in self.dali:
+                self.dali[py] = dali_missing(py)
+            if self.dali[py]:
+                return {"skipped": self.dali[py]}
         if drop:
             drop_caches()
         proc = subprocess.Popen([py, str(PEERS), *args], stdout=subprocess.PIPE,
@@ -104,6 +120,64 @@ class Runner:
             return {"skipped": f"failed (exit {proc.returncode}): {tail[:150]}"}
         res["mem_kb"] = peak
         return res
+
+
+def dali_missing(python: str) -> str | None:
+    """Why DALI cannot run in ``python`` (one line), or None when ``nvidia.dali`` imports."""
+    r = subprocess.run([python, "-c", "import nvidia.dali"], capture_output=True, text=True)
+    if r.returncode == 0:
+        return None
+    return (f"DALI not installed in the peers virtualenv ({python}): pip install "
+            "nvidia-dali-cuda120 there (BENCHMARKS.md, Setting up the peers)")
+
+
+# -- DALI (CPU pipelines) ----------------------------------------------------------------------
+
+def ours_tfrecord(shards: Path, data: Path, count: int, cores: int) -> Path:
+    """The pipeline subset's shards converted by ``pack-dataset --to tfrecord`` (which
+    writes DALI's ``.idx`` files beside them), once, kept under ``data``."""
+    from packer import PackOptions, pack
+
+    out = data / f"pipe-ours-tfrecord-{count}"
+    if not (out / ".complete").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        pack(shards, out, PackOptions(source="shards", sink="tfrecord", workers=cores,
+                                      durable=False))
+        (out / ".complete").touch()
+    return out
+
+
+def scaling(at_cores: Case, at_one: Case, cores: int) -> float:
+    """Scaling efficiency: the rate at ``cores`` ÷ (cores × the rate at one), median over
+    rounds of the two measured in the same round."""
+    return h.paired_ratio(at_cores.rates, [cores * x for x in at_one.rates])
+
+
+def dali_section(suite: h.Report, cores: int, ours: Case, dali: dict[str, Case],
+                 one: dict[str, Case]) -> None:
+    """The DALI rows at one thread (ours at one worker) and the notes with each side's
+    scaling efficiency, ours ÷ DALI at cores and at one, and images per CPU-second."""
+    suite.section("DALI (CPU pipelines): one thread each (ours: 1 worker), same work")
+    row(suite, one["shards"], h.ratio_text(scaling(ours, one["shards"], cores),
+                                           f"scaling ({cores} ÷ {cores}x1)"))
+    for f in DALI_FORMATS:
+        row(suite, one[f], h.ratio_text(ratio(one["shards"], one[f]), "ours ÷ it (1 each)"),
+            "> 1.0")
+    sides = [("ours", ours, one["shards"])] + [(LABELS[f].split(" (")[0], dali[f], one[f])
+                                               for f in DALI_FORMATS]
+    sides = [(name, a, b) for name, a, b in sides if a.rates and b.rates]
+    if len(sides) < 2:  # DALI skipped (its rows say why), or ours
+        return
+    suite.notes.append(f"scaling efficiency, rate at {cores} ÷ ({cores} x rate at 1), same "
+                       "round: " + ", ".join(f"{name} {scaling(a, b, cores):.2f}"
+                                              for name, a, b in sides))
+    for name, a, b in sides[1:]:
+        suite.notes.append(f"ours ÷ {name}: {ratio(ours, a):.2f} at {cores} (per core: "
+                           f"{ours.median / cores:,.0f} vs {a.median / cores:,.0f} img/s), "
+                           f"{ratio(one['shards'], b):.2f} at 1")
+    suite.notes.append(f"images per CPU-second (process tree, user + system) at {cores} / at 1: "
+                       + ", ".join(f"{name} {h.median(a.per_cpu):,.0f} / "
+                                   f"{h.median(b.per_cpu):,.0f}" for name, a, b in sides))
 
 
 def drop_caches() -> None:
@@ -126,6 +200,8 @@ def record(case: Case, res: dict, amount: str = "records") -> None:
         case.skipped = case.skipped or res["skipped"]
         return
     case.rates.append(res[amount] / res["seconds"])
+    if res.get("cpu_seconds"):
+        case.per_cpu.append(res["records"] / res["cpu_seconds"])
     case.mem_kb = max(case.mem_kb, res.get("mem_kb", 0))
 
 
@@ -227,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="2,000 JPEGs, 600 in the pipeline, 1,000 lookups (unless given)")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs")
     h.add_peers_python(p, help="python of the virtualenv with mosaicml-streaming and litdata")
+    p.add_argument("--dali", action="append", metavar="KEY=VALUE", default=[],
+                   help="a DALI setting for its pipelines (scripts/bench_peers.py, "
+                        "DALI_SETTINGS), repeatable; also given to the detection benchmark")
     p.add_argument("--workloads", action="store_true",
                    help="then the detection, token-stream and pack-from-a-function benchmarks "
                         "(scripts/bench_detection.py, bench_tokens.py, bench_pack_samples.py), "
@@ -398,12 +477,28 @@ def main(argv: list[str] | None = None) -> int:
     for f in pfmts:
         if not (pouts[f] / ".complete").exists():
             pipe[f].skipped = writers.get(f, pipe[f]).skipped or "not written"
+    # DALI's own CPU pipelines (same work: decode + RRC 224 + flip, uint8 HWC), at
+    # cores threads and at one, and ours at one worker, for scaling efficiency.
+    pouts["dali-files"] = pipe_src
+    pouts["dali-tfrecord"] = ours_tfrecord(pouts["shards"], args.data, args.pipeline_count,
+                                           cores) if pipe["shards"].skipped is None else None
+    dali = {f: Case(f"{LABELS[f]}, {cores} threads", "img/s") for f in DALI_FORMATS}
+    one = {f: Case(f"{LABELS[f]}, 1 thread", "img/s") for f in DALI_FORMATS}
+    one["shards"] = Case("shardpack Loader, 1 worker", "img/s")
+    if pouts["dali-tfrecord"] is None:
+        dali["dali-tfrecord"].skipped = one["dali-tfrecord"].skipped = "no shards to convert"
+    one["shards"].skipped = pipe["shards"].skipped
     ceiling = Case(f"ceiling: {cores} x 1-core decode+RRC+flip", "img/s")
     pjpegs = [p.read_bytes() for p in files_of(pipe_src)[:200]]
 
-    def pipeline(fmt, drop=False):
+    dali_args = [x for kv in args.dali for x in ("--dali", kv)]
+
+    def pipeline(fmt, drop=False, workers=cores):
+        extra = dali_args if fmt.startswith("dali") else []
+
         def fn(c):
-            record(c, run(fmt, "pipeline", fmt, str(pouts[fmt]), "--workers", str(cores), drop=drop))
+            record(c, run(fmt, "pipeline", fmt, str(pouts[fmt]), "--workers", str(workers),
+                          *extra, drop=drop))
         return fn
 
     h.warm(*(pouts[f] for f in pfmts if pipe[f].skipped is None))
@@ -416,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rounds([(ceiling, lambda c: c.rates.append(cores * decode_rates(pjpegs)["ours_rrc"]))]
            + ([(bare, bare_decode)] if pipe["shards"].skipped is None else [])
-           + [(pipe[f], pipeline(f)) for f in pfmts], args.repeat)
+           + [(pipe[f], pipeline(f)) for f in pfmts]
+           + [(dali[f], pipeline(f)) for f in DALI_FORMATS]
+           + [(one[f], pipeline(f, workers=1)) for f in one], args.repeat)
     suite.section(f"full pipeline, warm: decode + RRC 224 + flip, batch 256, {cores} workers, "
                   f"{len(files_of(pipe_src))} JPEGs")
     row(suite, ceiling)
@@ -427,6 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     row(suite, pipe["imagefolder"], h.ratio_text(ratio(pipe["shards"], pipe["imagefolder"]), "ours ÷ it"), ">= 1.5x")
     for f in formats[1:]:
         row(suite, pipe[f], h.ratio_text(ratio(pipe["shards"], pipe[f]), "ours ÷ it"), "> 1.0")
+    for f in DALI_FORMATS:
+        row(suite, dali[f], h.ratio_text(ratio(pipe["shards"], dali[f]), "ours ÷ it"), "> 1.0")
+    dali_section(suite, cores, pipe["shards"], dali, one)
     print(f"pipeline done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
     # ---- cold cache ----------------------------------------------------------------------
@@ -516,8 +616,9 @@ def workloads(args) -> None:
     peers = ["--peers-python", args.peers_python] if args.peers_python else []
     for title, module, extra in WORKLOADS:
         print(f"\n## {title}", flush=True)
-        take = peers if module != "scripts.bench_detection" else []
-        r = subprocess.run([sys.executable, "-m", module, *extra, *take], cwd=HERE.parent)
+        if module == "scripts.bench_detection":
+            extra = [*extra, *(x for kv in args.dali for x in ("--dali", kv))]
+        r = subprocess.run([sys.executable, "-m", module, *extra, *peers], cwd=HERE.parent)
         if r.returncode:
             print(f"{module} failed with exit status {r.returncode}")
 
