@@ -25,7 +25,21 @@ aspect-ratio-grouped batches of 16.
     own functions, to compare with BENCHMARKS.md;
 (e) the ragged/padded assembly's share of worker time, from the Loader's monitor
     (laying out the padded images, zeroing their padding, writing the ragged arrays
-    and the scalars), with the padding's zeroing replayed alone on one core.
+    and the scalars), with the padding's zeroing replayed alone on one core;
+(f) the same Loader ÷ DALI's CPU pipeline over the image files and the COCO JSON
+    (``scripts/bench_peers.py detection``, in the peers' virtualenv: ``--peers-python``
+    or ``$SHARDPACK_PEERS_PYTHON``; skipped with a message without it or without DALI
+    there): ``fn.readers.coco`` (ltrb, no polygons, empty images kept), ``decoders.image``,
+    ``fn.resize(resize_shorter=`` one of 480-608 drawn per image ``, max_size=1000)``,
+    ``fn.flip`` + ``fn.bb_flip`` on one coin, boxes scaled to pixels, ``cores`` threads,
+    batches of 16 in DALI's shuffled order (not aspect-grouped); ragged, and padded
+    (``fn.pad`` to the batch's largest image rounded up to 32);
+(g) raw structured records, no decode: ours ``Loader(decode=False)`` (JPEG bytes as
+    views, boxes, labels; one process, as ``decode=False`` always is), and the same
+    with the ``segmentation`` field read, ÷ DALI's ``readers.coco`` alone (JPEG bytes,
+    boxes, labels; ``cores`` threads). Below the table: DALI's peak memory and the
+    images per CPU-second (process tree, user + system) of the Loader and of DALI, a
+    per-core figure that other processes on the machine do not move much.
 
 Every case runs ``--repeat`` times, all cases of a round back to back in a rotated
 order; a ratio is the median over rounds of (ours ÷ reference) measured in the same
@@ -100,6 +114,7 @@ def loader_epoch(shards: Path, workers: int, epoch: int, grouped: bool = True,
 
     monitor = Monitor(3600.0, output=False)  # figures only: no report within the run
     sampler = AspectRatioBatches() if grouped else None
+    cpu = _cpu_seconds()
     with Loader(shards, BATCH, batch_sampler=sampler, shuffle=True, seed=0,
                 num_workers=workers, transform=transforms(per_batch), monitor=monitor) as lo:
         lo.set_epoch(epoch)
@@ -113,9 +128,16 @@ def loader_epoch(shards: Path, workers: int, epoch: int, grouped: bool = True,
         wall = time.perf_counter() - t
         mean = lo.stats()["mean"]
     return {"rate": n / wall, "images": n, "waste": 1 - real / padded,
+            "per_cpu": n / (_cpu_seconds() - cpu),  # the workers are waited for on close
             "assemble_share": mean["assemble_share_pct"] / 100,
             "shares": {k: mean[f"{k}_share_pct"] / 100
                        for k in ("io", "decode", "transform", "assemble")}}
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and its children waited for, user + system."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _build(job: tuple[Path, int, int, int]) -> dict:
@@ -298,10 +320,74 @@ def classification_ratio(root: Path, n: int, cores: int) -> tuple[float, float]:
     return full_pipeline(inputs["shards"], cores, epochs=2), cores * one
 
 
+# -- (f), (g): DALI's CPU pipeline, and raw records -------------------------------------
+
+RAW_FIELDS = ("image", "boxes", "labels")
+
+
+def raw_epoch(shards: Path, fields: tuple[str, ...], epoch: int) -> float:
+    """Records/s of one shuffled epoch of ``Loader(decode=False)`` from a fresh Loader
+    (opening the shards included), batches of 16, reading ``fields``."""
+    from reader import Loader
+
+    def run() -> int:
+        with Loader(shards, BATCH, decode=False, shuffle=True, seed=0, fields=fields) as lo:
+            lo.set_epoch(epoch)
+            return sum(len(b["image"]) for b in lo)
+
+    return h.per_second(run)
+
+
+def dali_epoch(run, fmt: str, images: Path, annotations: Path, workers: int,
+               settings: list[str] = ()) -> dict:
+    """One epoch of DALI's pipeline ``fmt`` in the peers' virtualenv (``scripts.bench.Runner``:
+    a subprocess, its memory sampled): ``{"rate", "mem_kb", "dali"}`` or ``{"skipped"}``."""
+    res = run(fmt, "detection", fmt, str(images), "--annotations", str(annotations),
+              "--workers", str(workers), *(x for kv in settings for x in ("--dali", kv)))
+    if "skipped" in res:
+        return res
+    return {"rate": res["records"] / res["seconds"], "mem_kb": res["mem_kb"],
+            "per_cpu": res["records"] / res["cpu_seconds"], "dali": res.get("dali", "?")}
+
+
 # -- report ----------------------------------------------------------------------------
 
 def _range(xs: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(min(xs))}-{fmt.format(max(xs))}" if len(xs) > 1 else ""
+
+
+DALI = {"dali": "dali-det", "dali_pad": "dali-det-pad", "dali_raw": "dali-det-raw"}
+
+
+def dali_rows(res: dict, ours: list[float], cores: int, why: str | None) -> list[tuple]:
+    """Rows (f) and (g): ours ÷ DALI in the same round, or DALI's rows skipped with why."""
+    raw, raw_seg = res["raw"], res["raw_seg"]
+    why = why or next((x["skipped"] for k in DALI for x in res[k] if "skipped" in x), None)
+    if why is not None:
+        return [("(f) DALI readers.coco CPU pipeline", "skipped", why, [], "> 1.0"),
+                ("(g) raw records: ours decode=False, 1 process", f"{h.median(raw):.0f} rec/s",
+                 "", [], "(DALI skipped)"),
+                ("    ours with the segmentation field read", f"{h.median(raw_seg):.0f} rec/s",
+                 "", [], "(DALI skipped)")]
+
+    def rate(k):
+        return [x["rate"] for x in res[k]]
+
+    def pair(a, b):
+        return [x / y for x, y in zip(a, b, strict=True)]
+
+    d, dp, dr = rate("dali"), rate("dali_pad"), rate("dali_raw")
+    return [
+        (f"(f) Loader / DALI readers.coco+decode+resize+flip, {cores} thr, ragged",
+         f"{h.median(ours):.0f} img/s", f"{h.median(d):.0f} img/s", pair(ours, d), "> 1.0"),
+        ("    Loader / DALI the same + fn.pad to multiples of 32",
+         f"{h.median(ours):.0f} img/s", f"{h.median(dp):.0f} img/s", pair(ours, dp), "> 1.0"),
+        (f"(g) raw: ours decode=False, 1 proc / DALI readers.coco, {cores} thr",
+         f"{h.median(raw):.0f} rec/s", f"{h.median(dr):.0f} rec/s", pair(raw, dr), "> 1.0"),
+        ("    ours with the segmentation field read / DALI readers.coco",
+         f"{h.median(raw_seg):.0f} rec/s", f"{h.median(dr):.0f} rec/s", pair(raw_seg, dr),
+         "> 1.0"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="default 4096, as scripts.bench_reader")
     p.add_argument("--quick", action="store_true",
                    help="400 detection and 1536 classification images, 1 round")
+    h.add_peers_python(p, help="python of the virtualenv with DALI (rows (f) and (g))")
+    p.add_argument("--dali", action="append", metavar="KEY=VALUE", default=[],
+                   help="a DALI setting (scripts/bench_peers.py, DALI_SETTINGS), repeatable")
     args = p.parse_args(argv)
     n = args.images or (400 if args.quick else 2000)
     n_cls = args.classification_images or (1536 if args.quick else 4096)
@@ -343,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         torch_missing = str(exc)
 
     res: dict[str, list] = {k: [] for k in ("grouped", "plain", "inproc", "bare", "torch", "cls",
-                                            "grouped_pb", "plain_pb")}
+                                            "grouped_pb", "plain_pb", "raw", "raw_seg",
+                                            *DALI)}
     cases = [
         ("grouped", lambda r: loader_epoch(shards, cores, r)),
         ("plain", lambda r: loader_epoch(shards, cores, r, grouped=False)),
@@ -355,6 +445,19 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if torch_missing is None:
         cases.append(("torch", lambda r: torch_epoch(images, ann, cores)))
+    cases += [("raw", lambda r: raw_epoch(shards, RAW_FIELDS, r)),
+              ("raw_seg", lambda r: raw_epoch(shards, (*RAW_FIELDS, "segmentation"), r))]
+    from scripts.bench import Runner
+
+    run = Runner(args.peers_python, cold=False)
+    dali_why = None if args.peers_python else (
+        "needs the peers virtualenv with DALI (--peers-python or $SHARDPACK_PEERS_PYTHON)")
+    if dali_why is None:
+        first = dali_epoch(run, "dali-det-raw", images, ann, cores, args.dali)  # untimed
+        dali_why = first.get("skipped")
+    if dali_why is None:
+        cases += [(k, lambda r, k=k: dali_epoch(run, DALI[k], images, ann, cores, args.dali))
+                  for k in DALI]
     h.rounds(cases, repeat, lambda case, r: res[case[0]].append(case[1](r)),
              lambda r: print(f"round {r + 1}/{repeat} done ({time.perf_counter() - t0:.0f} s)",
                              file=sys.stderr))
@@ -414,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
                  [x["rate"] / g["rate"] for x, g in zip(plain, grouped, strict=True)],
                  "(context)"))
 
+    rows += dali_rows(res, ours, cores, dali_why)
+
     shares = {k: h.median([g["shares"][k] for g in grouped])
               for k in ("io", "decode", "transform", "assemble")}
     print(f"detection: {n} JPEGs of 480-640 px ({kb:.0f} KB mean), {nboxes:.1f} boxes/image; "
@@ -426,6 +531,15 @@ def main(argv: list[str] | None = None) -> int:
          for name, a, b, ratios, target in rows])
     print("worker time (monitor, grouped Loader): "
           + "  ".join(f"{k} {v:.1%}" for k, v in shares.items()))
+    if all(res[k] and "skipped" not in x for k in DALI for x in res[k]):
+        d = res["dali"][0]
+        print(f"DALI {d['dali']} (CPU), {cores} threads; peak RssAnon of its process: "
+              + ", ".join(f"{DALI[k]} {max(x['mem_kb'] for x in res[k]) / 1024:,.0f} MiB"
+                          for k in DALI))
+        print("images per CPU-second (process tree, user + system): Loader "
+              f"{h.median([g['per_cpu'] for g in grouped]):.0f}, DALI ragged "
+              f"{h.median([x['per_cpu'] for x in res['dali']]):.0f}, DALI padded "
+              f"{h.median([x['per_cpu'] for x in res['dali_pad']]):.0f}")
     print(load.line())
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
