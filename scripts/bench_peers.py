@@ -331,8 +331,8 @@ def pipeline(fmt: str, root: Path, workers: int) -> int:
 #: ``fn.flip``; ``cmn``: ``crop_mirror_normalize`` to uint8 HWC with ``mirror``),
 #: ``antialias`` (``fn.resize``'s, on by default in DALI), ``initial_fill`` (the
 #: readers' shuffle buffer), ``hint`` (``bytes_per_sample_hint`` of the decoder).
-DALI_SETTINGS: dict = {"prefetch_queue_depth": 2, "crop": "decoder", "flip": "flip",
-                       "antialias": True}
+DALI_SETTINGS: dict = {"prefetch_queue_depth": 2, "exec_dynamic": False, "crop": "decoder",
+                       "flip": "flip", "antialias": True}
 _PIPELINE_KEYS = ("prefetch_queue_depth", "exec_dynamic", "exec_pipelined", "exec_async",
                   "bytes_per_sample", "set_affinity", "concurrency")
 
