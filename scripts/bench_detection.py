@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
          for name, a, b, ratios, target in rows])
     print("worker time (monitor, grouped Loader): "
           + "  ".join(f"{k} {v:.1%}" for k, v in shares.items()))
-    if all(res[k] and "skipped" not in x for k in DALI for x in res[k]):
+    if all(res[k] and all("skipped" not in x for x in res[k]) for k in DALI):
         d = res["dali"][0]
         print(f"DALI {d['dali']} (CPU), {cores} threads; peak RssAnon of its process: "
               + ", ".join(f"{DALI[k]} {max(x['mem_kb'] for x in res[k]) / 1024:,.0f} MiB"

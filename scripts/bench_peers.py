@@ -18,12 +18,13 @@ over the image folder) and ``dali-tfrecord`` (DALI's ``readers.tfrecord`` over o
 ``--workers`` being its ``num_threads``. ``detection`` runs DALI's ``readers.coco``
 over a COCO folder (``scripts/bench_detection.py``'s data): ``dali-det`` (decoded,
 resized, flipped with boxes), ``dali-det-pad`` (the same padded to multiples of 32)
-and ``dali-det-raw`` (no decode: image bytes, boxes, labels). SRC is an image folder (class subfolders);
-every writer stores the same three fields: the JPEG bytes, the label, the key.
-Each call prints one JSON object: ``seconds``, ``records``, ``bytes``, ``cpu_seconds``
-for ``pipeline`` and ``detection`` (and ``skipped`` with a reason when the peer cannot
-do it). Readers copy every payload
-byte into a reused buffer, so every reader touches the same bytes.
+and ``dali-det-raw`` (no decode: image bytes, boxes, labels).
+
+SRC is an image folder (class subfolders); every writer stores the same three
+fields: the JPEG bytes, the label, the key. Each call prints one JSON object:
+``seconds``, ``records``, ``bytes``, and ``cpu_seconds`` for ``pipeline`` and
+``detection`` (or ``skipped`` with a reason when the peer cannot do it). Readers copy
+every payload byte into a reused buffer, so every reader touches the same bytes.
 """
 
 from __future__ import annotations
@@ -366,8 +367,6 @@ def _dali_epoch(pipe, batch: int, name: str = "Reader") -> tuple[int, float, flo
     images delivered, and the clock (``time.perf_counter``) and :func:`_cpu_seconds` at
     the last batch's delivery: the batches DALI prefetches past it (``prefetch_queue_depth``)
     and its teardown are not counted, as they would not be in a longer run."""
-    import time
-
     pipe.build()
     meta = pipe.reader_meta(name)
     n = meta["epoch_size_padded"] if meta.get("epoch_size_padded") else meta["epoch_size"]
