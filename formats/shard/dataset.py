@@ -11,9 +11,9 @@ never needs more open at once than that allows. The object pickles without its
 maps (worker processes reopen them lazily).
 
 A record is also found by its key (``ds.index_of(key)``, ``ds[key]``) through the
-metadata tables' ``key`` column, never the data files: the first lookup reads the
-column and sorts it (:class:`formats.shard.metadata.KeyIndex`, about 1 s and
-41 MB for a million keys of 25 bytes), later ones bisect it (about 10 us).
+metadata tables' ``key`` column, never the data files: a hash index built once per
+node in the cache folder and mapped by every process (:mod:`formats.shard.key_index`,
+16 bytes a record); a lookup bisects it and checks the candidate's key.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from ..checksum import crc32c_many, crc32c_words
 from ..errors import CorruptRecordError, ManifestError, SchemaError, ShardpackError
 from ..fields import BYTES_TYPES, SCALAR_TYPES, Field
 from .decoding import PayloadDecoder, load_dictionaries
+from .key_index import KeyIndex
 from .manifest import MANIFEST_NAME
-from .metadata import KeyIndex, read_metadata
+from .metadata import read_metadata
 from .shard_set import ShardSet, default_max_open
 
 __all__ = ["DatasetNotFoundError", "DuplicateKeyError", "KeyLookupError", "ShardDataset",
@@ -361,7 +362,8 @@ class ShardDataset(ShardSet):
 
         Keys are the values of the ``str`` field named ``key`` (FORMAT.md, §6.4),
         read from the metadata tables, not the data files. The first lookup
-        builds the index (:meth:`key_index`); later ones cost a bisection.
+        maps the node's index (:meth:`key_index`, built by the first process that
+        needs it); each costs a bisection and a check of the candidate's key.
 
         Raises:
             UnknownKeyError: no record has ``key`` (a ``KeyError``; the message
@@ -398,14 +400,14 @@ class ShardDataset(ShardSet):
         return self.key_index().find(key)
 
     def key_index(self) -> KeyIndex:
-        """The dataset's keys, sorted (built on first use, then kept; not pickled).
+        """The dataset's key index (mapped on first use, then kept; not pickled).
 
         Raises:
             SchemaError: no record has a key (the dataset has no ``str`` field
                 named ``key``, and none was given as metadata when it was packed).
         """
         if self._keys is None:
-            keys = KeyIndex(self.metadata(["key"]).column("key"))
+            keys = KeyIndex(self)
             if keys.size == 0 and len(self):
                 has = ", ".join(f"{f.name}: {f.type}" for f in self.fields)
                 raise SchemaError(

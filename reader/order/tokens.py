@@ -36,8 +36,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from formats import ShardDataset
 from formats.checksum import crc32c
+from formats.shard.column_cache import mapped_column
 
-from ..data.columns import mapped_column
 from ..data.dataset import open_dataset
 from ..options import SamplerOptions, _int, check_batch_size
 from .sampler import EpochOrder, Sampler, check_resume, next_unseen
@@ -135,7 +135,7 @@ class TokenBlocks:
     def _index(self) -> None:
         """Per record, its first token's place in the stream and in its shard's data:
         two columns mapped from the cache folder (8 bytes a record each, built once per
-        node, :mod:`reader.data.columns`); a record's shard is found in the dataset's
+        node, :mod:`formats.shard.column_cache`); a record's shard is found in the dataset's
         starts. Nothing per record in this process's own memory."""
         ds, j, item = self.dataset, self._j, self.dtype.itemsize
         tag = hashlib.sha256(self.field.encode("utf-8", "surrogatepass")).hexdigest()[:16]
