@@ -77,7 +77,8 @@ def read_many(ds: ShardDataset, indices, fields: tuple[str, ...] | None = None) 
 
 
 def main_fields(ds: ShardDataset, names: tuple[str, ...], indices: np.ndarray) -> dict:
-    """Fields read in the main process: scalars as arrays, bytes as memoryviews, else values."""
+    """Fields read in the main process: scalars as arrays, bytes as memoryviews, else
+    values (JSON parsed when first read: :meth:`ShardDataset.values`)."""
     out = {}
     for n in names:
         f = ds.fields[ds.field_index[n]]
@@ -86,7 +87,7 @@ def main_fields(ds: ShardDataset, names: tuple[str, ...], indices: np.ndarray) -
         elif f.type in BYTES_TYPES and f.compression == "none":
             out[n] = ds.payloads(indices, n)
         else:
-            out[n] = [ds.get(i, n) for i in indices.tolist()]
+            out[n] = ds.values(indices, n)
     return out
 
 
