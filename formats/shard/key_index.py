@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from .column_cache import cached_columns
 
-__all__ = ["CLOSE_MATCH_SCAN", "KeyIndex", "key_hashes"]
+__all__ = ["CLOSE_MATCH_SCAN", "KeyIndex", "key_hash", "key_hashes"]
 
 # Close matches of a missing key are sought among the keys of the first shards, up to
 # this many keys (all of them in a dataset this small), and of those only the ones
@@ -40,7 +40,7 @@ __all__ = ["CLOSE_MATCH_SCAN", "KeyIndex", "key_hashes"]
 CLOSE_MATCH_SCAN = 100_000
 CLOSE_MATCH_NEAR = 200
 _BUCKET = 1 << 20  # hashes sorted at once by the build: 16 MB with their records
-_CHUNK = 1 << 22  # hashes read at once by the build's passes over the column
+_CHUNK = 1 << 20  # hashes read at once by the build's passes over the column (~60 MB of work arrays)
 _SHARDS_KEPT = 4  # shards whose keys a lookup keeps for its checks
 
 _M1, _M2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
@@ -107,6 +107,27 @@ def _hash(off: np.ndarray, raw: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return h
 
 
+_MASK = (1 << 64) - 1
+
+
+def _fmix_one(h: int) -> int:
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & _MASK
+    h ^= h >> 33
+    h = (h * 0xC4CEB9FE1A85EC53) & _MASK
+    return h ^ (h >> 33)
+
+
+def key_hash(key: bytes) -> int:
+    """:func:`key_hashes` of one key's UTF-8 bytes, in Python ints: a lookup hashes one
+    key, where numpy's per-call overhead would cost ten times the arithmetic."""
+    h = _fmix_one(len(key) ^ 0x9E3779B97F4A7C15)
+    for at in range(0, len(key), 8):
+        h = ((h ^ int.from_bytes(key[at:at + 8], "little")) * 0x9E3779B97F4A7C15) & _MASK
+        h ^= h >> 29
+    return _fmix_one(h) or 1
+
+
 class KeyIndex:
     """Record keys to global record indices for the dataset ``ds`` (see the module).
 
@@ -127,8 +148,7 @@ class KeyIndex:
     def find(self, key: str) -> np.ndarray:
         """The record indices with ``key``, ascending (empty when there is none)."""
         target = key.encode("utf-8", "surrogatepass")  # a lone surrogate matches nothing
-        h = _hash(np.array([0, len(target)], np.int64), np.frombuffer(target, np.uint8),
-                  np.ones(1, bool))[0]
+        h = np.uint64(key_hash(target))
         lo, hi = (int(np.searchsorted(self._hashes, h, side)) for side in ("left", "right"))
         candidates = self._records[lo:hi]
         found = [int(r) for r in candidates.tolist() if self._key_of(int(r)) == target]

@@ -19,7 +19,7 @@ from formats import DatasetWriter, Field, ManifestError, SchemaError, ShardpackE
 from formats.shard import key_index
 from formats.shard.column_cache import columns_folder
 from formats.shard.dataset import DatasetNotFoundError, DuplicateKeyError, UnknownKeyError
-from formats.shard.key_index import key_hashes
+from formats.shard.key_index import key_hash, key_hashes
 from formats.version import package_version
 from reader import Loader
 from reader.options import (
@@ -142,6 +142,8 @@ def test_key_hashes_depend_on_every_byte_and_the_length():
     chunked = key_hashes(pa.chunked_array([pa.array(keys[:4]), pa.array(keys[4:])]))
     assert chunked.tolist() == h.tolist()  # chunks, offsets: the same hashes
     assert key_hashes(pa.array(keys).slice(3, 4)).tolist() == h[3:7].tolist()
+    one = [key_hash(k.encode()) for k in keys[:-1]]  # a lookup's hash: the same values
+    assert one == h[:-1].tolist()
 
 
 @pytest.mark.parametrize("bucket", [1 << 20, 4])  # one sort; the build's buckets
@@ -159,6 +161,7 @@ def test_colliding_hashes_and_duplicates_never_give_a_wrong_record(tmp_path, mon
     other = reader.open_dataset(write(tmp_path / f"same{bucket}", keys[:40]))
     monkeypatch.setattr(key_index, "_hash", lambda off, raw, valid: np.where(valid, 7, 0)
                         .astype(np.uint64))
+    monkeypatch.setattr(key_index, "key_hash", lambda key: 7)
     for j in (0, 5, 39):
         assert other.indices_of(keys[j]).tolist() == [j]
     assert other.indices_of("absent").tolist() == []
