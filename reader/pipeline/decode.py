@@ -58,15 +58,21 @@ from typing import Literal
 import numpy as np
 import simplejpeg
 
-from formats.sniff import image_kind
+from formats.sniff import image_kind, looks_complete
 from formats.sniff import image_size as header_size  # the same (height, width), from a header
 
 from ..errors import DecodeError
+from . import roi
 from .geometry import Plan
+from .roi import RegionError
 
 __all__ = ["Decoder", "check_backend", "decode_full", "image_size"]
 
 Backend = Literal["auto", "cv2", "pillow"]
+Box = tuple[float, float, float, float]
+#: ``(top, left, scaled height, scaled width)``: decoded pixels are rows ``top...`` and
+#: columns ``left...`` of the original scaled to ``scaled height`` x ``scaled width``.
+Frame = tuple[int, int, int, int]
 
 _JPEG_SOI = b"\xff\xd8"
 _PIL_ERRORS = (OSError, ValueError, EOFError, SyntaxError, struct.error, MemoryError)
@@ -158,6 +164,52 @@ def _dct_factor(plan: Plan) -> int:
     return 1
 
 
+def _region_decoder(roi_: bool | None) -> roi.RegionDecoder | None:
+    if roi_ is False or (roi_ is None and not roi.available()):
+        return None
+    if not roi.available():
+        raise ImportError(f"roi=True: {roi.unavailable_reason()}")
+    return roi.RegionDecoder()
+
+
+def _roi_region(dec: roi.RegionDecoder, data: memoryview | bytes, height: int, width: int,
+                factor: int, box: Box) -> tuple[tuple[int, int, int, int], Frame] | None:
+    """The region ``(x, y, w, h)`` of the ``1/factor`` image to decode for ``box`` and its
+    frame, or None when only the whole image will do (or is as cheap)."""
+    x0, y0, x1, y1 = box
+    eps = 1e-6
+    if x0 < -eps or y0 < -eps or x1 > width + eps or y1 > height + eps:
+        return None  # CenterCrop's zero padding: the resample sizes it from the whole image
+    if not looks_complete(data, "jpeg"):
+        # The region decode stops reading after the crop's last row, so it would miss
+        # a truncation; the whole decode reports it as it always has.
+        return None
+    header = dec.header(data)
+    if header is None:
+        return None
+    mcu_w = header[3]
+    sh, sw = -(-height // factor), -(-width // factor)
+    sy, sx = sh / height, sw / width
+    # The resample reads whole pixels floor(x0)..ceil(x1) (Pillow) or round()ed ones
+    # (cv2) of the scaled box; the region holds those and one column either side:
+    # libjpeg's fancy upsampling treats a region's side columns as the image's edge
+    # (a 4:2:0 or 4:2:2 chroma sample has no neighbour there), which changes them.
+    # Rows need no margin: libjpeg decodes whole iMCU rows with their context.
+    left = max(math.floor(x0 * sx) - 1, 0)
+    right = min(math.ceil(x1 * sx) + 1, sw)
+    top = max(math.floor(y0 * sy), 0)
+    bottom = min(math.ceil(y1 * sy), sh)
+    # The left edge must lie on the scaled iMCU grid; both edges are also kept even:
+    # the cv2 resample round()s half to even, so moving the box by an odd number of
+    # pixels could move its edge by one.
+    align = math.lcm(max(mcu_w // factor, 1), 2)
+    left -= left % align
+    top -= top % 2
+    if left == 0 and top == 0 and right == sw and bottom == sh:
+        return None
+    return (left, top, right - left, bottom - top), (top, left, sh, sw)
+
+
 def check_backend(backend: Backend) -> str:
     """The resize backend ``backend`` resolves to here (``"cv2"`` or ``"pillow"``).
 
@@ -213,11 +265,15 @@ class Decoder:
             shapes); ``pipeline.output_shape`` is the shape of ``out``.
         backend: ``"cv2"`` (OpenCV, fast), ``"pillow"`` (torchvision's exact
             antialiased bilinear) or ``"auto"`` (cv2 when installed).
+        roi: decode only the crop's region of a JPEG (:mod:`reader.pipeline.roi`):
+            None, when its library is installed; False, never (the whole image,
+            as before); True, always (ImportError when it cannot).
     """
 
-    def __init__(self, pipeline, backend: Backend = "auto") -> None:
+    def __init__(self, pipeline, backend: Backend = "auto", *, roi: bool | None = None) -> None:
         self.pipeline = pipeline
         self.backend = _resolve_backend(backend)
+        self._region = _region_decoder(roi)
         self._resample = _resample_cv2 if self.backend == "cv2" else _resample_pillow
         self._scratch = np.empty(0, np.uint8)
         self._sample = np.empty(0, np.uint8)  # a varying-size image before step 4
@@ -281,10 +337,10 @@ class Decoder:
                 self._sample = np.empty(need + need // 4, np.uint8)
             target = self._sample[:need].reshape(*plan.size, 3)
         if _is_jpeg(data):
-            image = self._decode_scaled(data, height, width, _dct_factor(plan))
+            image, frame = self._decode_box(data, height, width, plan)
         else:
-            image = _other_decode(data)
-        self._resample_plan(image, height, width, plan, target)
+            image, frame = _other_decode(data), None
+        self._resample_plan(image, height, width, plan, target, frame)
         if target is out:
             return 0.0
         t = time.perf_counter()
@@ -324,22 +380,43 @@ class Decoder:
         if _is_jpeg(data):
             height, width = _jpeg_header(data)
             plan = self.pipeline.plan(height, width, rng)
-            image = self._decode_scaled(data, height, width, _dct_factor(plan))
+            image, frame = self._decode_box(data, height, width, plan)
         else:
-            image = _other_decode(data)
+            image, frame = _other_decode(data), None
             height, width = image.shape[:2]
             plan = self.pipeline.plan(height, width, rng)
-        self._resample_plan(image, height, width, plan, target)
+        self._resample_plan(image, height, width, plan, target, frame)
         return target
 
     def _resample_plan(self, image: np.ndarray, height: int, width: int, plan,
-                       target: np.ndarray) -> None:
+                       target: np.ndarray, frame: Frame | None = None) -> None:
         """Resample ``plan`` (in the coordinates of the ``height`` x ``width`` original)
-        from ``image``, the original at whatever scale it was decoded."""
+        from ``image``: the original at whatever scale it was decoded or, with
+        ``frame``, the part of it that :meth:`_decode_box` decoded."""
+        top, left, scaled_h, scaled_w = frame or (0, 0, *image.shape[:2])
         # libjpeg rounds scaled sides up, so use the actual ratio, not 1/factor.
-        sy, sx = image.shape[0] / height, image.shape[1] / width
+        sy, sx = scaled_h / height, scaled_w / width
         x0, y0, x1, y1 = plan.box
-        self._resample(image, (x0 * sx, y0 * sy, x1 * sx, y1 * sy), target, plan.flip)
+        box = (x0 * sx - left, y0 * sy - top, x1 * sx - left, y1 * sy - top)
+        self._resample(image, box, target, plan.flip)
+
+    def _decode_box(self, data: memoryview | bytes, height: int, width: int,
+                    plan: Plan) -> tuple[np.ndarray, Frame | None]:
+        """Step 2: the pixels the plan's box needs, at its DCT scale, and their frame
+        for :meth:`_resample_plan` (None: the whole image)."""
+        factor = _dct_factor(plan)
+        if self._region is not None:
+            try:
+                found = _roi_region(self._region, data, height, width, factor, plan.box)
+                if found is not None:
+                    region, frame = found
+                    need = region[2] * region[3] * 3
+                    if self._scratch.size < need:
+                        self._scratch = np.empty(need + need // 4, np.uint8)
+                    return self._region.decode(data, factor, region, self._scratch), frame
+            except RegionError as exc:
+                raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
+        return self._decode_scaled(data, height, width, factor), None
 
     def decode_for_cache(self, data: memoryview | bytes,
                          short_side: int | None) -> tuple[np.ndarray, int, int]:
@@ -409,8 +486,6 @@ class Decoder:
         except ValueError as exc:
             raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
 
-
-Box = tuple[float, float, float, float]
 
 
 def _split_box(box: Box, height: int, width: int, size: tuple[int, int]):
