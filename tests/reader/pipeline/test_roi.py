@@ -83,8 +83,12 @@ def _count_regions(dec: Decoder) -> list:
 
 
 @needs_roi
+@pytest.mark.parametrize("every_region", [False, True])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_region_decode_is_byte_identical_to_the_whole_image_path(images, backend):
+def test_region_decode_is_byte_identical_to_the_whole_image_path(images, backend, every_region,
+                                                                  monkeypatch):
+    if every_region:  # also the regions that reach the bottom, which the cost rule skips
+        monkeypatch.setattr(roi, "_REGION_COST", 0.0)
     with_roi, whole = _pair(backend)
     calls = _count_regions(with_roi)
     factors = set()
@@ -100,7 +104,8 @@ def test_region_decode_is_byte_identical_to_the_whole_image_path(images, backend
             np.testing.assert_array_equal(a, b, err_msg=f"{kind} {w}x{h} {plan}")
     assert factors == {1, 2, 4, 8}  # every DCT scale was crossed with a region
     assert {factor for factor, _ in calls} == {1, 2, 4, 8}
-    assert len(calls) > 400  # the region path ran (the whole-image boxes did not)
+    plans = len(images) * len(_boxes(1, 1)) * 3 * 2
+    assert len(calls) == plans if every_region else plans // 2 < len(calls) < plans
 
 
 @needs_roi
