@@ -72,7 +72,7 @@ a stray marker, extraneous bytes before the end marker), since those bytes are n
 read; the crop then holds exactly the pixels of the undamaged file, and whether such
 a file fails depends on its random crop. The record's CRC32C still catches any
 change of its bytes after packing, but ``pack-dataset`` checks a JPEG's header and
-end marker, not its entropy-coded data; ``Decoder(..., roi=False)`` checks it all.
+end marker, not its entropy-coded data; ``ImagePipeline(..., roi=False)`` checks it all.
 
 *Library*: :mod:`reader.pipeline.roi` says which and why (measured).
 
@@ -267,7 +267,8 @@ class Decoder:
             antialiased bilinear) or ``"auto"`` (cv2 when installed).
         roi: decode only the crop's region of a JPEG (:mod:`reader.pipeline.roi`):
             None, when its library is installed; False, never (the whole image,
-            as before); True, always (ImportError when it cannot).
+            as before); True, always (ImportError when it cannot). Callers pass
+            the pipeline's ``roi``.
     """
 
     def __init__(self, pipeline, backend: Backend = "auto", *, roi: bool | None = None) -> None:

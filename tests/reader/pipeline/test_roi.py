@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import pickle
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from reader.pipeline import decode as decode_mod
 from reader.pipeline import roi
 from reader.pipeline.decode import Decoder
 from reader.pipeline.geometry import Plan
+from reader.pipeline.imaging import DecoderPipeline
 from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop, Resize
 from scripts.synth import make_jpeg, synth_image
 
@@ -240,3 +242,15 @@ def test_library_lookup_skips_libraries_without_the_turbojpeg3_api(monkeypatch, 
     assert not roi.available()
     assert "pip install 'shardpack[roi]'" in roi.unavailable_reason()
     assert str(fake) in roi.unavailable_reason()
+
+
+def test_the_pipeline_option_reaches_the_decoder_in_a_worker():
+    data = make_jpeg(np.random.default_rng(2), 120, 90)
+    off = ImagePipeline([RandomResizedCrop(32)], roi=False)
+    assert "roi=False" in repr(off)
+    worker = pickle.loads(pickle.dumps(DecoderPipeline(off, off.backend)))
+    assert worker.decoder()._region is None
+    off(data)
+    assert off._decoder._region is None
+    on = ImagePipeline([RandomResizedCrop(32)])
+    assert (DecoderPipeline(on, on.backend).decoder()._region is not None) == roi.available()
