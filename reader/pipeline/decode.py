@@ -53,9 +53,10 @@ covers (``tj3SetCroppingRegion``). Where the time goes decides what it saves: th
 entropy decoding is about 85% of a decode of these images and cannot start midway
 (no restart markers), so rows above the region still cost three quarters of
 decoding them and columns beside it a little; rows below it are never read. So a
-region that reaches the bottom goes the whole-image way (:func:`reader.pipeline.roi.region_for`), as do
-CMYK/YCCK files, unusual samplings, boxes reaching outside the image (CenterCrop's
-padding) and files without an end-of-image marker near their end.
+region that reaches the bottom from near the top goes the whole-image way (the
+rule: :func:`reader.pipeline.roi.region_for`), as do CMYK/YCCK files, unusual
+samplings, boxes reaching outside the image (CenterCrop's padding) and files
+without an end-of-image marker near their end.
 
 *Exact.* The output is byte-identical to the whole-image path, both backends, for
 4:2:0, 4:2:2, 4:4:4, 4:4:0, grayscale and progressive files, at every DCT scale, for
@@ -486,7 +487,6 @@ class Decoder:
             return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=self._scratch, **scale)
         except ValueError as exc:
             raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
-
 
 
 def _split_box(box: Box, height: int, width: int, size: tuple[int, int]):

@@ -57,7 +57,6 @@ from formats.sniff import looks_complete
 __all__ = ["Frame", "RegionDecoder", "RegionError", "available", "library_path", "region_for",
            "unavailable_reason"]
 
-Box = tuple[float, float, float, float]
 #: ``(top, left, scaled height, scaled width)``: decoded pixels are rows ``top...`` and
 #: columns ``left...`` of the original scaled to ``scaled height`` x ``scaled width``.
 Frame = tuple[int, int, int, int]
@@ -231,7 +230,8 @@ _ROWS_ABOVE_COST = 0.75
 
 
 def region_for(dec: RegionDecoder, data: memoryview | bytes, height: int, width: int,
-                factor: int, box: Box) -> tuple[tuple[int, int, int, int], Frame] | None:
+                factor: int, box: tuple[float, float, float, float]
+               ) -> tuple[tuple[int, int, int, int], Frame] | None:
     """The region ``(x, y, w, h)`` of the ``1/factor`` image that :meth:`RegionDecoder.decode`
     should decode for ``box`` (source pixels, as a plan's) and the region's :data:`Frame`;
     None when only the whole image will do, or costs no more. Reads the header of
