@@ -62,7 +62,8 @@ __all__ = ["Frame", "RegionDecoder", "RegionError", "available", "library_path",
 Frame = tuple[int, int, int, int]
 
 _INIT_DECOMPRESS = 1
-_STOPONWARNING, _SUBSAMP, _JPEGWIDTH, _JPEGHEIGHT, _COLORSPACE = 0, 4, 5, 6, 8
+_STOPONWARNING, _SUBSAMP, _JPEGWIDTH, _JPEGHEIGHT, _PRECISION, _COLORSPACE = 0, 4, 5, 6, 7, 8
+_LOSSLESS = 15
 _PF_RGB = 0
 # TJSAMP_444, 422, 420, GRAY, 440, 411, 441 -> iMCU (width, height) in pixels.
 _MCU = {0: (8, 8), 1: (16, 8), 2: (16, 16), 3: (8, 8), 4: (8, 16), 5: (32, 8), 6: (8, 32)}
@@ -184,9 +185,9 @@ class RegionDecoder:
         return RegionError(self._lib.tj3GetErrorStr(self._handle).decode("utf-8", "replace"))
 
     def header(self, data: memoryview | bytes) -> tuple[int, int, int, int] | None:
-        """``(height, width, iMCU height, iMCU width)`` of ``data``, or None when its
-        colour space or subsampling has no region decode here (CMYK, YCCK, an
-        unusual sampling): then decode it whole.
+        """``(height, width, iMCU height, iMCU width)`` of ``data``, or None when it
+        has no region decode here (CMYK, YCCK, an unusual sampling, lossless or
+        12-bit): then decode it whole.
 
         Raises:
             RegionError: the header is damaged.
@@ -196,6 +197,10 @@ class RegionDecoder:
             raise self._error()
         mcu = _MCU.get(lib.tj3Get(handle, _SUBSAMP))
         if mcu is None or lib.tj3Get(handle, _COLORSPACE) not in (_CS_YCBCR, _CS_GRAY, _CS_RGB):
+            return None
+        # A cropped decode of a lossless JPEG crashes this libjpeg-turbo (3.0 beta):
+        # lossless files, like 12-bit ones, are decoded whole, by simplejpeg.
+        if lib.tj3Get(handle, _LOSSLESS) or lib.tj3Get(handle, _PRECISION) != 8:
             return None
         return lib.tj3Get(handle, _JPEGHEIGHT), lib.tj3Get(handle, _JPEGWIDTH), mcu[1], mcu[0]
 

@@ -131,6 +131,54 @@ def test_classification_pipeline_output_unchanged():
                                       Decoder(pipe, roi=False).decode_into(data, None, rng))
 
 
+def _turbojpeg_encoder():
+    """The roi extra's own module can write what simplejpeg and Pillow cannot."""
+    module = pytest.importorskip("turbojpeg", reason="the roi extra's turbojpeg module")
+    if not hasattr(module, "SAMP"):  # PyTurboJPEG's module of the same name
+        pytest.skip("turbojpeg here is PyTurboJPEG, not the roi extra's module")
+    return module
+
+
+@needs_roi
+@pytest.mark.parametrize("every_region", [False, True])
+def test_arithmetic_restart_markers_and_411_are_byte_identical(every_region, monkeypatch):
+    tj = _turbojpeg_encoder()
+    if every_region:
+        monkeypatch.setattr(roi, "_REGION_COST", 0.0)
+    img = synth_image(np.random.default_rng(11), 131, 97)
+    files = {"arithmetic": tj.compress(img, 90, tj.SAMP.Y420, arithmetic=True),
+             "restart markers": tj.compress(img, 90, tj.SAMP.Y420, restartrows=1),
+             "4:1:1": tj.compress(img, 90, tj.SAMP.Y411),
+             "progressive 4:2:2": tj.compress(img, 90, tj.SAMP.Y422, progressive=True)}
+    with_roi, whole = _pair("cv2")
+    calls = _count_regions(with_roi)
+    for (name, data), box in itertools.product(files.items(), _boxes(97, 131)):
+        plan = Plan(tuple(float(v) for v in box), (24, 24), True)
+        a, b = np.zeros((24, 24, 3), np.uint8), np.ones((24, 24, 3), np.uint8)
+        with_roi.decode_plan(data, 97, 131, plan, a, None)
+        whole.decode_plan(data, 97, 131, plan, b, None)
+        np.testing.assert_array_equal(a, b, err_msg=f"{name} {plan}")
+    assert calls
+
+
+@needs_roi
+def test_lossless_jpeg_takes_the_whole_image_path(monkeypatch):
+    """A cropped decode of a lossless JPEG crashes the bundled libjpeg-turbo 3.0 beta."""
+    tj = _turbojpeg_encoder()
+    monkeypatch.setattr(roi, "_REGION_COST", 0.0)
+    data = tj.compress(synth_image(np.random.default_rng(12), 64, 48), 100, tj.SAMP.Y444,
+                       lossless=True)
+    with_roi, whole = _pair("cv2")
+    calls = _count_regions(with_roi)
+    # A box no larger than the output: no DCT scale, which lossless files do not have.
+    plan = Plan((8.0, 8.0, 40.0, 40.0), (32, 32), False)
+    a, b = np.zeros((32, 32, 3), np.uint8), np.ones((32, 32, 3), np.uint8)
+    with_roi.decode_plan(data, 48, 64, plan, a, None)
+    whole.decode_plan(data, 48, 64, plan, b, None)
+    np.testing.assert_array_equal(a, b)
+    assert not calls
+
+
 @needs_roi
 def test_cmyk_takes_the_whole_image_path():
     buf = io.BytesIO()
