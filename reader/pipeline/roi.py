@@ -33,12 +33,16 @@ PyTurboJPEG 2.6 on that library, whole                  980   0.92
 PyTurboJPEG lossless crop, then scaled decode          1539   0.59
 ==================================================  ======  =====
 
-PyTurboJPEG needs a libturbojpeg 3 that pip cannot install (Debian's 2.1.5 has the
-TurboJPEG 2 API, with no region decode) and has no region decode of its own;
-simplejpeg and imagecodecs' ``jpeg8_decode`` take no region; Pillow's wheel bundles
-libjpeg-turbo 3.2 but only its libjpeg API, whose errors ``longjmp`` (a compiled
-extension, not ctypes). The ``turbojpeg`` wheel (CPython 3.10-3.13, x86-64 Linux)
-bundles libturbojpeg 3.0 (its 2.1.92 beta); its pybind module is never imported.
+PyTurboJPEG 2.x ships no library and needs a libturbojpeg 3 (Debian's 2.1.5 has the
+TurboJPEG 2 API, with no region decode; the rows above borrow the ``turbojpeg``
+wheel's), and offers only a lossless crop (re-encoding the MCUs) before a decode;
+the ``turbojpeg`` wheel's own pybind module, simplejpeg and imagecodecs'
+``jpeg8_decode`` take neither a region nor a scale; Pillow's wheel bundles
+libjpeg-turbo 3.2 but only its libjpeg API, whose errors ``longjmp`` (that needs a
+compiled extension, and a compiler). So the library is the ``turbojpeg`` wheel's
+libturbojpeg (CPython 3.10-3.13, x86-64 Linux): libjpeg-turbo 2.1.92, the 3.0 beta,
+8% slower than simplejpeg's 3.1.2 and crashing on a cropped lossless decode, which
+:meth:`RegionDecoder.header` therefore refuses.
 """
 
 from __future__ import annotations
