@@ -58,6 +58,8 @@ import numpy as np
 
 from formats.sniff import looks_complete
 
+from ..errors import DecodeError
+
 __all__ = ["Frame", "RegionDecoder", "RegionError", "available", "library_path", "region_for",
            "unavailable_reason"]
 
@@ -157,8 +159,9 @@ def _address(data: memoryview | bytes) -> int:
     return np.frombuffer(data, np.uint8).ctypes.data
 
 
-class RegionError(Exception):
-    """libjpeg-turbo refused the data (the message is its own); the caller types it."""
+class RegionError(DecodeError):
+    """libjpeg-turbo refused the data (the message is its own); the decoder re-raises
+    it as the whole-image path's ``DecodeError``, naming the bytes."""
 
 
 class RegionDecoder:
