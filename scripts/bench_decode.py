@@ -59,8 +59,10 @@ def _naive(rng: np.random.Generator) -> Callable[[bytes], np.ndarray]:
     return run
 
 
-def _ours(backend: str, rng: np.random.Generator) -> Callable[[bytes], np.ndarray]:
-    pipe = ImagePipeline([RandomResizedCrop(SIZE), RandomHorizontalFlip()], backend=backend)
+def _ours(backend: str, rng: np.random.Generator,
+          use_roi: bool = False) -> Callable[[bytes], np.ndarray]:
+    pipe = ImagePipeline([RandomResizedCrop(SIZE), RandomHorizontalFlip()], backend=backend,
+                         roi=use_roi)
     out = np.empty(pipe.output_shape, np.uint8)
     return lambda data: pipe(data, out, rng)
 
@@ -203,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates["ours (RRC 224 + flip), cv2"] = _rate(
             _ours("cv2", np.random.default_rng(2)), jpegs, args.rounds
         )
+        if roi.available():
+            rates["ours (RRC 224 + flip), cv2, region of interest"] = _rate(
+                _ours("cv2", np.random.default_rng(2), use_roi=True), jpegs, args.rounds
+            )
     decode, naive = (
         rates["simplejpeg full decode"],
         rates["naive: decode, pillow crop+resize, flip, CHW"],

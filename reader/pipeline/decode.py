@@ -87,15 +87,20 @@ the record's CRC32C is the real one for any change after packing, while
 *Library*: :mod:`reader.pipeline.roi` says which and why (measured).
 
 Classification pipeline, ``python -m scripts.bench_decode --roi-only --count 300
---rounds 9`` (CPU time, one core, alternated rounds; the machine was shared, so the
-ratio is the figure to keep, the absolute times ran about 1.5x the tables above):
+--rounds 9`` pinned to one core (CPU time, alternated rounds; the machine was shared,
+load average 3 on 2 cores, so the ratio is the figure to keep: today's total ran
+1.18x the 0.96 ms measured for issue 29). A second run on the other core: 0.86.
 
-===============================  ======  ========  ====  =====  ======
-RRC 224 + flip, cv2, CPU µs/img  decode  resample  rest  total  /today
-===============================  ======  ========  ====  =====  ======
-whole image (today)                 988       121    55   1165    1.00
-region of interest                  813       122    54    986    0.84
-===============================  ======  ========  ====  =====  ======
+================================  ======  ========  ====  =====  ======  ======
+RRC 224 + flip, cv2, CPU µs/img   decode  resample  rest  total  /today  spread
+================================  ======  ========  ====  =====  ======  ======
+whole image (today)                  952       118    50   1131    1.00    0.12
+region of interest                   790       111    51    952    0.85    0.08
+================================  ======  ========  ====  =====  ======  ======
+
+So from 0.96 ms an image the region decode brings the pipeline to about 0.82 ms,
+short of 0.76, because the entropy decoding down to the crop's last row is a floor
+that only a decoder able to start mid-scan (restart markers) could go below.
 """
 
 from __future__ import annotations
