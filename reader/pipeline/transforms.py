@@ -34,6 +34,8 @@ import numpy as np
 
 from .decode import Decoder
 from .geometry import Plan, Size
+from .roi import available as region_decode_available
+from .roi import unavailable_reason
 
 __all__ = [
     "CenterCrop",
@@ -503,6 +505,10 @@ class ImagePipeline:
         self.normalize = norm[0] if norm else None
         self.samples = samples
         self.backend = backend
+        if roi is not None and not isinstance(roi, bool):
+            raise TypeError(f"roi must be None, True or False, not {roi!r}")
+        if roi and not region_decode_available():  # here, not in a worker at its first image
+            raise ImportError(f"roi=True: {unavailable_reason()}")
         self.roi = roi
         self.keypoint_pairs = tuple(p for t in geometric if isinstance(t, RandomHorizontalFlip)
                                     for p in t.keypoint_pairs)

@@ -291,7 +291,15 @@ def test_fallback_when_the_library_is_missing(monkeypatch):
     assert out.shape == (32, 32, 3) and out.any()
     with pytest.raises(ImportError, match=r"roi=True: no libturbojpeg \(test\)"):
         Decoder(pipe, roi=True)
+    with pytest.raises(ImportError, match=r"roi=True: no libturbojpeg \(test\)"):
+        ImagePipeline([RandomResizedCrop(32)], roi=True)  # at once, not in a worker
     assert Decoder(pipe, roi=False)._region is None
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, 0])
+def test_roi_is_none_true_or_false(bad):
+    with pytest.raises(TypeError, match="roi must be None, True or False"):
+        ImagePipeline([RandomResizedCrop(32)], roi=bad)
 
 
 def test_library_lookup_skips_libraries_without_the_turbojpeg3_api(monkeypatch, tmp_path):
