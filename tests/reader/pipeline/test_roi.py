@@ -19,6 +19,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
+from formats.sniff import jpeg_is_lossless
 from reader import DecodeError
 from reader.pipeline import decode as decode_mod
 from reader.pipeline import roi
@@ -348,3 +349,28 @@ def test_single_bit_flips_the_region_path_raises_only_where_the_whole_path_does(
                 raised[use_roi] += 1
         assert failed[False] or not failed[True], box
     assert raised[False] > raised[True]
+
+
+@pytest.mark.parametrize("use_roi", [False, None])
+def test_a_lossless_jpeg_is_decoded_whole_at_any_crop(use_roi):
+    """simplejpeg's DCT-scaled decode of a lossless JPEG corrupts memory (a segfault, a
+    dead worker): such a file is decoded at full size whatever the crop."""
+    tj = _turbojpeg_encoder()
+    img = synth_image(np.random.default_rng(13), 320, 240)
+    data = tj.compress(img, 100, tj.SAMP.Y444, lossless=True)
+    assert jpeg_is_lossless(data) and not jpeg_is_lossless(make_jpeg(np.random.default_rng(1),
+                                                                     64, 48))
+    pipe = ImagePipeline([RandomResizedCrop(32, scale=(0.9, 1.0))], roi=use_roi)
+    for seed in range(5):  # boxes of 200+ px to 32: a DCT scale of 1/4 or 1/8 otherwise
+        out = pipe(data, rng=np.random.default_rng(seed))
+        assert out.shape == (32, 32, 3) and out.any()
+
+
+def test_the_frame_header_walk_is_bounded_and_never_raises():
+    good = make_jpeg(np.random.default_rng(1), 64, 48)
+    assert not jpeg_is_lossless(good)
+    for cut in (0, 2, 3, 5, 20, 200):
+        assert not jpeg_is_lossless(good[:cut])
+    many_app = b"\xff\xd8" + b"\xff\xe1\x00\x02" * 100 + b"\xff\xc3\x00\x08"
+    assert not jpeg_is_lossless(many_app)  # past the segments walked: not a frame found
+    assert jpeg_is_lossless(b"\xff\xd8\xff\xff\xff\xc3\x00\x08")  # fill bytes before it
