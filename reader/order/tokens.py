@@ -251,16 +251,22 @@ class TokenBlocks:
         return self._serve(loop, self.epoch, self.position, n)
 
     def _serve(self, loop: _Loop, epoch: int, k: int, n: int):
-        if self.batch_size is None:
-            yield from self._views(loop, epoch, k, n)
-        else:
-            while k < n:
-                if loop.ended is not None:
-                    raise RuntimeError(loop.ended)
-                out = self._batch(epoch, k)
-                k += 1
-                self.position = k
-                yield out
+        if self.batch_size is None:  # its own generator: a `yield from` costs per block
+            return self._views(loop, epoch, k, n)
+        return self._batches(loop, epoch, k, n)
+
+    def _batches(self, loop: _Loop, epoch: int, k: int, n: int):
+        while k < n:
+            if loop.ended is not None:
+                raise RuntimeError(loop.ended)
+            out = self._batch(epoch, k)
+            k += 1
+            self.position = k
+            yield out
+        self._finished(loop, epoch)
+
+    def _finished(self, loop: _Loop, epoch: int) -> None:
+        """The epoch's last block was delivered: the next iter() starts the next epoch."""
         if loop.ended is None and self.epoch == epoch:
             self.epoch, self.position = epoch + 1, 0
 
@@ -283,18 +289,20 @@ class TokenBlocks:
                 base, (rec, shard, elem, inside, *_, check) = self._chunk(epoch, i)
                 end = base + len(rec)
                 shards, elems, ins = shard.tolist(), elem.tolist(), inside.tolist()
+            j = i - base
             if check:
-                self._verify(rec[i - base:i - base + 1])
-            if ins[i - base]:
-                s = shards[i - base]
+                self._verify(rec[j:j + 1])
+            if ins[j]:
+                s = shards[j]
                 if s != current:
                     current, rows = s, self._overlapping_rows(s)
-                out = rows[elems[i - base]]
+                out = rows[elems[j]]
             else:
                 current = -1
                 out = self._batch(epoch, i)
             self.position = i + 1
             yield out
+        self._finished(loop, epoch)
 
     def _batch(self, epoch: int, k: int) -> np.ndarray:
         b = self.batch_size or 1
