@@ -51,6 +51,9 @@ class LazyValues(Sequence):
     def __repr__(self) -> str:
         return repr(list(self))
 
+    def __reduce__(self):
+        return list, (list(self),)
+
 
 class Record(Mapping):
     """One record's fields: ``values`` holds those decoded already, ``decode(name)``
@@ -84,3 +87,8 @@ class Record(Mapping):
 
     def __repr__(self) -> str:
         return repr(dict(self))
+
+    def __reduce__(self):
+        # To another process (a DataLoader worker's sample) as the plain dict it reads
+        # as: every value decoded, no closure over this process's maps.
+        return dict, (dict(self),)

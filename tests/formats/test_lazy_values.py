@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -50,6 +52,18 @@ def test_a_record_is_a_mapping_with_every_field_decoded_as_before(root):
         with pytest.raises(KeyError):
             rec["nope"]
         assert "'meta'" in repr(rec)
+
+
+def test_records_and_lazy_values_pickle_as_the_dict_and_list_they_read_as(tmp_path):
+    with DatasetWriter(tmp_path / "p", [Field("n", "int"), Field("meta", "json")],
+                       shard_size=None, records_per_shard=3, durable=False) as w:
+        for i in range(5):
+            w.write({"n": i, "meta": {"i": [i]}})
+    ds = open_shards(tmp_path / "p")
+    again = pickle.loads(pickle.dumps(ds[4]))
+    assert type(again) is dict and again == {"n": 4, "meta": {"i": [4]}}
+    values = pickle.loads(pickle.dumps(ds.values([0, 4], "meta")))
+    assert type(values) is list and values == [{"i": [0]}, {"i": [4]}]
 
 
 @pytest.mark.parametrize("check", [False, True])
