@@ -114,7 +114,7 @@ from typing import Literal
 import numpy as np
 import simplejpeg
 
-from formats.sniff import image_kind, jpeg_is_lossless
+from formats.sniff import image_kind, jpeg_dct_scalable
 from formats.sniff import image_size as header_size  # the same (height, width), from a header
 
 from ..errors import DecodeError
@@ -492,7 +492,7 @@ class Decoder:
         """Decode at ``1/factor`` of each side into the scratch buffer (whole for a
         lossless JPEG, which has no DCT to scale: callers resample from the shape)."""
         scale = {}
-        if factor > 1 and not jpeg_is_lossless(data):
+        if factor > 1 and jpeg_dct_scalable(data):
             scale = {"min_height": -(-height // factor), "min_width": -(-width // factor)}
             height, width = _jpeg_header(data, **scale)
         need = height * width * 3

@@ -19,7 +19,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from formats.sniff import jpeg_is_lossless
+from formats.sniff import jpeg_dct_scalable
 from reader import DecodeError
 from reader.pipeline import decode as decode_mod
 from reader.pipeline import roi
@@ -358,19 +358,22 @@ def test_a_lossless_jpeg_is_decoded_whole_at_any_crop(use_roi):
     tj = _turbojpeg_encoder()
     img = synth_image(np.random.default_rng(13), 320, 240)
     data = tj.compress(img, 100, tj.SAMP.Y444, lossless=True)
-    assert jpeg_is_lossless(data) and not jpeg_is_lossless(make_jpeg(np.random.default_rng(1),
-                                                                     64, 48))
+    assert not jpeg_dct_scalable(data)
+    assert jpeg_dct_scalable(make_jpeg(np.random.default_rng(1), 64, 48))
     pipe = ImagePipeline([RandomResizedCrop(32, scale=(0.9, 1.0))], roi=use_roi)
     for seed in range(5):  # boxes of 200+ px to 32: a DCT scale of 1/4 or 1/8 otherwise
         out = pipe(data, rng=np.random.default_rng(seed))
         assert out.shape == (32, 32, 3) and out.any()
 
 
-def test_the_frame_header_walk_is_bounded_and_never_raises():
+def test_the_frame_header_walk_never_raises_and_reads_any_number_of_segments():
     good = make_jpeg(np.random.default_rng(1), 64, 48)
-    assert not jpeg_is_lossless(good)
-    for cut in (0, 2, 3, 5, 20, 200):
-        assert not jpeg_is_lossless(good[:cut])
-    many_app = b"\xff\xd8" + b"\xff\xe1\x00\x02" * 100 + b"\xff\xc3\x00\x08"
-    assert not jpeg_is_lossless(many_app)  # past the segments walked: not a frame found
-    assert jpeg_is_lossless(b"\xff\xd8\xff\xff\xff\xc3\x00\x08")  # fill bytes before it
+    assert jpeg_dct_scalable(good) and jpeg_dct_scalable(memoryview(good))
+    for cut in (0, 2, 3, 5, 20):  # no frame header to read: decoded whole
+        assert not jpeg_dct_scalable(good[:cut])
+    for sof, scalable in ((0xC3, False), (0xC0, True), (0xC2, True), (0xCF, False)):
+        head = b"\xff\xd8" + b"\xff\xe2\x00\x04ab" * 5000 + bytes([0xFF, sof, 0, 8])
+        assert jpeg_dct_scalable(head) is scalable  # an ICC profile in 5,000 APP2 pieces
+    assert not jpeg_dct_scalable(b"\xff\xd8\xff\xff\xff\xc3\x00\x08")  # fill bytes first
+    assert not jpeg_dct_scalable(b"\xff\xd8\xff\xda\x00\x08")  # a scan before any frame
+    assert not jpeg_dct_scalable(b"\xff\xd8\xff\xe0\xff\xff")  # a length past the end
