@@ -179,6 +179,13 @@ def test_records_without_a_key_are_never_found(tmp_path):
     assert not ds.key_index().by_field  # no key field: checked against the metadata
 
 
+def test_a_closed_dataset_still_finds_its_keys(ds_path):
+    ds = reader.open_dataset(ds_path)
+    assert ds.index_of("k3") == 3 and ds.key_index().by_field
+    ds.close()
+    assert ds.index_of("k150") == 150  # from the metadata tables: the shards are closed
+
+
 def test_keys_are_checked_against_the_metadata_where_the_key_field_disagrees(tmp_path):
     with DatasetWriter(tmp_path / "two", [Field("key", "str")], shard_size=None,
                        records_per_shard=4, durable=False) as w:
