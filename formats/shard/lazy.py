@@ -3,15 +3,16 @@
 A JSON field (COCO's polygons, a caption's metadata) costs tens of microseconds a
 record to parse, more than reading every other field of it; a raw batch or a
 ``ds[i]`` whose caller never looks at it should not pay that. So a record is a
-:class:`Record` (a read-only mapping of field -> value) and a raw batch's JSON
-column a :class:`LazyValues` (a read-only sequence): each value is decoded on
-first access, then kept. A payload that does not decode raises on that access,
+:class:`Record` (a mutable mapping of field -> value, as a dict is, but not a
+``dict``: ``json.dumps`` takes ``dict(record)``) and a raw batch's JSON column a
+:class:`LazyValues` (a read-only sequence; ``+`` gives a list): each value is
+decoded on first access, then kept. A payload that does not decode raises on that access,
 naming the shard file and the record, exactly as an eager decode would have.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 __all__ = ["LazyValues", "Record"]
@@ -51,13 +52,20 @@ class LazyValues(Sequence):
     def __repr__(self) -> str:
         return repr(list(self))
 
+    def __add__(self, other) -> list:
+        return [*self, *other]
+
+    def __radd__(self, other) -> list:
+        return [*other, *self]
+
     def __reduce__(self):
         return list, (list(self),)
 
 
-class Record(Mapping):
+class Record(MutableMapping):
     """One record's fields: ``values`` holds those decoded already, ``decode(name)``
-    gives any other named in ``names`` (and is called once for each)."""
+    gives any other named in ``names`` (and is called once for each). Set, delete,
+    ``update``, ``pop``, ``copy`` (a dict) and ``|`` work as on a dict."""
 
     __slots__ = ("_decode", "_names", "_values")
 
@@ -76,11 +84,35 @@ class Record(Mapping):
         value = self._values[name] = self._decode(name)
         return value
 
+    def __setitem__(self, name: str, value: Any) -> None:
+        if name not in self._names:
+            self._names = [*self._names, name]  # the dataset's list is shared: a copy
+        self._values[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self._names:
+            raise KeyError(name)
+        self._names = [n for n in self._names if n != name]
+        self._values.pop(name, None)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
     def __len__(self) -> int:
         return len(self._names)
+
+    def copy(self) -> dict[str, Any]:
+        return dict(self)
+
+    def __or__(self, other) -> dict[str, Any]:
+        return {**self, **other}
+
+    def __ror__(self, other) -> dict[str, Any]:
+        return {**other, **self}
+
+    def __ior__(self, other) -> Record:
+        self.update(other)
+        return self
 
     def __contains__(self, name: object) -> bool:
         return name in self._names

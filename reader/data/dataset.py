@@ -70,7 +70,9 @@ def open_dataset(path: str | Path, *, check_crc: bool = False, cache: CacheOptio
 
 def read_many(ds: ShardDataset, indices, fields: tuple[str, ...] | None = None) -> dict:
     """Many records at once: int/float fields as int64/float64 arrays, uncompressed
-    bytes fields as lists of zero-copy memoryviews, other fields as lists of values.
+    bytes fields as lists of zero-copy memoryviews, JSON fields as sequences parsed
+    item by item when first read (:class:`formats.shard.lazy.LazyValues`), other
+    fields as lists of values.
     """
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     return main_fields(ds, tuple(fields or (f.name for f in ds.fields)), idx)

@@ -54,6 +54,26 @@ def test_a_record_is_a_mapping_with_every_field_decoded_as_before(root):
         assert "'meta'" in repr(rec)
 
 
+def test_a_record_is_changed_as_a_dict_is(root):
+    ds = open_shards(root)
+    rec = ds[3]
+    rec["image"] = "decoded"  # a map-style dataset's usual step
+    rec["extra"] = 1
+    del rec["blob"]
+    assert list(rec) == [f.name for f in FIELDS if f.name != "blob"] + ["extra"]
+    assert rec["image"] == "decoded" and rec.pop("n") == 3 and "n" not in rec
+    assert rec.copy() == dict(rec) and type(rec.copy()) is dict
+    assert (rec | {"x": 9})["x"] == 9 and ({"x": 9} | rec)["x"] == 1.5
+    rec |= {"z": 0}
+    assert rec["z"] == 0 and rec.setdefault("key") == "k3"
+    assert list(ds[3]) == [f.name for f in FIELDS]  # other records keep every field
+    with pytest.raises(KeyError):
+        del rec["nope"]
+    values = ds.values([1, 2], "meta")
+    assert values + [0] == [{"i": 1, "poly": [[1, 2]]}, {"i": 2, "poly": [[2, 3]]}, 0]  # noqa: RUF005 (the operator is what is tested)
+    assert ([0] + values)[0] == 0  # noqa: RUF005
+
+
 def test_records_and_lazy_values_pickle_as_the_dict_and_list_they_read_as(tmp_path):
     with DatasetWriter(tmp_path / "p", [Field("n", "int"), Field("meta", "json")],
                        shard_size=None, records_per_shard=3, durable=False) as w:
