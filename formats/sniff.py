@@ -206,4 +206,30 @@ def _jpeg(d: bytes) -> tuple[int, int]:
     return width, height
 
 
+# SOF markers of lossless (predictive) JPEG: C3, C7, CB, CF. They have no DCT, so no
+# DCT-domain scale: simplejpeg's scaled decode of one corrupts memory and crashes.
+_LOSSLESS_SOF = frozenset((0xC3, 0xC7, 0xCB, 0xCF))
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG and DAC are not frames
+
+
+def jpeg_dct_scalable(data) -> bool:
+    """Whether a JPEG's frame header (its SOF marker) names a DCT frame, which a
+    DCT-domain scale may decode; False for a lossless frame and for a file whose
+    header segments the walk cannot follow to a frame before the scan or the end
+    (each step moves at least two bytes: bounded by the data), so what it cannot
+    read is decoded whole."""
+    at, n = 2, len(data)
+    while True:
+        while at + 1 < n and data[at] == 0xFF and data[at + 1] == 0xFF:
+            at += 1  # fill bytes before a marker
+        if at + 4 > n or data[at] != 0xFF:
+            return False
+        marker = data[at + 1]
+        if marker in _SOF:
+            return marker not in _LOSSLESS_SOF
+        if marker == 0xDA:  # the scan starts: no frame header before it
+            return False
+        at += 2 + ((data[at + 2] << 8) | data[at + 3])
+
+
 _SIZE = {"png": _png, "gif": _gif, "bmp": _bmp, "webp": _webp, "tiff": _tiff, "jpeg": _jpeg}

@@ -30,7 +30,7 @@ import simplejpeg
 
 from formats.errors import MissingObjectError, ObjectTooLargeError, StorageError
 from formats.media import JPEG_SUFFIXES
-from formats.sniff import image_kind, image_size, is_gray, looks_complete
+from formats.sniff import image_kind, image_size, is_gray, jpeg_dct_scalable, looks_complete
 
 __all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Loaded", "WorkOptions", "iter_loaded", "load",
            "os_error", "prepare", "process_pool", "read_file", "worker_init"]
@@ -171,8 +171,10 @@ def _resize(arr: np.ndarray, width: int, height: int) -> np.ndarray:
 def _resize_jpeg(data: bytes, width: int, height: int, opts: WorkOptions, gray: bool):
     tw, th = _target(width, height, opts.max_side)
     colorspace = "GRAY" if gray else "RGB"
-    # DCT scaling decodes straight to the smallest scale (n/8) at least the target size.
-    arr = simplejpeg.decode_jpeg(data, colorspace, min_height=th, min_width=tw)
+    # DCT scaling decodes straight to the smallest scale (n/8) at least the target size;
+    # a lossless JPEG has no DCT (a scaled decode of one crashes simplejpeg): whole.
+    scale = {"min_height": th, "min_width": tw} if jpeg_dct_scalable(data) else {}
+    arr = simplejpeg.decode_jpeg(data, colorspace, **scale)
     if arr.shape[1] != tw or arr.shape[0] != th:
         arr = _resize(arr, tw, th)
     out = simplejpeg.encode_jpeg(arr, opts.quality, colorspace, "444" if gray else "420")

@@ -4,18 +4,28 @@ Usage: ``python -m scripts.bench_decode [--count 300] [--rounds 3]``. Every rate
 the best of ``--rounds`` passes over the same synthetic ~100 KB JPEGs (300-500 px),
 since other processes share the machine. OpenCV is optional; its rows are skipped
 when it is not installed.
+
+The last table splits the classification pipeline's per-image CPU time (this
+thread's, so that time the shared machine gives to others does not count) into
+decode, resample (with the flip) and the rest (header, plan, checks, Python), with and
+without the region-of-interest decode (:mod:`reader.pipeline.roi`), in alternated
+rounds: medians over ``--rounds`` (at least 5), the median of the two sides' ratio in
+each round, and the spread of the totals.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import simplejpeg
 from PIL import Image
 
+from reader.pipeline import roi
+from reader.pipeline.decode import Decoder
 from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
 from scripts import harness as h
 from scripts.synth import make_jpeg
@@ -49,8 +59,10 @@ def _naive(rng: np.random.Generator) -> Callable[[bytes], np.ndarray]:
     return run
 
 
-def _ours(backend: str, rng: np.random.Generator) -> Callable[[bytes], np.ndarray]:
-    pipe = ImagePipeline([RandomResizedCrop(SIZE), RandomHorizontalFlip()], backend=backend)
+def _ours(backend: str, rng: np.random.Generator,
+          use_roi: bool = False) -> Callable[[bytes], np.ndarray]:
+    pipe = ImagePipeline([RandomResizedCrop(SIZE), RandomHorizontalFlip()], backend=backend,
+                         roi=use_roi)
     out = np.empty(pipe.output_shape, np.uint8)
     return lambda data: pipe(data, out, rng)
 
@@ -100,11 +112,67 @@ def _backend_table(
     return rows
 
 
+def _parts(use_roi: bool) -> tuple[Callable[[list[bytes]], None], dict[str, float]]:
+    """A pass of the cv2 pipeline over some JPEGs, and the CPU seconds it spent in
+    step 2 (decode) and step 3 (resample and flip) since the last reset; the timers
+    add about 2 µs an image to the rest."""
+    dec = Decoder(ImagePipeline([RandomResizedCrop(SIZE), RandomHorizontalFlip()]),
+                  backend="cv2", roi=use_roi)
+    spent = {"decode": 0.0, "resample": 0.0}
+
+    def timer(fn, key):
+        def run(*args):
+            t = time.thread_time()
+            result = fn(*args)
+            spent[key] += time.thread_time() - t
+            return result
+
+        return run
+
+    dec._decode_box = timer(dec._decode_box, "decode")
+    dec._resample = timer(dec._resample, "resample")
+    out = np.empty((SIZE, SIZE, 3), np.uint8)
+
+    def one_pass(jpegs: list[bytes]) -> None:
+        rng = np.random.default_rng(2)  # the same crops on both sides
+        for data in jpegs:
+            dec.decode_into(data, out, rng)
+
+    return one_pass, spent
+
+
+def _roi_table(jpegs: list[bytes], rounds: int) -> list[tuple[str, ...]]:
+    """Per-image CPU µs of each part, today's whole-image decode against the region one."""
+    sides = {"whole image (today)": _parts(False), "region of interest": _parts(True)}
+    figures: dict[str, dict[str, list[float]]] = {name: {} for name in sides}
+
+    def run(name: str, r: int) -> None:
+        one_pass, spent = sides[name]
+        spent.update(decode=0.0, resample=0.0)
+        t = time.thread_time()
+        one_pass(jpegs)
+        total = time.thread_time() - t
+        parts = {**spent, "rest": total - spent["decode"] - spent["resample"], "total": total}
+        for key, seconds in parts.items():
+            figures[name].setdefault(key, []).append(seconds / len(jpegs) * 1e6)
+
+    h.rounds(list(sides), max(rounds, 5), run)
+    base = figures["whole image (today)"]
+    rows = []
+    for name, fig in figures.items():
+        cells = [f"{h.median(fig[k]):.0f}" for k in ("decode", "resample", "rest", "total")]
+        ratio = h.paired_ratio(fig["total"], base["total"])
+        rows.append((name, *cells, f"{ratio:.2f}", f"{h.spread(fig['total']):.2f}"))
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print the tables."""
     parser = h.parser(__doc__)
     parser.add_argument("--count", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--roi-only", action="store_true",
+                        help="only the region-of-interest table (a short run)")
     args = parser.parse_args(argv)
     try:
         import cv2  # noqa: F401
@@ -117,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sides = rng.integers(300, 501, (args.count, 2))
     jpegs = [make_jpeg(rng, int(w), int(h)) for w, h in sides]
     print(f"{len(jpegs)} JPEGs, mean {np.mean([len(j) for j in jpegs]) / 1e3:.1f} KB, 300-500 px")
+    if args.roi_only:
+        _print_roi(jpegs, args.rounds, has_cv2)
+        return 0
 
     rates = {
         "simplejpeg full decode": _rate(simplejpeg.decode_jpeg, jpegs, args.rounds),
@@ -134,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates["ours (RRC 224 + flip), cv2"] = _rate(
             _ours("cv2", np.random.default_rng(2)), jpegs, args.rounds
         )
+        if roi.available():
+            rates["ours (RRC 224 + flip), cv2, region of interest"] = _rate(
+                _ours("cv2", np.random.default_rng(2), use_roi=True), jpegs, args.rounds
+            )
     decode, naive = (
         rates["simplejpeg full decode"],
         rates["naive: decode, pillow crop+resize, flip, CHW"],
@@ -147,7 +222,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             h.Col("PSNR vs pillow", 15, ">"), sep=" ").print(
         [(name, f"{us:.0f}", f"{quality:.1f}")
          for name, us, quality in _backend_table(jpegs, args.rounds, has_cv2)])
+    print()
+    _print_roi(jpegs, args.rounds, has_cv2)
     return 0
+
+
+def _print_roi(jpegs: list[bytes], rounds: int, has_cv2: bool) -> None:
+    if not has_cv2:
+        print("region of interest: skipped (the table times the cv2 backend)")
+        return
+    if not roi.available():
+        print(f"region of interest: skipped ({roi.unavailable_reason()})")
+        return
+    load = h.Load()
+    rows = _roi_table(jpegs, rounds)
+    print(f"region of interest with {roi.library_path()}")
+    h.Table(h.Col("RRC 224 + flip, cv2, CPU µs/img", 32), h.Col("decode", 7, ">"),
+            h.Col("resample", 9, ">"), h.Col("rest", 5, ">"), h.Col("total", 6, ">"),
+            h.Col("/today", 7, ">"), h.Col("spread", 7, ">"), sep=" ").print(rows)
+    print(load.line())
 
 
 if __name__ == "__main__":

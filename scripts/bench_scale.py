@@ -3,6 +3,7 @@
     python -m scripts.bench_scale [--sizes 6,7,8,9,10] [--world 8] [--seeds 20]
                                   [--quality-records 1_000_000] [--numpy-up-to 8]
                                   [--data DIR] [--records 6,7] [--shards 100000]
+                                  [--workers-memory] [--keys]
 
 For each size N (10^k records in N / 1,000 shards: 10^9 in 10^6 shards, 10^10 in
 10^7, from synthetic shard boundaries: no data is read), rank 0 of ``--world``,
@@ -35,6 +36,12 @@ Workers' memory (``--workers-memory``, on the largest ``--records`` dataset): a
 resumed at 10 positions spread through the epoch, 100 batches from each: the
 workers' and the main process's private resident memory after each stretch.
 
+Lookup by key (``--keys``, on each ``--records`` dataset, each way in a fresh
+process and a fresh cache folder): the hash index built once per node and mapped
+(``ds.key_index()``) against the in-process sort of the key column it replaced:
+the first lookup (which builds it), another process's first lookup, the mean of
+2,000 random lookups (each result checked), the bytes held and the peak RSS.
+
 Shuffle quality (the full order against ``numpy.random.permutation``, N =
 ``--quality-records``, ``--seeds`` seeds): the correlation of neighbouring
 positions and the mean number of distinct labels per batch of 256 on a 1,000-class
@@ -45,8 +52,10 @@ both, and whether ours lies within numpy's.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -280,6 +289,69 @@ def workers_memory(root: Path, world: int) -> None:
         rule=True)
 
 
+_KEYS_PROBE = r"""
+import json, resource, sys, time
+import numpy as np
+import reader
+ds = reader.open_dataset(sys.argv[1])
+picks = np.random.default_rng(0).integers(0, len(ds), 2000)
+keys = [ds.get(int(i), "key") for i in picks]
+if sys.argv[2] == "ours":
+    t0 = time.perf_counter()
+    index = ds.key_index()
+    built = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    assert all(ds.index_of(k) == i for k, i in zip(keys, picks.tolist()))
+    lookup = (time.perf_counter() - t0) / len(keys)
+    t0 = time.perf_counter()
+    again = reader.open_dataset(sys.argv[1]).index_of(keys[0])
+    other = time.perf_counter() - t0
+    held = index.nbytes
+else:  # the previous way: every process sorts the key column (Arrow) and bisects it
+    import bisect
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    t0 = time.perf_counter()
+    column = ds.metadata(["key"]).column("key").combine_chunks().cast(pa.large_string())
+    order = pc.sort_indices(column)
+    ordered = pc.take(column, order).to_numpy(zero_copy_only=False)
+    built = other = time.perf_counter() - t0
+    held = column.nbytes + order.nbytes
+    t0 = time.perf_counter()
+    rows = order.to_numpy()
+    assert all(int(rows[bisect.bisect_left(ordered, k)]) == i for k, i in zip(keys, picks.tolist()))
+    lookup = (time.perf_counter() - t0) / len(keys)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"records": len(ds), "built": built, "lookup": lookup, "other": other,
+                  "held": held, "peak": peak}))
+"""
+
+
+def key_lookups(data: Path, records: list[int]) -> None:
+    """The key index (built once per node, mapped) against the in-process sort it replaced."""
+    print("\nLookup by key: build, then 2,000 random keys (each checked), in a fresh cache "
+          "folder\n")
+    rows = []
+    for k in records:
+        root = data / f"records-1e{k}"
+        for way in ("ours", "sort"):
+            with tempfile.TemporaryDirectory() as cache:
+                out = subprocess.run([sys.executable, "-c", _KEYS_PROBE, str(root), way],
+                                     capture_output=True, text=True, check=True,
+                                     env={**os.environ, "SHARDPACK_CACHE": cache})
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append((f"{r['records']:,}", "mapped hash index" if way == "ours"
+                         else "sorted in each process (before)", f"{r['built']:.2f} s",
+                         f"{r['other']:.3f} s", f"{r['lookup'] * 1e6:.0f} µs",
+                         f"{r['held'] / 1e6:.0f} MB", f"{r['peak']:.0f} MB"))
+    h.Table(h.Col("records", align=">"), h.Col("index"), h.Col("first lookup", align=">"),
+            h.Col("next process", align=">"), h.Col("lookup", align=">"),
+            h.Col("held", align=">"), h.Col("peak RSS", align=">")).print(rows, rule=True)
+    print("\nfirst lookup: builds the index (ours: once per node, into the cache folder); next "
+          "process: another process's first lookup; held: ours maps it (page cache, shared), "
+          "the sort keeps it in each process")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = h.parser(__doc__)
     ap.add_argument("--sizes", default="6,7,8,9,10",
@@ -294,6 +366,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="powers of ten of the tiny-record datasets ('' for none; 8 needs 8.5 GB)")
     ap.add_argument("--workers-memory", action="store_true",
                     help="measure a Loader's workers over the largest --records dataset")
+    ap.add_argument("--keys", action="store_true",
+                    help="lookup by key over the --records datasets, against the in-process sort")
     ap.add_argument("--shards", type=int, default=100_000,
                     help="one-record shards of the many-shard dataset (0 for none)")
     args = ap.parse_args(argv)
@@ -303,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     records = [int(s) for s in args.records.split(",") if s]
     if args.workers_memory and records:
         workers_memory(args.data / f"records-1e{max(records)}", args.world)
+    if args.keys and records:
+        key_lookups(args.data, records)
     quality(args.quality_records, args.seeds)
     print(f"\n{load.line()}")
 

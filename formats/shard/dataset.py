@@ -11,9 +11,9 @@ never needs more open at once than that allows. The object pickles without its
 maps (worker processes reopen them lazily).
 
 A record is also found by its key (``ds.index_of(key)``, ``ds[key]``) through the
-metadata tables' ``key`` column, never the data files: the first lookup reads the
-column and sorts it (:class:`formats.shard.metadata.KeyIndex`, about 1 s and
-41 MB for a million keys of 25 bytes), later ones bisect it (about 10 us).
+metadata tables' ``key`` column, never the data files: a hash index built once per
+node in the cache folder and mapped by every process (:mod:`formats.shard.key_index`,
+16 bytes a record); a lookup bisects it and checks the candidate's key.
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ from ..checksum import crc32c_many, crc32c_words
 from ..errors import CorruptRecordError, ManifestError, SchemaError, ShardpackError
 from ..fields import BYTES_TYPES, SCALAR_TYPES, Field
 from .decoding import PayloadDecoder, load_dictionaries
+from .key_index import KeyIndex
+from .lazy import LazyValues, Record
 from .manifest import MANIFEST_NAME
-from .metadata import KeyIndex, read_metadata
+from .metadata import read_metadata
 from .shard_set import ShardSet, default_max_open
 
 __all__ = ["DatasetNotFoundError", "DuplicateKeyError", "KeyLookupError", "ShardDataset",
@@ -126,6 +128,7 @@ class ShardDataset(ShardSet):
         self._names = [f.name for f in self.fields]
         # Fields whose value is the stored bytes themselves (no decoding at all).
         self._plain = [f.type in BYTES_TYPES and f.compression == "none" for f in self.fields]
+        self._parsed_later = [f.type == "json" for f in self.fields]  # parsed when first read
         counts = self.manifest.shards.records
         self.starts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self.starts[1:])
@@ -178,9 +181,12 @@ class ShardDataset(ShardSet):
         j = self.field_index[field]
         return self._decode(s, r, j, self._ready(s).payload(r, j, self.check_crc))
 
-    def __getitem__(self, index: int | str) -> dict[str, Any]:
+    def __getitem__(self, index: int | str) -> Record:
         """All fields of one record, by global index or by key (a ``str``, see
-        :meth:`index_of`): bytes fields as zero-copy memoryviews."""
+        :meth:`index_of`): a read-only mapping of field -> value, bytes fields as
+        zero-copy memoryviews; a JSON field is parsed when first read
+        (:mod:`formats.shard.lazy`). Every payload's CRC is checked here (with
+        ``check_crc``), read or not."""
         if isinstance(index, str):
             index = self.index_of(index)
         s, r = self.locate(int(index))
@@ -188,8 +194,9 @@ class ShardDataset(ShardSet):
         # One row of the index as Python ints, then a slice per field: the per-record
         # cost is a few attribute lookups, not a numpy scalar per field.
         view = shard.view
-        out = {}
-        decode, plain, check = self._decoder.decode, self._plain, self.check_crc
+        out: dict[str, Any] = {}
+        later: dict[str, tuple[int, memoryview]] = {}
+        decode, plain, later_j, check = self._decoder.decode, self._plain, self._parsed_later, self.check_crc
         j = 0
         try:
             for j, (o, n) in enumerate(zip(shard.offsets[r].tolist(), shard.lengths[r].tolist(),
@@ -197,12 +204,50 @@ class ShardDataset(ShardSet):
                 payload = view[o : o + n]
                 if check:
                     shard.check(r, j, payload)
-                out[self._names[j]] = payload if plain[j] else decode(j, payload)
+                if plain[j]:
+                    out[self._names[j]] = payload
+                elif later_j[j]:
+                    later[self._names[j]] = (j, payload)
+                else:
+                    out[self._names[j]] = decode(j, payload)
         except CorruptRecordError as exc:
             if exc.path is not None:  # a checksum error: already says where
                 raise
             raise self._located(exc, s, r, j) from None
-        return out
+
+        def decode_later(name: str) -> Any:
+            j, payload = later[name]
+            return self._decode(s, r, j, payload)
+
+        return Record(self._names, out, decode_later)
+
+    def values(self, indices, field: str) -> list | LazyValues:
+        """The decoded values of one field for many records, its payloads gathered
+        shard by shard (:meth:`payloads`); a JSON field's values are parsed when first
+        read (a :class:`formats.shard.lazy.LazyValues`).
+
+        Raises:
+            CorruptRecordError: a payload does not decode (names shard and record).
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        j = self.field_index[field]
+        views = self.payloads(idx, field)
+        starts = self.starts  # kept: a lazy value may be read once the dataset is closed
+
+        def one(k: int) -> Any:
+            try:
+                return self._decoder.decode(j, views[k])
+            except CorruptRecordError as exc:
+                s = int(starts.searchsorted(idx[k], "right")) - 1
+                raise self._located(exc, s, int(idx[k] - starts[s]), j) from None
+
+        if self._parsed_later[j]:
+            return LazyValues(one, len(views))
+        try:
+            decode = self._decoder.decode
+            return [decode(j, v) for v in views]
+        except CorruptRecordError:
+            return [one(k) for k in range(len(views))]  # raises, naming the record
 
     def _decode(self, s: int, r: int, j: int, view: memoryview) -> Any:
         try:
@@ -211,10 +256,15 @@ class ShardDataset(ShardSet):
             raise self._located(exc, s, r, j) from None
 
     def _located(self, exc: CorruptRecordError, s: int, r: int, j: int) -> CorruptRecordError:
-        """``exc`` (which says what) with where: the shard's file, the record, the offset."""
-        shard = self._shards[s]
-        return type(exc)(exc.message, path=shard.data_path, record=r,
-                         offset=int(shard.offsets[r, j]), found=exc.found, expected=exc.expected)
+        """``exc`` (which says what) with where: the shard's file, the record, the offset
+        (the offset only while the shard is open: a lazy value can be read after the
+        dataset was closed, its views holding the maps)."""
+        shard = self._shards[s] if s < len(self._shards) else None
+        path = (shard.data_path if shard is not None
+                else self.root / self.manifest.shards[s].data_file)
+        offset = int(shard.offsets[r, j]) if shard is not None else None
+        return type(exc)(exc.message, path=path, record=r, offset=offset, found=exc.found,
+                         expected=exc.expected)
 
     # -- many records at once ---------------------------------------------------------
 
@@ -361,7 +411,8 @@ class ShardDataset(ShardSet):
 
         Keys are the values of the ``str`` field named ``key`` (FORMAT.md, §6.4),
         read from the metadata tables, not the data files. The first lookup
-        builds the index (:meth:`key_index`); later ones cost a bisection.
+        maps the node's index (:meth:`key_index`, built by the first process that
+        needs it); each costs a bisection and a check of the candidate's key.
 
         Raises:
             UnknownKeyError: no record has ``key`` (a ``KeyError``; the message
@@ -398,14 +449,14 @@ class ShardDataset(ShardSet):
         return self.key_index().find(key)
 
     def key_index(self) -> KeyIndex:
-        """The dataset's keys, sorted (built on first use, then kept; not pickled).
+        """The dataset's key index (mapped on first use, then kept; not pickled).
 
         Raises:
             SchemaError: no record has a key (the dataset has no ``str`` field
                 named ``key``, and none was given as metadata when it was packed).
         """
         if self._keys is None:
-            keys = KeyIndex(self.metadata(["key"]).column("key"))
+            keys = KeyIndex(self)
             if keys.size == 0 and len(self):
                 has = ", ".join(f"{f.name}: {f.type}" for f in self.fields)
                 raise SchemaError(

@@ -14,20 +14,15 @@ size is checked too where it is present, so what a table decodes to is
 proportional to what the dataset holds. (A remote dataset's cache holds the
 tables of shards it has not fetched: their counts stand on the manifest alone.)
 
-:class:`KeyIndex` turns the ``key`` column into a lookup by key: the keys sorted
-once, in Arrow (a permutation of int64 record indices beside the sorted UTF-8
-bytes, no Python object per key), searched by bisection.
+Lookups by key use :mod:`formats.shard.key_index`, built from these tables.
 """
 
 from __future__ import annotations
 
-import bisect
-import difflib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -39,7 +34,7 @@ from .manifest import Manifest, ShardEntry, read_manifest
 from .shard_writer import META_SCHEMA
 
 __all__ = ["FIXED_BYTES_PER_RECORD", "KEY_BYTES_PER_RECORD", "MAX_META_FILE_BYTES",
-           "KeyIndex", "read_metadata"]
+           "read_metadata"]
 
 # A million-record shard's table with 100-byte keys is some 60 MB.
 MAX_META_FILE_BYTES = 256 << 20
@@ -173,89 +168,3 @@ def _expand_keys(p: Path, table: pa.Table, records: int) -> pa.Table:
         raise FormatError("metadata column 'key' would expand beyond its bound", path=p,
                           found=f"{size} bytes", expected=f"at most {bound} bytes")
     return table.set_column(i, META_SCHEMA.field("key"), column.cast(pa.string()))
-
-
-# Close matches of a missing key are sought among all keys of a dataset this small,
-# else among the keys that sort next to it (difflib costs ~10 us per candidate).
-CLOSE_MATCH_ALL = 5000
-CLOSE_MATCH_NEAR = 200
-
-
-class KeyIndex:
-    """Record keys to global record indices, from the metadata ``key`` column.
-
-    Built once (a stable sort, in Arrow): equal keys stay in record order, so
-    :meth:`find` gives a key's records in ascending order. Null keys (records
-    without one) are left out. Memory: the keys' UTF-8 bytes plus 16 bytes per
-    key (a sorted offset and a record index).
-
-    Args:
-        keys: the ``key`` column of the whole dataset, in record order.
-    """
-
-    def __init__(self, keys: pa.Array | pa.ChunkedArray) -> None:
-        if isinstance(keys, pa.ChunkedArray):
-            keys = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.string())
-        keys = keys.cast(pa.large_string())  # 64-bit offsets: no 2 GiB bound on all keys
-        self.records = len(keys)
-        self.size = self.records - keys.null_count
-        order = pc.sort_indices(keys)[: self.size]  # nulls sort last
-        ordered = pc.take(keys, order)
-        _, offsets, data = ordered.buffers()
-        if self.size:
-            self._offsets = np.frombuffer(offsets, np.int64)[ordered.offset:][: self.size + 1]
-            self._data = np.frombuffer(data, np.uint8)
-        else:
-            self._offsets, self._data = np.zeros(1, np.int64), np.zeros(0, np.uint8)
-        self._order = order.to_numpy().astype(np.int64)
-        same = (pc.equal(ordered[1:], ordered[:-1]).to_numpy(zero_copy_only=False)
-                if self.size > 1 else np.zeros(0, bool))
-        self.duplicates = int(same.sum())  # records whose key an earlier record has
-        self._sorted = _SortedKeys(self._offsets, self._data)
-
-    def find(self, key: str) -> np.ndarray:
-        """The record indices with ``key``, ascending (empty when there is none)."""
-        target = key.encode("utf-8", "surrogatepass")  # a lone surrogate matches nothing
-        lo = bisect.bisect_left(self._sorted, target)
-        hi = lo
-        while hi < self.size and self._sorted[hi] == target:
-            hi += 1
-        found = self._order[lo:hi].copy()
-        found.sort()  # equal keys are in record order already (a stable sort): a no-op
-        return found
-
-    def close_matches(self, key: str, n: int = 3) -> list[str]:
-        """Up to ``n`` keys like ``key`` (:func:`difflib.get_close_matches`), from at
-        most ``max(CLOSE_MATCH_ALL, 2 * CLOSE_MATCH_NEAR)`` candidates: all keys of a
-        small dataset, else those that sort next to ``key``."""
-        if self.size <= CLOSE_MATCH_ALL:
-            lo, hi = 0, self.size
-        else:
-            at = bisect.bisect_left(self._sorted, key.encode("utf-8", "surrogatepass"))
-            lo, hi = max(0, at - CLOSE_MATCH_NEAR), min(self.size, at + CLOSE_MATCH_NEAR)
-        candidates = dict.fromkeys(self._sorted[i].decode("utf-8") for i in range(lo, hi))
-        return difflib.get_close_matches(key, list(candidates), n=n)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory the index holds."""
-        return self._offsets.nbytes + self._data.nbytes + self._order.nbytes
-
-
-class _SortedKeys:
-    """The sorted keys as a sequence of UTF-8 bytes, one sliced out at a time (for
-    :mod:`bisect`). Arrow sorts strings by their bytes; for UTF-8 that is code
-    point order, the order of Python's ``str`` comparison."""
-
-    def __init__(self, offsets: np.ndarray, data: np.ndarray) -> None:
-        # memoryviews: indexing one gives a Python int, slicing one no numpy object.
-        self._offsets = memoryview(np.ascontiguousarray(offsets, np.int64)).cast("B").cast("q")
-        self._data = memoryview(data)
-        self._n = len(offsets) - 1
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i: int) -> bytes:
-        o = self._offsets
-        return self._data[o[i] : o[i + 1]].tobytes()

@@ -66,6 +66,8 @@ class ShardSet:
 
     # Reopened shards must be the files first opened (a remote cache may fetch anew).
     _same_files = True
+    # Reading a shard's data costs pages of a local file, not a download of the shard.
+    local_files = True
 
     def __init__(self, path: str | Path, *, follow_symlinks: bool = False,
                  max_open: int | None = None) -> None:

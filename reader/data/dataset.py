@@ -70,14 +70,17 @@ def open_dataset(path: str | Path, *, check_crc: bool = False, cache: CacheOptio
 
 def read_many(ds: ShardDataset, indices, fields: tuple[str, ...] | None = None) -> dict:
     """Many records at once: int/float fields as int64/float64 arrays, uncompressed
-    bytes fields as lists of zero-copy memoryviews, other fields as lists of values.
+    bytes fields as lists of zero-copy memoryviews, JSON fields as sequences parsed
+    item by item when first read (:class:`formats.shard.lazy.LazyValues`), other
+    fields as lists of values.
     """
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     return main_fields(ds, tuple(fields or (f.name for f in ds.fields)), idx)
 
 
 def main_fields(ds: ShardDataset, names: tuple[str, ...], indices: np.ndarray) -> dict:
-    """Fields read in the main process: scalars as arrays, bytes as memoryviews, else values."""
+    """Fields read in the main process: scalars as arrays, bytes as memoryviews, else
+    values (JSON parsed when first read: :meth:`ShardDataset.values`)."""
     out = {}
     for n in names:
         f = ds.fields[ds.field_index[n]]
@@ -86,7 +89,7 @@ def main_fields(ds: ShardDataset, names: tuple[str, ...], indices: np.ndarray) -
         elif f.type in BYTES_TYPES and f.compression == "none":
             out[n] = ds.payloads(indices, n)
         else:
-            out[n] = [ds.get(i, n) for i in indices.tolist()]
+            out[n] = ds.values(indices, n)
     return out
 
 

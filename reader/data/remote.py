@@ -86,6 +86,7 @@ class RemoteDataset(ShardDataset):
 
     # Shards may be fetched anew (evicted, or damaged and discarded): new files, same bytes.
     _same_files = False
+    local_files = False  # a read of a data file downloads its shard into the cache
 
     def _forget_shards(self) -> None:
         super()._forget_shards()

@@ -48,7 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from ..data.columns import mapped_column
+from formats.shard.column_cache import mapped_column
+
 from ..options import SamplerOptions
 from .sampler import ORDER, per_rank, rank_positions, shuffled_order
 
@@ -101,7 +102,7 @@ def _check_length(arr: np.ndarray, dataset: Any, what: str) -> None:
 def known_image_sizes(dataset: Any) -> np.ndarray:
     """``(height, width)`` of every record from the metadata tables (no data file read),
     0 where a table has none: a column mapped from the cache folder, built once per node
-    (:mod:`reader.data.columns`), 8 bytes a record."""
+    (:mod:`formats.shard.column_cache`), 8 bytes a record."""
     import pyarrow.compute as pc
 
     def per_shard(s: int) -> np.ndarray:
@@ -149,7 +150,7 @@ def field_sizes(dataset: Any, name: str) -> np.ndarray:
     length of an uncompressed ``bytes``/``str``/``json`` field (UTF-8 bytes for text);
     the product of the variable dimensions of an uncompressed ``ndarray`` field (its
     rows for a ``[None, 4]`` array, its length for a ``[None]`` one). A column mapped
-    from the cache folder, built once per node (:mod:`reader.data.columns`).
+    from the cache folder, built once per node (:mod:`formats.shard.column_cache`).
 
     Raises:
         ValueError: an unknown or unsuitable field, or a payload length that is not a

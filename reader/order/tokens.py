@@ -36,8 +36,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from formats import ShardDataset
 from formats.checksum import crc32c
+from formats.shard.column_cache import mapped_column
 
-from ..data.columns import mapped_column
 from ..data.dataset import open_dataset
 from ..options import SamplerOptions, _int, check_batch_size
 from .sampler import EpochOrder, Sampler, check_resume, next_unseen
@@ -135,7 +135,7 @@ class TokenBlocks:
     def _index(self) -> None:
         """Per record, its first token's place in the stream and in its shard's data:
         two columns mapped from the cache folder (8 bytes a record each, built once per
-        node, :mod:`reader.data.columns`); a record's shard is found in the dataset's
+        node, :mod:`formats.shard.column_cache`); a record's shard is found in the dataset's
         starts. Nothing per record in this process's own memory."""
         ds, j, item = self.dataset, self._j, self.dtype.itemsize
         tag = hashlib.sha256(self.field.encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -251,16 +251,22 @@ class TokenBlocks:
         return self._serve(loop, self.epoch, self.position, n)
 
     def _serve(self, loop: _Loop, epoch: int, k: int, n: int):
-        if self.batch_size is None:
-            yield from self._views(loop, epoch, k, n)
-        else:
-            while k < n:
-                if loop.ended is not None:
-                    raise RuntimeError(loop.ended)
-                out = self._batch(epoch, k)
-                k += 1
-                self.position = k
-                yield out
+        if self.batch_size is None:  # its own generator: a `yield from` costs per block
+            return self._views(loop, epoch, k, n)
+        return self._batches(loop, epoch, k, n)
+
+    def _batches(self, loop: _Loop, epoch: int, k: int, n: int):
+        while k < n:
+            if loop.ended is not None:
+                raise RuntimeError(loop.ended)
+            out = self._batch(epoch, k)
+            k += 1
+            self.position = k
+            yield out
+        self._finished(loop, epoch)
+
+    def _finished(self, loop: _Loop, epoch: int) -> None:
+        """The epoch's last block was delivered: the next iter() starts the next epoch."""
         if loop.ended is None and self.epoch == epoch:
             self.epoch, self.position = epoch + 1, 0
 
@@ -283,18 +289,20 @@ class TokenBlocks:
                 base, (rec, shard, elem, inside, *_, check) = self._chunk(epoch, i)
                 end = base + len(rec)
                 shards, elems, ins = shard.tolist(), elem.tolist(), inside.tolist()
+            j = i - base
             if check:
-                self._verify(rec[i - base:i - base + 1])
-            if ins[i - base]:
-                s = shards[i - base]
+                self._verify(rec[j:j + 1])
+            if ins[j]:
+                s = shards[j]
                 if s != current:
                     current, rows = s, self._overlapping_rows(s)
-                out = rows[elems[i - base]]
+                out = rows[elems[j]]
             else:
                 current = -1
                 out = self._batch(epoch, i)
             self.position = i + 1
             yield out
+        self._finished(loop, epoch)
 
     def _batch(self, epoch: int, k: int) -> np.ndarray:
         b = self.batch_size or 1

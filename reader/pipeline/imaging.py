@@ -67,7 +67,7 @@ class DecoderPipeline:
     def decoder(self):
         """This process's :class:`reader.pipeline.decode.Decoder` (built on first use)."""
         if self._decoder is None:
-            self._decoder = Decoder(self.pipeline, self.backend)
+            self._decoder = Decoder(self.pipeline, self.backend, roi=self.pipeline.roi)
         return self._decoder
 
     def run(self, view, out, rng) -> tuple[float, float]:

@@ -34,6 +34,8 @@ import numpy as np
 
 from .decode import Decoder
 from .geometry import Plan, Size
+from .roi import available as region_decode_available
+from .roi import unavailable_reason
 
 __all__ = [
     "CenterCrop",
@@ -450,6 +452,10 @@ class ImagePipeline:
         transforms: geometric specs, then user callables on the image, then at most
             one :class:`Normalize`, then :class:`SampleTransform` callables.
         backend: resize backend for the decoder: ``"auto"``, ``"cv2"`` or ``"pillow"``.
+        roi: decode only the region of a JPEG that the crop covers (the same pixels):
+            None, when the ``roi`` extra is installed; False, never (every byte of
+            the file is then checked, see :mod:`reader.pipeline.decode`); True,
+            always (ImportError where it cannot).
 
     Attributes:
         transforms: the specs, callables wrapped.
@@ -474,6 +480,7 @@ class ImagePipeline:
         transforms: Sequence[Transform | Callable[..., np.ndarray]],
         *,
         backend: str = "auto",
+        roi: bool | None = None,
     ) -> None:
         specs = tuple(
             t if isinstance(t, (*_GEOMETRIC, UserTransform, Normalize, SampleTransform))
@@ -498,6 +505,11 @@ class ImagePipeline:
         self.normalize = norm[0] if norm else None
         self.samples = samples
         self.backend = backend
+        if roi is not None and not isinstance(roi, bool):
+            raise TypeError(f"roi must be None, True or False, not {roi!r}")
+        if roi and not region_decode_available():  # here, not in a worker at its first image
+            raise ImportError(f"roi=True: {unavailable_reason()}")
+        self.roi = roi
         self.keypoint_pairs = tuple(p for t in geometric if isinstance(t, RandomHorizontalFlip)
                                     for p in t.keypoint_pairs)
         self.dtype = np.dtype(np.float32 if self.normalize else np.uint8)
@@ -533,7 +545,8 @@ class ImagePipeline:
         return int(h.max()), int(w.max())
 
     def __repr__(self) -> str:
-        return f"ImagePipeline({list(self.transforms)!r}, backend={self.backend!r})"
+        roi = "" if self.roi is None else f", roi={self.roi!r}"
+        return f"ImagePipeline({list(self.transforms)!r}, backend={self.backend!r}{roi})"
 
     def __getstate__(self) -> dict:
         # The decoder's scratch buffer is per process; workers build their own.
@@ -584,5 +597,5 @@ class ImagePipeline:
             ``out``, filled (or the new array).
         """
         if self._decoder is None:
-            self._decoder = Decoder(self, backend=self.backend)
+            self._decoder = Decoder(self, backend=self.backend, roi=self.roi)
         return self._decoder.decode_into(data, out, rng or np.random.default_rng())

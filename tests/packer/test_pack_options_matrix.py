@@ -95,3 +95,23 @@ def test_a_shuffled_container_pack_resumes_byte_identical(tmp_path, rng, kind):
     assert resumed.complete and resumed.resumed_records > 0
     pack(src, tmp_path / "full", o)
     assert dataset_files(tmp_path / "cut") == dataset_files(tmp_path / "full")
+
+
+def test_a_lossless_jpeg_is_resized_without_a_dct_scale(tmp_path):
+    """simplejpeg's DCT-scaled decode of a lossless JPEG crashes the packer's worker."""
+    import numpy as np
+
+    from scripts.synth import synth_image
+
+    tj = pytest.importorskip("turbojpeg", reason="the roi extra's module writes lossless JPEGs")
+    if not hasattr(tj, "SAMP"):
+        pytest.skip("turbojpeg here is PyTurboJPEG, not the roi extra's module")
+    (tmp_path / "src" / "cls").mkdir(parents=True)
+    img = synth_image(np.random.default_rng(3), 320, 240)
+    (tmp_path / "src" / "cls" / "a.jpg").write_bytes(tj.compress(img, 100, tj.SAMP.Y444,
+                                                                   lossless=True))
+    pack(tmp_path / "src", tmp_path / "out", PackOptions(max_side=64, workers=0))
+    ds = formats.open_shards(tmp_path / "out")
+    meta = ds.metadata().to_pylist()
+    assert meta[0]["width"] == 64 and meta[0]["height"] == 48
+    assert simplejpeg.decode_jpeg(bytes(ds[0]["image"])).shape == (48, 64, 3)

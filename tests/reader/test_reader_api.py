@@ -16,8 +16,10 @@ from helpers_reader import CropPipeline, make_dataset
 
 import reader
 from formats import DatasetWriter, Field, ManifestError, SchemaError, ShardpackError
+from formats.shard import key_index
+from formats.shard.column_cache import columns_folder
 from formats.shard.dataset import DatasetNotFoundError, DuplicateKeyError, UnknownKeyError
-from formats.shard.metadata import CLOSE_MATCH_ALL, KeyIndex
+from formats.shard.key_index import key_hash, key_hashes
 from formats.version import package_version
 from reader import Loader
 from reader.options import (
@@ -62,7 +64,9 @@ def test_the_key_index_is_built_once_and_not_pickled(ds_path):
     assert ds._keys is None, "opening a dataset must not read its keys"
     index = ds.key_index()
     ds.index_of("k5")
-    assert ds.key_index() is index and index.size == 200 and index.duplicates == 0
+    assert ds.key_index() is index and index.size == 200 and index.records == 200
+    names = sorted(p.name for p in columns_folder(ds).iterdir())
+    assert names == [".lock", "key-in-field.npy", "key-sorted-hash.npy", "key-sorted-record.npy"]
     copy = pickle.loads(pickle.dumps(ds))
     assert copy._keys is None
     assert copy["k150"]["label"] == 150
@@ -113,32 +117,97 @@ def test_a_duplicated_key_names_its_records_and_indices_of_gives_them_all(tmp_pa
     assert isinstance(info.value, KeyError) and info.value.matches == (1, 7, 8)
     assert ds.indices_of("twice").tolist() == [1, 7, 8]
     assert ds.indices_of("absent").tolist() == []
-    assert ds.key_index().duplicates == 2
     assert ds.index_of("r9") == 9  # the other keys still name one record each
 
 
-def test_keys_sort_by_code_point_as_python_compares_them(rng):
-    keys = ["z", "ä", "日本/猫.jpg", "a", "😀", "ab", "", "Z", "a\x00", "é", None, "ä"[0] + "x"]
-    index = KeyIndex(pa.chunked_array([pa.array(keys[:5]), pa.array(keys[5:])]))
-    assert index.size == len(keys) - 1 and index.records == len(keys)
-    for i, k in enumerate(keys):
-        if k is not None:
-            assert index.find(k).tolist() == [i], k
-    assert index.find("\ud800").tolist() == []  # a lone surrogate: no match, no error
-    assert index.find("y").tolist() == []
-    order = rng.permutation(3000)
-    big = KeyIndex(pa.array([f"cls{i % 7}/img_{i:05d}.jpg" for i in order]))
-    for j in rng.integers(0, 3000, 50).tolist():
-        assert big.find(f"cls{j % 7}/img_{j:05d}.jpg").tolist() == [int(np.flatnonzero(order == j)[0])]
+KEYS = ["z", "ä", "日本/猫.jpg", "a", "😀", "ab", "", "Z", "a\x00", "é", "ä"[0] + "x",
+        "exactly8", "sixteen-bytes-16", "a key longer than three words of eight bytes"]
 
 
-def test_close_matches_of_a_large_index_look_only_near_the_key():
-    n = CLOSE_MATCH_ALL * 4
-    index = KeyIndex(pa.array([f"bird/img_{i:06d}.jpg" for i in range(n)]))
-    assert index.close_matches("bird/img_012345.jpgg")[0] == "bird/img_012345.jpg"
-    assert index.close_matches("bird/img_012345.jpg", n=1) == ["bird/img_012345.jpg"]
-    empty = KeyIndex(pa.chunked_array([], pa.string()))
-    assert empty.size == 0 and empty.find("x").size == 0 and empty.close_matches("x") == []
+def test_every_key_is_found_whatever_its_bytes_and_length(tmp_path):
+    ds = reader.open_dataset(write(tmp_path / "keys", KEYS))
+    for i, k in enumerate(KEYS):
+        assert ds.indices_of(k).tolist() == [i], k
+    for absent in ("\ud800", "y", "exactly", "exactly8\x00", "a key longer than three words of "
+                   "eight byteS"):  # a lone surrogate matches nothing and raises nothing
+        assert ds.indices_of(absent).tolist() == []
+
+
+def test_key_hashes_depend_on_every_byte_and_the_length():
+    keys = ["", "\x00", "\x00\x00", "a" * 8, "a" * 9, "a" * 7 + "b", "b" + "a" * 7,
+            "x" * 17, "x" * 16 + "y", None]
+    h = key_hashes(pa.array(keys))
+    assert h[-1] == 0 and (h[:-1] != 0).all()
+    assert len(set(h[:-1].tolist())) == len(keys) - 1
+    chunked = key_hashes(pa.chunked_array([pa.array(keys[:4]), pa.array(keys[4:])]))
+    assert chunked.tolist() == h.tolist()  # chunks, offsets: the same hashes
+    assert key_hashes(pa.array(keys).slice(3, 4)).tolist() == h[3:7].tolist()
+    one = [key_hash(k.encode()) for k in keys[:-1]]  # a lookup's hash: the same values
+    assert one == h[:-1].tolist()
+
+
+@pytest.mark.parametrize("bucket", [1 << 20, 4])  # one sort; the build's buckets
+def test_colliding_hashes_and_duplicates_never_give_a_wrong_record(tmp_path, monkeypatch,
+                                                                    rng, bucket):
+    monkeypatch.setattr(key_index, "_BUCKET", bucket)
+    monkeypatch.setattr(key_index, "_CHUNK", 7)  # chunks that split buckets
+    keys = [f"cls{i % 7}/img_{i:05d}.jpg" for i in rng.permutation(300)]
+    keys[10] = keys[250] = keys[299] = "twice"
+    ds = reader.open_dataset(write(tmp_path / f"many{bucket}", keys))
+    for j in rng.integers(0, 300, 40).tolist():
+        assert ds.indices_of(keys[j]).tolist() == [i for i, k in enumerate(keys) if k == keys[j]]
+    assert ds.indices_of("twice").tolist() == [10, 250, 299]
+    # every key hashing alike: the checks against the metadata still find only the right one
+    other = reader.open_dataset(write(tmp_path / f"same{bucket}", keys[:40]))
+    monkeypatch.setattr(key_index, "_hash", lambda off, raw, valid: np.where(valid, 7, 0)
+                        .astype(np.uint64))
+    monkeypatch.setattr(key_index, "key_hash", lambda key: 7)
+    for j in (0, 5, 39):
+        assert other.indices_of(keys[j]).tolist() == [j]
+    assert other.indices_of("absent").tolist() == []
+
+
+def test_records_without_a_key_are_never_found(tmp_path):
+    with DatasetWriter(tmp_path / "some", [Field("label", "int")], shard_size=None,
+                       records_per_shard=4, durable=False) as w:
+        for i in range(10):
+            w.write({"label": i}, meta={"key": f"k{i}"} if i % 3 else {})
+    ds = reader.open_dataset(tmp_path / "some")
+    assert ds.key_index().size == 6 and ds.key_index().records == 10
+    assert [ds.index_of(f"k{i}") for i in range(10) if i % 3] == [1, 2, 4, 5, 7, 8]
+    assert ds.indices_of("").tolist() == [] and ds.indices_of("k3").tolist() == []
+    assert not ds.key_index().by_field  # no key field: checked against the metadata
+
+
+def test_a_closed_dataset_still_finds_its_keys(ds_path):
+    ds = reader.open_dataset(ds_path)
+    assert ds.index_of("k3") == 3 and ds.key_index().by_field
+    ds.close()
+    assert ds.index_of("k150") == 150  # from the metadata tables: the shards are closed
+
+
+def test_keys_are_checked_against_the_metadata_where_the_key_field_disagrees(tmp_path):
+    with DatasetWriter(tmp_path / "two", [Field("key", "str")], shard_size=None,
+                       records_per_shard=4, durable=False) as w:
+        for i in range(10):  # the metadata's key is the lookup key (FORMAT.md, 6.4)
+            w.write({"key": f"field{i}"}, meta={"key": f"meta{i}"} if i == 6 else {})
+    ds = reader.open_dataset(tmp_path / "two")
+    assert ds.index_of("meta6") == 6 and ds.indices_of("field6").tolist() == []
+    assert ds.index_of("field7") == 7 and not ds.key_index().by_field
+    assert reader.open_dataset(write(tmp_path / "one", ["a", "b"])).key_index().by_field
+
+
+def test_close_matches_are_sought_near_the_key_among_the_first_keys(tmp_path, monkeypatch):
+    monkeypatch.setattr(key_index, "CLOSE_MATCH_SCAN", 900)
+    monkeypatch.setattr(key_index, "CLOSE_MATCH_NEAR", 20)
+    with DatasetWriter(tmp_path / "birds", [Field("key", "str")], shard_size=None,
+                       records_per_shard=250, durable=False) as w:
+        for i in range(1200):
+            w.write({"key": f"bird/img_{i:06d}.jpg"})
+    index = reader.open_dataset(tmp_path / "birds").key_index()
+    assert index.close_matches("bird/img_000345.jpgg")[0] == "bird/img_000345.jpg"
+    assert index.close_matches("bird/img_000345.jpg", n=1) == ["bird/img_000345.jpg"]
+    assert "bird/img_001100.jpg" not in index.close_matches("bird/img_001100.jpgg")  # past 900
 
 
 # -- no such path ----------------------------------------------------------------------

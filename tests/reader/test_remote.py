@@ -77,6 +77,18 @@ def test_random_access_through_a_cache_smaller_than_the_dataset(remote_uri, loca
     assert ds.metadata().equals(local.metadata())
 
 
+def test_a_lookup_by_key_reads_metadata_tables_never_a_data_file(remote_uri, local_ds, tmp_path):
+    ds = open_dataset(remote_uri, cache=CacheOptions(tmp_path / "cache"))
+    assert not ds.local_files
+    for i in (0, 77, 199):
+        assert ds.index_of(f"k{i}") == i
+    assert not ds.key_index().by_field  # a remote key field would download its shard
+    assert not list((tmp_path / "cache").rglob("*.rec"))
+    with pytest.raises(KeyError, match="close matches"):
+        ds.index_of("k2000")
+    assert not list((tmp_path / "cache").rglob("*.rec"))
+
+
 def test_loader_over_s3_matches_local_and_second_epoch_is_warm(remote_uri, local_ds, tmp_path):
     cache = CacheOptions(tmp_path / "cache")
     kw = dict(batch_size=16, num_workers=2, shuffle="block", seed=3, copy=True,

@@ -1,4 +1,4 @@
-"""reader.data.columns: per-record columns built once per node, mapped by every process."""
+"""formats.shard.column_cache: per-record columns built once per node, mapped by every process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from formats import DatasetWriter, Field, open_shards
-from reader.data.columns import columns_folder, mapped_column
+from formats.shard.column_cache import columns_folder, mapped_column
 from reader.order.batching import field_sizes, known_image_sizes
 
 
