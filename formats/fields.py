@@ -8,11 +8,13 @@ fields as read-only numpy views; scalars as Python values (FORMAT.md, "Field typ
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import orjson
 
 from .errors import SchemaError
 from .sniff import sniff
@@ -85,6 +87,7 @@ FIELD_TYPES = BYTES_TYPES | SCALAR_TYPES | {"str", "json", "ndarray"}
 COMPRESSIONS = frozenset({"none", "zstd"})
 
 _INT = struct.Struct("<q")
+_LONG_DIGITS = re.compile(rb"[0-9]{20}")
 _FLOAT = struct.Struct("<d")
 
 
@@ -262,6 +265,13 @@ def decode_value(f: Field, view: memoryview) -> Any:
     if t == "str":
         return _utf8(f, view)
     if t == "json":
+        # orjson reads an integer past 64 bits as a float: a run of 20 digits (rare,
+        # and 2**64 has 20) goes to the json module, which keeps it exact.
+        if _LONG_DIGITS.search(view) is None:
+            try:
+                return orjson.loads(view)
+            except orjson.JSONDecodeError:
+                pass  # the json module's verdict, and its message
         try:
             return json.loads(_utf8(f, view))
         except json.JSONDecodeError as exc:

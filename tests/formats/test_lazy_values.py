@@ -145,3 +145,33 @@ def test_malformed_json_raises_on_access_naming_shard_and_record(tmp_path):
         open_shards(root, check_crc=True)[9]
     with pytest.raises(CorruptRecordError, match="checksum"):
         next(iter(reader.Loader(root, 20, decode=False, shuffle=False)))
+
+
+def _random_json(rng, depth=0):
+    kind = int(rng.integers(0, 8 if depth < 3 else 5))
+    if kind == 0:
+        return int(rng.integers(-(2**62), 2**62)) * int(rng.choice([1, 2**40, -(2**70)]))
+    if kind == 1:
+        return float(rng.standard_normal() * 10.0 ** int(rng.integers(-300, 300)))
+    if kind == 2:
+        return "".join(chr(int(c)) for c in rng.integers(1, 0x2FFF, int(rng.integers(0, 6))))
+    if kind == 3:
+        return [None, True, False][int(rng.integers(0, 3))]
+    if kind == 4:
+        return int(rng.choice([2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**64), 0]))
+    if kind in (5, 6):
+        return [_random_json(rng, depth + 1) for _ in range(int(rng.integers(0, 4)))]
+    return {f"k{i}": _random_json(rng, depth + 1) for i in range(int(rng.integers(0, 4)))}
+
+
+def test_json_values_read_back_exactly_as_the_json_module_reads_them(rng):
+    import json
+
+    from formats.fields import decode_value, encode_value
+
+    f = Field("m", "json")
+    for _ in range(400):
+        value = _random_json(rng)
+        payload = memoryview(encode_value(f, value))
+        got = decode_value(f, payload)
+        assert repr(got) == repr(json.loads(bytes(payload))) == repr(value)
