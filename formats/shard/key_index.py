@@ -249,7 +249,8 @@ def _field_agrees(ds, a: int, b: int, off: np.ndarray, raw: np.ndarray,
 def _sort(hashes: np.ndarray, sorted_hash: np.ndarray, sorted_record: np.ndarray,
           bits: int) -> None:
     """``hashes`` sorted stably into ``sorted_hash``, their record numbers beside them:
-    scattered into ``2**bits`` buckets of the top bits, then each bucket sorted."""
+    scattered into ``2**bits`` buckets of the top bits (and one of the records
+    without a key), then each bucket of keys sorted."""
     n = len(hashes)
     if bits == 0:  # one bucket: one stable sort
         order = np.argsort(hashes, kind="stable")
@@ -257,15 +258,21 @@ def _sort(hashes: np.ndarray, sorted_hash: np.ndarray, sorted_record: np.ndarray
         sorted_record[:] = order
         return
     shift = np.uint64(64 - bits)
-    counts = np.zeros(1 << bits, np.int64)
+
+    def buckets(h: np.ndarray) -> np.ndarray:
+        # Bucket 0 holds the records without a key (hash 0), left unsorted: however
+        # many they are, they are in record order already, and sort first.
+        return np.where(h == 0, 0, (h >> shift).astype(np.int64) + 1)
+
+    counts = np.zeros((1 << bits) + 1, np.int64)
     for a in range(0, n, _CHUNK):
-        counts += np.bincount((hashes[a:a + _CHUNK] >> shift).astype(np.int64),
-                              minlength=1 << bits)
+        counts += np.bincount(buckets(np.asarray(hashes[a:a + _CHUNK])),
+                              minlength=len(counts))
     ends = np.cumsum(counts)
     filled = ends - counts  # the next free place of each bucket
     for a in range(0, n, _CHUNK):  # scatter, keeping record order within a bucket
         h = np.asarray(hashes[a:a + _CHUNK])
-        bucket = (h >> shift).astype(np.int64)
+        bucket = buckets(h)
         order = np.argsort(bucket, kind="stable")
         b = bucket[order]
         first = np.r_[0, np.flatnonzero(np.diff(b)) + 1]
@@ -274,8 +281,8 @@ def _sort(hashes: np.ndarray, sorted_hash: np.ndarray, sorted_record: np.ndarray
         sorted_hash[places] = h[order]
         sorted_record[places] = order + a
         np.add.at(filled, b[first], np.diff(np.r_[first, len(b)]))
-    lo = 0
-    for hi in ends.tolist():  # each bucket sorted by hash, stably
+    lo = int(ends[0])
+    for hi in ends[1:].tolist():  # each bucket of keys sorted by hash, stably
         if hi - lo > 1:
             seg = np.asarray(sorted_hash[lo:hi])
             order = np.argsort(seg, kind="stable")

@@ -167,6 +167,20 @@ def test_colliding_hashes_and_duplicates_never_give_a_wrong_record(tmp_path, mon
     assert other.indices_of("absent").tolist() == []
 
 
+@pytest.mark.parametrize("bits", [1, 3])
+@pytest.mark.parametrize("nulls", [0.0, 0.5, 1.0])
+def test_the_bucketed_sort_is_a_stable_argsort(monkeypatch, rng, bits, nulls):
+    monkeypatch.setattr(key_index, "_CHUNK", 37)  # chunks that split every bucket
+    for n in (1, 100, 3000):
+        h = rng.integers(1, 2**63, n, dtype=np.uint64) * np.uint64(2)
+        h[rng.random(n) < nulls] = 0  # records without a key: hash 0, never sorted
+        h[: n // 5] = h[n // 2]  # a key many records share
+        got_hash, got_record = np.zeros(n, np.uint64), np.zeros(n, np.int64)
+        key_index._sort(h, got_hash, got_record, bits)
+        order = np.argsort(h, kind="stable")
+        assert got_hash.tolist() == h[order].tolist() and got_record.tolist() == order.tolist()
+
+
 def test_records_without_a_key_are_never_found(tmp_path):
     with DatasetWriter(tmp_path / "some", [Field("label", "int")], shard_size=None,
                        records_per_shard=4, durable=False) as w:
