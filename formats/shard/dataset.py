@@ -183,9 +183,9 @@ class ShardDataset(ShardSet):
 
     def __getitem__(self, index: int | str) -> Record:
         """All fields of one record, by global index or by key (a ``str``, see
-        :meth:`index_of`): a read-only mapping of field -> value, bytes fields as
-        zero-copy memoryviews; a JSON field is parsed when first read
-        (:mod:`formats.shard.lazy`). Every payload's CRC is checked here (with
+        :meth:`index_of`): a :class:`formats.shard.lazy.Record`, a mapping of field ->
+        value that changes as a dict does; bytes fields as zero-copy memoryviews, a
+        JSON field parsed when first read. Every payload's CRC is checked here (with
         ``check_crc``), read or not."""
         if isinstance(index, str):
             index = self.index_of(index)
@@ -232,14 +232,13 @@ class ShardDataset(ShardSet):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         j = self.field_index[field]
         views = self.payloads(idx, field)
-        starts = self.starts  # kept: a lazy value may be read once the dataset is closed
 
         def one(k: int) -> Any:
             try:
                 return self._decoder.decode(j, views[k])
             except CorruptRecordError as exc:
-                s = int(starts.searchsorted(idx[k], "right")) - 1
-                raise self._located(exc, s, int(idx[k] - starts[s]), j) from None
+                s, r = self.locate(int(idx[k]))  # the starts outlive close(): lazy values may too
+                raise self._located(exc, s, r, j) from None
 
         if self._parsed_later[j]:
             return LazyValues(one, len(views))

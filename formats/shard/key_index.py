@@ -16,8 +16,8 @@ field ``key`` holds the same key as the metadata for every record (what the pack
 writes; the build checks it, for a local dataset only: a remote one would download
 every shard), that read is the field's payload, an index lookup; otherwise it is
 the candidate shard's metadata table (the last few are kept), about a millisecond
-for a shard of 2,500 records, 35 ms for one of 10^5. Equal keys keep record order (stable sorts),
-so a key's records come back ascending. Records without a key (null) hash to 0,
+for a shard of 2,500 records, 35 ms for one of 10^5. Equal keys keep record order
+(stable sorts), so a key's records come back ascending. Records without a key (null) hash to 0,
 a value no key hashes to, and are never found.
 """
 
@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from .arrow_strings import string_buffers
 from .column_cache import cached_columns
 
 __all__ = ["CLOSE_MATCH_SCAN", "CLOSE_MATCH_SHARDS", "KeyIndex", "key_hash", "key_hashes"]
@@ -46,8 +47,10 @@ _BUCKET = 1 << 20  # hashes sorted at once by the build: 16 MB with their record
 _CHUNK = 1 << 20  # hashes read at once by the build's passes over the column (~60 MB of work arrays)
 _SHARDS_KEPT = 4  # shards whose keys a lookup keeps for its checks
 
-_M1, _M2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+# MurmurHash3's finalizer multipliers and the golden ratio's: Python ints for the
+# one-key hash, numpy scalars for the column's.
+_C1, _C2, _PHI = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x9E3779B97F4A7C15
+_M1, _M2, _GOLDEN = np.uint64(_C1), np.uint64(_C2), np.uint64(_PHI)
 
 
 def _fmix(h: np.ndarray) -> np.ndarray:
@@ -60,27 +63,11 @@ def _fmix(h: np.ndarray) -> np.ndarray:
     return h
 
 
-def _utf8(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(64-bit offsets, UTF-8 bytes, validity) of a string column, without a copy of
-    its bytes beyond the one ``combine_chunks`` may make."""
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.large_string())
-    keys = keys.cast(pa.large_string())
-    n = len(keys)
-    _, offsets, data = keys.buffers()
-    off = (np.frombuffer(offsets, np.int64)[keys.offset:keys.offset + n + 1] if n
-           else np.zeros(1, np.int64))
-    raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    valid = (keys.is_valid().to_numpy(zero_copy_only=False) if keys.null_count
-             else np.ones(n, bool))
-    return off, raw, valid
-
-
 def key_hashes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The 64-bit hash of each key's UTF-8 bytes (uint64; 0 for a null key, which no
     key hashes to), in numpy: one pass per 8 bytes of the longest key, over the keys
     that long, so the cost is the keys' bytes / 8 vector steps, not a call per key."""
-    return _hash(*_utf8(keys))
+    return _hash(*string_buffers(keys))
 
 
 def _hash(off: np.ndarray, raw: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -115,18 +102,18 @@ _MASK = (1 << 64) - 1
 
 def _fmix_one(h: int) -> int:
     h ^= h >> 33
-    h = (h * 0xFF51AFD7ED558CCD) & _MASK
+    h = (h * _C1) & _MASK
     h ^= h >> 33
-    h = (h * 0xC4CEB9FE1A85EC53) & _MASK
+    h = (h * _C2) & _MASK
     return h ^ (h >> 33)
 
 
 def key_hash(key: bytes) -> int:
     """:func:`key_hashes` of one key's UTF-8 bytes, in Python ints: a lookup hashes one
     key, where numpy's per-call overhead would cost ten times the arithmetic."""
-    h = _fmix_one(len(key) ^ 0x9E3779B97F4A7C15)
+    h = _fmix_one(len(key) ^ _PHI)
     for at in range(0, len(key), 8):
-        h = ((h ^ int.from_bytes(key[at:at + 8], "little")) * 0x9E3779B97F4A7C15) & _MASK
+        h = ((h ^ int.from_bytes(key[at:at + 8], "little")) * _PHI) & _MASK
         h ^= h >> 29
     return _fmix_one(h) or 1
 
@@ -164,7 +151,7 @@ class KeyIndex:
         s, r = self.ds.locate(record)
         keys = self._shard_keys.get(s)
         if keys is None:
-            keys = _utf8(self.ds.metadata(["key"], shard=s).column("key"))
+            keys = string_buffers(self.ds.metadata(["key"], shard=s).column("key"))
             self._shard_keys[s] = keys
             if len(self._shard_keys) > _SHARDS_KEPT:
                 self._shard_keys.popitem(last=False)
@@ -214,7 +201,7 @@ def _build(ds) -> dict[str, np.ndarray]:
             for s in range(len(starts) - 1):  # in record order, shard by shard
                 a, b = int(starts[s]), int(starts[s + 1])
                 if b > a:
-                    keys = _utf8(ds.metadata(["key"], shard=s).column("key"))
+                    keys = string_buffers(ds.metadata(["key"], shard=s).column("key"))
                     hashes[a:b] = _hash(*keys)
                     same = same and _field_agrees(ds, a, b, *keys)
             out["key-in-field"][0] = same
@@ -275,12 +262,12 @@ def _sort(hashes: np.ndarray, sorted_hash: np.ndarray, sorted_record: np.ndarray
         bucket = buckets(h)
         order = np.argsort(bucket, kind="stable")
         b = bucket[order]
-        first = np.r_[0, np.flatnonzero(np.diff(b)) + 1]
-        rank = np.arange(len(b)) - np.repeat(first, np.diff(np.r_[first, len(b)]))
-        places = filled[b] + rank
+        first = np.r_[0, np.flatnonzero(np.diff(b)) + 1]  # each bucket's run in b
+        sizes = np.diff(np.r_[first, len(b)])
+        places = filled[b] + np.arange(len(b)) - np.repeat(first, sizes)
         sorted_hash[places] = h[order]
         sorted_record[places] = order + a
-        np.add.at(filled, b[first], np.diff(np.r_[first, len(b)]))
+        filled[b[first]] += sizes
     lo = int(ends[0])
     for hi in ends[1:].tolist():  # each bucket of keys sorted by hash, stably
         if hi - lo > 1:

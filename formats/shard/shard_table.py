@@ -22,6 +22,7 @@ import pyarrow as pa
 from ..checksum import crc32c, format_crc
 from ..errors import ManifestError
 from ..files import check_plain_name, read_regular
+from .arrow_strings import string_buffers
 from .layout import CRC_DTYPE, HEADER_SIZE, LENGTH_DTYPE, OFFSET_DTYPE
 
 __all__ = ["SHARD_TABLE_NAME", "ShardEntry", "ShardTable", "index_sizes"]
@@ -207,7 +208,7 @@ class ShardTable(Sequence):
             if bad.size:
                 raise ManifestError(f"shards[{bad[0]}]: {c} is negative", path=path,
                                     found=int(getattr(self, c)[bad[0]]))
-        offsets, data = _string_buffers(self._names)
+        offsets, data, _ = string_buffers(self._names)
         lengths = np.diff(offsets)
         first = data[np.minimum(offsets[:-1], max(len(data) - 1, 0))] if len(data) else lengths
         second = data[np.minimum(offsets[:-1] + 1, max(len(data) - 1, 0))] if len(data) else lengths
@@ -235,15 +236,6 @@ class ShardTable(Sequence):
             raise ManifestError(f"shards[{i}]: index size (index_bytes) does not fit its "
                                 "record count", path=path, found=int(self.index_bytes[i]),
                                 expected=None if too_big[i] else int(expected[i]))
-
-
-def _string_buffers(names: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, bytes) of an Arrow string array, as numpy views (no object per string;
-    pyarrow.compute would import pandas, half a second, where it is installed)."""
-    bufs = names.buffers()
-    offsets = np.frombuffer(bufs[1], np.int32, len(names) + 1, names.offset * 4)
-    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-    return offsets.astype(np.int64), data
 
 
 def _duplicate(offsets: np.ndarray, data: np.ndarray) -> str | None:

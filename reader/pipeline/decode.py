@@ -349,8 +349,7 @@ class Decoder:
         target = out
         if self.pipeline.user or self.pipeline.normalize:
             need = plan.size[0] * plan.size[1] * 3
-            if self._sample.size < need:
-                self._sample = np.empty(need + need // 4, np.uint8)
+            self._sample = _grown(self._sample, need)
             target = self._sample[:need].reshape(*plan.size, 3)
         if _is_jpeg(data):
             image, frame = self._decode_box(data, height, width, plan)
@@ -426,9 +425,7 @@ class Decoder:
                 found = roi.region_for(self._region, data, height, width, factor, plan.box)
                 if found is not None:
                     region, frame = found
-                    need = region[2] * region[3] * 3
-                    if self._scratch.size < need:
-                        self._scratch = np.empty(need + need // 4, np.uint8)
+                    self._scratch = _grown(self._scratch, region[2] * region[3] * 3)
                     return self._region.decode(data, factor, region, self._scratch), frame
             except RegionError as exc:
                 raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
@@ -495,13 +492,17 @@ class Decoder:
         if factor > 1 and jpeg_dct_scalable(data):
             scale = {"min_height": -(-height // factor), "min_width": -(-width // factor)}
             height, width = _jpeg_header(data, **scale)
-        need = height * width * 3
-        if self._scratch.size < need:
-            self._scratch = np.empty(need + need // 4, np.uint8)
+        self._scratch = _grown(self._scratch, height * width * 3)
         try:
             return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=self._scratch, **scale)
         except ValueError as exc:
             raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
+
+
+def _grown(buffer: np.ndarray, need: int) -> np.ndarray:
+    """``buffer`` if it holds ``need`` bytes, else a new one a quarter larger: the
+    decoder's buffers only grow, so steady state allocates nothing."""
+    return buffer if buffer.size >= need else np.empty(need + need // 4, np.uint8)
 
 
 def _split_box(box: Box, height: int, width: int, size: tuple[int, int]):
