@@ -336,6 +336,7 @@ DALI_SETTINGS: dict = {"prefetch_queue_depth": 2, "exec_dynamic": False, "crop":
                        "flip": "flip", "antialias": True}
 _PIPELINE_KEYS = ("prefetch_queue_depth", "exec_dynamic", "exec_pipelined", "exec_async",
                   "bytes_per_sample", "set_affinity", "concurrency")
+_OP_KEYS = ("crop", "flip", "antialias", "initial_fill", "hint")
 
 
 def dali_settings(pairs: list[str] | None) -> dict:
@@ -348,6 +349,9 @@ def dali_settings(pairs: list[str] | None) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise SystemExit(f"--dali wants KEY=VALUE, got {pair!r}")
+        if key not in _PIPELINE_KEYS + _OP_KEYS:  # a typo would be measured as the default
+            raise SystemExit(f"--dali {key!r}: not a setting these pipelines use; one of "
+                             f"{', '.join(_PIPELINE_KEYS + _OP_KEYS)}")
         try:
             out[key] = json.loads(value)
         except ValueError:

@@ -36,6 +36,8 @@ def test_dali_settings_are_the_defaults_with_pairs_applied():
                   "prefetch_queue_depth": 3, "exec_dynamic": True}  # op choices stay out
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         bench_peers.dali_settings(["antialias"])
+    with pytest.raises(SystemExit, match="'antialais': not a setting these pipelines use"):
+        bench_peers.dali_settings(["antialais=false"])  # a typo is refused, not ignored
 
 
 @pytest.mark.parametrize("args", [["pipeline", "dali-files", "."],
