@@ -19,7 +19,16 @@ from formats.version import package_version
 from .batching import AspectRatioBatches, BudgetBatches
 from .data.dataset import open_dataset, read_many
 from .device import DeviceOptions
-from .errors import DecodeError, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
+from .errors import (
+    DecodeError,
+    LoaderError,
+    LoaderTimeoutError,
+    OptionError,
+    OptionTypeError,
+    StateError,
+    WorkerDiedError,
+    WorkerError,
+)
 from .loader import Loader
 from .monitor.diagnosis import Thresholds
 from .monitor.monitor import Monitor, disable_monitor, enable_monitor
@@ -60,6 +69,8 @@ __all__ = [
     "LoaderTimeoutError",
     "Monitor",
     "Normalize",
+    "OptionError",
+    "OptionTypeError",
     "Pad",
     "PadToMultiple",
     "Padded",
@@ -69,6 +80,7 @@ __all__ = [
     "Resize",
     "ResizeShortestEdge",
     "SampleTransform",
+    "StateError",
     "Thresholds",
     "TokenBlocks",
     "TorchLoader",

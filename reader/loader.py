@@ -29,6 +29,7 @@ from formats import ShardDataset
 from formats.storage.cache import CacheOptions
 
 from .data.dataset import open_dataset
+from .errors import LoaderError, OptionError, OptionTypeError
 from .monitor.monitor import resolve_monitor
 from .options import (
     DecodeOptions,
@@ -38,7 +39,7 @@ from .options import (
     check_fields,
     resolve_num_workers,
 )
-from .order.sampler import Sampler, check_resume, next_unseen
+from .order.sampler import Sampler, check_epoch, check_resume, next_unseen
 from .runtime.autoscale import WorkerScaler
 from .runtime.decoded_cache import DecodedCache, DecodedCacheOptions
 from .runtime.device import DeviceOptions, check_layout, require_cupy
@@ -166,7 +167,7 @@ class Loader:
                  cache: CacheOptions | None = None, monitor: Any = None) -> None:
         # Argument errors first, before anything is opened.
         if batch_size is None:
-            raise TypeError(
+            raise OptionTypeError(
                 "batch_size=None: a Loader always makes batches; leave batch_size out for the "
                 "batch sampler's own size" if batch_sampler is not None else
                 "batch_size=None: a Loader always makes batches (torch's batch_size=None, one "
@@ -176,7 +177,7 @@ class Loader:
         if batch_sampler is None:
             batch_size = check_batch_size(batch_size)
         elif not hasattr(batch_sampler, "bind"):
-            raise TypeError("batch_sampler must be a reader.batching.AspectRatioBatches or "
+            raise OptionTypeError("batch_sampler must be a reader.batching.AspectRatioBatches or "
                             f"BudgetBatches, not {type(batch_sampler).__name__} {batch_sampler!r}")
         elif batch_size is DEFAULT_BATCH_SIZE:
             batch_size = None  # left out: the batch sampler sets the size
@@ -196,9 +197,9 @@ class Loader:
             max_ring_bytes=max_ring_bytes, timeout=timeout, start_method=start_method,
             copy=copy, persistent_workers=persistent_workers)
         if device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+            raise OptionError(f"device must be 'cpu' or 'cuda', not {device!r}")
         if device_options is not None and device != "cuda":
-            raise ValueError("device_options apply to device='cuda' only; this Loader has "
+            raise OptionError("device_options apply to device='cuda' only; this Loader has "
                              f"device={device!r}")
         check = self.decode_options.check_crc
         self._owns_dataset = not isinstance(source, ShardDataset)
@@ -292,7 +293,7 @@ class Loader:
             return
         named = [k for k, v in idle.items() if v]
         if named:
-            raise ValueError(f"{', '.join(named)} would have no effect: {why}; leave "
+            raise OptionError(f"{', '.join(named)} would have no effect: {why}; leave "
                              f"{'it' if len(named) == 1 else 'them'} out")
 
     def _make_decoded_cache(self, image: str | None, pipeline) -> DecodedCache | None:
@@ -300,14 +301,14 @@ class Loader:
         if opts is None:
             return None
         if image is None:
-            raise ValueError("decoded_cache keeps decoded images: this loader decodes none "
+            raise OptionError("decoded_cache keeps decoded images: this loader decodes none "
                              "(decode=False, or no image field among the fields read)")
         if not hasattr(pipeline, "run_cached"):
-            raise ValueError("decoded_cache needs a pipeline of reader.transforms specs (it "
+            raise OptionError("decoded_cache needs a pipeline of reader.transforms specs (it "
                              f"replays their geometry on cached pixels), not {pipeline!r}")
         one = int(np.prod(pipeline.output_shape))
         if opts.max_bytes < one:
-            raise ValueError(f"decoded_cache max_bytes={opts.max_bytes:,} is smaller than one "
+            raise OptionError(f"decoded_cache max_bytes={opts.max_bytes:,} is smaller than one "
                              f"output image ({'x'.join(map(str, pipeline.output_shape))} = "
                              f"{one:,} bytes): it could never hold a sample")
         ctx = mp.get_context(self._start_method())
@@ -336,7 +337,7 @@ class Loader:
         fits = w.max_ring_bytes // self.layout.slot_bytes - hold
         if fits < 1 and w.max_ring_bytes != WorkerOptions.max_ring_bytes:
             need = (1 + hold) * self.layout.slot_bytes
-            raise ValueError(f"max_ring_bytes={w.max_ring_bytes:,} cannot hold one batch in flight "
+            raise OptionError(f"max_ring_bytes={w.max_ring_bytes:,} cannot hold one batch in flight "
                              f"and the {hold} the consumer may hold: slots of "
                              f"{self.layout.slot_bytes:,} bytes need at least {need:,}")
         hi = max(1, min(hi, fits))  # the default bound gives way to one batch in flight
@@ -421,7 +422,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[dict]:
         if self._closed:
-            raise RuntimeError("this Loader is closed")
+            raise LoaderError("this Loader is closed")
         if self._pid != os.getpid():
             # A forked child: the ring and the workers are the parent's (its workers write
             # into that ring); this process gets its own, and leaves those alone.
@@ -481,6 +482,7 @@ class Loader:
         """Make ``epoch`` current, starting at its first batch; the current epoch is left
         as it is (so a state loaded by :meth:`load_state_dict` survives the usual
         ``set_epoch`` at the top of a training loop)."""
+        epoch = check_epoch(epoch, "Loader")
         if epoch != self.epoch:
             self._stop_active(f"set_epoch({epoch}) moved this Loader to another epoch")
             self.epoch, self.position = int(epoch), 0
@@ -499,7 +501,8 @@ class Loader:
         delivered when ``state`` was taken (a running iterator is ended).
 
         Raises:
-            ValueError: the state was taken with a different order, batching or partitioning.
+            StateError: ``state`` is not a state dict, or was taken with a different
+                order, batching or partitioning (a ``ValueError``).
         """
         check_resume(self.state_dict(), state, "loader")
         self._stop_active("load_state_dict() moved this Loader to the saved position")

@@ -21,9 +21,12 @@ the same way this sampler splits records.
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
+from ..errors import OptionError, OptionTypeError, StateError
 from ..options import SamplerOptions
 from .permutation import WindowPermutations, permute, round_keys
 
@@ -112,17 +115,50 @@ def next_unseen(order, epoch: int, batch: int) -> tuple[int, int]:
     return epoch, batch
 
 
-def check_resume(mine: dict, state: dict, what: str) -> None:
-    """Refuse ``state`` unless it was saved by an order equal to ``mine`` (both
-    ``state_dict()``s) in all but the position; ``what`` names the reader in messages.
+def check_epoch(epoch, what: str) -> int:
+    """``set_epoch``'s argument as an int >= 0 (numpy integers too; ``bool``, ``str``
+    and floats refused, never truncated: ``set_epoch(1.5)`` is a mistake, not epoch 1);
+    ``what`` names the reader in messages.
 
     Raises:
-        ValueError: naming the first setting that differs.
+        OptionTypeError: not an integer.
+        OptionError: a negative one.
     """
+    if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, numbers.Integral):
+        raise OptionTypeError(f"{what}.set_epoch(epoch): epoch must be an int >= 0, not "
+                              f"{type(epoch).__name__} {epoch!r}")
+    if epoch < 0:
+        raise OptionError(f"{what}.set_epoch(epoch): epoch must be an int >= 0, not {epoch}")
+    return int(epoch)
+
+
+def check_resume(mine: dict, state, what: str) -> None:
+    """Refuse ``state`` unless it is a state dict saved by an order equal to ``mine``
+    (both ``state_dict()``s) in all but the position; ``what`` names the reader in
+    messages.
+
+    Raises:
+        StateError: ``state`` is not a state dict (not a mapping, or without a
+            non-negative int ``epoch`` and ``batch``), or names the first setting that
+            differs.
+    """
+    if not isinstance(state, Mapping):
+        raise StateError(f"{what} load_state_dict(state): state must be the dict that "
+                         f"state_dict() returned, not {type(state).__name__} {state!r}")
+    missing = [k for k in ("epoch", "batch") if k not in state]
+    if missing:
+        raise StateError(f"{what} load_state_dict(state): the state has no "
+                         f"{' or '.join(map(repr, missing))}; pass the dict that "
+                         f"state_dict() returned (it has {', '.join(map(repr, mine))})")
+    for key in ("epoch", "batch"):
+        v = state[key]
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < 0:
+            raise StateError(f"{what} load_state_dict(state): state[{key!r}] must be an "
+                             f"int >= 0, not {type(v).__name__} {v!r}")
     state = dict(state)
     if "order" not in state:
         if mine.get("shuffle"):
-            raise ValueError(
+            raise StateError(
                 f"{what} state was saved by a shardpack before {ORDER!r} shuffled orders "
                 "(which drew the whole order from numpy): its shuffled epochs are not this "
                 "version's, so it cannot resume exactly; start the saved epoch again with "
@@ -135,11 +171,11 @@ def check_resume(mine: dict, state: dict, what: str) -> None:
         if key in ("epoch", "batch", "num_batches"):
             continue
         if state.get(key) != mine[key]:
-            raise ValueError(f"{what} state was saved with {key}={state.get(key)!r}, this "
+            raise StateError(f"{what} state was saved with {key}={state.get(key)!r}, this "
                              f"{what} has {key}={mine[key]!r}: cannot resume exactly")
     extra = sorted(set(state) - set(mine))
     if extra:
-        raise ValueError(f"{what} state was saved with {', '.join(extra)} (another batch "
+        raise StateError(f"{what} state was saved with {', '.join(extra)} (another batch "
                          f"sampler), which this {what} does not use: cannot resume exactly")
 
 
@@ -189,7 +225,7 @@ class Sampler:
     def __init__(self, num_records: int, shard_starts, batch_size: int,
                  options: SamplerOptions) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+            raise OptionError(f"batch_size must be >= 1, not {batch_size}")
         self.num_records = int(num_records)
         self.shard_starts = np.asarray(shard_starts, np.int64)
         self.batch_size = int(batch_size)

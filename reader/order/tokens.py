@@ -39,8 +39,9 @@ from formats.checksum import crc32c
 from formats.shard.column_cache import mapped_column
 
 from ..data.dataset import open_dataset
+from ..errors import OptionError
 from ..options import SamplerOptions, _int, check_batch_size
-from .sampler import EpochOrder, Sampler, check_resume, next_unseen
+from .sampler import EpochOrder, Sampler, check_epoch, check_resume, next_unseen
 
 __all__ = ["TokenBlocks"]
 
@@ -96,14 +97,14 @@ class TokenBlocks:
         self.dataset = open_dataset(source) if self._owns else source
         ds = self.dataset
         if field not in ds.field_index:
-            raise ValueError(f"no field {field!r} in {ds.root}; its fields are "
+            raise OptionError(f"no field {field!r} in {ds.root}; its fields are "
                              f"{', '.join(f'{f.name} ({f.type})' for f in ds.fields)}")
         f = ds.fields[ds.field_index[field]]
         if f.type != "ndarray" or tuple(f.shape) != (None,) or np.dtype(f.dtype).kind not in "iu":
-            raise ValueError(f"token field {field!r} must be an integer ndarray of shape [None], "
+            raise OptionError(f"token field {field!r} must be an integer ndarray of shape [None], "
                              f"not {f.type} {f.dtype} {f.shape}")
         if f.compression != "none":
-            raise ValueError(f"token field {field!r} is stored {f.compression}-compressed: "
+            raise OptionError(f"token field {field!r} is stored {f.compression}-compressed: "
                              "blocks are read in place, so pack it uncompressed")
         self.field = field
         self.dtype = np.dtype(f.dtype)
@@ -113,7 +114,7 @@ class TokenBlocks:
         total = self.num_tokens
         self.num_blocks = (total - 1) // self.block_size if total else 0
         if self.num_blocks == 0:
-            raise ValueError(f"a block needs block_size + 1 = {self.block_size + 1} tokens; "
+            raise OptionError(f"a block needs block_size + 1 = {self.block_size + 1} tokens; "
                              f"{field!r} of {ds.root} holds {total} in all")
         # Blocks by the shard their first token is in: the "block" order shuffles shards,
         # then the blocks of each shard, so a batch is one gather from one shard.
@@ -376,6 +377,7 @@ class TokenBlocks:
     def set_epoch(self, epoch: int) -> None:
         """Make ``epoch`` current, starting at its first batch; the current epoch is left
         as it is (a loaded state survives ``set_epoch`` at the top of a training loop)."""
+        epoch = check_epoch(epoch, "TokenBlocks")
         if epoch != self.epoch:
             self._end_loop(f"set_epoch({epoch}) moved this TokenBlocks to another epoch")
             self.epoch, self.position = int(epoch), 0
@@ -393,7 +395,8 @@ class TokenBlocks:
         ``state`` was taken (a running iterator is ended).
 
         Raises:
-            ValueError: the state was taken with another order, block size or dataset.
+            StateError: ``state`` is not a state dict, or was taken with another order,
+                block size or dataset (a ``ValueError``).
         """
         check_resume(self.state_dict(), state, "token")
         self._end_loop("load_state_dict() moved this TokenBlocks to the saved position")
