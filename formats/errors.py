@@ -15,23 +15,33 @@ reads like::
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 __all__ = [
+    "QUOTE_LIMIT",
+    "ArgumentTypeError",
     "CorruptRecordError",
     "DecompressionError",
     "FormatError",
     "InputError",
     "InputUsageError",
     "ManifestError",
+    "MissingFileError",
     "MissingObjectError",
     "ObjectTooLargeError",
+    "RecordIndexError",
     "SchemaError",
     "ShardpackError",
     "StorageError",
     "UnsafePathError",
     "VersionError",
+    "quoted",
 ]
+
+#: The most characters of a value an error message quotes: a 10 MB key looked up
+#: in vain must not make a 10 MB message (nor cost a 10 MB ``repr``).
+QUOTE_LIMIT = 200
 
 
 class ShardpackError(Exception):
@@ -73,7 +83,7 @@ class ShardpackError(Exception):
         if self.offset is not None:
             where.append(f"at byte {self.offset}")
         text = self.message
-        said = [f"{k} {v!r}" for k, v in (("found", self.found), ("expected", self.expected))
+        said = [f"{k} {quoted(v)}" for k, v in (("found", self.found), ("expected", self.expected))
                 if v is not None]  # never "expected None"
         if said:
             text += ": " + ", ".join(said)
@@ -93,6 +103,18 @@ class ShardpackError(Exception):
 
 def _rebuild(cls, message, kwargs):
     return cls(message, **kwargs)
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` as an error quotes it: at most ``limit`` characters, a longer
+    one cut with ``...`` and its full length said (in items for a ``str`` or
+    ``bytes``, which are cut before the ``repr`` is made)."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)) and len(value) > limit:
+        unit = "characters" if isinstance(value, str) else "bytes"
+        head = value[:limit] if not isinstance(value, memoryview) else value[:limit].tobytes()
+        return f"{repr(head)[:limit]}... ({len(value)} {unit})"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class FormatError(ShardpackError, ValueError):
@@ -146,3 +168,25 @@ class MissingObjectError(StorageError):
 
 class ObjectTooLargeError(StorageError):
     """The object is larger than the bound set for reading it."""
+
+
+class MissingFileError(FormatError, FileNotFoundError):
+    """A file of the dataset does not exist (deleted since the dataset was opened, or
+    never written): also a ``FileNotFoundError``, its ``filename`` the file."""
+
+    def __init__(self, message: str, **kwargs) -> None:
+        super().__init__(message, **kwargs)
+        self.errno, self.strerror, self.filename = errno.ENOENT, message, self.path
+
+    def __str__(self) -> str:  # OSError's own str() would show the errno
+        return self.args[0]
+
+
+class RecordIndexError(ShardpackError, IndexError):
+    """A record index outside the dataset (also an ``IndexError``): names the index
+    and the dataset's length."""
+
+
+class ArgumentTypeError(ShardpackError, TypeError):
+    """A value passed to shardpack is not of a type its argument takes (also a
+    ``TypeError``): names the argument, the value and what is allowed."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
-import errno
+import operator
 import os
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..checksum import crc32c_many, crc32c_words
-from ..errors import CorruptRecordError, ManifestError, SchemaError, ShardpackError
+from ..checksum import crc32c, crc32c_many, crc32c_words
+from ..errors import (
+    ArgumentTypeError,
+    CorruptRecordError,
+    ManifestError,
+    MissingFileError,
+    RecordIndexError,
+    SchemaError,
+    ShardpackError,
+    quoted,
+)
 from ..fields import BYTES_TYPES, SCALAR_TYPES, Field
 from .decoding import PayloadDecoder, load_dictionaries
 from .key_index import KeyIndex
@@ -40,23 +49,18 @@ from .shard_set import ShardSet, default_max_open
 
 __all__ = ["DatasetNotFoundError", "DuplicateKeyError", "KeyLookupError", "ShardDataset",
            "UnknownKeyError", "check_dataset_path", "default_max_open", "open_shards",
-           "read_metadata"]
+           "read_metadata", "record_indices"]
 
 # Entries of a missing dataset's parent folder compared for a "did you mean".
 _SIBLINGS_SCANNED = 2000
 # Datasets of at most this many shards find a record's shard by bisecting a list of the starts.
 _LIST_SHARDS = 1 << 16
+# Keys longer than this get no "close matches" (difflib's cost grows with the key).
+_CLOSE_KEY_CHARS = 1000
 
 
-class DatasetNotFoundError(ManifestError, FileNotFoundError):
+class DatasetNotFoundError(ManifestError, MissingFileError):
     """The dataset path does not exist, or is not a folder (also a ``FileNotFoundError``)."""
-
-    def __init__(self, message: str, **kwargs) -> None:
-        super().__init__(message, **kwargs)
-        self.errno, self.strerror, self.filename = errno.ENOENT, message, self.path
-
-    def __str__(self) -> str:
-        return self.args[0]
 
 
 class KeyLookupError(ShardpackError, KeyError, ValueError):
@@ -92,7 +96,7 @@ class DuplicateKeyError(KeyLookupError):
     (:meth:`ShardDataset.indices_of` gives them all)."""
 
 
-def open_shards(path: str | Path, *, check_crc: bool = False, follow_symlinks: bool = False,
+def open_shards(path: str | Path, *, check_crc: bool = True, follow_symlinks: bool = False,
                 max_open: int | None = None) -> ShardDataset:
     """Open the dataset in ``path`` (see :class:`ShardDataset`)."""
     return ShardDataset(path, check_crc=check_crc, follow_symlinks=follow_symlinks,
@@ -104,8 +108,9 @@ class ShardDataset(ShardSet):
 
     Args:
         path: the dataset folder (holding ``manifest.json``).
-        check_crc: verify each field's CRC32C when it is read (costs one pass over
-            the bytes; :func:`formats.verify_dataset` always checks).
+        check_crc: verify each field's CRC32C when it is read, as the Loader does
+            (the default: one pass in C over the bytes read; ``False`` opts out;
+            :func:`formats.verify_dataset` always checks).
         follow_symlinks: read dataset files that are symlinks to files outside
             the folder (refused by default; FORMAT.md, §8).
         max_open: shards this process keeps open (default: :func:`default_max_open`).
@@ -118,7 +123,7 @@ class ShardDataset(ShardSet):
         UnsafePathError: a file is a symlink out of the folder.
     """
 
-    def __init__(self, path: str | Path, *, check_crc: bool = False, follow_symlinks: bool = False,
+    def __init__(self, path: str | Path, *, check_crc: bool = True, follow_symlinks: bool = False,
                  max_open: int | None = None) -> None:
         check_dataset_path(path)
         super().__init__(path, follow_symlinks=follow_symlinks, max_open=max_open)
@@ -157,10 +162,20 @@ class ShardDataset(ShardSet):
     # -- single records ---------------------------------------------------------------
 
     def locate(self, index: int) -> tuple[int, int]:
-        """(shard number, record within the shard) of a global index."""
+        """(shard number, record within the shard) of a global index (negative ones
+        count from the end, as in a list).
+
+        Raises:
+            RecordIndexError: ``index`` is out of range (an ``IndexError``).
+            ArgumentTypeError: ``index`` is not an integer (a ``TypeError``; a
+                float is never truncated).
+        """
+        if type(index) is not int:
+            index = _record_index(index)
         n = len(self)
         if not -n <= index < n:
-            raise IndexError(f"record {index} out of range for a dataset of {n} records")
+            raise RecordIndexError(f"record {index} out of range for a dataset of {n} records",
+                                   path=self.root)
         if index < 0:
             index += n
         starts = self._starts_list
@@ -181,29 +196,49 @@ class ShardDataset(ShardSet):
         j = self.field_index[field]
         return self._decode(s, r, j, self._ready(s).payload(r, j, self.check_crc))
 
-    def __getitem__(self, index: int | str) -> Record:
-        """All fields of one record, by global index or by key (a ``str``, see
-        :meth:`index_of`): a :class:`formats.shard.lazy.Record`, a mapping of field ->
-        value that changes as a dict does; bytes fields as zero-copy memoryviews, a
-        JSON field parsed when first read. Every payload's CRC is checked here (with
-        ``check_crc``), read or not."""
-        if isinstance(index, str):
-            index = self.index_of(index)
-        s, r = self.locate(int(index))
+    def __getitem__(self, index: int | str | slice) -> Record | list[Record]:
+        """One record by global index (negative ones count from the end) or by key (a
+        ``str``, see :meth:`index_of`); a ``slice`` gives a list of records, as a list's
+        slice does (``ds[:3]``, ``ds[::-1]``; each record read as ``ds[i]`` would).
+
+        A record is a :class:`formats.shard.lazy.Record`, a mapping of field -> value
+        that changes as a dict does: bytes fields as zero-copy memoryviews, a JSON
+        field parsed when first read; pickled (to a DataLoader worker's parent) it is
+        a ``dict`` of plain values, bytes fields as ``bytes``. Every payload's CRC32C
+        is checked here (unless the dataset was opened with ``check_crc=False``),
+        read or not.
+
+        Raises:
+            RecordIndexError: the index is out of range (an ``IndexError``).
+            ArgumentTypeError: not an int, str or slice (a ``TypeError``; ``ds[1.7]``
+                is refused, never truncated).
+            UnknownKeyError, DuplicateKeyError: a key that names no single record.
+            CorruptRecordError: a payload fails its checksum or does not decode
+                (names the shard file, the record and the byte offset).
+        """
+        if type(index) is not int:
+            if isinstance(index, str):
+                index = self.index_of(index)
+            elif isinstance(index, slice):
+                return [self[i] for i in range(*index.indices(len(self)))]
+        s, r = self.locate(index)
         shard = self._ready(s)
         # One row of the index as Python ints, then a slice per field: the per-record
         # cost is a few attribute lookups, not a numpy scalar per field.
         view = shard.view
         out: dict[str, Any] = {}
         later: dict[str, tuple[int, memoryview]] = {}
-        decode, plain, later_j, check = self._decoder.decode, self._plain, self._parsed_later, self.check_crc
+        decode, plain, later_j = self._decoder.decode, self._plain, self._parsed_later
+        # The stored CRCs as one row of Python ints: a check is then one call in C per
+        # field and an int compare (shard.check, which says where, only on a mismatch).
+        crcs = shard.crcs[r].tolist() if self.check_crc else None
         j = 0
         try:
             for j, (o, n) in enumerate(zip(shard.offsets[r].tolist(), shard.lengths[r].tolist(),
                                            strict=True)):
                 payload = view[o : o + n]
-                if check:
-                    shard.check(r, j, payload)
+                if crcs is not None and crc32c(payload) != crcs[j]:
+                    shard.check(r, j, payload)  # raises, naming shard, record and offset
                 if plain[j]:
                     out[self._names[j]] = payload
                 elif later_j[j]:
@@ -229,7 +264,7 @@ class ShardDataset(ShardSet):
         Raises:
             CorruptRecordError: a payload does not decode (names shard and record).
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = record_indices(indices)
         j = self.field_index[field]
         views = self.payloads(idx, field)
 
@@ -268,12 +303,19 @@ class ShardDataset(ShardSet):
     # -- many records at once ---------------------------------------------------------
 
     def locate_many(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        """Vectorized :meth:`locate`: (shard numbers, records within shards)."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        """Vectorized :meth:`locate`: (shard numbers, records within shards); indices
+        are 0 to ``len(self) - 1`` here (no negative ones).
+
+        Raises:
+            RecordIndexError: an index is out of range (an ``IndexError``).
+            ArgumentTypeError: ``indices`` are not integers (see :func:`record_indices`).
+        """
+        idx = record_indices(indices)
         n = len(self)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             bad = int(idx[(idx < 0) | (idx >= n)][0])
-            raise IndexError(f"record {bad} out of range for a dataset of {n} records")
+            raise RecordIndexError(f"record {bad} out of range for a dataset of {n} records",
+                                   path=self.root)
         shard = np.searchsorted(self.starts, idx, side="right") - 1
         return shard, idx - self.starts[shard]
 
@@ -424,14 +466,17 @@ class ShardDataset(ShardSet):
         found = self.indices_of(key)
         if found.size == 1:
             return int(found[0])
+        # The key is quoted cut to its first characters (formats.errors.quoted): a
+        # 10 MB key looked up in vain makes a message of a few lines, not of 10 MB.
         if found.size == 0:
-            close = self._keys.close_matches(key)
-            hint = f"; close matches: {', '.join(map(repr, close))}" if close else ""
-            raise UnknownKeyError(f"no record with key {key!r} among its {self._keys.size} "
-                                  f"keys{hint}", path=self.root, key=key, matches=close)
+            close = self._keys.close_matches(key) if len(key) <= _CLOSE_KEY_CHARS else []
+            hint = f"; close matches: {', '.join(map(quoted, close))}" if close else ""
+            raise UnknownKeyError(f"no record with key {quoted(key)} among its "
+                                  f"{self._keys.size} keys{hint}", path=self.root, key=key,
+                                  matches=close)
         shown = found[:5].tolist()
         raise DuplicateKeyError(
-            f"{found.size} records have key {key!r}: records {shown}"
+            f"{found.size} records have key {quoted(key)}: records {shown}"
             + (" ..." if found.size > len(shown) else "")
             + "; ds.indices_of(key) gives them all", path=self.root, key=key,
             matches=found.tolist())
@@ -444,7 +489,8 @@ class ShardDataset(ShardSet):
             TypeError: ``key`` is not a ``str``.
         """
         if not isinstance(key, str):
-            raise TypeError(f"a record key is a str, not {type(key).__name__} ({key!r})")
+            raise ArgumentTypeError(f"a record key is a str, not {type(key).__name__}",
+                                    found=key)
         return self.key_index().find(key)
 
     def key_index(self) -> KeyIndex:
@@ -478,6 +524,32 @@ class ShardDataset(ShardSet):
         return read_metadata(self.root, columns, self.manifest,
                              follow_symlinks=self.follow_symlinks,
                              shards=None if shard is None else [shard])
+
+
+def _record_index(value: object) -> int:
+    """``value`` as a record index: an ``int`` or anything that is one exactly
+    (``numpy.int64``, via ``__index__``); a float is refused, never truncated."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ArgumentTypeError(
+            f"a record index is an int (or, for ds[...], a str key or a slice), "
+            f"not {type(value).__name__}", found=value) from None
+
+
+def record_indices(indices) -> np.ndarray:
+    """``indices`` (a sequence or array of ints) as a flat int64 array.
+
+    Raises:
+        ArgumentTypeError: they are not integers (floats would be truncated, booleans
+            read as a mask): names the dtype found (a ``TypeError``).
+    """
+    idx = np.asarray(indices)
+    # [] is an empty float64 array: no index in it to truncate.
+    if idx.dtype.kind not in "iu" and (idx.size or idx.dtype.kind not in "fO"):
+        raise ArgumentTypeError("record indices are integers", found=f"dtype {idx.dtype}",
+                                    expected="an int array or a sequence of ints")
+    return idx.astype(np.int64, copy=False).reshape(-1)
 
 
 def check_dataset_path(path: str | Path) -> None:

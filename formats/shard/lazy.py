@@ -122,5 +122,7 @@ class Record(MutableMapping):
 
     def __reduce__(self):
         # To another process (a DataLoader worker's sample) as the plain dict it reads
-        # as: every value decoded, no closure over this process's maps.
-        return dict, (dict(self),)
+        # as: every value decoded, no closure over this process's maps, and a bytes
+        # field's zero-copy view (which pickle refuses) as the bytes it shows.
+        return dict, ({name: bytes(v) if type(v) is memoryview else v
+                       for name, v in self.items()},)

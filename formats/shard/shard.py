@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checksum import crc32c
-from ..errors import CorruptRecordError, FormatError, VersionError
+from ..errors import CorruptRecordError, FormatError, MissingFileError, VersionError
 from ..files import FD_EXHAUSTED, open_regular
 from .layout import (
     DATA_HEADER,
@@ -50,11 +50,18 @@ def _map(path: Path, root: Path, expected_size: int, what: str,
     """Map a regular file of exactly ``expected_size`` bytes: (map, mtime in ns).
 
     Raises:
-        FormatError: missing, not a regular file, wrong size, cannot be mapped.
+        MissingFileError: the file does not exist (a ``FormatError`` and a
+            ``FileNotFoundError``: deleted since the dataset was opened, say).
+        FormatError: not a regular file, wrong size, cannot be mapped.
         UnsafePathError: a symlink out of ``root`` (unless ``follow_symlinks``).
         OSError: only EMFILE/ENFILE (see :func:`formats.files.open_regular`).
     """
-    fd, st = open_regular(path, root, what=f"{what} file", follow_symlinks=follow_symlinks)
+    try:
+        fd, st = open_regular(path, root, what=f"{what} file", follow_symlinks=follow_symlinks)
+    except FormatError as exc:
+        if os.path.lexists(path):
+            raise
+        raise MissingFileError(exc.message, path=path) from None
     try:
         size = st.st_size
         if size != expected_size:

@@ -18,19 +18,24 @@ import numpy as np
 
 from formats import ShardDataset, open_shards
 from formats.fields import BYTES_TYPES
+from formats.shard.dataset import record_indices
 from formats.storage import place
 from formats.storage.cache import CacheOptions
 
 __all__ = ["ShardDataset", "main_fields", "open_dataset", "read_many"]
 
 
-def open_dataset(path: str | Path, *, check_crc: bool = False, cache: CacheOptions | None = None,
+def open_dataset(path: str | Path, *, check_crc: bool = True, cache: CacheOptions | None = None,
                  filesystem: Any = None, follow_symlinks: bool = False) -> ShardDataset:
-    """Open the dataset folder ``path`` (holding ``manifest.json``), local or remote.
+    """Open the dataset folder ``path`` (holding ``manifest.json``), local (a path, or
+    a ``file://`` URI) or remote.
 
     A URI (``s3://bucket/dataset``, or any that :mod:`formats.storage` opens) or a
     ``filesystem`` gives a :class:`reader.data.remote.RemoteDataset`: shards are
     downloaded into the local cache (``cache``) on first use, then mapped.
+
+    Every payload ``ds[i]``, ``ds.values`` and the other reads hand out is checked
+    against its CRC32C, as the Loader does; ``check_crc=False`` opts out.
 
     A local dataset's files that are symlinks to files outside its folder are
     refused unless ``follow_symlinks`` (FORMAT.md, §8); to read such a dataset
@@ -65,7 +70,7 @@ def open_dataset(path: str | Path, *, check_crc: bool = False, cache: CacheOptio
     if cache is not None:
         raise ValueError(f"cache= applies to datasets on object storage (s3://...) only; "
                          f"{path} is a local folder, read in place")
-    return open_shards(path, check_crc=check_crc, follow_symlinks=follow_symlinks)
+    return open_shards(where.text, check_crc=check_crc, follow_symlinks=follow_symlinks)
 
 
 def read_many(ds: ShardDataset, indices, fields: tuple[str, ...] | None = None) -> dict:
@@ -74,7 +79,7 @@ def read_many(ds: ShardDataset, indices, fields: tuple[str, ...] | None = None) 
     item by item when first read (:class:`formats.shard.lazy.LazyValues`), other
     fields as lists of values.
     """
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    idx = record_indices(indices)
     return main_fields(ds, tuple(fields or (f.name for f in ds.fields)), idx)
 
 

@@ -58,7 +58,7 @@ class RemoteDataset(ShardDataset):
     """
 
     def __init__(self, uri: str | Place, *, cache: CacheOptions | None = None, filesystem: Any = None,
-                 check_crc: bool = False, max_open: int | None = None) -> None:
+                 check_crc: bool = True, max_open: int | None = None) -> None:
         self.location: Location = open_location(uri, filesystem)
         self.cache_options = cache or CacheOptions()
         self.cache = self.cache_options.open()

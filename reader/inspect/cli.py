@@ -33,7 +33,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from formats import ShardpackError, UnsafePathError
-from formats.storage import is_uri
+from formats.storage import is_uri, local_path
 from formats.version import package_version
 
 from ..data.dataset import open_dataset
@@ -184,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(command_first=_is_command_first(argv))
     args = parser.parse_args(argv)
+    args.dst = str(local_path(args.dst))  # file:///data/ds is the folder /data/ds
     if args.follow_symlinks and is_uri(args.dst):
         parser.error("--follow-symlinks applies to local datasets only "
                      "(a remote dataset's cache holds no links)")
