@@ -8,6 +8,8 @@ fields, checksums, bounded reads, image sniffing, object storage, the version).
 
 from .base import Record, Sink, Source
 from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
     CorruptRecordError,
     DecompressionError,
     FormatError,
@@ -25,6 +27,8 @@ from .shard.manifest import Manifest, ShardEntry, read_manifest
 from .shard.verify import Problem, verify_dataset
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
     "CorruptRecordError",
     "DatasetWriter",
     "DecompressionError",

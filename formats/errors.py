@@ -20,6 +20,7 @@ from pathlib import Path
 
 __all__ = [
     "QUOTE_LIMIT",
+    "ArgumentError",
     "ArgumentTypeError",
     "CorruptRecordError",
     "DecompressionError",
@@ -187,6 +188,14 @@ class RecordIndexError(ShardpackError, IndexError):
     and the dataset's length."""
 
 
-class ArgumentTypeError(ShardpackError, TypeError):
-    """A value passed to shardpack is not of a type its argument takes (also a
-    ``TypeError``): names the argument, the value and what is allowed."""
+class ArgumentError(ShardpackError, ValueError):
+    """A value passed to shardpack is not one its argument takes (a Loader option,
+    ``set_epoch``'s epoch, a record index's type): the message names the argument, the
+    value and what is allowed. Raised where the value is given, never later in a
+    worker."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An :class:`ArgumentError` whose value has the wrong type (``batch_size="32"``,
+    ``ds[1.7]``, ``set_epoch(1.5)``): a ``TypeError`` too, as Python's own argument
+    checks are."""

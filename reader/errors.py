@@ -2,10 +2,11 @@
 
 Each is a :class:`formats.ShardpackError` (the one root of shardpack's errors) that
 keeps the standard base code catches: a :class:`LoaderError` is a ``RuntimeError``,
-a :class:`DecodeError` a ``ValueError``, an :class:`OptionError` (a value the user
-passed: a Loader option, ``set_epoch``'s epoch, a state for ``load_state_dict``) a
-``ValueError``, and an :class:`OptionTypeError` (such a value of the wrong type) a
-``TypeError`` too. Bad data in a dataset raises the ``formats`` errors.
+a :class:`DecodeError` a ``ValueError``, a :class:`StateError` (a state
+``load_state_dict`` cannot resume from) a ``ValueError``. A wrong value passed to the
+reader (a Loader option, ``set_epoch``'s epoch) is a :class:`formats.ArgumentError`, or
+a :class:`formats.ArgumentTypeError` (a ``TypeError`` too) for a wrong type, raised
+where it is given. Bad data in a dataset raises the ``formats`` errors.
 
 A data error found in a worker (a corrupt JPEG, a damaged record) is re-raised in
 the main process as the original :class:`formats.ShardpackError` subclass, which
@@ -16,29 +17,16 @@ names the worker, its pid and the record, and carries the original traceback tex
 
 from __future__ import annotations
 
-from formats.errors import ShardpackError
+from formats.errors import ArgumentError, ShardpackError
 
-__all__ = ["DecodeError", "LoaderError", "LoaderTimeoutError", "OptionError", "OptionTypeError",
-           "StateError", "WorkerDiedError", "WorkerError"]
+__all__ = ["DecodeError", "LoaderError", "LoaderTimeoutError", "StateError", "WorkerDiedError", "WorkerError"]
 
 
 class DecodeError(ShardpackError, ValueError):
     """Encoded bytes that cannot be decoded; the loader adds shard and record."""
 
 
-class OptionError(ShardpackError, ValueError):
-    """A value passed to the reader is not one it takes: the message names the
-    argument, the value and what is allowed. Raised where the value is given (the
-    Loader's or TokenBlocks' constructor, ``set_epoch``, ``load_state_dict``), never
-    later in a worker."""
-
-
-class OptionTypeError(OptionError, TypeError):
-    """An :class:`OptionError` whose value has the wrong type (``batch_size="32"``,
-    ``set_epoch(1.5)``): a ``TypeError`` too, as Python's own argument checks are."""
-
-
-class StateError(OptionError):
+class StateError(ArgumentError):
     """A state handed to ``load_state_dict`` that this reader cannot resume from
     exactly: not a state (``{}``, ``None``), or saved with another order, batching,
     partitioning or dataset; the message names what differs."""

@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 
 from formats import ShardDataset
+from formats.errors import ArgumentError, ArgumentTypeError
 from formats.storage.cache import CacheOptions
 
 from .data.dataset import open_dataset
-from .errors import LoaderError, OptionError, OptionTypeError
+from .errors import LoaderError
 from .monitor.monitor import resolve_monitor
 from .options import (
     DecodeOptions,
@@ -167,7 +168,7 @@ class Loader:
                  cache: CacheOptions | None = None, monitor: Any = None) -> None:
         # Argument errors first, before anything is opened.
         if batch_size is None:
-            raise OptionTypeError(
+            raise ArgumentTypeError(
                 "batch_size=None: a Loader always makes batches; leave batch_size out for the "
                 "batch sampler's own size" if batch_sampler is not None else
                 "batch_size=None: a Loader always makes batches (torch's batch_size=None, one "
@@ -177,7 +178,7 @@ class Loader:
         if batch_sampler is None:
             batch_size = check_batch_size(batch_size)
         elif not hasattr(batch_sampler, "bind"):
-            raise OptionTypeError("batch_sampler must be a reader.batching.AspectRatioBatches or "
+            raise ArgumentTypeError("batch_sampler must be a reader.batching.AspectRatioBatches or "
                             f"BudgetBatches, not {type(batch_sampler).__name__} {batch_sampler!r}")
         elif batch_size is DEFAULT_BATCH_SIZE:
             batch_size = None  # left out: the batch sampler sets the size
@@ -197,9 +198,9 @@ class Loader:
             max_ring_bytes=max_ring_bytes, timeout=timeout, start_method=start_method,
             copy=copy, persistent_workers=persistent_workers)
         if device not in ("cpu", "cuda"):
-            raise OptionError(f"device must be 'cpu' or 'cuda', not {device!r}")
+            raise ArgumentError(f"device must be 'cpu' or 'cuda', not {device!r}")
         if device_options is not None and device != "cuda":
-            raise OptionError("device_options apply to device='cuda' only; this Loader has "
+            raise ArgumentError("device_options apply to device='cuda' only; this Loader has "
                              f"device={device!r}")
         check = self.decode_options.check_crc
         self._owns_dataset = not isinstance(source, ShardDataset)
@@ -293,7 +294,7 @@ class Loader:
             return
         named = [k for k, v in idle.items() if v]
         if named:
-            raise OptionError(f"{', '.join(named)} would have no effect: {why}; leave "
+            raise ArgumentError(f"{', '.join(named)} would have no effect: {why}; leave "
                              f"{'it' if len(named) == 1 else 'them'} out")
 
     def _make_decoded_cache(self, image: str | None, pipeline) -> DecodedCache | None:
@@ -301,14 +302,14 @@ class Loader:
         if opts is None:
             return None
         if image is None:
-            raise OptionError("decoded_cache keeps decoded images: this loader decodes none "
+            raise ArgumentError("decoded_cache keeps decoded images: this loader decodes none "
                              "(decode=False, or no image field among the fields read)")
         if not hasattr(pipeline, "run_cached"):
-            raise OptionError("decoded_cache needs a pipeline of reader.transforms specs (it "
+            raise ArgumentError("decoded_cache needs a pipeline of reader.transforms specs (it "
                              f"replays their geometry on cached pixels), not {pipeline!r}")
         one = int(np.prod(pipeline.output_shape))
         if opts.max_bytes < one:
-            raise OptionError(f"decoded_cache max_bytes={opts.max_bytes:,} is smaller than one "
+            raise ArgumentError(f"decoded_cache max_bytes={opts.max_bytes:,} is smaller than one "
                              f"output image ({'x'.join(map(str, pipeline.output_shape))} = "
                              f"{one:,} bytes): it could never hold a sample")
         ctx = mp.get_context(self._start_method())
@@ -337,7 +338,7 @@ class Loader:
         fits = w.max_ring_bytes // self.layout.slot_bytes - hold
         if fits < 1 and w.max_ring_bytes != WorkerOptions.max_ring_bytes:
             need = (1 + hold) * self.layout.slot_bytes
-            raise OptionError(f"max_ring_bytes={w.max_ring_bytes:,} cannot hold one batch in flight "
+            raise ArgumentError(f"max_ring_bytes={w.max_ring_bytes:,} cannot hold one batch in flight "
                              f"and the {hold} the consumer may hold: slots of "
                              f"{self.layout.slot_bytes:,} bytes need at least {need:,}")
         hi = max(1, min(hi, fits))  # the default bound gives way to one batch in flight

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import OptionError, OptionTypeError
+from formats.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["DecodeOptions", "SamplerOptions", "WorkerOptions", "check_batch_size",
            "check_fields", "resolve_num_workers"]
@@ -40,10 +40,10 @@ def _int(name: str, value: Any, minimum: int | None = None, extra: str = "") -> 
     ``extra`` completes "must be an int" in messages (e.g. " or 'auto'")."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         what = "an int" + (f" >= {minimum}" if minimum is not None else "") + extra
-        raise OptionTypeError(f"{name} must be {what}, not {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be {what}, not {type(value).__name__} {value!r}")
     value = int(value)
     if minimum is not None and value < minimum:
-        raise OptionError(f"{name} must be an int >= {minimum}{extra}, not {value}")
+        raise ArgumentError(f"{name} must be an int >= {minimum}{extra}, not {value}")
     return value
 
 
@@ -51,20 +51,20 @@ def _int_or_auto(name: str, value: Any, minimum: int) -> int | str:
     if isinstance(value, str):
         if value == "auto":
             return value
-        raise OptionError(f"{name} must be an int >= {minimum} or 'auto', not {value!r}")
+        raise ArgumentError(f"{name} must be an int >= {minimum} or 'auto', not {value!r}")
     return _int(name, value, minimum, " or 'auto'")
 
 
 def _bool(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise OptionTypeError(f"{name} must be True or False, not {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be True or False, not {type(value).__name__} {value!r}")
     return bool(value)
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
         options = ", ".join(map(repr, allowed))
-        raise (OptionError if isinstance(value, str) else OptionTypeError)(
+        raise (ArgumentError if isinstance(value, str) else ArgumentTypeError)(
             f"{name} must be one of {options}, not {value!r}")
     return value
 
@@ -106,7 +106,7 @@ def check_fields(options: DecodeOptions, dataset_fields: Mapping[str, str],
             close = difflib.get_close_matches(name, list(dataset_fields), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             has = ", ".join(f"{n} ({t})" for n, t in dataset_fields.items())
-            raise OptionError(f"{arg}: no field {name!r} in the dataset {str(dataset)!r}, "
+            raise ArgumentError(f"{arg}: no field {name!r} in the dataset {str(dataset)!r}, "
                              f"whose fields are {has}{hint}")
 
 
@@ -126,7 +126,7 @@ def _check_transform(value: Any) -> None:
     for i, t in enumerate(items):
         if not usable(t):
             where = f"transform[{i}]" if isinstance(value, (list, tuple)) else "transform"
-            raise OptionTypeError(
+            raise ArgumentTypeError(
                 f"{where} must be a transform spec from reader.transforms (e.g. "
                 f"RandomResizedCrop(224)) or a callable on images, not "
                 f"{type(t).__name__} {t!r}")
@@ -139,7 +139,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(text)
     except ValueError:
-        raise OptionError(f"environment variable {name}={text!r} is not an integer") from None
+        raise ArgumentError(f"environment variable {name}={text!r} is not an integer") from None
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ class SamplerOptions:
         if isinstance(shuffle, (bool, np.bool_)):
             shuffle = "full" if shuffle else False
         elif not isinstance(shuffle, str) or shuffle not in SHUFFLE_MODES:
-            raise (OptionError if isinstance(shuffle, str) else OptionTypeError)(
+            raise (ArgumentError if isinstance(shuffle, str) else ArgumentTypeError)(
                 f"shuffle must be False, True, 'block' or 'full', not {shuffle!r}")
         _set(self, "shuffle", shuffle)
         _set(self, "seed", _int("seed", self.seed, 0))
@@ -186,12 +186,12 @@ class SamplerOptions:
                       else _int("world_size", self.world_size, 1))
         rank = _env_int("RANK", 0) if self.rank is None else _int("rank", self.rank)
         if world_size < 1 or not 0 <= rank < world_size:
-            raise OptionError(f"rank {rank} is not in [0, world_size={world_size})")
+            raise ArgumentError(f"rank {rank} is not in [0, world_size={world_size})")
         _set(self, "rank", rank)
         _set(self, "world_size", world_size)
         _set(self, "shuffle_window", _int("shuffle_window", self.shuffle_window, 1))
         if shuffle != "block" and self.shuffle_window != SamplerOptions.shuffle_window:
-            raise OptionError(f"shuffle_window={self.shuffle_window} would have no effect: it "
+            raise ArgumentError(f"shuffle_window={self.shuffle_window} would have no effect: it "
                              f"sizes the windows of shuffle='block', and shuffle={shuffle!r}")
 
 
@@ -246,7 +246,7 @@ class DecodeOptions:
             from .pipeline.sample import Annotations
 
             if not isinstance(self.annotations, Annotations):
-                raise OptionTypeError("annotations must be a reader.Annotations or None, "
+                raise ArgumentTypeError("annotations must be a reader.Annotations or None, "
                                 f"not {type(self.annotations).__name__} {self.annotations!r}")
         if self.collate is not None:
             from .pipeline.collate import check_collate
@@ -258,40 +258,40 @@ class DecodeOptions:
             if not isinstance(self.decoders, dict) or not all(
                     isinstance(k, str) and isinstance(v, FieldDecoder)
                     for k, v in self.decoders.items()):
-                raise OptionTypeError("decoders must be a dict of field name -> reader.FieldDecoder, "
+                raise ArgumentTypeError("decoders must be a dict of field name -> reader.FieldDecoder, "
                                 f"not {self.decoders!r}")
         if self.decoded_cache is not None:
             from .runtime.decoded_cache import DecodedCacheOptions
 
             if not isinstance(self.decoded_cache, DecodedCacheOptions):
-                raise OptionTypeError("decoded_cache must be a reader.DecodedCacheOptions or None, "
+                raise ArgumentTypeError("decoded_cache must be a reader.DecodedCacheOptions or None, "
                                 f"not {type(self.decoded_cache).__name__}")
         _set(self, "decode", _bool("decode", self.decode))
         _set(self, "check_crc", _bool("check_crc", self.check_crc))
         _choice("on_error", self.on_error, ("fail", "skip"))
         if self.image_field is not None and not isinstance(self.image_field, str):
-            raise OptionTypeError(f"image_field must be a field name (str) or None, "
+            raise ArgumentTypeError(f"image_field must be a field name (str) or None, "
                             f"not {type(self.image_field).__name__} {self.image_field!r}")
         if self.fields is not None:
             if isinstance(self.fields, (str, bytes)) or not hasattr(self.fields, "__iter__"):
-                raise OptionTypeError(f"fields must be a tuple of field names or None, not "
+                raise ArgumentTypeError(f"fields must be a tuple of field names or None, not "
                                 f"{type(self.fields).__name__} {self.fields!r}"
                                 + (f" (one field: fields=({self.fields!r},))"
                                    if isinstance(self.fields, str) else ""))
             fields = tuple(self.fields)
             bad = [f for f in fields if not isinstance(f, str)]
             if bad:
-                raise OptionTypeError(f"fields must be field names (str), not {bad[0]!r} "
+                raise ArgumentTypeError(f"fields must be field names (str), not {bad[0]!r} "
                                 f"({type(bad[0]).__name__})")
             if not fields:
-                raise OptionError("fields must name at least one field (None: all of them)")
+                raise ArgumentError("fields must name at least one field (None: all of them)")
             twice = sorted({f for f in fields if fields.count(f) > 1})
             if twice:
-                raise OptionError(f"fields names {twice[0]!r} more than once: {fields!r}")
+                raise ArgumentError(f"fields names {twice[0]!r} more than once: {fields!r}")
             _set(self, "fields", fields)
         if self.image_field is not None and self.fields is not None \
                 and self.image_field not in self.fields:
-            raise OptionError(f"image_field={self.image_field!r} is not among fields={self.fields!r}: "
+            raise ArgumentError(f"image_field={self.image_field!r} is not among fields={self.fields!r}: "
                              "add it to fields, or leave image_field out")
 
 
@@ -344,16 +344,16 @@ class WorkerOptions:
         if self.max_prefetch is not None:
             _set(self, "max_prefetch", _int("max_prefetch", self.max_prefetch, 1))
             if self.prefetch != "auto" and self.prefetch > self.max_prefetch:
-                raise OptionError(f"prefetch={self.prefetch} is more than max_prefetch="
+                raise ArgumentError(f"prefetch={self.prefetch} is more than max_prefetch="
                                  f"{self.max_prefetch}, the batches the ring is sized for")
         _set(self, "max_ring_bytes", _int("max_ring_bytes", self.max_ring_bytes, 1))
         if self.timeout is not None:
             t = self.timeout
             if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real):
-                raise OptionTypeError(f"timeout must be a number of seconds > 0 or None, "
+                raise ArgumentTypeError(f"timeout must be a number of seconds > 0 or None, "
                                 f"not {type(t).__name__} {t!r}")
             if math.isnan(t) or t <= 0:
-                raise OptionError(f"timeout must be a number of seconds > 0 or None, not {t!r}")
+                raise ArgumentError(f"timeout must be a number of seconds > 0 or None, not {t!r}")
             _set(self, "timeout", float(t))
         if self.start_method is not None:
             _choice("start_method", self.start_method, ("fork", "spawn", "forkserver"))

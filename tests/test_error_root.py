@@ -13,14 +13,18 @@ import pytest
 from formats.codecs.registry import UnknownFormatError
 from formats.codecs.tfexample import ExampleError, decode_example
 from formats.errors import (
+    ArgumentError,
+    ArgumentTypeError,
     CorruptRecordError,
     DecompressionError,
     FormatError,
     InputError,
     InputUsageError,
     ManifestError,
+    MissingFileError,
     MissingObjectError,
     ObjectTooLargeError,
+    RecordIndexError,
     SchemaError,
     ShardpackError,
     StorageError,
@@ -35,6 +39,16 @@ from formats.shard.dataset import (
 )
 from formats.storage import URIError
 from packer import DestinationError, PackError, PackInputError, PackInterrupted, UsageError
+from reader.errors import (
+    DecodeError,
+    LoaderError,
+    LoaderTimeoutError,
+    StateError,
+    WorkerDiedError,
+    WorkerError,
+)
+from reader.monitor.report import MonitorRecordError
+from reader.pipeline.roi import RegionError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +66,12 @@ BASES = {
     UnknownFormatError: (ValueError, KeyError), ExampleError: (ValueError,),
     PackError: (ValueError,), UsageError: (ValueError,), DestinationError: (ValueError,),
     PackInputError: (ValueError,),
+    ArgumentError: (ValueError,), ArgumentTypeError: (ValueError, TypeError),
+    RecordIndexError: (IndexError,), MissingFileError: (ValueError, FileNotFoundError),
+    DecodeError: (ValueError,), RegionError: (ValueError,), StateError: (ValueError,),
+    LoaderError: (RuntimeError,), WorkerError: (RuntimeError,),
+    WorkerDiedError: (RuntimeError,), LoaderTimeoutError: (RuntimeError,),
+    MonitorRecordError: (ValueError,),
 }
 
 
@@ -80,7 +100,7 @@ def _modules(package: str):
         yield importlib.import_module(".".join(parts))
 
 
-@pytest.mark.parametrize("package", ["formats", "packer"])
+@pytest.mark.parametrize("package", ["formats", "packer", "reader"])
 def test_every_error_class_a_package_defines_is_under_the_root(package):
     errors = {}
     for module in _modules(package):

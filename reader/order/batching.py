@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
+from formats.errors import ArgumentError, ArgumentTypeError
 from formats.shard.column_cache import mapped_column
 
-from ..errors import OptionError, OptionTypeError
 from ..options import SamplerOptions
 from .sampler import ORDER, per_rank, rank_positions, shuffled_order
 
@@ -66,10 +66,10 @@ def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None
     if value is None and allow_none:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise OptionTypeError(f"{name} must be an int >= 1{' or None' if allow_none else ''}, "
+        raise ArgumentTypeError(f"{name} must be an int >= 1{' or None' if allow_none else ''}, "
                         f"not {type(value).__name__} {value!r}")
     if value < 1:
-        raise OptionError(f"{name} must be an int >= 1, not {value}")
+        raise ArgumentError(f"{name} must be an int >= 1, not {value}")
     return int(value)
 
 
@@ -77,13 +77,13 @@ def _int_array(name: str, value: Any, ndim: int, minimum: int) -> np.ndarray:
     arr = np.asarray(value)
     if arr.dtype.kind not in "iu" or arr.ndim != ndim or (ndim == 2 and arr.shape[1] != 2):
         want = "(num_records,)" if ndim == 1 else "(num_records, 2) of (height, width)"
-        raise OptionTypeError(f"{name} must be an integer array of shape {want}, "
+        raise ArgumentTypeError(f"{name} must be an integer array of shape {want}, "
                         f"not {arr.dtype} {arr.shape}")
     arr = arr.astype(np.int64)
     bad = np.flatnonzero((arr < minimum).reshape(len(arr), -1).any(axis=1))
     if bad.size:
         i = int(bad[0])
-        raise OptionError(f"{name}: record {i} has size {arr[i].tolist()}, "
+        raise ArgumentError(f"{name}: record {i} has size {arr[i].tolist()}, "
                          f"sizes must be >= {minimum}")
     arr.setflags(write=False)
     return arr
@@ -95,7 +95,7 @@ def _digest(arr: np.ndarray) -> str:
 
 def _check_length(arr: np.ndarray, dataset: Any, what: str) -> None:
     if len(arr) != len(dataset):
-        raise OptionError(f"{what} has {len(arr)} sizes for a dataset of {len(dataset)} records")
+        raise ArgumentError(f"{what} has {len(arr)} sizes for a dataset of {len(dataset)} records")
 
 
 # -- sizes from a dataset ---------------------------------------------------------------
@@ -137,7 +137,7 @@ def image_sizes(dataset: Any) -> np.ndarray:
     bad = np.flatnonzero((hw <= 0).any(axis=1))
     if bad.size:
         i = int(bad[0])
-        raise OptionError(
+        raise ArgumentError(
             f"record {i} has no known width and height in the metadata table "
             f"(width={hw[i, 1]}, height={hw[i, 0]}; {bad.size} such records): pack with "
             f"sizes, or pass them (e.g. AspectRatioBatches(sizes=...) with (height, width) "
@@ -160,13 +160,13 @@ def field_sizes(dataset: Any, name: str) -> np.ndarray:
     fields = {f.name: f for f in dataset.fields}
     if name not in fields:
         has = ", ".join(f"{f.name} ({f.type})" for f in dataset.fields)
-        raise OptionError(f"size='field:{name}': no field {name!r}; the fields are {has}")
+        raise ArgumentError(f"size='field:{name}': no field {name!r}; the fields are {has}")
     f = fields[name]
     if f.type not in ("int", "bytes", "str", "json", "ndarray"):
-        raise OptionError(f"size='field:{name}': a {f.type} field has no size; use an int, "
+        raise ArgumentError(f"size='field:{name}': a {f.type} field has no size; use an int, "
                          f"bytes, str, json or ndarray field, or pass the sizes as an array")
     if f.type != "int" and f.compression != "none":
-        raise OptionError(f"size='field:{name}': the field is {f.compression}-compressed, so "
+        raise ArgumentError(f"size='field:{name}': the field is {f.compression}-compressed, so "
                          f"its stored length is not its size; pass the sizes as an array")
     if not hasattr(dataset, "manifest_crc32c"):  # not a dataset of ours: read it all
         return _sizes_of(dataset, f, np.arange(len(dataset), dtype=np.int64))
@@ -423,7 +423,7 @@ class AspectRatioBatches:
         b = np.asarray(self.boundaries, np.float64) if np.ndim(self.boundaries) == 1 else None
         if b is None or not len(b) or not np.all(np.isfinite(b)) or (b <= 0).any() or (
                 np.diff(b) <= 0).any():
-            raise OptionError(f"boundaries must be increasing positive ratios (width / height), "
+            raise ArgumentError(f"boundaries must be increasing positive ratios (width / height), "
                              f"at least one, not {self.boundaries!r}")
         object.__setattr__(self, "boundaries", tuple(b.tolist()))
         if self.sizes is not None:
@@ -440,11 +440,11 @@ class AspectRatioBatches:
         if batch_size is not None:
             batch_size = _positive_int("batch_size", batch_size)
             if size is not None and size != batch_size:
-                raise OptionError(f"AspectRatioBatches(batch_size={size}) and batch_size="
+                raise ArgumentError(f"AspectRatioBatches(batch_size={size}) and batch_size="
                                  f"{batch_size} were both given: give one")
             size = batch_size
         if size is None:
-            raise OptionError("AspectRatioBatches needs a batch_size (in it, or the Loader's)")
+            raise ArgumentError("AspectRatioBatches needs a batch_size (in it, or the Loader's)")
         if self.sizes is None:
             hw, source = image_sizes(dataset), "metadata"
         else:
@@ -484,12 +484,12 @@ class BudgetBatches:
         object.__setattr__(self, "budget", _positive_int("budget", self.budget))
         if isinstance(self.size, str):
             if self.size != "pixels" and not (self.size.startswith("field:") and self.size[6:]):
-                raise OptionError(f"size must be 'pixels', 'field:NAME' or an array of sizes, "
+                raise ArgumentError(f"size must be 'pixels', 'field:NAME' or an array of sizes, "
                                  f"not {self.size!r}")
         else:
             object.__setattr__(self, "size", _int_array("size", self.size, 1, 0))
         if not isinstance(self.padded, (bool, np.bool_)):
-            raise OptionTypeError(f"padded must be True or False, not {self.padded!r}")
+            raise ArgumentTypeError(f"padded must be True or False, not {self.padded!r}")
         object.__setattr__(self, "padded", bool(self.padded))
         object.__setattr__(self, "max_batch_size",
                            _positive_int("max_batch_size", self.max_batch_size, True))
@@ -507,7 +507,7 @@ class BudgetBatches:
                 sizes of the wrong length or unknown.
         """
         if batch_size is not None:
-            raise OptionError(f"batch_size={batch_size} with BudgetBatches: the budget sets "
+            raise ArgumentError(f"batch_size={batch_size} with BudgetBatches: the budget sets "
                              f"the batch size; cap it with BudgetBatches(max_batch_size=...)")
         if isinstance(self.size, np.ndarray):
             _check_length(self.size, dataset, "BudgetBatches(size=...)")
@@ -519,7 +519,7 @@ class BudgetBatches:
             sizes, source = field_sizes(dataset, self.size[6:]), self.size
         if len(sizes) and sizes.max() > self.budget:
             i = int(np.argmax(sizes))
-            raise OptionError(f"record {i} has size {int(sizes[i])} ({source}), more than the "
+            raise ArgumentError(f"record {i} has size {int(sizes[i])} ({source}), more than the "
                              f"budget {self.budget}: no batch can hold it; raise the budget "
                              f"or leave such records out")
         settings = {"batching": "budget", "budget": self.budget, "padded": self.padded,

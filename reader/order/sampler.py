@@ -26,7 +26,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..errors import OptionError, OptionTypeError, StateError
+from formats.errors import ArgumentError, ArgumentTypeError
+
+from ..errors import StateError
 from ..options import SamplerOptions
 from .permutation import WindowPermutations, permute, round_keys
 
@@ -121,14 +123,14 @@ def check_epoch(epoch, what: str) -> int:
     ``what`` names the reader in messages.
 
     Raises:
-        OptionTypeError: not an integer.
-        OptionError: a negative one.
+        ArgumentTypeError: not an integer.
+        ArgumentError: a negative one.
     """
     if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, numbers.Integral):
-        raise OptionTypeError(f"{what}.set_epoch(epoch): epoch must be an int >= 0, not "
+        raise ArgumentTypeError(f"{what}.set_epoch(epoch): epoch must be an int >= 0, not "
                               f"{type(epoch).__name__} {epoch!r}")
     if epoch < 0:
-        raise OptionError(f"{what}.set_epoch(epoch): epoch must be an int >= 0, not {epoch}")
+        raise ArgumentError(f"{what}.set_epoch(epoch): epoch must be an int >= 0, not {epoch}")
     return int(epoch)
 
 
@@ -225,7 +227,7 @@ class Sampler:
     def __init__(self, num_records: int, shard_starts, batch_size: int,
                  options: SamplerOptions) -> None:
         if batch_size < 1:
-            raise OptionError(f"batch_size must be >= 1, not {batch_size}")
+            raise ArgumentError(f"batch_size must be >= 1, not {batch_size}")
         self.num_records = int(num_records)
         self.shard_starts = np.asarray(shard_starts, np.int64)
         self.batch_size = int(batch_size)

@@ -36,10 +36,10 @@ from numpy.lib.stride_tricks import as_strided
 
 from formats import ShardDataset
 from formats.checksum import crc32c
+from formats.errors import ArgumentError
 from formats.shard.column_cache import mapped_column
 
 from ..data.dataset import open_dataset
-from ..errors import OptionError
 from ..options import SamplerOptions, _int, check_batch_size
 from .sampler import EpochOrder, Sampler, check_epoch, check_resume, next_unseen
 
@@ -97,14 +97,14 @@ class TokenBlocks:
         self.dataset = open_dataset(source) if self._owns else source
         ds = self.dataset
         if field not in ds.field_index:
-            raise OptionError(f"no field {field!r} in {ds.root}; its fields are "
+            raise ArgumentError(f"no field {field!r} in {ds.root}; its fields are "
                              f"{', '.join(f'{f.name} ({f.type})' for f in ds.fields)}")
         f = ds.fields[ds.field_index[field]]
         if f.type != "ndarray" or tuple(f.shape) != (None,) or np.dtype(f.dtype).kind not in "iu":
-            raise OptionError(f"token field {field!r} must be an integer ndarray of shape [None], "
+            raise ArgumentError(f"token field {field!r} must be an integer ndarray of shape [None], "
                              f"not {f.type} {f.dtype} {f.shape}")
         if f.compression != "none":
-            raise OptionError(f"token field {field!r} is stored {f.compression}-compressed: "
+            raise ArgumentError(f"token field {field!r} is stored {f.compression}-compressed: "
                              "blocks are read in place, so pack it uncompressed")
         self.field = field
         self.dtype = np.dtype(f.dtype)
@@ -114,7 +114,7 @@ class TokenBlocks:
         total = self.num_tokens
         self.num_blocks = (total - 1) // self.block_size if total else 0
         if self.num_blocks == 0:
-            raise OptionError(f"a block needs block_size + 1 = {self.block_size + 1} tokens; "
+            raise ArgumentError(f"a block needs block_size + 1 = {self.block_size + 1} tokens; "
                              f"{field!r} of {ds.root} holds {total} in all")
         # Blocks by the shard their first token is in: the "block" order shuffles shards,
         # then the blocks of each shard, so a batch is one gather from one shard.

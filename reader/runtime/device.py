@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import OptionError
+from formats.errors import ArgumentError
 
 __all__ = ["DeviceOptions", "check_layout", "measure_pinned_bandwidth", "normalize",
            "pick_device", "require_cupy"]
@@ -49,15 +49,15 @@ class DeviceOptions:
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float16", "float32", "uint8"):
-            raise OptionError(f"dtype must be float16, float32 or uint8, not {self.dtype!r}")
+            raise ArgumentError(f"dtype must be float16, float32 or uint8, not {self.dtype!r}")
         if self.layout not in ("NCHW", "NHWC"):
-            raise OptionError(f"layout must be NCHW or NHWC, not {self.layout!r}")
+            raise ArgumentError(f"layout must be NCHW or NHWC, not {self.layout!r}")
         if self.output not in ("cupy", "torch"):
-            raise OptionError(f"output must be cupy or torch, not {self.output!r}")
+            raise ArgumentError(f"output must be cupy or torch, not {self.output!r}")
         if self.pinning not in ("auto", "register", "staging"):
-            raise OptionError(f"pinning must be auto, register or staging, not {self.pinning!r}")
+            raise ArgumentError(f"pinning must be auto, register or staging, not {self.pinning!r}")
         if len(self.mean) != len(self.std) or any(s == 0 for s in self.std):
-            raise OptionError("mean and std need one non-zero std per channel")
+            raise ArgumentError("mean and std need one non-zero std per channel")
 
 
 def normalize(images, options: DeviceOptions, xp=np):

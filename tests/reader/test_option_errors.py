@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from helpers_reader import make_dataset
 
+import formats
 import reader
-from formats import DatasetWriter, Field, ShardpackError
-from reader import Loader, OptionError, OptionTypeError, StateError, TokenBlocks
+from formats import ArgumentError, ArgumentTypeError, DatasetWriter, Field, ShardpackError
+from reader import Loader, StateError, TokenBlocks
 from tests.reader.test_reader_api import BAD_OPTIONS
 
 
@@ -29,20 +30,20 @@ def tokens_path(tmp_path_factory):
     return root
 
 
-def test_the_option_errors_are_reader_names_on_the_root_with_their_stdlib_bases():
-    assert issubclass(OptionError, ShardpackError) and issubclass(OptionError, ValueError)
-    assert issubclass(OptionTypeError, OptionError) and issubclass(OptionTypeError, TypeError)
-    assert issubclass(StateError, OptionError)
-    for name in ("OptionError", "OptionTypeError", "StateError"):
-        assert name in reader.__all__
+def test_the_argument_errors_are_on_the_root_with_their_stdlib_bases():
+    assert issubclass(ArgumentError, ShardpackError) and issubclass(ArgumentError, ValueError)
+    assert issubclass(ArgumentTypeError, ArgumentError) and issubclass(ArgumentTypeError, TypeError)
+    assert issubclass(StateError, ArgumentError)
+    assert "StateError" in reader.__all__
+    assert {"ArgumentError", "ArgumentTypeError"} <= set(formats.__all__)
 
 
 @pytest.mark.parametrize(("cls", "kwargs", "exc", "match"), BAD_OPTIONS,
                          ids=[f"{c.__name__}-{next(iter(k))}" for c, k, _, _ in BAD_OPTIONS])
 def test_every_refused_option_is_an_option_error_of_its_kind(cls, kwargs, exc, match):
-    with pytest.raises(OptionError, match=match) as info:
+    with pytest.raises(ArgumentError, match=match) as info:
         cls(**kwargs)
-    # A wrong type is an OptionTypeError (a TypeError); a wrong value is not one.
+    # A wrong type is an ArgumentTypeError (a TypeError); a wrong value is not one.
     assert isinstance(info.value, TypeError) == (exc is TypeError)
 
 
@@ -68,7 +69,7 @@ BAD_LOADER = [
                          ids=[next(iter(k)) + "-" + repr(k[next(iter(k))]) for k, _, _ in BAD_LOADER])
 def test_a_wrong_loader_keyword_is_an_option_error(ds_path, kwargs, base, match):
     kwargs = {"batch_size": 4, "num_workers": 0, **kwargs}
-    with pytest.raises(OptionError, match=match) as info:
+    with pytest.raises(ArgumentError, match=match) as info:
         Loader(ds_path, **kwargs)
     assert isinstance(info.value, base)
     assert isinstance(info.value, TypeError) == (base is TypeError)
@@ -89,7 +90,7 @@ def test_set_epoch_refuses_what_is_not_an_epoch_and_keeps_its_place(
          else TokenBlocks(tokens_path, 8, batch_size=2))
     with r:
         r.set_epoch(2)
-        with pytest.raises(OptionError, match=match) as info:
+        with pytest.raises(ArgumentError, match=match) as info:
             r.set_epoch(epoch)
         assert isinstance(info.value, base)
         assert r.state_dict()["epoch"] == 2  # the refused call changed nothing
@@ -122,9 +123,9 @@ def test_a_state_of_another_order_is_a_state_error(ds_path):
     with Loader(ds_path, batch_size=4, num_workers=0, decode=False, seed=1,
                 shuffle=True) as a, \
             Loader(ds_path, batch_size=4, num_workers=0, decode=False, seed=2,
-                   shuffle=True) as b:
-        with pytest.raises(StateError, match="seed=1, this loader has seed=2"):
-            b.load_state_dict(a.state_dict())
+                   shuffle=True) as b, \
+            pytest.raises(StateError, match="seed=1, this loader has seed=2"):
+        b.load_state_dict(a.state_dict())
 
 
 def test_iterating_a_closed_loader_is_a_loader_error(ds_path):
