@@ -13,14 +13,17 @@ import pytest
 from formats.codecs.registry import UnknownFormatError
 from formats.codecs.tfexample import ExampleError, decode_example
 from formats.errors import (
+    ArgumentTypeError,
     CorruptRecordError,
     DecompressionError,
     FormatError,
     InputError,
     InputUsageError,
     ManifestError,
+    MissingFileError,
     MissingObjectError,
     ObjectTooLargeError,
+    RecordIndexError,
     SchemaError,
     ShardpackError,
     StorageError,
@@ -52,6 +55,8 @@ BASES = {
     UnknownFormatError: (ValueError, KeyError), ExampleError: (ValueError,),
     PackError: (ValueError,), UsageError: (ValueError,), DestinationError: (ValueError,),
     PackInputError: (ValueError,),
+    MissingFileError: (ValueError, FileNotFoundError), RecordIndexError: (IndexError,),
+    ArgumentTypeError: (TypeError,),
 }
 
 
