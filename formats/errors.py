@@ -4,13 +4,17 @@
 (the packer's and the reader's derive from it too); ``except ShardpackError``
 catches them all. Each subclass also keeps the standard base users catch: bad
 data, a bad dataset and bad usage are ``ValueError`` s, a key that names no single
-record a ``KeyError``, a missing dataset a ``FileNotFoundError``, a failing Loader
-a ``RuntimeError``. A Ctrl-C during a pack (``packer.PackInterrupted``) stays a
-``KeyboardInterrupt``, outside the root. Every error carries where it happened
+record a ``KeyError``, a missing dataset or dataset file a ``FileNotFoundError``, a
+record index out of range an ``IndexError``, a value of the wrong type a
+``TypeError``, a failing Loader a ``RuntimeError``. A Ctrl-C during a pack
+(``packer.PackInterrupted``) stays a ``KeyboardInterrupt``, outside the root. Every error carries where it happened
 (file, shard, record, byte offset) and what was expected versus found, so a message
 reads like::
 
     shard-00003.rec record 1841 at byte 9437184: checksum 0x1a2b3c4d, expected 0x5e6f7a8b
+
+What was found and expected is quoted at most :data:`QUOTE_LIMIT` characters long
+(:func:`quoted`), so a huge value never makes a huge message.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ cores) images/s vs cores x the single-core decode+crop rate measured in-process;
 (c) ImageFolder + PIL + torch DataLoader, same work; (d) webdataset tars with our
 decoder; (e) single-core decode+crop+flip, ours vs naive PIL; and the loader's
 resident anonymous memory (main + workers) for a small and a 10x larger dataset.
+``--map-style`` measures only (f): ``ds[i]`` at random indices with CRC32C checks on
+(the default) and off, as handed out (zero-copy) and with the image copied out,
+in alternated rounds (``--repeat``, median).
 Needs the ``bench`` extra (torch, webdataset); peers that are missing are skipped.
 """
 
@@ -20,6 +23,7 @@ import os
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +113,38 @@ def raw_read(shards: Path) -> tuple[float, float]:
 
     return (max(h.per_second(loader_pass) for _ in range(3)),
             max(h.per_second(copy_pass) for _ in range(3)))
+
+
+def map_style(shards: Path, repeat: int, label: str) -> list[tuple]:
+    """(f) rows: ``ds[i]`` records/s at random indices, checks on ÷ off, medians of
+    ``repeat`` alternated rounds (the case first in a round rotates)."""
+    datasets = {check: open_shards(shards, check_crc=check) for check in (True, False)}
+    order = np.random.default_rng(0).integers(0, len(datasets[True]), 20_000).tolist()
+    dst = memoryview(bytearray(8 << 20))
+
+    def served(check: bool, copy: bool) -> Callable[[], int]:
+        ds = datasets[check]
+
+        def run() -> int:
+            for i in order:
+                image = ds[i]["image"]
+                if copy:
+                    dst[: len(image)] = image
+            return len(order)
+        return run
+
+    cases = [(check, copy) for copy in (False, True) for check in (True, False)]
+    rates: dict[tuple, list[float]] = {c: [] for c in cases}
+    for c in cases:
+        served(*c)()  # warm: pages, index validation
+    h.rounds(cases, repeat, lambda c, _r: rates[c].append(h.per_second(served(*c))))
+    rows = []
+    for copy in (False, True):
+        on, off = h.median(rates[True, copy]), h.median(rates[False, copy])
+        what = "+ image copied out" if copy else "zero-copy"
+        rows.append((f"(f) ds[i] random, {label}, {what}: crc on / off", f"{on:.0f} rec/s",
+                     f"{off:.0f} rec/s", on / off, ">= 0.9"))
+    return rows
 
 
 def single_core_ours(shards: Path, n: int) -> float:
@@ -212,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer images (about a minute)")
     h.add_workers(p, len(os.sched_getaffinity(0)))
     p.add_argument("--images", type=int, default=None)
+    p.add_argument("--map-style", action="store_true", help="only (f): ds[i], checks on vs off")
+    h.add_repeat(p, 5)
     args = p.parse_args(argv)
     load = h.Load()
     n = args.images or (1536 if args.quick else 4096)
@@ -224,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     h.warm(*inputs.values())
 
     rows = []
+    if args.map_style:
+        rows += map_style(inputs["shards"], args.repeat, "the JPEGs")
+        rows += map_style(tiny[0], args.repeat, "tiny (1 KB)")
+        _print(rows, load, t0)
+        return 0
     mem = [loader_memory(t, cores) for t in tiny]
     loader_bps, copy_bps = raw_read(inputs["shards"])
     rows.append(("(a) raw read, loader / memcpy", f"{loader_bps / 1e9:.2f} GB/s", f"{copy_bps / 1e9:.2f} GB/s",
@@ -256,12 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     rows.append((f"memory: RssAnon {large} vs {small} records", f"{mem[1] / 1024:.0f} MiB",
                  f"{mem[0] / 1024:.0f} MiB", mem[1] / mem[0], "~ 1.0 (flat)"))
 
+    rows += map_style(inputs["shards"], args.repeat, "the JPEGs")
+    rows += map_style(tiny[0], args.repeat, "tiny (1 KB)")
+    _print(rows, load, t0)
+    return 0
+
+
+def _print(rows: list[tuple], load: h.Load, t0: float) -> None:
     h.Table(h.Col("measure"), h.Col("ours", 14, ">"), h.Col("reference", 14, ">"),
             h.Col("ratio", 6, ">"), h.Col("target", 0)).print(
         [(name, ours, ref, f"{ratio:.2f}", target) for name, ours, ref, ratio, target in rows])
     print(load.line())
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

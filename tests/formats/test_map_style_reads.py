@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers_reader import CropPipeline, make_dataset
+from hostile import run_case
 
 from formats import open_shards
 from formats.errors import (
@@ -196,6 +197,32 @@ def test_a_missing_10_mb_key_makes_a_short_message(ds_path):
     with open_dataset(ds_path) as ds, pytest.raises(ArgumentTypeError) as info:
         ds.index_of(b"y" * (10 << 20))
     assert len(str(info.value)) < 600 and f"({10 << 20} bytes)" in str(info.value)
+
+
+def missing_huge_key(path: str) -> None:
+    """(Run in a bounded child.) A user looks up a 10 MB key no record has."""
+    with open_dataset(path) as ds:
+        ds.index_of("x" * (10 << 20))
+
+
+def read_after_shard_deleted(path: str) -> None:
+    """(Run in a bounded child.) A shard file is deleted after the dataset was opened."""
+    ds = open_shards(path, max_open=1)
+    ds[0]
+    os.unlink(Path(path) / "shard-00002.rec")
+    ds[len(ds) - 1]
+
+
+@pytest.mark.parametrize(("case", "error", "said"), [
+    ("missing_huge_key", "UnknownKeyError", f"({10 << 20} characters)"),
+    ("read_after_shard_deleted", "MissingFileError", "shard-00002.rec: data file is missing"),
+])
+def test_hostile_lookups_are_typed_short_and_bounded(tmp_path, case, error, said):
+    root = make_dataset(tmp_path / "ds", 12, records_per_shard=5)
+    outcome = run_case("test_map_style_reads", case, str(root), timeout=5.0)
+    assert outcome.kind == "typed" and outcome.error == error, str(outcome)
+    assert said in outcome.message and len(outcome.message) < 600, outcome.message
+    assert outcome.peak_mb < 512, str(outcome)
 
 
 def test_every_error_cuts_what_it_quotes():

@@ -283,4 +283,4 @@ def test_a_flipped_label_bit_is_an_error_by_default_not_a_wrong_label(tmp_path, 
                 check_crc=False) as lo:
         labels = [x for b in lo for x in b["label"].tolist()]
     # unchecked: the damage comes through (label 13 read as 12)
-    assert labels.count(12) == 2 and 13 not in labels and not mine.check_crc
+    assert labels.count(12) == 2 and 13 not in labels and mine.check_crc
