@@ -205,8 +205,10 @@ class ShardDataset(ShardSet):
         that changes as a dict does: bytes fields as zero-copy memoryviews, a JSON
         field parsed when first read; pickled (to a DataLoader worker's parent) it is
         a ``dict`` of plain values, bytes fields as ``bytes``. Every payload's CRC32C
-        is checked here (unless the dataset was opened with ``check_crc=False``),
-        read or not.
+        is checked here, read or not, the first time the record is read from its
+        shard's mapping (unless the dataset was opened with ``check_crc=False``): a
+        record read again from the same mapping is not checked again (see
+        ``ShardReader.checked``), a reopened shard is.
 
         Raises:
             RecordIndexError: the index is out of range (an ``IndexError``).
@@ -231,7 +233,12 @@ class ShardDataset(ShardSet):
         decode, plain, later_j = self._decoder.decode, self._plain, self._parsed_later
         # The stored CRCs as one row of Python ints: a check is then one call in C per
         # field and an int compare (shard.check, which says where, only on a mismatch).
-        crcs = shard.crcs[r].tolist() if self.check_crc else None
+        # A record is checked once per mapping (shard.checked, ShardReader's docstring):
+        # the views handed out are the mapping's bytes, which no later check could vouch
+        # for better than the first.
+        checked = shard.checked
+        crcs = (shard.crcs[r].tolist()
+                if self.check_crc and not checked[r >> 3] >> (r & 7) & 1 else None)
         j = 0
         try:
             for j, (o, n) in enumerate(zip(shard.offsets[r].tolist(), shard.lengths[r].tolist(),
@@ -249,6 +256,8 @@ class ShardDataset(ShardSet):
             if exc.path is not None:  # a checksum error: already says where
                 raise
             raise self._located(exc, s, r, j) from None
+        if crcs is not None:
+            checked[r >> 3] |= 1 << (r & 7)
 
         def decode_later(name: str) -> Any:
             j, payload = later[name]

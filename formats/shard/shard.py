@@ -101,6 +101,8 @@ class ShardReader:
     Attributes:
         offsets, lengths: ``(records, fields)`` uint64 views of the index.
         crcs: ``(records, fields)`` uint32 views of the per-field CRC32C.
+        checked: a bit per record, set once every field of it matched its CRC32C in
+            this mapping (``ShardDataset.__getitem__`` checks a record once per mapping).
         data: the data file as a read-only uint8 numpy view (whole file).
     """
 
@@ -163,6 +165,13 @@ class ShardReader:
         self.view = memoryview(self._data_mm)
         self.alignment = alignment
         self.validated = False
+        # A bit per record: every field of it matched its CRC32C in this mapping. Data
+        # files are never written in place (FORMAT.md: a dataset is replaced whole, by a
+        # rename), so a mapping's bytes are what the first check saw; and a zero-copy
+        # view handed out is only ever vouched for at the moment of a check, so checking
+        # the same record again on every read guards nothing more. A reopened shard (an
+        # eviction, another process, a pickled dataset) starts with no bits set.
+        self.checked = bytearray((n + 7) // 8)
 
     def __len__(self) -> int:
         return self.entry.records

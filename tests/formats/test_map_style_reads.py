@@ -134,6 +134,35 @@ def test_the_dataset_opened_with_checks_keeps_them_in_workers(damaged):
     again.close()
 
 
+def test_a_record_is_checked_once_per_mapping_and_again_when_reopened(tmp_path, monkeypatch):
+    """ds[i] checks a record the first time it is read from its shard's mapping; the
+    views it hands out are that mapping's bytes, so a second check would vouch for
+    nothing more. Damage written in place afterwards (never by shardpack: data files
+    are replaced whole) is found by any reopened mapping: a pickled dataset, a worker,
+    a shard opened again."""
+    from formats.shard import dataset as dataset_module
+
+    root = make_dataset(tmp_path / "ds", 12, records_per_shard=5)
+    calls = []
+    real = dataset_module.crc32c
+    monkeypatch.setattr(dataset_module, "crc32c", lambda b: calls.append(1) or real(b))
+    with open_dataset(root) as ds:
+        fields = len(ds.fields)
+        ds[7]
+        assert len(calls) == fields  # every field of the record, once
+        ds[7], ds[-5], ds[5:9]
+        assert len(calls) == fields * (1 + 3)  # record 7 not again: 5, 6 and 8 checked
+        _flip(root, ds, 7, "image")
+        ds[7]  # this mapping vouched for record 7 already: as documented
+        again = pickle.loads(pickle.dumps(ds))
+        with pytest.raises(FormatError, match="replaced since it was opened"):
+            again[7]  # a worker's reopened shard: the file changed under the dataset
+        again.close()
+    with open_dataset(root) as ds, \
+            pytest.raises(CorruptRecordError, match="field 0 checksum mismatch"):
+        ds[7]
+
+
 # -- indices ---------------------------------------------------------------------------
 
 def test_a_float_index_is_refused_naming_it_never_truncated(ds_path):
