@@ -183,7 +183,7 @@ def test_the_command_may_come_before_the_dataset(dataset, capsys, tmp_path):
     assert code == 0 and (tmp_path / "x.jpg").exists()
     with pytest.raises(SystemExit) as exc:
         main(["info"])
-    assert exc.value.code == 2 and "DST" in capsys.readouterr().err
+    assert exc.value.code == 2 and "DATASET" in capsys.readouterr().err
 
 
 def test_a_dataset_named_like_a_command_is_read_in_the_old_order(dataset, capsys, monkeypatch):
