@@ -284,7 +284,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
         if field not in ds.field_index:
             return refuse(args, f"no field {field!r}; fields are {[f.name for f in ds.fields]}")
         data = field_bytes(ds, args.index, field)
-        out = Path(args.out)
+        out, mapped = Path(args.out), ""
         if _is_folder(args.out):
             index = args.index % len(ds)  # named by position, also for a negative index
             ext = extension_of(ds, args.index, field)
@@ -292,8 +292,10 @@ def cmd_extract(args: argparse.Namespace) -> int:
             # that become paths, so "../x" names a file in --out, never beside it.
             name = safe_name(field, "field", limit=_FIELD_NAME_BYTES)
             out = out / f"{index}.{name}{'' if name.lower().endswith(ext) else ext}"
+            if name != field:
+                mapped = f" (the file name for field {field!r}, made safe)"
     if os.path.lexists(out) and not args.force:  # a link too: never written through
-        return refuse(args, f"{out} exists: pass --force to overwrite it")
+        return refuse(args, f"{out} exists{mapped}: pass --force to overwrite it")
     _out_path(out).write_bytes(data)
     _emit(args, {"index": args.index, "field": field, "out": str(out), "bytes": len(data)},
           f"wrote {len(data):,} bytes to {out}")

@@ -400,3 +400,16 @@ def test_extract_into_a_folder_maps_a_hostile_field_name_inside_it(tmp_path, cap
         assert written.parent == out and written.read_bytes() == data
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file() and "ds" not in p.parts) \
         == ["0._.._up.txt", "0._x.txt"]
+
+
+def test_two_field_names_made_one_file_name_never_overwrite(tmp_path, capsys):
+    root = tmp_path / "ds"
+    with DatasetWriter(root, [Field("a/b", "bytes"), Field("a_b", "bytes")], durable=False) as w:
+        w.write({"a/b": b"first", "a_b": b"second"})
+    out = tmp_path / "out"
+    assert run(capsys, root, "extract", "0", "--field", "a/b", "--out", f"{out}/")[0] == 0
+    code, _, err = run(capsys, root, "extract", "0", "--field", "a_b", "--out", f"{out}/")
+    assert code == 1 and "0.a_b.txt exists" in err and "--force" in err
+    code, _, err = run(capsys, root, "extract", "0", "--field", "a/b", "--out", f"{out}/")
+    assert code == 1 and "the file name for field 'a/b', made safe" in err
+    assert (out / "0.a_b.txt").read_bytes() == b"first"
