@@ -144,7 +144,10 @@ def pack_to_webdataset_and_untar(root: str) -> None:
             if bad or len({n.casefold() for n in names}) != len(names):
                 raise Escaped(f"unsafe or repeated member names: {bad or names}")
             members += len(names)
-            t.extractall(where, filter="fully_trusted")  # as a naive user would
+            # As a naive user would: no filter (Pythons before the filters had none).
+            naive = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") \
+                else {}
+            t.extractall(where, **naive)
     files = _check_inside(root, where, ds, before)
     if len(files) != members:
         raise Escaped(f"{members} members, {len(files)} files: some written over")
