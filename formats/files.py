@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 from .errors import FormatError, ShardpackError, UnsafePathError
+from .names import check_name
 
 __all__ = ["atomic_write_bytes", "check_plain_name", "describe_mode", "fsync_dir", "open_regular", "read_regular",
            "safe_child", "temp_name", "try_lock"]
@@ -73,8 +74,8 @@ def safe_child(root: str | Path, name: object, *, what: str = "file name") -> Pa
     """``root / name`` for a plain file name read from untrusted input.
 
     Raises:
-        UnsafePathError: ``name`` is not a string, is empty, is absolute, holds a
-            path separator, NUL, or is ``.``/``..``: nothing outside ``root`` is
+        UnsafePathError: ``name`` is not one safe part by :mod:`formats.names`' rule
+            (empty, ``.``/``..``, a separator, NUL...): nothing outside ``root`` is
             ever opened because of a name in a manifest.
     """
     check_plain_name(root, name, what=what)
@@ -88,20 +89,7 @@ def check_plain_name(root: str | Path, name: object, *, what: str = "file name")
     Raises:
         UnsafePathError: as for :func:`safe_child`; ``root`` is named in the message.
     """
-    if (
-        not isinstance(name, str)
-        or not name
-        or name in (".", "..")
-        or "/" in name
-        or "\\" in name
-        or "\x00" in name
-        or os.path.isabs(name)
-    ):
-        raise UnsafePathError(
-            f"unsafe {what}: must be a plain name inside the dataset folder",
-            path=root,
-            found=name,
-        )
+    check_name(name, where=root, what=what)  # the one rule (formats.names)
 
 
 def writev_all(fd: int, pieces: list) -> None:

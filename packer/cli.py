@@ -23,7 +23,7 @@ from formats.version import package_version
 
 from .errors import PackInterrupted, UsageError
 from .options import DEFAULT_TASK_RECORDS, ENGINES, ON_ERROR, PackOptions, parse_size
-from .report import TqdmProgress, format_summary
+from .report import TqdmProgress, format_summary, interrupted_text
 from .run import pack
 
 __all__ = ["main"]
@@ -329,9 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pack-dataset: error: {exc}", file=sys.stderr)
         return 2
     except PackInterrupted as exc:
-        s = exc.summary
-        print(f"\npack-dataset: interrupted; {s.shards} finished shard(s) kept in {s.dst}\n"
-              f"resume with: {_resume_hint(argv)}", file=sys.stderr)
+        print(f"\npack-dataset: {interrupted_text(exc.summary, _resume_hint(argv))}",
+              file=sys.stderr)
         return 130
     except ShardpackError as exc:
         print(f"pack-dataset: error: {exc}", file=sys.stderr)

@@ -58,7 +58,7 @@ from formats.shard.ownership import (
 from formats.storage import display_uri
 
 from .engines.ranges import PART_FILE, PLAN_NAME, STATE_DIR
-from .errors import DestinationError, PackError, UsageError
+from .errors import DestinationError, PackError, PackInterrupted, UsageError
 from .options import PackOptions
 from .plan import SHUFFLE_PASS
 
@@ -357,8 +357,13 @@ def claimed(dst: Path, options: PackOptions, run):
             dest.commit()
         summary.dst = display_uri(dst)
         return summary
-    except BaseException:
+    except BaseException as exc:
         dest.abandon()
+        if isinstance(exc, PackInterrupted):  # the CLI says where the shards are
+            if dest.foreign_sink:
+                exc.summary.resumable = False  # abandon() deleted the staged output
+            elif dest.staged:
+                exc.summary.kept_in = str(Path(dest.dst).parent / dest.staging.name)
         raise
     finally:
         dest.release()

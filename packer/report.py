@@ -91,6 +91,12 @@ class PackSummary:
     #: their name (``pack_samples``: :func:`packer.schema.per_box_fields`).
     per_box_fields: tuple[str, ...] = ()
     complete: bool = False
+    #: After Ctrl-C (set by :func:`packer.destination.claimed`): where the finished
+    #: shards wait for ``--resume`` when that is not DST (a replace writes beside
+    #: it, "claiming DST" step 3), and whether anything was kept at all (a foreign
+    #: sink's output appears whole or not at all: an interrupted one is deleted).
+    kept_in: str | None = None
+    resumable: bool = True
 
     @property
     def records_skipped(self) -> int:
@@ -130,6 +136,22 @@ def _bytes(n: int) -> str:
     raise AssertionError  # unreachable
 
 
+def interrupted_text(s: PackSummary, resume: str) -> str:
+    """What ``pack-dataset`` says after Ctrl-C: where the finished shards are, and the
+    command that finishes the pack (``resume``), or that nothing was kept."""
+    if not s.resumable:
+        return (f"interrupted; nothing kept: a --to {s.sink} output is written whole or not "
+                f"at all, and {s.dst} is as it was; run the command again to start over")
+    where = s.dst if s.kept_in is None else (
+        f"{s.kept_in} (the new dataset, staged beside DST until it is complete; {s.dst} "
+        "still holds the old one)")
+    return f"interrupted; {s.shards} finished shard(s) kept in {where}\nresume with: {resume}"
+
+
+#: The summary's words for the stored type of the image field (formats.fields.stored_image_type).
+_IMAGE_KINDS = {"jpeg": "all JPEG", "png": "all PNG", "image": "mixed kinds, sniffed per record"}
+
+
 def format_summary(s: PackSummary) -> str:
     """The end-of-pack table for people."""
     sec = max(s.seconds, 1e-9)
@@ -149,7 +171,9 @@ def format_summary(s: PackSummary) -> str:
         ("throughput", f"{s.records_in / sec:,.0f} files/s, {s.bytes_in / sec / 1e6:,.1f} MB/s"),
     ]
     if s.image_type:
-        rows.insert(2, ("image field", s.image_type))
+        # Said as what the images are: "image field  jpeg" read as a field named jpeg.
+        rows.insert(2, ("images", f"{_IMAGE_KINDS.get(s.image_type, s.image_type)} "
+                                  f"(field type {s.image_type})"))
     if s.empty_classes:
         rows.append(("empty classes", ", ".join(s.empty_classes)))
     if s.boxes_clipped:

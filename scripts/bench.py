@@ -101,6 +101,8 @@ class Runner:
         if py is None:
             return {"skipped": "needs the peers virtualenv (--peers-python or "
                                "$SHARDPACK_PEERS_PYTHON; see BENCHMARKS.md)"}
+        if py == sys.executable and (why := h.missing(*runner_needs(fmt, args[0]))):
+            return {"skipped": why}
         if fmt.startswith("dali"):
             if py not in self.dali:
                 self.dali[py] = dali_missing(py)
@@ -120,6 +122,16 @@ class Runner:
             return {"skipped": f"failed (exit {proc.returncode}): {tail[:150]}"}
         res["mem_kb"] = peak
         return res
+
+
+def runner_needs(fmt: str, command: str) -> tuple[str, ...]:
+    """What a ``bench_peers.py`` runner imports beyond the core dependencies (the
+    ``bench`` extra's packages), for a run in this interpreter."""
+    needs = {"tfrecord": ("tfrecord",), "wds": ("webdataset",), "imagefolder": ("PIL",)}.get(
+        fmt, ())
+    if command == "pipeline" and fmt != "shards":
+        needs += ("torch",)  # every peer's pipeline is torch's DataLoader
+    return needs
 
 
 def dali_missing(python: str) -> str | None:
@@ -244,21 +256,25 @@ def read_big_file(path: Path) -> int:
     return total
 
 
+#: The rows of :func:`decode_rates` that decode with Pillow.
+PIL_ROWS = ("pil", "pil_rrc")
+
+
 def decode_rates(jpegs: list[bytes]) -> dict[str, float]:
-    """Single-core images/s: full decodes, and decode + RRC 224 + flip (ours and naive PIL)."""
+    """Single-core images/s: full decodes, and decode + RRC 224 + flip (ours and naive
+    PIL; the PIL rows only where Pillow is installed, see :data:`PIL_ROWS`)."""
     import io
 
     import simplejpeg
-    from PIL import Image
 
     dec = h.rrc_flip_decoder()
     rng = np.random.default_rng(0)
-    fns = {
-        "simplejpeg": simplejpeg.decode_jpeg,
-        "pil": lambda d: np.asarray(Image.open(io.BytesIO(d)).convert("RGB")),
-        "ours_rrc": lambda d: dec(d, rng),
-        "pil_rrc": lambda d: h.naive_rrc_flip(d, rng),
-    }
+    fns = {"simplejpeg": simplejpeg.decode_jpeg, "ours_rrc": lambda d: dec(d, rng)}
+    if h.missing("PIL") is None:
+        from PIL import Image
+
+        fns["pil"] = lambda d: np.asarray(Image.open(io.BytesIO(d)).convert("RGB"))
+        fns["pil_rrc"] = lambda d: h.naive_rrc_flip(d, rng)
     rates = {}
     for name, fn in fns.items():
         fn(jpegs[0])
@@ -362,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     dec = {k: Case(name, "img/s") for k, name in (
         ("simplejpeg", "1-core decode, simplejpeg"), ("pil", "1-core decode, PIL"),
         ("ours_rrc", "1-core decode+RRC224+flip, ours"), ("pil_rrc", "1-core decode+RRC224+flip, PIL"))}
+    for k in PIL_ROWS:
+        dec[k].skipped = h.missing("PIL")
     for _ in range(args.repeat):
         for k, v in decode_rates(jpegs).items():
             dec[k].rates.append(v)

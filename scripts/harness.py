@@ -77,6 +77,26 @@ def add_peers_python(p: argparse.ArgumentParser, help: str | None = None) -> Non
                    help=help)
 
 
+# -- optional packages --------------------------------------------------------------------
+
+#: The distribution that provides an import name, where the two differ.
+_DISTRIBUTIONS = {"PIL": "Pillow"}
+
+
+def missing(*modules: str) -> str | None:
+    """Why a row cannot run in this interpreter, in one line: the modules it imports
+    (import names) that are not installed, and the extra that installs them
+    (pyproject's ``bench``); None when all are there. A row skipped this way prints
+    ``skipped: <reason>`` as a peer without its virtualenv does."""
+    import importlib.util
+
+    lacking = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not lacking:
+        return None
+    names = ", ".join(_DISTRIBUTIONS.get(m, m) for m in lacking)
+    return f"needs {names}, not installed here: pip install 'shardpack[bench]'"
+
+
 # -- timing and rounds --------------------------------------------------------------------
 
 def timed(fn: Callable, /, *args, **kwargs) -> float:

@@ -2,6 +2,7 @@
 
     python -m scripts.train_detection_example --data /tmp/det --make-data --steps 300 --checkpoint ckpt.pt
     python -m scripts.train_detection_example --data /tmp/det --steps 600 --resume ckpt.pt
+    python scripts/train_detection_example.py ...   # the same, run as a file
 
 ``--make-data`` draws a COCO-style set (``scripts.synth.coco_detection``: coloured
 rectangles and ellipses, the colour is the class) for training and a second one,
@@ -33,6 +34,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+if not __package__:  # run as a file (python scripts/X.py): import as `python -m scripts.X` does
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout, not scripts/
 
 from scripts import checkpoint
 

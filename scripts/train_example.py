@@ -2,6 +2,7 @@
 
     python -m scripts.train_example --data /tmp/tiny-ds --make-data --steps 300 --checkpoint ckpt.pt
     python -m scripts.train_example --data /tmp/tiny-ds --steps 600 --resume ckpt.pt
+    python scripts/train_example.py ...   # the same, run as a file
 
 The checkpoint (saved every ``--save-every`` steps and at the end of the run) holds
 the model, the optimizer and the loader's ``state_dict()``, so a resumed run continues
@@ -16,6 +17,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+if not __package__:  # run as a file (python scripts/X.py): import as `python -m scripts.X` does
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout, not scripts/
 
 from scripts import checkpoint
 

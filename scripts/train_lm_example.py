@@ -2,6 +2,7 @@
 
     python -m scripts.train_lm_example --data /tmp/text.shards --make-data --steps 300 --checkpoint lm.pt
     python -m scripts.train_lm_example --data /tmp/text.shards --steps 600 --resume lm.pt
+    python scripts/train_lm_example.py ...   # the same, run as a file
 
 The data is a packed text dataset whose ``tokens`` field holds each document's
 token ids (``scripts.pack_text_example`` makes one: UTF-8 bytes as ids 0-255, 256
@@ -20,6 +21,9 @@ import math
 import sys
 import time
 from pathlib import Path
+
+if not __package__:  # run as a file (python scripts/X.py): import as `python -m scripts.X` does
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout, not scripts/
 
 from scripts import checkpoint
 

@@ -9,9 +9,9 @@ folders so that the order gives back every label (:func:`class_folders`):
 * classes without names: zero-padded label numbers, ``000``, ``001``, ... (three
   digits, more when there are over 1,000 classes);
 * named classes: the names themselves when each is a valid folder name as it is
-  (unchanged by :func:`safe_name`, not ``classes.json``), no two are equal ignoring
-  case (a case-insensitive file system would merge them) and they are already in
-  sorted order;
+  (unchanged by :func:`formats.names.safe_name`, not ``classes.json``), no two are
+  equal as a case-insensitive, normalising file system compares them (it would
+  merge them) and they are already in sorted order;
 * otherwise every folder is ``NNN-<safe name>`` (``000-dog``, ``001-b_c``; ``NNN``
   alone when nothing of the name survives): equal-width numbers sort in label
   order, so sanitizing never merges or moves a class.
@@ -25,13 +25,17 @@ loud error, where a missing folder would shift every later label in silence.
 It also skips GIFs (not in its ``IMG_EXTENSIONS``); this sink writes them as
 ``.gif`` all the same (``--to-jpeg`` converts them when packing).
 
-File names come from the record's ``key``, sanitized; every path is checked to
-lie inside DST before anything is written, whatever the input said.
+File names come from the last part of the record's ``key``, mapped by the one rule
+for names that become paths (:mod:`formats.names`: no separator, ``..``, control
+character or look-alike survives); two keys that give one name (``a:b`` and ``a_b``,
+``A.jpg`` and ``a.jpg`` on a case-insensitive file system) are told apart by a
+numbered variant (``a_b_00000007.jpg``), so no file of the run is written over; every
+path is checked to lie inside DST before anything is written, whatever the input said.
 """
 
 from __future__ import annotations
 
-import re
+import os
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
@@ -39,26 +43,14 @@ from ..base import Record
 from ..errors import SchemaError, UnsafePathError
 from ..fields import Field
 from ..media import IMAGE_EXTENSION
+from ..names import NameClaims, safe_name
 from ..sniff import sniff
 from .paths import CLASSES_FILE, write_classes_file
 
-__all__ = ["ImageFolderSink", "class_folders", "safe_name"]
+__all__ = ["ImageFolderSink", "class_folders"]
 
-_BAD = re.compile(r"[\x00-\x1f/\\:*?\"<>|]")
 _SAME_EXT = {".jpg": ".jpeg", ".tif": ".tiff"}  # the other spelling a key may already end in
-_MAX_NAME = 200
 _MIN_DIGITS = 3
-
-
-def safe_name(text: str, fallback: str) -> str:
-    """A single, harmless file name made from untrusted ``text``: no separators or
-    control characters, valid UTF-8 (a lone surrogate, which no file system call
-    can encode, is spelled out), at most ``_MAX_NAME`` bytes (file systems count
-    bytes, not characters)."""
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    name = _BAD.sub("_", text).strip().lstrip(".")
-    name = name.encode("utf-8")[:_MAX_NAME].decode("utf-8", "ignore")
-    return name if name and name not in (".", "..") else fallback
 
 
 def _numbers(count: int) -> list[str]:
@@ -76,9 +68,9 @@ def class_folders(classes: Sequence[str] | int) -> tuple[str, ...]:
     if isinstance(classes, int):
         return tuple(_numbers(classes))
     names = list(classes)
-    folded = [n.casefold() for n in names]
+    claims = NameClaims()
     if (all(safe_name(n, "") == n and n != CLASSES_FILE for n in names)
-            and len(set(folded)) == len(names) and names == sorted(names)):
+            and all(claims.claim(n) for n in names) and names == sorted(names)):
         return tuple(names)
     out = []
     for num, n in zip(_numbers(len(names)), names, strict=True):
@@ -120,7 +112,7 @@ class ImageFolderSink:
         self.overwrite = overwrite
         self.count = 0
         self._folders: dict[int, Path] = {}
-        self._used: set[Path] = set()
+        self._claims: dict[Path, NameClaims] = {}  # per folder: the names given in this run
         if self.has_label and self.classes is not None:
             # Every class folder up front, empty ones too: a missing one would shift
             # every later label as torchvision counts them.
@@ -167,12 +159,12 @@ class ImageFolderSink:
         ext = f".{IMAGE_EXTENSION[kind]}" if kind in IMAGE_EXTENSION else ".bin"
         if Path(stem).suffix.lower() not in (ext, _SAME_EXT.get(ext, ext)):
             stem += ext
-        path = self._inside(folder / stem)
-        if path in self._used or (not self.overwrite and path.exists()):
-            base = Path(stem)
-            path = self._inside(folder / f"{base.stem}_{self.count:08d}{base.suffix}")
-        self._used.add(path)
-        with open(path, "wb") as f:
+        base = Path(stem)
+        claims = self._claims.setdefault(folder, NameClaims())
+        exists = None if self.overwrite else (lambda name: os.path.lexists(folder / name))
+        path = self._inside(folder / claims.unique(base.stem, base.suffix, self.count, exists))
+        # "x": a file that appeared since the check above is never written over.
+        with open(path, "wb" if self.overwrite else "xb") as f:
             f.write(data)
         self.count += 1
 

@@ -31,6 +31,12 @@ input there is) with the byte offset and the last whole member. An ``.npy``
 member's header is checked against its size before any array is made.
 Written tars are deterministic: GNU format (no pax timestamps), mtime 0,
 uid/gid 0, members of a sample sorted by name, samples in record order.
+Written member names are made from the record key by the one rule for names that
+become paths (:mod:`formats.names`: each part mapped, ``..`` and empty parts
+dropped, within 255 bytes), field names must be safe as they are, and two samples of
+one tar never share a name (the later one gets a numbered variant, as equal
+consecutive keys always did): extracting a tar writes nothing outside its folder and
+nothing twice. The exact key is in ``.key.txt``.
 
 Speed: the headers writers emit (ustar or GNU, regular files and folders, octal
 numbers, no prefix, an unsigned checksum) are parsed by :func:`_plain_header`
@@ -49,7 +55,7 @@ import re
 import tarfile
 from collections import deque
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 
@@ -65,6 +71,7 @@ from ..bounded import (
 from ..errors import FormatError, SchemaError, UnsafePathError
 from ..fields import Field, ImageKinds, json_payload
 from ..media import IMAGE_EXTENSION, WEBDATASET_IMAGE_EXTENSIONS
+from ..names import MAX_PART_BYTES, NameClaims, safe_path, unsafe_reason
 from ..npy import read_npy_header
 from ..sniff import GZIP_MAGIC, sniff
 from .outputs import AtomicFile, prepare_output_dir
@@ -518,7 +525,9 @@ def _member_names(fields) -> dict[str, str]:
 
     Raises:
         SchemaError: a field the tar cannot hold apart from the others (two fields
-            on one extension, a name with ``/``, a ``key`` that is not text).
+            on one extension, a ``key`` that is not text), or whose name cannot be
+            part of a member name (:func:`formats.names.unsafe_reason`: a ``/``,
+            ``..``, a control character...).
     """
     names: dict[str, str] = {}
     for f in fields:
@@ -539,11 +548,15 @@ def _member_names(fields) -> dict[str, str]:
     if _ANY_IMAGE in names.values():
         taken += sorted(WEBDATASET_IMAGE_EXTENSIONS)
     for name, ext in names.items():
-        if "/" in ext or "\x00" in ext or taken.count(ext) > 1 or (
-                ext == KEY_MEMBER and name != "key"):
+        unsafe = unsafe_reason(ext)
+        if unsafe:
             raise SchemaError(f"webdataset sink cannot hold field {name!r}: its member "
-                              f"extension {ext!r} holds a '/' or is another field's (or an image "
-                              "extension)", found=ext)
+                              f"extension {ext!r} cannot be part of a file name ({unsafe})",
+                              found=ext)
+        if taken.count(ext) > 1 or (ext == KEY_MEMBER and name != "key"):
+            raise SchemaError(f"webdataset sink cannot hold field {name!r}: its member "
+                              f"extension {ext!r} is another field's (or an image extension)",
+                              found=ext)
     return names
 
 
@@ -588,13 +601,37 @@ def _member_header(name: str, size: int) -> bytes:
     return b"%s%06o\x00 %s" % (head[:148], sum(head), head[156:])
 
 
-def _tar_key(key: str, fallback: str) -> str:
-    """A member-name prefix: relative, no ``..``, no dot in its last component."""
-    parts = [p for p in PurePosixPath(key.replace("\\", "/")).parts if p not in ("", ".", "..", "/")]
-    if not parts:
-        return fallback
-    parts[-1] = parts[-1].split(".", 1)[0] or fallback
-    return "/".join(p.replace("\x00", "_") for p in parts)
+_VARIANT_BYTES = 16
+
+
+def _key_budget(names: dict[str, str]) -> int:
+    """The most bytes of a sample key's last part that leave room, in every member
+    name ``<last part>.<extension>``, within :data:`formats.names.MAX_PART_BYTES`.
+
+    Raises:
+        SchemaError: an extension so long that a key would keep too little of itself.
+    """
+    exts = [e for e in names.values() if e != _ANY_IMAGE]
+    if _ANY_IMAGE in names.values():
+        exts += [*IMAGE_EXTENSION.values(), "img"]
+    longest = max((len(e.encode("utf-8")) for e in exts), default=0)
+    # The dot, and room for a numbered variant (NameClaims.unique: "_00001234_2").
+    budget = min(200, MAX_PART_BYTES - 1 - _VARIANT_BYTES - longest)
+    if budget < 16:
+        raise SchemaError("webdataset sink: a field name is too long to be a tar member's "
+                          "extension", found=longest,
+                          expected=f"<= {MAX_PART_BYTES - 17 - _VARIANT_BYTES} bytes")
+    return budget
+
+
+def _tar_key(key: str, fallback: str, budget: int) -> str:
+    """A member-name prefix made from ``key`` by the one rule (:func:`formats.names.safe_path`):
+    relative, no ``..``, nothing unsafe; no dot in its last part (a dot starts the
+    extension), which keeps at most ``budget`` bytes."""
+    path = safe_path(key, "")
+    head, _, last = path.rpartition("/")
+    last = safe_path(last.split(".", 1)[0], fallback, limit=budget)
+    return f"{head}/{last}" if head else last
 
 
 class WebDatasetSink:
@@ -630,16 +667,18 @@ class WebDatasetSink:
         self._file: AtomicFile | None = None
         self._offset = 0  # bytes of the open tar so far (headers and padded members)
         self._count = 0
-        self._last_key = None
+        self._claims = NameClaims()  # the sample keys of the open tar
+        self._key_budget = _key_budget(self._names)
         self._kinds = ImageKinds(self.fields)
 
     def write(self, record: Record) -> None:
         fallback = f"{self._count:08d}"
         values = record.fields
-        key = _tar_key(values["key"], fallback) if "key" in self._names else fallback
-        if key == self._last_key:  # consecutive equal keys would merge into one sample
-            key = f"{key}_{self._count:08d}"
-        self._last_key = key
+        key = _tar_key(values["key"], fallback, self._key_budget) \
+            if "key" in self._names else fallback
+        # Two samples of one key would merge (consecutive) or overwrite each other's
+        # files when the tar is extracted: the second gets a numbered variant.
+        key = self._claims.unique(key, "", self._count)
         members = []
         for f in self.fields:
             ext, value = self._names[f.name], values[f.name]
@@ -675,6 +714,7 @@ class WebDatasetSink:
         self._file.commit()
         self.files.append(self._file.path)
         self._file = None
+        self._claims = NameClaims()
 
     def __enter__(self) -> WebDatasetSink:
         return self

@@ -26,8 +26,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..checksum import crc32c
-from ..errors import ObjectTooLargeError, StorageError, UnsafePathError
+from ..errors import ObjectTooLargeError, StorageError
 from ..files import temp_name
+from ..names import check_name
 from .retry import Retry
 from .uris import (
     ParsedURI,
@@ -62,11 +63,8 @@ _PYARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfs
 
 
 def _check_name(uri: str, name: str) -> str:
-    if (not isinstance(name, str) or not name or name.startswith("/") or "\\" in name
-            or "\x00" in name or any(p in ("", ".", "..") for p in name.split("/"))):
-        raise UnsafePathError("unsafe object name: must be a relative name inside the dataset",
-                              path=uri, found=name)
-    return name
+    # The one rule for names that become paths (formats.names); parts allowed.
+    return check_name(name, where=uri, what="object name", parts=True)
 
 
 class StoredFile(NamedTuple):

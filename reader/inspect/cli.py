@@ -1,6 +1,6 @@
 """inspect-shards: look into a shardpack dataset (the console script over formats.shard.summary).
 
-``inspect-shards DST COMMAND [options]`` and ``inspect-shards COMMAND DST [options]``
+``inspect-shards DATASET COMMAND [options]`` and ``inspect-shards COMMAND DATASET [options]``
 are the same command. When the first word is a command name and the second is
 not, the command comes first; otherwise (``inspect-shards info ls``: a dataset
 folder named ``info``?) the first word is the dataset, as it always was.
@@ -8,12 +8,12 @@ folder named ``info``?) the first word is the dataset, as it always was.
 Subcommands are rows of :data:`COMMANDS` (name, handler, configure_parser, help);
 add one by appending a row. Handlers live in :mod:`reader.inspect.commands`; each
 returns an exit status: 0 ok, 1 damaged or bad data or anything else found by
-reading DST (a record index out of range, a field it does not have), 2 usage: the
+reading DATASET (a record index out of range, a field it does not have), 2 usage: the
 command line by itself (argparse, with the usage block). No traceback reaches the
 user for bad data or a failing disk: those print one line,
 ``inspect-shards: error: <message>``.
 
-DST may be a URI (``s3://bucket/dataset``): the dataset is read through the local
+DATASET may be a URI (``s3://bucket/dataset``): the dataset is read through the local
 shard cache (``$SHARDPACK_CACHE``), fetching only what the command needs: the
 manifest for ``info``, the small metadata tables for ``ls`` and ``stats``, one
 shard for ``show`` and ``extract``, and every shard for ``verify`` (each download
@@ -50,7 +50,7 @@ from .commands import (
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
-_DST_HELP = "the dataset folder, or its URI (s3://...)"
+_DATASET_HELP = "the dataset folder, or its URI (s3://...)"
 # stats reads every shard's metadata table (about 0.6 ms each here): a sample of this
 # many answers in about a second, at any shard count.
 STATS_SHARDS = 2000
@@ -125,19 +125,19 @@ COMMANDS: list[tuple[str, Callable[[argparse.Namespace], int],
     ("extract", cmd_extract, _conf_extract, "write one field of one record to a file"),
     ("stats", cmd_stats, _conf_stats, "label histogram, size and resolution distributions"),
     ("monitor-report", cmd_monitor_report, _conf_monitor_report,
-     "summarize a Loader monitor record (DST is the .jsonl file the monitor wrote)"),
+     "summarize a Loader monitor record (give the .jsonl file the monitor wrote as DATASET)"),
 ]
 
 
 def build_parser(command_first: bool = False) -> argparse.ArgumentParser:
-    """The parser for ``DST COMMAND ...``, or for ``COMMAND DST ...`` if ``command_first``."""
+    """The parser for ``DATASET COMMAND ...``, or for ``COMMAND DATASET ...`` if ``command_first``."""
     parser = argparse.ArgumentParser(
         prog="inspect-shards",
         description="Look into a shardpack dataset: summary, checksums, records, statistics.",
-        usage="%(prog)s [-h] [--version] DST COMMAND ... (or: %(prog)s COMMAND DST ...)")
+        usage="%(prog)s [-h] [--version] DATASET COMMAND ... (or: %(prog)s COMMAND DATASET ...)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     if not command_first:
-        parser.add_argument("dst", metavar="DST", help=_DST_HELP)
+        parser.add_argument("dst", metavar="DATASET", help=_DATASET_HELP)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -145,11 +145,11 @@ def build_parser(command_first: bool = False) -> argparse.ArgumentParser:
                         help="read dataset files that are symlinks to files outside its folder "
                              "(refused by default)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                prog="inspect-shards" if command_first else "inspect-shards DST")
+                                prog="inspect-shards" if command_first else "inspect-shards DATASET")
     for name, handler, configure, help_text in COMMANDS:
         p = sub.add_parser(name, help=help_text, parents=[common])
         if command_first:
-            p.add_argument("dst", metavar="DST", help=_DST_HELP)
+            p.add_argument("dst", metavar="DATASET", help=_DATASET_HELP)
         configure(p)
         p.set_defaults(handler=handler)
     return parser
@@ -191,16 +191,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _fetch_remote(args)
         return args.handler(args)
-    except BrokenPipeError:  # `inspect-shards DST ls | head`: the reader has all it wanted
+    except BrokenPipeError:  # `inspect-shards DATASET ls | head`: the reader has all it wanted
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more is flushed to the pipe
         return 0
-    except IndexError as exc:  # a record index out of range: found by reading DST
+    except IndexError as exc:  # a record index out of range: found by reading DATASET
         return refuse(args, str(exc.args[0]) if exc.args else str(exc))
     except (ShardpackError, OSError) as exc:
         message = str(exc)
-        if isinstance(exc, UnsafePathError) and not args.follow_symlinks:
+        if _links_out(exc, args):
             message += " (inspect-shards: pass --follow-symlinks)"
         return refuse(args, message)
+
+
+def _links_out(exc: BaseException, args: argparse.Namespace) -> bool:
+    """Whether ``--follow-symlinks`` would get past ``exc``: a refusal of a dataset
+    file that is a symlink, and no other (a name such as ``../x.arrow`` is refused
+    whatever the flag says). The dataset folder itself may always be a link."""
+    path = getattr(exc, "path", None)
+    return (isinstance(exc, UnsafePathError) and not args.follow_symlinks
+            and path is not None and os.path.islink(path)
+            and os.path.abspath(path) != os.path.abspath(args.dst))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The handlers of ``inspect-shards`` (:mod:`reader.inspect.cli`) and their tables.
 
 Each ``cmd_*`` takes the parsed arguments and returns an exit status: 0 ok, 1
-damaged or bad data, or anything else found by reading DST (a record index out of
+damaged or bad data, or anything else found by reading DATASET (a record index out of
 range, a field or a label it does not have): one line, through :func:`refuse`.
 Usage (status 2, with the usage block) is argparse's alone: what the command line
 says by itself. The figures come from :mod:`formats.shard.summary` and
@@ -11,7 +11,10 @@ excerpted (``show``). Names and values come from files that may hold anything:
 what cannot be printed as is (a lone surrogate) is printed escaped (``\\udc80``).
 Files the user names (``extract --out``, ``stats --plot``) get their missing
 parent folders created; ``extract`` never replaces an existing file unless
-``--force`` (it says which).
+``--force`` (it says which). The file ``extract`` names in a folder holds the field's
+name, which comes from the dataset: it is mapped by :func:`formats.names.safe_name`
+(``../../x`` becomes ``x``; nothing is written outside the folder), and a mapped
+name that meets an existing file is refused as any other.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from formats import verify_dataset
+from formats.names import safe_name
 from formats.shard.summary import (
     dataset_info,
     dataset_stats,
@@ -61,7 +65,7 @@ def error(text: str) -> None:
 
 
 def refuse(args: argparse.Namespace, message: str) -> int:
-    """Report what DST does not allow (with ``--json``, also as ``{"ok": false}`` on
+    """Report what DATASET does not allow (with ``--json``, also as ``{"ok": false}`` on
     stdout); returns exit status 1."""
     if getattr(args, "json", False):
         say(json.dumps({"ok": False, "error": message}))
@@ -261,6 +265,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+# INDEX.FIELD.EXT within a file name's 255 bytes: 20 digits, two dots, an extension of 10.
+_FIELD_NAME_BYTES = 200
+
+
 def _is_folder(out: str) -> bool:
     return out.endswith(("/", "\\")) or Path(out).is_dir()
 
@@ -276,13 +284,18 @@ def cmd_extract(args: argparse.Namespace) -> int:
         if field not in ds.field_index:
             return refuse(args, f"no field {field!r}; fields are {[f.name for f in ds.fields]}")
         data = field_bytes(ds, args.index, field)
-        out = Path(args.out)
+        out, mapped = Path(args.out), ""
         if _is_folder(args.out):
             index = args.index % len(ds)  # named by position, also for a negative index
             ext = extension_of(ds, args.index, field)
-            out = out / f"{index}.{field}{'' if field.lower().endswith(ext) else ext}"
+            # The field name comes from the dataset: mapped by the one rule for names
+            # that become paths, so "../x" names a file in --out, never beside it.
+            name = safe_name(field, "field", limit=_FIELD_NAME_BYTES)
+            out = out / f"{index}.{name}{'' if name.lower().endswith(ext) else ext}"
+            if name != field:
+                mapped = f" (the file name for field {field!r}, made safe)"
     if os.path.lexists(out) and not args.force:  # a link too: never written through
-        return refuse(args, f"{out} exists: pass --force to overwrite it")
+        return refuse(args, f"{out} exists{mapped}: pass --force to overwrite it")
     _out_path(out).write_bytes(data)
     _emit(args, {"index": args.index, "field": field, "out": str(out), "bytes": len(data)},
           f"wrote {len(data):,} bytes to {out}")

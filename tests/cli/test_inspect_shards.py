@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from formats import open_shards
+from formats import DatasetWriter, Field, open_shards
 from formats.shard.verify import ALL_MATCH
 from reader.inspect.cli import COMMANDS, main
 from tests.helpers_codecs import CLASSES, IMAGE_FIELDS, make_dataset, make_records
+from tests.helpers_manifest import edit_table_ref
 
 
 @pytest.fixture
@@ -183,7 +185,7 @@ def test_the_command_may_come_before_the_dataset(dataset, capsys, tmp_path):
     assert code == 0 and (tmp_path / "x.jpg").exists()
     with pytest.raises(SystemExit) as exc:
         main(["info"])
-    assert exc.value.code == 2 and "DST" in capsys.readouterr().err
+    assert exc.value.code == 2 and "DATASET" in capsys.readouterr().err
 
 
 def test_a_dataset_named_like_a_command_is_read_in_the_old_order(dataset, capsys, monkeypatch):
@@ -349,3 +351,65 @@ def test_a_closed_pipe_ends_quietly(dataset):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0 and err == ""
+
+
+@pytest.mark.parametrize("table", ["../x.arrow", "/abs/x.arrow", "a\\b.arrow"])
+def test_an_unsafe_table_name_gets_no_follow_symlinks_hint(dataset, capsys, table):
+    """The flag only follows links: for a name that leaves the folder it cannot help."""
+    _, root = dataset
+    edit_table_ref(root, name=table)
+    for argv in (["info"], ["ls"], ["show", "0"]):
+        code, _, err = run(capsys, root, *argv)
+        assert code == 1 and "unsafe shard table name" in err, err
+        assert "--follow-symlinks" not in err
+
+
+def test_the_hint_is_given_for_a_link_even_inside_a_linked_dataset_folder(linked_out, capsys,
+                                                                           tmp_path):
+    _, root = linked_out
+    (tmp_path / "alias").symlink_to(root)  # the dataset folder itself may be a link
+    code, _, err = run(capsys, tmp_path / "alias", "show", "5")
+    assert code == 1 and "--follow-symlinks" in err
+    edit_table_ref(root, name="../x.arrow")
+    code, _, err = run(capsys, tmp_path / "alias", "show", "5")
+    assert code == 1 and "--follow-symlinks" not in err
+
+
+def test_usage_names_the_dataset_not_a_destination(capsys):
+    for argv in (["ds", "show"], ["show"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err
+        assert "DATASET" in err and "DST" not in err, err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "DST" not in capsys.readouterr().out
+
+
+def test_extract_into_a_folder_maps_a_hostile_field_name_inside_it(tmp_path, capsys):
+    root = tmp_path / "ds"
+    with DatasetWriter(root, [Field("../../up", "bytes"), Field("..\\x", "bytes")],
+                       durable=False) as w:
+        w.write({"../../up": b"one", "..\\x": b"two"})
+    out = tmp_path / "a" / "b" / "out"
+    for field, data in (("../../up", b"one"), ("..\\x", b"two")):
+        code, text, err = run(capsys, root, "extract", "0", "--field", field, "--out", f"{out}/",
+                              "--json")
+        assert code == 0, err
+        written = Path(json.loads(text)["out"])
+        assert written.parent == out and written.read_bytes() == data
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file() and "ds" not in p.parts) \
+        == ["0._.._up.txt", "0._x.txt"]
+
+
+def test_two_field_names_made_one_file_name_never_overwrite(tmp_path, capsys):
+    root = tmp_path / "ds"
+    with DatasetWriter(root, [Field("a/b", "bytes"), Field("a_b", "bytes")], durable=False) as w:
+        w.write({"a/b": b"first", "a_b": b"second"})
+    out = tmp_path / "out"
+    assert run(capsys, root, "extract", "0", "--field", "a/b", "--out", f"{out}/")[0] == 0
+    code, _, err = run(capsys, root, "extract", "0", "--field", "a_b", "--out", f"{out}/")
+    assert code == 1 and "0.a_b.txt exists" in err and "--force" in err
+    code, _, err = run(capsys, root, "extract", "0", "--field", "a/b", "--out", f"{out}/")
+    assert code == 1 and "the file name for field 'a/b', made safe" in err
+    assert (out / "0.a_b.txt").read_bytes() == b"first"

@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 import formats
 from formats import DatasetWriter, Field
 from formats.base import Record
-from formats.codecs.imagefolder import ImageFolderSink, class_folders, safe_name
+from formats.codecs.imagefolder import ImageFolderSink, class_folders
 from formats.errors import InputError, SchemaError
+from formats.names import safe_name
 from packer import PackOptions, pack
 from packer.resolve import list_source
 
