@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = [
+    "CacheError",
     "CorruptRecordError",
     "DecompressionError",
     "FormatError",
@@ -146,3 +147,9 @@ class MissingObjectError(StorageError):
 
 class ObjectTooLargeError(StorageError):
     """The object is larger than the bound set for reading it."""
+
+
+class CacheError(ShardpackError, OSError):
+    """The node's cache folder (``$SHARDPACK_CACHE``) cannot serve what it must: a
+    download folder that cannot be created or written, or columns too large to map.
+    An ``OSError``, as the failure it replaces was; the message says the way out."""

@@ -13,6 +13,7 @@ import pytest
 from formats.codecs.registry import UnknownFormatError
 from formats.codecs.tfexample import ExampleError, decode_example
 from formats.errors import (
+    CacheError,
     CorruptRecordError,
     DecompressionError,
     FormatError,
@@ -51,7 +52,7 @@ BASES = {
     DuplicateKeyError: (ValueError, KeyError),
     UnknownFormatError: (ValueError, KeyError), ExampleError: (ValueError,),
     PackError: (ValueError,), UsageError: (ValueError,), DestinationError: (ValueError,),
-    PackInputError: (ValueError,),
+    PackInputError: (ValueError,), CacheError: (OSError,),
 }
 
 

@@ -36,7 +36,7 @@ def test_a_column_is_built_once_and_mapped_read_only(tmp_path):
     b = mapped_column(ds, "shard_of", np.int64, per_shard)
     assert calls == [0, 1, 2]  # once per shard, on the first call only
     assert a.tolist() == b.tolist() == [0] * 4 + [1] * 4 + [2] * 2
-    assert isinstance(a, np.memmap) and not a.flags.writeable
+    assert isinstance(a, np.memmap) and not a.flags.writeable  # mapped, not copied
     assert str(columns_folder(ds)).startswith(os.environ["SHARDPACK_CACHE"])
 
 
@@ -46,8 +46,8 @@ def test_sizes_come_from_the_columns_and_equal_what_the_shards_say(tmp_path):
     assert hw.tolist() == [[20 + i, 10 + i] for i in range(10)]
     assert field_sizes(ds, "tokens").tolist() == list(range(10))
     assert field_sizes(ds, "n").tolist() == list(range(10))
-    names = sorted(p.name for p in columns_folder(ds).iterdir() if p.suffix == ".npy")
-    assert len(names) == 3 and "image_hw.npy" in names
+    names = sorted(p.name for p in columns_folder(ds).iterdir() if p.suffix == ".col")
+    assert len(names) == 3 and "image_hw.col" in names
 
 
 def test_a_dataset_rewritten_in_place_gets_new_columns_and_the_old_go(tmp_path):
@@ -63,7 +63,7 @@ def test_a_dataset_rewritten_in_place_gets_new_columns_and_the_old_go(tmp_path):
 def test_a_damaged_column_file_is_rebuilt(tmp_path):
     ds = _write(tmp_path / "ds")
     field_sizes(ds, "n")
-    (path,) = columns_folder(ds).glob("size-*.npy")
+    (path,) = columns_folder(ds).glob("size-*.col")
     path.write_bytes(path.read_bytes()[:100])  # truncated
     assert field_sizes(ds, "n").tolist() == list(range(10))
 
