@@ -64,6 +64,7 @@ import numpy as np
 from ..errors import CacheError
 from ..files import temp_name
 from ..storage import default_cache_folder
+from ..storage.location import cache_trouble
 from . import column_file
 from .column_file import Bad
 
@@ -391,23 +392,7 @@ def _nbytes(specs: dict[str, Spec]) -> int:
 
 
 def _why(exc: OSError) -> str:
-    code = errno.errorcode.get(exc.errno or 0)
-    text = exc.strerror or str(exc)
-    where = f" ({exc.filename})" if exc.filename else ""
-    return f"{text}{f' [{code}]' if code else ''}{where}"
-
-
-def _free(folder: Path) -> str:
-    """Free space of the filesystem that holds ``folder`` (or would: its nearest
-    existing folder), in words."""
-    for at in (folder, *folder.parents):
-        if at.is_dir():
-            try:
-                st = os.statvfs(at)
-            except OSError:
-                break
-            return f"{st.f_bavail * st.f_frsize / 2**20:,.1f} MiB free in {at}"
-    return "free space unknown"
+    return f"{exc.strerror or exc} [{errno.errorcode.get(exc.errno or 0, '?')}]"
 
 
 def _warn_private(folder: Path, reason: str, specs: dict[str, Spec]) -> None:
@@ -416,14 +401,12 @@ def _warn_private(folder: Path, reason: str, specs: dict[str, Spec]) -> None:
         log.debug("shardpack: columns in private memory again (%s)", reason)
         return
     _warned.add(root)
-    env = os.environ.get("SHARDPACK_CACHE")
-    said = f"now {env}" if env else f"unset: the default is {root}"
     warnings.warn(
-        f"shardpack: the cache folder {folder} cannot hold this dataset's columns ({reason}; "
-        f"{_free(folder)}): building them in this process's memory instead "
+        f"shardpack: the cache folder {folder} cannot hold this dataset's columns "
+        f"({cache_trouble(folder, reason)}): building them in this process's memory instead "
         f"({_nbytes(specs):,} bytes here, built again by every process that needs them). "
-        f"Point $SHARDPACK_CACHE ({said}) at a writable folder with room to build them "
-        "once per node.", RuntimeWarning, stacklevel=4)
+        "Point $SHARDPACK_CACHE at a writable folder with room to build them once per node.",
+        RuntimeWarning, stacklevel=4)
 
 
 # -- earlier manifests -----------------------------------------------------------------
