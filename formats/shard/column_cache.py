@@ -84,6 +84,7 @@ _TOLD_EVERY_S = 30.0
 
 _warned: set[str] = set()  # cache folders this process has warned about (one warning each)
 _swept: set[str] = set()  # column folders whose older siblings this process has tried
+_stalled: dict[str, float] = {}  # column folders whose lock this process gave up: its mtime then
 
 
 class _NoCache(Exception):
@@ -304,12 +305,15 @@ def _wait(fd: int, folder: Path) -> None:
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _stalled.pop(str(folder), None)
             return
         except BlockingIOError:
             pass
         waited = time.monotonic() - start
-        quiet = time.time() - os.fstat(fd).st_mtime
-        if waited > STALL_S and quiet > STALL_S:
+        beat = os.fstat(fd).st_mtime
+        quiet = time.time() - beat
+        if _stalled.get(str(folder)) == beat or (waited > STALL_S and quiet > STALL_S):
+            _stalled[str(folder)] = beat  # the next column of this folder: no second wait
             raise _NoCache(f"another process holds its lock {folder / '.lock'} and has shown "
                            f"no sign of progress for {quiet:.0f} s")
         if waited > MAX_WAIT_S:
