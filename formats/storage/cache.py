@@ -49,12 +49,13 @@ from ..errors import CacheError, StorageError
 from ..shard.manifest import ShardEntry
 from .location import Location, cache_trouble, default_cache_folder
 
-__all__ = ["ORPHAN_S", "CacheOptions", "Pin", "ShardCache", "default_cache_folder"]
+__all__ = ["ORPHAN_S", "ROOM_FOR_TABLES", "CacheOptions", "Pin", "ShardCache", "default_cache_folder"]
 
 _PRESENT = (".rec", ".idx")
 # What a download's failure says about the local disk, not the object store.
 _LOCAL_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 ORPHAN_S = 600.0
+ROOM_FOR_TABLES = 1 << 20  # free bytes a dataset's folder needs before its first download
 
 
 @dataclass(frozen=True)
@@ -194,9 +195,22 @@ class ShardCache:
         return (ShardCache, (self.folder, self.max_bytes))
 
     def dataset_dir(self, uri: str, manifest: bytes) -> Path:
+        """The dataset's folder in the cache, made if need be.
+
+        Raises:
+            CacheError: it cannot be made, is not writable, or has under
+                :data:`ROOM_FOR_TABLES` bytes free (the manifest and tables land
+                here before any shard).
+        """
         d = self.folder / dataset_key(uri, manifest)
         with _refused_as(self.folder):
             d.mkdir(exist_ok=True)
+            if not os.access(d, os.W_OK):
+                raise OSError(errno.EACCES, f"{os.strerror(errno.EACCES)}: not writable")
+            st = os.statvfs(d)
+            if st.f_bavail * st.f_frsize < ROOM_FOR_TABLES:
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: under "
+                                            f"{ROOM_FOR_TABLES:,} bytes free")
         return d
 
     # -- pins and presence --------------------------------------------------------------
@@ -362,8 +376,8 @@ def _download(location: Location, name: str, dest: Path, size: int, crc: int) ->
     with _refused_as(dest.parent):
         st = os.statvfs(dest.parent)
         if st.f_bavail * st.f_frsize < size:
-            raise OSError(errno.ENOSPC, f"{size:,} bytes to download, "
-                                        f"{st.f_bavail * st.f_frsize:,} free")
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {size:,} bytes to "
+                                        f"download, {st.f_bavail * st.f_frsize:,} free")
     try:
         location.download(name, dest, size=size, crc=crc)
     except StorageError as exc:

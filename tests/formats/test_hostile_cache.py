@@ -158,6 +158,16 @@ def hold_open(path: str, ready: str, go: str) -> None:
         raise AssertionError("the old reader's columns changed")
 
 
+def read_remote(path: str) -> None:
+    """Every record of ``path`` read as a remote dataset (``file://``), through the shard
+    cache in ``$SHARDPACK_CACHE``."""
+    from reader.data.remote import RemoteDataset
+
+    ds = RemoteDataset(Path(path).as_uri())
+    for i in range(len(ds)):
+        ds[i]
+
+
 # -- the tests ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -395,3 +405,35 @@ def test_readers_of_an_old_and_a_new_dataset_keep_each_others_columns(tmp_path):
     _run("use_columns", str(path), cache=cache)
     assert not old_folder.exists()
     assert len(list((cache / "columns").glob("*/*"))) == 1
+
+
+def _remote_refused(dataset: Path, cache: Path, words: str) -> None:
+    outcome = run_case(MODULE, "read_remote", str(dataset), timeout=SECONDS,
+                       env={"SHARDPACK_CACHE": str(cache)})
+    assert outcome.kind == "typed" and outcome.error == "CacheError", str(outcome)
+    for said in (words, "$SHARDPACK_CACHE", str(cache), "no fallback to memory"):
+        assert said in outcome.message, outcome.message
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_shard_cache_that_is_a_file_is_a_typed_error(dataset, tmp_path, where):
+    (tmp_path / "f").write_bytes(b"not a folder")
+    cache = tmp_path / "f" if where == "a file" else tmp_path / "f" / "cache"
+    _remote_refused(dataset, cache, "is a file, not a folder")
+    assert _outside(tmp_path, {"f"}) == []
+
+
+def test_a_full_shard_cache_is_a_typed_error_leaving_nothing(dataset, tmpfs):
+    _fill(tmpfs, 40 << 10)
+    _remote_refused(dataset, tmpfs, "No space left on device")
+    assert _left_behind(tmpfs) == []
+
+
+def test_a_read_only_shard_cache_is_a_typed_error(dataset, tmp_path):
+    cache = tmp_path / "ro"
+    if not _mount(cache, "1m", "ro"):
+        pytest.skip("cannot mount a read-only tmpfs here")
+    try:
+        _remote_refused(dataset, cache, "Read-only file system")
+    finally:
+        _umount(cache)
