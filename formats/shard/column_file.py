@@ -79,21 +79,21 @@ def reserve(path: Path, shape: tuple[int, ...], dtype) -> np.ndarray:
     body = _nbytes(shape, dtype)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        _allocate(fd, HEADER.itemsize + body)
+        try:
+            _allocate(fd, HEADER.itemsize + body)
+        finally:
+            os.close(fd)
         if body == 0:
             return np.zeros(shape, dtype)
-        with os.fdopen(os.dup(fd), "r+b") as f:
-            try:
-                return np.memmap(f, dtype, "r+", offset=HEADER.itemsize, shape=shape)
-            except (OSError, MemoryError) as exc:
-                if isinstance(exc, OSError) and exc.errno != errno.ENOMEM:
-                    raise
-                raise _too_large(path, body, exc) from None
+        try:  # by name: the map's filename says where a build's scratch goes
+            return np.memmap(path, dtype, "r+", offset=HEADER.itemsize, shape=shape)
+        except (OSError, MemoryError) as exc:
+            if isinstance(exc, OSError) and exc.errno != errno.ENOMEM:
+                raise
+            raise _too_large(path, body, exc) from None
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    finally:
-        os.close(fd)
 
 
 def _allocate(fd: int, size: int) -> None:

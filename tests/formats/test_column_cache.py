@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing as mp
 import os
 import time
+import warnings
 
 import numpy as np
 import pytest
 
 from formats import DatasetWriter, Field, open_shards
+from formats.shard import column_cache, column_file
 from formats.shard.column_cache import columns_folder, mapped_column
 from reader.order.batching import field_sizes, known_image_sizes
 
@@ -65,7 +68,8 @@ def test_a_damaged_column_file_is_rebuilt(tmp_path):
     field_sizes(ds, "n")
     (path,) = columns_folder(ds).glob("size-*.col")
     path.write_bytes(path.read_bytes()[:100])  # truncated
-    assert field_sizes(ds, "n").tolist() == list(range(10))
+    with pytest.warns(RuntimeWarning, match="damaged .*100 bytes.*: rebuilding it"):
+        assert field_sizes(ds, "n").tolist() == list(range(10))
 
 
 def _build_in_child(root, out, go):
@@ -109,3 +113,59 @@ def test_a_failing_build_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="bad shard"):
         mapped_column(ds, "broken", np.int64, per_shard)
     assert not list(columns_folder(ds).glob("*broken*"))
+
+
+def _build_slowly(root, out, started):
+    ds = open_shards(root)
+
+    def per_shard(s):
+        started.set()
+        with open(out, "a") as f:
+            f.write(f"{os.getpid()} {s}\n")
+        time.sleep(0.4)
+        return np.arange(ds.starts[s], ds.starts[s + 1], dtype=np.int64)
+
+    mapped_column(ds, "slow", np.int64, per_shard)
+
+
+def test_a_builder_that_shows_progress_is_waited_for_past_the_stall_bound(tmp_path, monkeypatch):
+    # The stall bound (0.3 s) is shorter than the build (1.2 s); the heartbeat (0.05 s) is not.
+    monkeypatch.setattr(column_cache, "STALL_S", 0.3)
+    monkeypatch.setattr(column_cache, "LOG_AFTER_S", 0.1)
+    monkeypatch.setattr(column_cache, "_BEAT_S", 0.05)
+    ds = _write(tmp_path / "ds")
+    out = tmp_path / "calls.txt"
+    ctx = mp.get_context("fork")  # the patched bounds go with it
+    started = ctx.Event()
+    builder = ctx.Process(target=_build_slowly, args=(ds.root, out, started))
+    builder.start()
+    try:
+        assert started.wait(30)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback, no rebuild
+            col = mapped_column(ds, "slow", np.int64, lambda s: 1 / 0)  # never called here
+        assert col.tolist() == list(range(10))
+    finally:
+        builder.join(30)
+    assert builder.exitcode == 0
+    assert {line.split()[0] for line in out.read_text().splitlines()} == {str(builder.pid)}
+
+
+def test_no_room_for_the_key_index_scratch_falls_back_and_leaves_nothing(tmp_path, monkeypatch):
+    real = column_file.reserve
+
+    def reserve(path, shape, dtype):
+        if "key-unsorted" in path.name:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, shape, dtype)
+
+    monkeypatch.setattr(column_file, "reserve", reserve)
+    monkeypatch.setattr(column_cache, "_warned", set())
+    with DatasetWriter(tmp_path / "ds", [Field("key", "str")], records_per_shard=4,
+                       durable=False) as w:
+        for i in range(10):
+            w.write({"key": f"k{i}"})
+    ds = open_shards(tmp_path / "ds")
+    with pytest.warns(RuntimeWarning, match=r"No space left.*\$SHARDPACK_CACHE"):
+        assert ds.index_of("k3") == 3
+    assert sorted(p.name for p in columns_folder(ds).iterdir()) == [".inuse", ".lock"]
