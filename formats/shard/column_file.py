@@ -23,7 +23,7 @@ No fsync: a torn file after a power loss fails its checksum and is rebuilt.
 
 :func:`load` maps a file read-only and checks it, **once per process per file**: the
 checksum reads the whole body (about 1 ms per 20 MB from the page cache, in chunks of
-1 MiB, no copy), so a node's second process pays that instead of the build. Where that
+64 KiB, no copy), so a node's second process pays that instead of the build. Where that
 is too dear (10^9 records: 16 GB of key index, about a second), it is still cheaper
 than what a damaged index costs: keys reported missing.
 """
@@ -46,7 +46,7 @@ HEADER = np.dtype([("magic", "S8"), ("crc", "<u4"), ("ndim", "<u4"), ("body", "<
                    ("dtype", "S8"), ("shape", "<u8", (4,))])
 assert HEADER.itemsize == 64
 MAGIC = b"SPCOL\x00\x01\x00"
-CHUNK = 1 << 20
+CHUNK = 1 << 16  # 64 KiB: a miss re-checks a few dozen of them (see intact)
 
 # Files this process has checked: (path, inode, size, mtime) -> their chunk checksums.
 _checked: dict[tuple, np.ndarray] = {}

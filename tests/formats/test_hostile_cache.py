@@ -39,6 +39,7 @@ from formats.shard.column_cache import columns_folder
 
 MODULE = "test_hostile_cache"
 SECONDS = 10.0
+PEAK_MB = 512
 RECORDS = 4000  # a key index of 64 KB: more than the full disk's free 40 KB
 FIELDS = [Field("tokens", "ndarray", dtype="int32", shape=(None,)), Field("key", "str")]
 
@@ -178,7 +179,7 @@ def dataset(tmp_path_factory) -> Path:
 def _run(func: str, *args, cache: Path, timeout: float = SECONDS):
     outcome = run_case(MODULE, func, *args, timeout=timeout, env={"SHARDPACK_CACHE": str(cache)})
     assert outcome.kind == "ok", str(outcome)
-    assert outcome.seconds < SECONDS, str(outcome)
+    assert outcome.seconds < SECONDS and outcome.peak_mb < PEAK_MB, str(outcome)
     return outcome
 
 
