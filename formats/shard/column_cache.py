@@ -28,31 +28,23 @@ The cache folder is ours to repair and never a reason to fail:
 * **Damage.** A column file that fails its checks (size, header, checksum) is
   rebuilt, once, with a warning; a crash mid-write cannot leave one (it is renamed
   into place whole), but a disk, a power loss or a hand can.
-* **Locks.** Builders take ``.lock`` (``flock``: a dead holder's lock is released by
-  the kernel) and touch it every second while they build (a heartbeat). A waiter
-  logs after :data:`LOG_AFTER_S` and every 30 s after; it gives up and builds
-  privately when the holder has shown no heartbeat for :data:`STALL_S` (a stopped
-  process, or a lock held by something that is not building), or after
-  :data:`MAX_WAIT_S` whatever the holder does.
-* **Earlier manifests.** A process that maps a folder's columns holds a shared
-  ``flock`` on its ``.inuse`` for as long as any of them is mapped. The folders of
-  the dataset's earlier manifests (first used before this one) are deleted only when
-  their ``.inuse`` and ``.lock`` can be taken exclusively: a reader of the old
-  dataset kept open across a ``pack-dataset --overwrite`` keeps its columns, and the
-  readers of the old and new datasets no longer delete each other's. A lock, not an
-  age: it is exact, costs one descriptor per mapped set, and is released by the
-  kernel when a process dies.
+* **Locks.** One process builds while the others wait, within bounds: a waiter
+  says so after a few seconds and builds privately once the builder shows no
+  progress (:mod:`formats.shard.column_locks`).
+* **Earlier manifests.** The folders of the dataset's earlier manifests (first used
+  before this one) are deleted only when no process maps or builds their columns
+  (their locks taken exclusively): a reader of the old dataset kept open across a
+  ``pack-dataset --overwrite`` keeps its columns, and the readers of the old and new
+  datasets no longer delete each other's. A lock, not an age: exact, and released by
+  the kernel when a process dies.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import logging
 import os
 import shutil
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -67,28 +59,18 @@ from ..storage import default_cache_folder
 from ..storage.location import cache_trouble
 from . import column_file
 from .column_file import Bad
+from .column_locks import Hold, Unusable, build_lock, free_to_delete
 
-__all__ = ["LOG_AFTER_S", "MAX_WAIT_S", "STALL_S", "cached_columns", "columns_folder",
-           "discard", "mapped_column", "scratch"]
+__all__ = ["cached_columns", "columns_folder", "discard", "mapped_column", "scratch"]
 
 log = logging.getLogger(__name__)
 
 Spec = tuple[tuple[int, ...], object]  # (shape, dtype) of one column file
 
 SUFFIX = ".col"
-LOG_AFTER_S = 2.0
-STALL_S = 5.0
-MAX_WAIT_S = 600.0
-_BEAT_S = 1.0  # a builder's heartbeat; STALL_S leaves room for a loaded machine
-_TOLD_EVERY_S = 30.0
 
 _warned: set[str] = set()  # cache folders this process has warned about (one warning each)
 _swept: set[str] = set()  # column folders whose older siblings this process has tried
-_stalled: dict[str, float] = {}  # column folders whose lock this process gave up: its mtime then
-
-
-class _NoCache(Exception):
-    """Private: the cache folder cannot hold the columns (the message says why)."""
 
 
 def columns_folder(ds) -> Path:
@@ -132,14 +114,14 @@ def cached_columns(ds, specs: dict[str, Spec],
         whatever ``build`` raises (no column is then written).
     """
     folder = columns_folder(ds)
-    hold = _Hold.take(folder)
+    hold = Hold.take(folder)
     found, damage = _load_all(folder, specs, hold)
     if found is not None:
         _drop_older_once(folder)
         return found
     try:
-        with _build_lock(folder):
-            hold = hold or _Hold.take(folder)
+        with build_lock(folder):
+            hold = hold or Hold.take(folder)
             found, again = _load_all(folder, specs, hold)  # built while this one waited?
             if found is None:
                 damage = damage or again
@@ -149,10 +131,10 @@ def cached_columns(ds, specs: dict[str, Spec],
                 _build(folder, specs, build)
                 found, damage = _load_all(folder, specs, hold)
                 if found is None:
-                    raise _NoCache(f"the columns written there do not read back ({damage})")
+                    raise Unusable(f"the columns written there do not read back ({damage})")
                 _drop_older(folder)
-    except _NoCache as why:
-        _warn_private(folder, str(why), specs)
+    except Unusable as why:
+        _warn_private(folder, why.args[0], specs)
         return _private(specs, build)
     return found
 
@@ -177,7 +159,7 @@ def scratch(beside: np.ndarray, name: str, shape: tuple[int, ...], dtype) -> Ite
     ``build``), or private memory when the columns are built there.
 
     Raises:
-        _NoCache: the folder has no room for it (:func:`cached_columns` then builds
+        Unusable: the folder has no room for it (:func:`cached_columns` then builds
             privately, with its warning).
     """
     where = getattr(beside, "filename", None)
@@ -190,7 +172,7 @@ def scratch(beside: np.ndarray, name: str, shape: tuple[int, ...], dtype) -> Ite
     except CacheError:
         raise
     except OSError as exc:
-        raise _NoCache(_why(exc)) from None
+        raise Unusable(exc) from None
     try:
         yield arr
     finally:
@@ -201,7 +183,7 @@ def scratch(beside: np.ndarray, name: str, shape: tuple[int, ...], dtype) -> Ite
 # -- reading ---------------------------------------------------------------------------
 
 def _load_all(folder: Path, specs: dict[str, Spec],
-              hold: _Hold | None) -> tuple[dict[str, np.ndarray] | None, str | None]:
+              hold: Hold | None) -> tuple[dict[str, np.ndarray] | None, str | None]:
     """The columns mapped and checked, or (None, what was damaged if anything)."""
     out = {}
     for name, (shape, dtype) in specs.items():
@@ -218,122 +200,14 @@ def _load_all(folder: Path, specs: dict[str, Spec],
     return out, None
 
 
-class _Hold:
-    """A shared ``flock`` on a column folder's ``.inuse``, held while any column of
-    the folder is mapped (each mapped array keeps it alive); closed, never unlocked,
-    so a forked child that inherited it keeps the folder in use too."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __del__(self) -> None:
-        os.close(self.fd)
-
-    @classmethod
-    def take(cls, folder: Path) -> _Hold | None:
-        """The hold, or None where the folder is missing or refuses (nothing to keep)."""
-        path = folder / ".inuse"
-        deadline = time.monotonic() + 1.0  # a deleter holds it for one rmtree
-        while time.monotonic() < deadline:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError:
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError:
-                    return None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                if os.fstat(fd).st_ino == os.stat(path).st_ino:  # not deleted meanwhile
-                    return cls(fd)
-            except OSError:
-                time.sleep(0.01)
-            os.close(fd)
-        return None
-
-
 # -- building --------------------------------------------------------------------------
-
-@contextmanager
-def _build_lock(folder: Path) -> Iterator[None]:
-    """The folder's build lock, waited for within bounds, with a heartbeat while held.
-
-    Raises:
-        _NoCache: no folder or lock file can be made, or the holder stalled.
-    """
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise _NoCache(_why(exc)) from None
-    try:
-        _wait(fd, folder)
-        stop = threading.Event()
-        beat = threading.Thread(target=_beat, args=(fd, stop), daemon=True,
-                                name="shardpack-column-build")
-        _touch(fd)
-        beat.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            beat.join()
-    finally:
-        os.close(fd)
-
-
-def _touch(fd: int) -> None:
-    try:
-        os.utime(fd)
-    except OSError:
-        pass  # a heartbeat lost costs a waiter's patience, nothing else
-
-
-def _beat(fd: int, stop: threading.Event) -> None:
-    while not stop.wait(_BEAT_S):
-        _touch(fd)
-
-
-def _wait(fd: int, folder: Path) -> None:
-    """Take the lock ``fd``, waiting as the module says.
-
-    Raises:
-        _NoCache: the holder shows no heartbeat for STALL_S, or MAX_WAIT_S passed.
-    """
-    start = time.monotonic()
-    told, pause = 0.0, 0.005
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _stalled.pop(str(folder), None)
-            return
-        except BlockingIOError:
-            pass
-        waited = time.monotonic() - start
-        beat = os.fstat(fd).st_mtime
-        quiet = time.time() - beat
-        if _stalled.get(str(folder)) == beat or (waited > STALL_S and quiet > STALL_S):
-            _stalled[str(folder)] = beat  # the next column of this folder: no second wait
-            raise _NoCache(f"another process holds its lock {folder / '.lock'} and has shown "
-                           f"no sign of progress for {quiet:.0f} s")
-        if waited > MAX_WAIT_S:
-            raise _NoCache(f"another process has held its lock {folder / '.lock'} for over "
-                           f"{MAX_WAIT_S:.0f} s")
-        if waited > LOG_AFTER_S and (not told or waited - told > _TOLD_EVERY_S):
-            told = waited
-            log.warning("shardpack: waiting %.0f s for another process building the columns "
-                        "in %s (its lock %s); giving up after %.0f s without progress",
-                        waited, folder, folder / ".lock", STALL_S)
-        time.sleep(pause)
-        pause = min(2 * pause, 0.25)
-
 
 def _build(folder: Path, specs: dict[str, Spec],
            build: Callable[[dict[str, np.ndarray]], None]) -> None:
     """Build the columns into reserved temporary files and rename them into place.
 
     Raises:
-        _NoCache: the folder refused (nothing of the build is left in it).
+        Unusable: the folder refused (nothing of the build is left in it).
         CacheError: a column too large to map.
     """
     _drop_temps(folder)
@@ -346,7 +220,7 @@ def _build(folder: Path, specs: dict[str, Spec],
         except CacheError:
             raise
         except OSError as exc:
-            raise _NoCache(_why(exc)) from None
+            raise Unusable(exc) from None
         build(made)
         try:
             for name, arr in made.items():
@@ -355,7 +229,7 @@ def _build(folder: Path, specs: dict[str, Spec],
             for name, tmp in temps.items():
                 os.replace(tmp, folder / f"{name}{SUFFIX}")
         except OSError as exc:
-            raise _NoCache(_why(exc)) from None
+            raise Unusable(exc) from None
     except BaseException:
         made.clear()
         for tmp in temps.values():
@@ -395,11 +269,7 @@ def _nbytes(specs: dict[str, Spec]) -> int:
                for shape, dtype in specs.values())
 
 
-def _why(exc: OSError) -> str:
-    return f"{exc.strerror or exc} [{errno.errorcode.get(exc.errno or 0, '?')}]"
-
-
-def _warn_private(folder: Path, reason: str, specs: dict[str, Spec]) -> None:
+def _warn_private(folder: Path, reason: OSError | str, specs: dict[str, Spec]) -> None:
     root = str(default_cache_folder())
     if root in _warned:
         log.debug("shardpack: columns in private memory again (%s)", reason)
@@ -428,29 +298,6 @@ def _first_used(folder: Path) -> float:
         return 0.0  # never mapped (or a layout before .inuse): the oldest
 
 
-def _free_to_delete(folder: Path) -> list[int] | None:
-    """Exclusive locks on ``folder``'s ``.lock`` and ``.inuse`` (their descriptors), or
-    None while a process builds in it or maps it."""
-    fds: list[int] = []
-    for name in (".lock", ".inuse"):
-        try:
-            fd = os.open(folder / name, os.O_RDONLY)
-        except FileNotFoundError:
-            continue  # nobody can hold a lock on a file that is not there
-        except OSError:
-            break
-        fds.append(fd)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            break
-    else:
-        return fds
-    for fd in fds:
-        os.close(fd)
-    return None
-
-
 def _drop_older(folder: Path) -> None:
     """Delete the column folders of this dataset's earlier manifests that no process
     uses (see the module)."""
@@ -462,7 +309,7 @@ def _drop_older(folder: Path) -> None:
     for sibling in siblings:
         if sibling.is_symlink() or not sibling.is_dir() or _first_used(sibling) >= mine:
             continue
-        fds = _free_to_delete(sibling)
+        fds = free_to_delete(sibling)
         if fds is not None:
             try:
                 shutil.rmtree(sibling, ignore_errors=True)

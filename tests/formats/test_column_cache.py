@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from formats import DatasetWriter, Field, open_shards
-from formats.shard import column_cache, column_file
+from formats.shard import column_cache, column_file, column_locks
 from formats.shard.column_cache import columns_folder, mapped_column
 from reader.order.batching import field_sizes, known_image_sizes
 
@@ -130,9 +130,9 @@ def _build_slowly(root, out, started):
 
 def test_a_builder_that_shows_progress_is_waited_for_past_the_stall_bound(tmp_path, monkeypatch):
     # The stall bound (0.3 s) is shorter than the build (1.2 s); the heartbeat (0.05 s) is not.
-    monkeypatch.setattr(column_cache, "STALL_S", 0.3)
-    monkeypatch.setattr(column_cache, "LOG_AFTER_S", 0.1)
-    monkeypatch.setattr(column_cache, "_BEAT_S", 0.05)
+    monkeypatch.setattr(column_locks, "STALL_S", 0.3)
+    monkeypatch.setattr(column_locks, "LOG_AFTER_S", 0.1)
+    monkeypatch.setattr(column_locks, "_BEAT_S", 0.05)
     ds = _write(tmp_path / "ds")
     out = tmp_path / "calls.txt"
     ctx = mp.get_context("fork")  # the patched bounds go with it
