@@ -54,7 +54,10 @@ class Hold:
         self.fd = fd
 
     def __del__(self) -> None:
-        os.close(self.fd)
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass  # at interpreter exit
 
     @classmethod
     def take(cls, folder: Path) -> Hold | None:
