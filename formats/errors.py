@@ -26,6 +26,7 @@ __all__ = [
     "QUOTE_LIMIT",
     "ArgumentError",
     "ArgumentTypeError",
+    "CacheError",
     "CorruptRecordError",
     "DecompressionError",
     "FormatError",
@@ -203,3 +204,9 @@ class ArgumentTypeError(ArgumentError, TypeError):
     """An :class:`ArgumentError` whose value has the wrong type (``batch_size="32"``,
     ``ds[1.7]``, ``set_epoch(1.5)``): a ``TypeError`` too, as Python's own argument
     checks are."""
+
+
+class CacheError(ShardpackError, OSError):
+    """The node's cache folder (``$SHARDPACK_CACHE``) cannot serve what it must: a
+    download folder that cannot be created or written, or columns too large to map.
+    An ``OSError``, as the failure it replaces was; the message says the way out."""

@@ -15,6 +15,7 @@ from formats.codecs.tfexample import ExampleError, decode_example
 from formats.errors import (
     ArgumentError,
     ArgumentTypeError,
+    CacheError,
     CorruptRecordError,
     DecompressionError,
     FormatError,
@@ -72,6 +73,7 @@ BASES = {
     LoaderError: (RuntimeError,), WorkerError: (RuntimeError,),
     WorkerDiedError: (RuntimeError,), LoaderTimeoutError: (RuntimeError,),
     MonitorRecordError: (ValueError,),
+    CacheError: (OSError,),
 }
 
 

@@ -25,14 +25,17 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import warnings
 from collections import OrderedDict
-from pathlib import Path
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
 
+from ..errors import FormatError
 from .arrow_strings import string_buffers
-from .column_cache import cached_columns
+from .column_cache import cached_columns, columns_folder, discard, scratch
+from .column_file import intact
 
 __all__ = ["CLOSE_MATCH_SCAN", "CLOSE_MATCH_SHARDS", "KeyIndex", "key_hash", "key_hashes"]
 
@@ -46,6 +49,8 @@ CLOSE_MATCH_NEAR = 200
 _BUCKET = 1 << 20  # hashes sorted at once by the build: 16 MB with their records
 _CHUNK = 1 << 20  # hashes read at once by the build's passes over the column (~60 MB of work arrays)
 _SHARDS_KEPT = 4  # shards whose keys a lookup keeps for its checks
+_COLUMNS = ("key-sorted-hash", "key-sorted-record", "key-in-field")
+_NONE = np.zeros(0, np.int64)
 
 # MurmurHash3's finalizer multipliers and the golden ratio's: Python ints for the
 # one-key hash, numpy scalars for the column's.
@@ -129,21 +134,56 @@ class KeyIndex:
     def __init__(self, ds) -> None:
         self.ds = ds
         self.records = len(ds)
-        columns = _build(ds)
-        self._hashes, self._records = columns["key-sorted-hash"], columns["key-sorted-record"]
-        self.by_field = bool(columns["key-in-field"][0])
-        self.size = self.records - int(np.searchsorted(self._hashes, np.uint64(1)))
         self._shard_keys: OrderedDict[int, tuple] = OrderedDict()
         self._near: tuple[list[str], list[bytes]] | None = None  # see close_matches
+        self._map()
+
+    def _map(self) -> None:
+        columns = _build(self.ds)
+        self._hashes, self._records = columns["key-sorted-hash"], columns["key-sorted-record"]
+        self._in_field = columns["key-in-field"]
+        self.by_field = bool(self._in_field[0])
+        self.size = self.records - int(np.searchsorted(self._hashes, np.uint64(1)))
 
     def find(self, key: str) -> np.ndarray:
-        """The record indices with ``key``, ascending (empty when there is none)."""
+        """The record indices with ``key``, ascending (empty when there is none).
+
+        Raises:
+            FormatError: the index is damaged again right after it was rebuilt.
+        """
         target = key.encode("utf-8", "surrogatepass")  # a lone surrogate matches nothing
-        h = np.uint64(key_hash(target))
-        lo, hi = (int(np.searchsorted(self._hashes, h, side)) for side in ("left", "right"))
-        candidates = self._records[lo:hi]
-        found = [int(r) for r in candidates.tolist() if self._key_of(int(r)) == target]
-        return np.asarray(found, np.int64)
+        h = key_hash(target)
+        found, damage = self._find(target, h)
+        if damage is None:
+            return found
+        warnings.warn(f"shardpack: the key index of {self.ds.root} is damaged ({damage}): "
+                      "rebuilding it", RuntimeWarning, stacklevel=3)
+        discard(self.ds, _COLUMNS)
+        self._shard_keys.clear()
+        self._map()
+        found, damage = self._find(target, h)
+        if damage is not None:
+            raise FormatError(f"the key index is damaged again after a rebuild ({damage})",
+                              path=columns_folder(self.ds))
+        return found
+
+    def _find(self, target: bytes, h: int) -> tuple[np.ndarray, str | None]:
+        """:meth:`find`'s records, and what is damaged when the index is found so: a
+        record number out of range, or a miss where a chunk the lookup read fails its
+        checksum (a miss re-checks those few chunks, about a millisecond; a hit needs
+        no check, its key was read back)."""
+        lo, hi = (int(np.searchsorted(self._hashes, np.uint64(h), side))
+                  for side in ("left", "right"))
+        candidates = self._records[lo:hi].tolist()
+        if any(not 0 <= r < self.records for r in candidates):
+            return _NONE, f"a record number out of range 0..{self.records - 1}"
+        found = [r for r in candidates if self._key_of(r) == target]
+        if not found and not (
+                intact(self._in_field) and intact(self._records, (lo, hi))
+                and intact(self._hashes, (lo - 1, hi + 1),
+                           *((p, p + 1) for p in _probes(self._hashes, h)))):
+            return _NONE, "a chunk the lookup read fails its checksum"
+        return np.asarray(found, np.int64), None
 
     def _key_of(self, record: int) -> bytes | None:
         if self.by_field and self.ds._shards:  # not closed (its metadata still reads)
@@ -193,10 +233,8 @@ def _build(ds) -> dict[str, np.ndarray]:
 
     def build(out: dict[str, np.ndarray]) -> None:
         sorted_hash, sorted_record = out["key-sorted-hash"], out["key-sorted-record"]
-        scratch = Path(sorted_hash.filename).with_suffix(".unsorted")
-        hashes = np.lib.format.open_memmap(scratch, mode="w+", dtype=np.uint64, shape=(n,))
         same = ds.local_files and _plain_key_field(ds)
-        try:
+        with scratch(sorted_hash, "key-unsorted", (n,), np.uint64) as hashes:
             starts = ds.starts
             for s in range(len(starts) - 1):  # in record order, shard by shard
                 a, b = int(starts[s]), int(starts[s + 1])
@@ -206,13 +244,25 @@ def _build(ds) -> dict[str, np.ndarray]:
                     same = same and _field_agrees(ds, a, b, *keys)
             out["key-in-field"][0] = same
             _sort(hashes, sorted_hash, sorted_record, bits)
-        finally:
-            del hashes
-            scratch.unlink(missing_ok=True)
 
-    return cached_columns(ds, {"key-sorted-hash": ((n,), np.uint64),
-                               "key-sorted-record": ((n,), np.int64),
-                               "key-in-field": ((1,), np.bool_)}, build)
+    hashes, records, in_field = _COLUMNS
+    return cached_columns(ds, {hashes: ((n,), np.uint64), records: ((n,), np.int64),
+                               in_field: ((1,), np.bool_)}, build)
+
+
+def _probes(hashes: np.ndarray, h: int) -> Iterator[int]:
+    """The positions a binary search for ``h`` in ``hashes`` reads, both sides (a damaged
+    one on the way sends the search astray, to a place that looks intact)."""
+    for right in (False, True):
+        lo, hi = 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            yield mid
+            v = int(hashes[mid])
+            if v < h or (right and v == h):
+                lo = mid + 1
+            else:
+                hi = mid
 
 
 def _plain_key_field(ds) -> bool:

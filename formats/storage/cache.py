@@ -15,6 +15,10 @@ share one folder:
   pinned shard is never evicted.
 * One download per shard at a time (``<name>.dl``): a second process needing it
   waits, then finds it present.
+* A folder that cannot be created or written (``$SHARDPACK_CACHE`` a file, under
+  one, read-only, full) is a :class:`~formats.errors.CacheError` naming it and the
+  way out. Downloads cannot fall back to memory as the node's columns do: a shard is
+  mapped from its file, and a dataset larger than memory is why shards are cached.
 * Before a download, least-recently-used unpinned shards are evicted, whole,
   until the new one fits in ``max_bytes`` (use = the lock file's mtime). The
   bound is soft only when every shard in the cache is pinned: the download goes
@@ -31,6 +35,7 @@ as the child lives, and a pin until the child unmaps the shard.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -40,13 +45,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import CacheError, StorageError
 from ..shard.manifest import ShardEntry
-from .location import Location, default_cache_folder
+from .location import Location, cache_trouble, default_cache_folder
 
-__all__ = ["ORPHAN_S", "CacheOptions", "Pin", "ShardCache", "default_cache_folder"]
+__all__ = ["ORPHAN_S", "ROOM_FOR_TABLES", "CacheOptions", "Pin", "ShardCache", "default_cache_folder"]
 
 _PRESENT = (".rec", ".idx")
+# What a download's failure says about the local disk, not the object store.
+_LOCAL_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 ORPHAN_S = 600.0
+ROOM_FOR_TABLES = 1 << 20  # free bytes a dataset's folder needs before its first download
 
 
 @dataclass(frozen=True)
@@ -105,9 +114,35 @@ def _forget_inherited_locks() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_locks)
 
 
+def _unusable(folder: Path, exc: OSError) -> CacheError:
+    """The error for a cache folder the filesystem refuses (see the module)."""
+    return CacheError(
+        f"the shard cache folder cannot be used ({cache_trouble(folder, exc)}): remote shards "
+        "are downloaded to a folder and mapped from it, with no fallback to memory. Point "
+        "$SHARDPACK_CACHE or CacheOptions(folder=...) at a writable folder with room for "
+        "the shards read", path=folder)
+
+
+@contextmanager
+def _refused_as(folder: Path):
+    """Turn the filesystem's refusals (a file where a folder should be, read-only,
+    full, no permission) into the typed error naming the cache folder."""
+    try:
+        yield
+    except CacheError:
+        raise
+    except OSError as exc:
+        raise _unusable(folder, exc) from exc
+
+
+def _open_lock(path: Path) -> int:
+    with _refused_as(path.parent):
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+
 @contextmanager
 def _locked(path: Path, how: int):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(path)
     _held.add(fd)
     try:
         fcntl.flock(fd, how)
@@ -141,12 +176,16 @@ class ShardCache:
     Args:
         folder: where shards are kept (created if missing).
         max_bytes: the bound on shard bytes, or ``None``.
+
+    Raises:
+        CacheError: the folder cannot be created (see the module).
     """
 
     def __init__(self, folder: str | Path, max_bytes: int | None = None) -> None:
         self.folder = Path(folder)
         self.max_bytes = max_bytes
-        self.folder.mkdir(parents=True, exist_ok=True)
+        with _refused_as(self.folder):
+            self.folder.mkdir(parents=True, exist_ok=True)
         self.downloads = 0
         self.download_bytes = 0
         self.evictions = 0
@@ -156,8 +195,22 @@ class ShardCache:
         return (ShardCache, (self.folder, self.max_bytes))
 
     def dataset_dir(self, uri: str, manifest: bytes) -> Path:
+        """The dataset's folder in the cache, made if need be.
+
+        Raises:
+            CacheError: it cannot be made, is not writable, or has under
+                :data:`ROOM_FOR_TABLES` bytes free (the manifest and tables land
+                here before any shard).
+        """
         d = self.folder / dataset_key(uri, manifest)
-        d.mkdir(exist_ok=True)
+        with _refused_as(self.folder):
+            d.mkdir(exist_ok=True)
+            if not os.access(d, os.W_OK):
+                raise OSError(errno.EACCES, f"{os.strerror(errno.EACCES)}: not writable")
+            st = os.statvfs(d)
+            if st.f_bavail * st.f_frsize < ROOM_FOR_TABLES:
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: under "
+                                            f"{ROOM_FOR_TABLES:,} bytes free")
         return d
 
     # -- pins and presence --------------------------------------------------------------
@@ -168,8 +221,7 @@ class ShardCache:
 
     def pin(self, root: Path, entry: ShardEntry) -> Pin:
         """Pin ``entry`` (present or not) and mark it used now."""
-        lock = root / f"{entry.name}.lock"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(root / f"{entry.name}.lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             os.utime(fd)
@@ -208,7 +260,7 @@ class ShardCache:
                 for suffix, size, crc in ((".rec", entry.data_bytes, entry.data_crc32c),
                                           (".idx", entry.index_bytes, entry.index_crc32c)):
                     name = f"{entry.name}{suffix}"
-                    location.download(name, root / name, size=size, crc=crc)
+                    _download(location, name, root / name, size, crc)
             except BaseException:
                 (root / entry.data_file).unlink(missing_ok=True)  # never half a shard
                 raise
@@ -219,7 +271,7 @@ class ShardCache:
 
     @staticmethod
     def touch(root: Path, entry: ShardEntry) -> None:
-        fd = os.open(root / f"{entry.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(root / f"{entry.name}.lock")
         try:
             os.utime(fd)
         finally:
@@ -229,8 +281,7 @@ class ShardCache:
         """The shard's small metadata table, fetched once and kept (never evicted)."""
         path = root / entry.meta_file
         if not path.exists():
-            location.download(entry.meta_file, path, size=entry.meta_bytes,
-                              crc=entry.meta_crc32c)
+            _download(location, entry.meta_file, path, entry.meta_bytes, entry.meta_crc32c)
         return path
 
     def discard(self, root: Path, entry: ShardEntry) -> bool:
@@ -300,7 +351,7 @@ class ShardCache:
                 pass
 
     def _evict(self, root: Path, name: str) -> bool:
-        fd = os.open(root / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(root / f"{name}.lock")
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -316,3 +367,23 @@ class ShardCache:
     def stats(self) -> dict:
         return {"downloads": self.downloads, "download_bytes": self.download_bytes,
                 "evictions": self.evictions, "overflows": self.overflows}
+
+
+def _download(location: Location, name: str, dest: Path, size: int, crc: int) -> None:
+    """``location.download`` into the cache, the local side's failures typed: a disk
+    without room for ``size`` bytes is refused before the download (not retried into
+    it), and a local refusal during it names the cache folder, not the object."""
+    with _refused_as(dest.parent):
+        st = os.statvfs(dest.parent)
+        if st.f_bavail * st.f_frsize < size:
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {size:,} bytes to "
+                                        f"download, {st.f_bavail * st.f_frsize:,} free")
+    try:
+        location.download(name, dest, size=size, crc=crc)
+    except StorageError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and (
+                cause.errno in _LOCAL_FULL
+                or (cause.filename is not None and Path(cause.filename).parent == dest.parent)):
+            raise _unusable(dest.parent, cause) from exc
+        raise

@@ -66,7 +66,7 @@ def test_the_key_index_is_built_once_and_not_pickled(ds_path):
     ds.index_of("k5")
     assert ds.key_index() is index and index.size == 200 and index.records == 200
     names = sorted(p.name for p in columns_folder(ds).iterdir())
-    assert names == [".lock", "key-in-field.npy", "key-sorted-hash.npy", "key-sorted-record.npy"]
+    assert names == [".inuse", ".lock", "key-in-field.col", "key-sorted-hash.col", "key-sorted-record.col"]
     copy = pickle.loads(pickle.dumps(ds))
     assert copy._keys is None
     assert copy["k150"]["label"] == 150
