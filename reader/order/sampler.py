@@ -26,10 +26,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from formats.errors import ArgumentError, ArgumentTypeError
+from formats.errors import ArgumentError
 
 from ..errors import StateError
-from ..options import SamplerOptions
+from ..options import SamplerOptions, _int
 from .permutation import WindowPermutations, permute, round_keys
 
 __all__ = ["ORDER", "EpochOrder", "Sampler", "check_resume", "next_unseen", "per_rank",
@@ -126,12 +126,7 @@ def check_epoch(epoch, what: str) -> int:
         ArgumentTypeError: not an integer.
         ArgumentError: a negative one.
     """
-    if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, numbers.Integral):
-        raise ArgumentTypeError(f"{what}.set_epoch(epoch): epoch must be an int >= 0, not "
-                              f"{type(epoch).__name__} {epoch!r}")
-    if epoch < 0:
-        raise ArgumentError(f"{what}.set_epoch(epoch): epoch must be an int >= 0, not {epoch}")
-    return int(epoch)
+    return _int(f"{what}.set_epoch(epoch): epoch", epoch, 0)
 
 
 def check_resume(mine: dict, state, what: str) -> None:
