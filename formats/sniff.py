@@ -342,7 +342,7 @@ def jpeg_unsupported(frame: JpegFrame) -> str | None:
     if frame.marker in _HIERARCHICAL_SOF:
         return f"a {frame.kind} (hierarchical) frame, which libjpeg does not decode"
     if frame.precision != 8 and not (frame.lossless and 2 <= frame.precision <= 8):
-        return f"{frame.precision}-bit samples in a {frame.kind} frame (the decoder reads 8)"
+        return f"{frame.precision}-bit samples ({frame.kind} frame; the decoder reads 8-bit ones)"
     if frame.height == 0:
         return "height 0 in the frame header (set by a DNL marker, which libjpeg does not read)"
     if any(not (1 <= h <= 4 and 1 <= v <= 4) for h, v in frame.sampling):
