@@ -26,6 +26,7 @@ jpeg  the frame header (SOF segment) the header segments lead to: precision,
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from typing import NamedTuple
@@ -242,6 +243,9 @@ _SUBSAMPLING = (("4:4:4", 1, 1), ("4:2:2", 2, 1), ("4:2:0", 2, 2), ("4:4:0", 1, 
 _DECODED_SUBSAMPLING = frozenset(("4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1", "gray"))
 
 
+_FRAME_HEAD = struct.Struct(">HBHHB")  # length, precision, height, width, components
+
+
 class JpegFrame(NamedTuple):
     """A JPEG's frame header (its SOF segment), as :func:`jpeg_frame` reads it.
 
@@ -296,15 +300,23 @@ def jpeg_frame(data) -> JpegFrame:
     at = _frame_at(data)
     if at < 0:
         raise ValueError("no frame header (SOF) where the header segments lead")
-    head = bytes(data[at + 2 : at + 10])
-    if len(head) < 8:
+    segment = bytes(data[at + 2 : at + 22])  # long enough for four components
+    if len(segment) < 8:
         raise ValueError("frame header is cut short")
-    length, precision, height, width, count = struct.unpack(">HBHHB", head)
-    comps = bytes(data[at + 10 : at + 10 + 3 * count])
+    length, precision, height, width, count = _FRAME_HEAD.unpack_from(segment)
+    if count > 4:
+        segment = bytes(data[at + 2 : at + 10 + 3 * count])
+    comps = segment[8 : 8 + 3 * count]
     if count == 0 or length != 8 + 3 * count or len(comps) < 3 * count:
         raise ValueError(f"frame header of {length} bytes for {count} components")
-    sampling = tuple((b >> 4, b & 15) for b in comps[1::3])
-    return JpegFrame(data[at + 1], precision, height, width, sampling)
+    return JpegFrame(data[at + 1], precision, height, width, _sampling(comps[1::3]))
+
+
+@functools.lru_cache(maxsize=256)
+def _sampling(factors: bytes) -> tuple[tuple[int, int], ...]:
+    # A dataset holds a handful of samplings: decoded once each (the pack reads a
+    # frame header per JPEG, a few µs against the tens a file costs to copy).
+    return tuple((b >> 4, b & 15) for b in factors)
 
 
 def _subsampling(sampling: tuple[tuple[int, int], ...]) -> str | None:
@@ -339,6 +351,13 @@ def jpeg_unsupported(frame: JpegFrame) -> str | None:
 
     A lossless frame it may decode depends on its colour transform too, which the
     frame does not say: decode it to know (``packer`` does, for those alone)."""
+    return _unsupported(frame.marker, frame.precision, frame.height == 0, frame.sampling)
+
+
+@functools.lru_cache(maxsize=256)
+def _unsupported(marker: int, precision: int, dnl: bool,
+                 sampling: tuple[tuple[int, int], ...]) -> str | None:
+    frame = JpegFrame(marker, precision, 0 if dnl else 1, 1, sampling)
     if frame.marker in _HIERARCHICAL_SOF:
         return f"a {frame.kind} (hierarchical) frame, which libjpeg does not decode"
     if frame.precision != 8 and not (frame.lossless and 2 <= frame.precision <= 8):
