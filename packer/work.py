@@ -315,8 +315,7 @@ def _prepare_jpeg(data: bytes, n: int, opts: WorkOptions) -> Loaded:
     except ValueError as exc:
         raise _Bad("corrupt", f"bad JPEG header ({exc})") from None
     unsupported = jpeg_unsupported(frame)
-    if unsupported is None or not opts.keep_unsupported:
-        _refuse_unsupported(unsupported, opts)
+    _refuse_unsupported(unsupported, opts)
     _within_budget(frame.width, frame.height, "JPEG", opts)
     if not looks_complete(data, "jpeg"):
         raise _Bad("truncated", "JPEG has no end-of-image marker")
