@@ -1,5 +1,5 @@
 """The project's media facts by name: which file extensions name images, JPEGs and
-audio, and the extension each image kind is written under.
+audio, the extension each image kind is written under, and the pixel budget.
 
 A name says only what a file should hold; what it holds is told by its bytes
 (:mod:`formats.sniff`, the one table of magic bytes, and :mod:`formats.audio_header`),
@@ -11,7 +11,7 @@ WebDataset member's field) and what a writer calls a file.
 from __future__ import annotations
 
 __all__ = ["AUDIO_EXTENSIONS", "IMAGE_EXTENSION", "IMAGE_KINDS", "IMAGE_SUFFIXES",
-           "JPEG_SUFFIXES", "OTHER_IMAGE_SUFFIXES", "WEBDATASET_IMAGE_EXTENSIONS"]
+           "JPEG_SUFFIXES", "MAX_PIXELS", "OTHER_IMAGE_SUFFIXES", "WEBDATASET_IMAGE_EXTENSIONS"]
 
 #: The encoded image formats the project recognizes (what
 #: :func:`formats.sniff.image_kind` returns).
@@ -34,3 +34,10 @@ WEBDATASET_IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "b
 #: Audio file extensions (no dot): such a file is carried as ``bytes``, for the
 #: Loader's workers to decode.
 AUDIO_EXTENSIONS = frozenset({"wav", "flac", "mp3", "ogg", "opus", "m4a"})
+#: The pixel budget: the most pixels (width x height) an image's header may declare
+#: (2^28, about 16k x 16k: 805 MB as RGB). ``pack-dataset`` refuses a larger image as
+#: bad input (kind ``too-large``; ``--max-pixels`` raises it) and the Loader refuses
+#: one in a dataset packed before the check, before a byte of it is allocated: a
+#: header of a few bytes may declare 10^10 pixels. Pillow's own decompression-bomb
+#: error is at 179M.
+MAX_PIXELS = 1 << 28

@@ -19,18 +19,22 @@ tiff  the first IFD's ImageWidth (256) and ImageLength (257) entries, SHORT or
       LONG, in the file's byte order
 ====  ==========================================================================
 
-JPEG sizes come from :func:`simplejpeg.decode_jpeg_header` (its SOF parser).
+jpeg  the frame header (SOF segment) the header segments lead to: precision,
+      height and width big-endian u16, then per component its sampling factors
+      (:func:`jpeg_frame`; what the decoder reads: :func:`jpeg_unsupported`)
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
+from typing import NamedTuple
 
 from .media import IMAGE_KINDS
 
-__all__ = ["GZIP_MAGIC", "image_kind", "image_size", "image_type", "is_gray", "looks_complete",
-           "sniff"]
+__all__ = ["GZIP_MAGIC", "JpegFrame", "image_kind", "image_size", "image_type", "is_gray",
+           "jpeg_dct_scalable", "jpeg_frame", "jpeg_unsupported", "looks_complete", "sniff"]
 
 #: The first bytes of a gzip stream (RFC 1952).
 GZIP_MAGIC = b"\x1f\x8b"
@@ -199,37 +203,184 @@ def _tiff(d) -> tuple[int, int]:
     return found[256], found[257]
 
 
-def _jpeg(d: bytes) -> tuple[int, int]:
-    import simplejpeg
+def _jpeg(d) -> tuple[int, int]:
+    frame = jpeg_frame(d)
+    return frame.width, frame.height
 
-    height, width, _, _ = simplejpeg.decode_jpeg_header(bytes(d))
-    return width, height
 
+# -- JPEG frames ---------------------------------------------------------------------------
+#
+# What libjpeg-turbo (simplejpeg's decoder, and so the Loader's) decodes, found by
+# trying files of every kind (tests/formats/test_jpeg_admission.py writes them):
+#
+# * frames: baseline, extended and progressive DCT (SOF0-2), Huffman or arithmetic
+#   coded (SOF9-10); lossless (SOF3, SOF11) when the decode needs no colour
+#   conversion (checked by decoding: it depends on JFIF/Adobe markers and component
+#   ids). Hierarchical frames (SOF5-7, SOF13-15): never.
+# * precision: 8 bits (lossless: 2 to 8). 12- and 16-bit samples need the 12/16-bit
+#   API, which simplejpeg does not use ("Unsupported JPEG data precision 12").
+# * sampling: what TurboJPEG classifies (its getSubsamp, ported in _subsampling) as
+#   4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1 or gray. 4:4:1 it classifies too, but simplejpeg
+#   1.9's header call has no name for it (a raw ``KeyError: 6``), and the others (two
+#   components, 3x1, chroma sampled above luma...) it refuses.
 
 # SOF markers of lossless (predictive) JPEG: C3, C7, CB, CF. They have no DCT, so no
 # DCT-domain scale: simplejpeg's scaled decode of one corrupts memory and crashes.
 _LOSSLESS_SOF = frozenset((0xC3, 0xC7, 0xCB, 0xCF))
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG and DAC are not frames
+_HIERARCHICAL_SOF = frozenset((0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF))
+_SOF_NAMES = {0xC0: "baseline", 0xC1: "extended", 0xC2: "progressive", 0xC3: "lossless",
+              0xC5: "differential sequential", 0xC6: "differential progressive",
+              0xC7: "differential lossless", 0xC9: "arithmetic extended",
+              0xCA: "arithmetic progressive", 0xCB: "arithmetic lossless",
+              0xCD: "arithmetic differential sequential",
+              0xCE: "arithmetic differential progressive",
+              0xCF: "arithmetic differential lossless"}
+# TurboJPEG's subsampling kinds, as luma's (h, v) over 1x1 chroma, in its order
+# (TJSAMP_444, 422, 420, 440, 411, 441); the 4:4:1 entry is named, then refused.
+_SUBSAMPLING = (("4:4:4", 1, 1), ("4:2:2", 2, 1), ("4:2:0", 2, 2), ("4:4:0", 1, 2),
+                ("4:1:1", 4, 1), ("4:4:1", 1, 4))
+_DECODED_SUBSAMPLING = frozenset(("4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1", "gray"))
 
 
-def jpeg_dct_scalable(data) -> bool:
-    """Whether a JPEG's frame header (its SOF marker) names a DCT frame, which a
-    DCT-domain scale may decode; False for a lossless frame and for a file whose
-    header segments the walk cannot follow to a frame before the scan or the end
-    (each step moves at least two bytes: bounded by the data), so what it cannot
-    read is decoded whole."""
+_FRAME_HEAD = struct.Struct(">HBHHB")  # length, precision, height, width, components
+
+
+class JpegFrame(NamedTuple):
+    """A JPEG's frame header (its SOF segment), as :func:`jpeg_frame` reads it.
+
+    Attributes:
+        marker: the SOF marker's second byte (0xC0 baseline ... 0xCF).
+        precision: bits per sample.
+        height, width: the declared size (height 0: set later by a DNL marker).
+        sampling: each component's (horizontal, vertical) sampling factors.
+    """
+
+    marker: int
+    precision: int
+    height: int
+    width: int
+    sampling: tuple[tuple[int, int], ...]
+
+    @property
+    def kind(self) -> str:
+        """The frame's kind in words (``baseline``, ``progressive``, ``lossless``...)."""
+        return _SOF_NAMES.get(self.marker, f"SOF 0x{self.marker:02X}")
+
+    @property
+    def lossless(self) -> bool:
+        return self.marker in _LOSSLESS_SOF
+
+
+def _frame_at(data) -> int:
+    """Where the SOF marker is (its 0xFF), or -1 when the header segments cannot be
+    followed to one before the scan or the end (each step moves at least two
+    bytes: bounded by the data)."""
     at, n = 2, len(data)
     while True:
         while at + 1 < n and data[at] == 0xFF and data[at + 1] == 0xFF:
             at += 1  # fill bytes before a marker
         if at + 4 > n or data[at] != 0xFF:
-            return False
+            return -1
         marker = data[at + 1]
         if marker in _SOF:
-            return marker not in _LOSSLESS_SOF
+            return at
         if marker == 0xDA:  # the scan starts: no frame header before it
-            return False
+            return -1
         at += 2 + ((data[at + 2] << 8) | data[at + 3])
+
+
+def jpeg_frame(data) -> JpegFrame:
+    """The frame header of a JPEG (``data`` starting with its SOI marker).
+
+    Raises:
+        ValueError: no frame header where the header segments lead, or one that is
+            cut short or inconsistent (its length against its component count).
+    """
+    at = _frame_at(data)
+    if at < 0:
+        raise ValueError("no frame header (SOF) where the header segments lead")
+    segment = bytes(data[at + 2 : at + 22])  # long enough for four components
+    if len(segment) < 8:
+        raise ValueError("frame header is cut short")
+    length, precision, height, width, count = _FRAME_HEAD.unpack_from(segment)
+    if count > 4:
+        segment = bytes(data[at + 2 : at + 10 + 3 * count])
+    comps = segment[8 : 8 + 3 * count]
+    if count == 0 or length != 8 + 3 * count or len(comps) < 3 * count:
+        raise ValueError(f"frame header of {length} bytes for {count} components")
+    return JpegFrame(data[at + 1], precision, height, width, _sampling(comps[1::3]))
+
+
+@functools.lru_cache(maxsize=256)
+def _sampling(factors: bytes) -> tuple[tuple[int, int], ...]:
+    # A dataset holds a handful of samplings: decoded once each (the pack reads a
+    # frame header per JPEG, a few µs against the tens a file costs to copy).
+    return tuple((b >> 4, b & 15) for b in factors)
+
+
+def _subsampling(sampling: tuple[tuple[int, int], ...]) -> str | None:
+    """TurboJPEG's name for the sampling factors (getSubsamp in turbojpeg.c), or None.
+
+    One component is gray whatever its factors. Three (and four: CMYK/YCCK, whose
+    K follows luma) match a kind when luma is its (h, v) and chroma 1x1; or, as
+    4:2:2 / 4:4:0, luma 2x2 with chroma 1x2 / 2x1; or, as 4:4:4, every component
+    alike with at most 3 blocks each (an MCU holds at most 10)."""
+    n = len(sampling)
+    if n == 1:
+        return "gray"
+    if n not in (3, 4):
+        return None
+    luma = sampling[0]
+    for name, h, v in _SUBSAMPLING:
+        refs = [(1, 1), (1, 1), (h, v)][: n - 1]
+        if luma == (h, v) and list(sampling[1:]) == refs:
+            return name
+        if luma == (2, 2) and name in ("4:2:2", "4:4:0"):
+            chroma = (1, 2) if name == "4:2:2" else (2, 1)
+            if list(sampling[1:]) == [chroma, chroma, (2, 2)][: n - 1]:
+                return name
+        if name == "4:4:4" and luma[0] * luma[1] <= 3 and all(s == luma for s in sampling):
+            return name
+    return None
+
+
+def jpeg_unsupported(frame: JpegFrame) -> str | None:
+    """Why the Loader's decoder (simplejpeg, 8-bit libjpeg-turbo) cannot decode a
+    JPEG of this frame, in words; None when it can (the notes above).
+
+    A lossless frame it may decode depends on its colour transform too, which the
+    frame does not say: decode it to know (``packer`` does, for those alone)."""
+    return _unsupported(frame.marker, frame.precision, frame.height == 0, frame.sampling)
+
+
+@functools.lru_cache(maxsize=256)
+def _unsupported(marker: int, precision: int, dnl: bool,
+                 sampling: tuple[tuple[int, int], ...]) -> str | None:
+    frame = JpegFrame(marker, precision, 0 if dnl else 1, 1, sampling)
+    if frame.marker in _HIERARCHICAL_SOF:
+        return f"a {frame.kind} (hierarchical) frame, which libjpeg does not decode"
+    if frame.precision != 8 and not (frame.lossless and 2 <= frame.precision <= 8):
+        return f"{frame.precision}-bit samples ({frame.kind} frame; the decoder reads 8-bit ones)"
+    if frame.height == 0:
+        return "height 0 in the frame header (set by a DNL marker, which libjpeg does not read)"
+    if any(not (1 <= h <= 4 and 1 <= v <= 4) for h, v in frame.sampling):
+        return None  # not a frame at all: the header parse calls it corrupt
+    name = _subsampling(frame.sampling)
+    if name not in _DECODED_SUBSAMPLING:
+        factors = ", ".join(f"{h}x{v}" for h, v in frame.sampling)
+        what = f"{name} sampling" if name else f"{len(frame.sampling)} components sampled"
+        return f"{what} ({factors}), which the decoder does not read"
+    return None
+
+
+def jpeg_dct_scalable(data) -> bool:
+    """Whether a JPEG's frame header (its SOF marker) names a DCT frame, which a
+    DCT-domain scale may decode; False for a lossless frame and for a file whose
+    header segments the walk cannot follow to a frame before the scan or the end,
+    so what it cannot read is decoded whole."""
+    at = _frame_at(data)
+    return at >= 0 and data[at + 1] not in _LOSSLESS_SOF
 
 
 _SIZE = {"png": _png, "gif": _gif, "bmp": _bmp, "webp": _webp, "tiff": _tiff, "jpeg": _jpeg}

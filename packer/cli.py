@@ -18,6 +18,7 @@ import shlex
 import sys
 
 from formats.errors import ShardpackError
+from formats.media import MAX_PIXELS
 from formats.storage import URIError
 from formats.version import package_version
 
@@ -119,7 +120,12 @@ image field:
   are scaled (v/257), an alpha channel is dropped (as PIL's convert('RGB') does),
   grayscale stays gray, a GIF gives its first frame. Kinds: corrupt, truncated
   (no end marker, or shorter than its header says), unsupported (float samples,
-  over 268M pixels, a GIF before OpenCV 4.11).
+  a GIF before OpenCV 4.11), too-large (a header declaring more than 268,435,456
+  pixels, 2^28: --max-pixels raises it), unsupported-jpeg (a JPEG the Loader's
+  decoder cannot read: 12- or 16-bit samples, 4:4:1 or another sampling it does
+  not know, a hierarchical frame, a lossless one with a colour transform;
+  --keep-unsupported keeps these byte for byte, and the Loader then refuses each
+  with an error naming it, or skips it with on_error='skip').
 
 --to imagefolder:
   a folder per class, empty ones too, named so that sorted order is the label
@@ -232,6 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to-jpeg", action="store_true",
                    help="convert non-JPEG images (PNG, WebP, GIF, BMP, TIFF) to JPEG with "
                         "OpenCV: 16-bit scaled to 8, alpha dropped, gray kept")
+    p.add_argument("--max-pixels", type=_positive_int, default=None, metavar="N",
+                   help=f"the pixel budget: an image whose header declares more than N "
+                        f"pixels is bad input, too-large (default {MAX_PIXELS:,}); the "
+                        "Loader refuses such records too")
+    p.add_argument("--keep-unsupported", action="store_true",
+                   help="keep JPEGs the Loader cannot decode (unsupported-jpeg: 12-bit, "
+                        "4:4:1...) byte for byte instead of as bad input; read them with "
+                        "ds[i] and a decoder of your own")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="fail: stop at the first bad input (default); skip: list it in skipped.jsonl")
     p.add_argument("--resume", action="store_true",
@@ -321,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
             ray_address=args.ray_address, task_records=args.task_records,
             tfrecord_index=args.tfrecord_index, image_root=args.image_root,
             annotations=args.annotations, drop_empty=args.drop_empty,
-            field_types=tuple(args.field_types))
+            field_types=tuple(args.field_types),
+            max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
+            keep_unsupported=args.keep_unsupported)
         summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))
     # A URI that cannot be understood is usage too; what SRC or DST hold is not (below).
     except (UsageError, URIError) as exc:

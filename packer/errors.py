@@ -6,6 +6,11 @@ Everything found by looking at SRC or DST is a data error (exit status 1, one
 line): ``DestinationError`` for a DST that cannot take the pack as it is,
 ``formats.errors.InputError`` for SRC, and ``PackInputError`` for one bad input
 file, carrying the skip ``kind`` so the same value feeds ``skipped.jsonl``.
+
+Inside the packer, one input found bad deep in a check (an image's header, a file's
+text, a sample's field) is raised as the private :class:`_Bad` and caught where the
+input becomes an item with a skip kind; ``--on-error`` is applied to that item in
+one place (:func:`packer.loop.write_items`), never to the exception.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ class PackInputError(PackError):
         path: the file.
         kind: the skip kind (``missing``, ``unreadable``, ``empty``,
             ``not-an-image``, ``not-a-jpeg``, ``corrupt``, ``truncated``, ``unsupported``,
-            ``bad-name``).
+            ``unsupported-jpeg``, ``too-large``, ``bad-name``...).
         reason: what is wrong, in words.
     """
 
@@ -56,6 +61,14 @@ class PackInputError(PackError):
 
 def _rebuild_input(message, path, kind):
     return PackInputError(message, path=path, kind=kind)
+
+
+class _Bad(Exception):
+    """One bad input: its skip kind and the reason, in words (see the module docstring)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(kind, reason)
+        self.kind, self.reason = kind, reason
 
 
 class PackInterrupted(KeyboardInterrupt):

@@ -38,12 +38,12 @@ from formats.files import fsync_dir
 from formats.shard import ownership
 
 from .destination import WORK
-from .errors import PackError, PackInputError
+from .errors import PackError, PackInputError, _Bad
 from .options import PackOptions
 from .plan import created_by, listing_fingerprint, shuffle_order, work_options
 from .report import PackProgress, PackSummary
 from .resolve import open_sink
-from .sources.anyfiles import MAX_FILE_BYTES, FileProblem, file_value
+from .sources.anyfiles import MAX_FILE_BYTES, file_value
 from .sources.listing import Listing
 from .work import WorkOptions, iter_loaded, load, os_error, prepare, process_pool, read_file
 
@@ -155,7 +155,7 @@ def _member_items(listing: Listing, start: int, work: WorkOptions) -> Iterator[I
                 data = read_file(path, MAX_FILE_BYTES)
                 nbytes += len(data)
                 record[name] = file_value(fields[name], data, path)
-            except FileProblem as exc:
+            except _Bad as exc:
                 bad = (path, exc.kind, f"{os.path.basename(path)}: {exc.reason}")
                 break
             except OSError as exc:

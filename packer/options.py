@@ -7,6 +7,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from formats.media import MAX_PIXELS
+
 from .errors import UsageError
 
 __all__ = ["DEFAULT_TASK_RECORDS", "ENGINES", "ON_ERROR", "SOURCE_OPTIONS", "PackOptions",
@@ -97,6 +99,16 @@ class PackOptions:
             (listed and counted as skipped, kind ``no-annotations``).
         field_types: with ``source="filelist"``, ``(column, type)`` pairs that replace
             the inferred type of a column (:data:`packer.sources.columns.TYPES`).
+        max_pixels: the pixel budget: an image whose header declares more pixels
+            (width x height) is bad input, kind ``too-large`` (default
+            :data:`formats.media.MAX_PIXELS`, 2^28). Raise it only for a Loader that
+            raises it too: the Loader refuses such a record.
+        keep_unsupported: a JPEG the Loader's decoder cannot read (12- or 16-bit,
+            4:4:1 or other sampling it does not know, hierarchical, lossless with a
+            colour transform: kind ``unsupported-jpeg``) is kept byte for byte
+            instead of being bad input; the Loader refuses such a record (a typed
+            error naming it, or skipped with ``on_error="skip"``): read it with
+            ``ds[i]`` and a decoder of your own.
     """
 
     source: str | None = None
@@ -121,6 +133,8 @@ class PackOptions:
     annotations: str | None = None
     drop_empty: bool = False
     field_types: tuple[tuple[str, str], ...] = ()
+    max_pixels: int = MAX_PIXELS
+    keep_unsupported: bool = False
 
     def __post_init__(self) -> None:
         self._check_source_options()
@@ -137,13 +151,17 @@ class PackOptions:
                 object.__setattr__(self, "shard_size", parse_size(self.shard_size))
             except UsageError as exc:
                 raise UsageError(f"shard_size: {exc}") from None
-        for name in ("shard_size", "records_per_shard", "max_side", "task_records"):
+        for name in ("shard_size", "records_per_shard", "max_side", "task_records",
+                     "max_pixels"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise UsageError(f"{name} must be a positive integer, not {v!r}")
         if self.workers is not None and (not isinstance(self.workers, int) or
                                          isinstance(self.workers, bool) or self.workers < 0):
             raise UsageError(f"workers must be an integer >= 0, not {self.workers!r}")
+        if not isinstance(self.keep_unsupported, bool):
+            raise UsageError(f"keep_unsupported must be True or False, not "
+                             f"{self.keep_unsupported!r}")
         if not 1 <= self.quality <= 100:
             raise UsageError(f"quality must be in 1..100, not {self.quality}")
         if self.image_root is not None and self.source != "parquet":
@@ -214,9 +232,11 @@ class PackOptions:
                   "image_root"):
             del out[k]
         # Source options appear only when given: manifests of other packs stay as they were.
-        for k in ("annotations", "drop_empty", "field_types"):
+        for k in ("annotations", "drop_empty", "field_types", "keep_unsupported"):
             if not out[k]:
                 del out[k]
+        if out["max_pixels"] == MAX_PIXELS:
+            del out["max_pixels"]
         if self.engine == "local":
             del out["engine"], out["task_records"]
         else:

@@ -124,7 +124,8 @@ def work_options(options: PackOptions, location: Any = None) -> WorkOptions:
     an image field ``jpeg`` while every payload is a JPEG, and ``image`` from the
     first that is not (formats.DatasetWriter), so payloads are checked as images of
     any known format here."""
-    return WorkOptions("image", options.max_side, options.quality, options.to_jpeg, location)
+    return WorkOptions("image", options.max_side, options.quality, options.to_jpeg, location,
+                       options.max_pixels, options.keep_unsupported)
 
 
 def created_by(source_kind: str, source_path: str, options: PackOptions) -> dict[str, Any]:

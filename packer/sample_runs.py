@@ -24,8 +24,10 @@ import numpy as np
 
 from formats.fields import json_payload
 
+from .errors import _Bad
 from .loop import Item, Run
-from .schema import Bad, check_run, check_sample
+from .schema import check_run, check_sample
+from .work import WorkOptions
 
 __all__ = ["RUN_BYTES", "RUN_SAMPLES", "Runs", "freeze", "raised", "several"]
 
@@ -101,10 +103,11 @@ class Runs:
         part: the range (its ``fields`` and ``name(i, j)``: a
             :class:`packer.samples.SampleRange`).
         max_bytes: the shard size (a larger sample is bad input).
+        images: how image payloads are checked (:func:`packer.plan.work_options`).
     """
 
-    def __init__(self, part, max_bytes: int | None) -> None:
-        self.part, self.max_bytes = part, max_bytes
+    def __init__(self, part, max_bytes: int | None, images: WorkOptions) -> None:
+        self.part, self.max_bytes, self.images = part, max_bytes, images
         self.samples: list = []
         # Per input with samples in this run: (input, where its first is, its number
         # among the input's samples, whether the input is a generator).
@@ -143,8 +146,8 @@ class Runs:
             for k in range(at, end):
                 try:
                     record, nbytes = check_sample(samples[k], self.part.fields,
-                                                  self.max_bytes, "")
-                except Bad as bad:
+                                                  self.max_bytes, "", self.images)
+                except _Bad as bad:
                     name = self.part.name(i, j + k - at if many else None)
                     yield Item(None, None, name, name, 0, bad.kind, bad.reason)
                     continue

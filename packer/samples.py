@@ -66,7 +66,7 @@ from .engines.ray import check_destination, import_ray, on_ray
 from .errors import PackError, PackInterrupted, UsageError
 from .loop import Item, Run, open_writer, write_items
 from .options import DEFAULT_TASK_RECORDS, SOURCE_OPTIONS, PackOptions
-from .plan import check_paths
+from .plan import check_paths, work_options
 from .report import PackProgress, PackSummary
 from .sample_runs import Runs, freeze, raised, several
 from .schema import (
@@ -417,15 +417,15 @@ class SampleRange:
         """Pack these inputs into the fresh folder ``dst`` with the pack loop."""
         writer = open_writer(dst, self.fields, None, options, {})
         n = len(self.inputs)
-        write_items(self._items(options.shard_size, options.on_error == "skip"), writer,
+        write_items(self._items(options, options.on_error == "skip"), writer,
                     shards=True, total=n, start={}, plan=self.fingerprint, dst=dst,
                     options=options, progress=progress, summary=summary)
 
-    def _items(self, max_bytes: int | None, skip: bool) -> Iterator[Item | Run]:
+    def _items(self, options: PackOptions, skip: bool) -> Iterator[Item | Run]:
         """Every input's samples, in runs (:class:`packer.sample_runs.Runs`) as they come; an input whose
         function raises is one bad item after the samples it gave (kind ``raised``, or
         ``partial`` when it gave some: with ``skip`` they are written)."""
-        runs = Runs(self, max_bytes)
+        runs = Runs(self, options.shard_size, work_options(options))
         for i, x in enumerate(self.inputs):
             given, error = 0, None
             try:

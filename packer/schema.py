@@ -49,10 +49,10 @@ from formats.errors import SchemaError
 from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES, Field, json_payload
 from formats.sniff import image_kind
 
-from .errors import PackError, UsageError
+from .errors import PackError, UsageError, _Bad
 from .work import WorkOptions, prepare
 
-__all__ = ["INFER_SAMPLES", "Bad", "check_run", "check_sample", "describe", "infer_fields",
+__all__ = ["INFER_SAMPLES", "check_run", "check_sample", "describe", "infer_fields",
            "parse_schema", "per_box_fields"]
 
 #: How many samples (the first, in input order) inference reads.
@@ -60,14 +60,6 @@ INFER_SAMPLES = 64
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _ARRAY = re.compile(r"^\s*([<>|=]?[A-Za-z]+\d*)\s*\[(.*)\]\s*$")
 _IMAGES = WorkOptions("image")  # image payloads are checked, never re-encoded
-
-
-class Bad(Exception):
-    """One sample that does not fit: its skip kind and the reason, in words."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(kind, reason)
-        self.kind, self.reason = kind, reason
 
 
 # -- the compact spelling -------------------------------------------------------------------
@@ -215,7 +207,7 @@ def per_box_fields(fields: tuple[Field, ...]) -> tuple[str, ...]:
 # -- checking one sample --------------------------------------------------------------------
 
 def check_sample(sample: Any, fields: tuple[Field, ...], max_bytes: int | None,
-                 name: str) -> tuple[dict[str, Any], int]:
+                 name: str, images: WorkOptions = _IMAGES) -> tuple[dict[str, Any], int]:
     """``sample`` as the record to write, and its payload bytes.
 
     Args:
@@ -223,28 +215,30 @@ def check_sample(sample: Any, fields: tuple[Field, ...], max_bytes: int | None,
         fields: the schema.
         max_bytes: the shard size: a larger sample is refused (None: no bound).
         name: how the input is named (image payloads are checked under it).
+        images: how image payloads are checked (the pixel budget, whether a JPEG
+            the Loader cannot decode is kept); never re-encoded.
 
     Raises:
-        Bad: the sample does not fit (kinds ``not-a-dict``, ``fields``, ``type``,
+        _Bad: the sample does not fit (kinds ``not-a-dict``, ``fields``, ``type``,
             ``dtype``, ``shape``, ``not-utf8``, ``not-json``, ``too-large``, and the
             image kinds of :func:`packer.work.prepare`).
     """
     if not isinstance(sample, dict):
-        raise Bad("not-a-dict", f"the function gave a {type(sample).__name__}, not a dict "
+        raise _Bad("not-a-dict", f"the function gave a {type(sample).__name__}, not a dict "
                   "of field -> value")
     if len(sample) != len(fields) or any(f.name not in sample for f in fields):
         missing = [f.name for f in fields if f.name not in sample]
         extra = [k for k in sample if k not in {f.name for f in fields}]
-        raise Bad("fields", f"missing {missing}, unknown {extra}; the schema's fields are "
+        raise _Bad("fields", f"missing {missing}, unknown {extra}; the schema's fields are "
                   f"{[f.name for f in fields]}")
     record = {}
     nbytes = 0
     for f in fields:
-        value, n = _value(f, sample[f.name], name)
+        value, n = _value(f, sample[f.name], name, images)
         record[f.name] = value
         nbytes += n
     if max_bytes is not None and nbytes > max_bytes:
-        raise Bad("too-large", f"{nbytes:,} bytes, more than the shard size ({max_bytes:,}); "
+        raise _Bad("too-large", f"{nbytes:,} bytes, more than the shard size ({max_bytes:,}); "
                   "raise shard_size")
     return record, nbytes
 
@@ -315,19 +309,19 @@ def _column_bytes(f: Field, values: list) -> np.ndarray | int | None:
     return None  # images: each payload is checked by its header, one by one
 
 
-def _wrong(f: Field, value: Any) -> Bad:
-    return Bad("type", f"field {f.name!r}: a {type(value).__name__}, where the schema says "
+def _wrong(f: Field, value: Any) -> _Bad:
+    return _Bad("type", f"field {f.name!r}: a {type(value).__name__}, where the schema says "
                f"{describe(f)}")
 
 
-def _value(f: Field, value: Any, name: str) -> tuple[Any, int]:
+def _value(f: Field, value: Any, name: str, images: WorkOptions) -> tuple[Any, int]:
     t = f.type
     if t == "int":
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise _wrong(f, value)
         value = int(value)
         if not _INT64[0] <= value <= _INT64[1]:
-            raise Bad("type", f"field {f.name!r}: {value} does not fit in an int64")
+            raise _Bad("type", f"field {f.name!r}: {value} does not fit in an int64")
         return value, 8
     if t == "float":
         if isinstance(value, (bool, np.bool_)) or \
@@ -340,21 +334,21 @@ def _value(f: Field, value: Any, name: str) -> tuple[Any, int]:
         try:
             return value, len(value.encode("utf-8"))
         except UnicodeEncodeError as exc:
-            raise Bad("not-utf8", f"field {f.name!r}: not valid UTF-8 text (a lone surrogate "
+            raise _Bad("not-utf8", f"field {f.name!r}: not valid UTF-8 text (a lone surrogate "
                       f"{value[exc.start]!r} at index {exc.start})") from None
     if t in BYTES_TYPES:
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise _wrong(f, value)
         if t in IMAGE_TYPES:
-            got = prepare(bytes(value) if not isinstance(value, bytes) else value, name, _IMAGES)
+            got = prepare(bytes(value) if not isinstance(value, bytes) else value, name, images)
             if got.kind is not None:
-                raise Bad(got.kind, f"field {f.name!r}: {got.reason}")
+                raise _Bad(got.kind, f"field {f.name!r}: {got.reason}")
         return value, len(value)
     if t == "json":
         try:
             n = len(json_payload(value))  # as the writer encodes it: mixed key types fail here
         except (TypeError, ValueError, RecursionError) as exc:
-            raise Bad("not-json", f"field {f.name!r}: not JSON ({exc})") from None
+            raise _Bad("not-json", f"field {f.name!r}: not JSON ({exc})") from None
         return value, n
     return value, _array_bytes(f, value)
 
@@ -363,10 +357,10 @@ def _array_bytes(f: Field, value: Any) -> int:
     if not isinstance(value, np.ndarray):
         raise _wrong(f, value)
     if value.dtype.newbyteorder("<") != np.dtype(f.dtype):  # byte order aside (stored LE)
-        raise Bad("dtype", f"field {f.name!r}: an ndarray of {value.dtype.str}, where the schema "
+        raise _Bad("dtype", f"field {f.name!r}: an ndarray of {value.dtype.str}, where the schema "
                   f"says {describe(f)} (cast it in the function: .astype({f.dtype!r}))")
     if value.ndim != len(f.shape) or any(
             d is not None and d != n for d, n in zip(f.shape, value.shape, strict=True)):
-        raise Bad("shape", f"field {f.name!r}: shape {list(value.shape)}, where the schema says "
+        raise _Bad("shape", f"field {f.name!r}: shape {list(value.shape)}, where the schema says "
                   f"{describe(f)} (declare a varying dimension as None in schema=)")
     return value.nbytes + (0 if f.fixed_shape else 8 * (1 + value.ndim))

@@ -29,10 +29,20 @@ import numpy as np
 import simplejpeg
 
 from formats.errors import MissingObjectError, ObjectTooLargeError, StorageError
-from formats.media import JPEG_SUFFIXES
-from formats.sniff import image_kind, image_size, is_gray, jpeg_dct_scalable, looks_complete
+from formats.media import JPEG_SUFFIXES, MAX_PIXELS
+from formats.sniff import (
+    image_kind,
+    image_size,
+    is_gray,
+    jpeg_dct_scalable,
+    jpeg_frame,
+    jpeg_unsupported,
+    looks_complete,
+)
 
-__all__ = ["MAX_OBJECT_BYTES", "MAX_PIXELS", "Loaded", "WorkOptions", "iter_loaded", "load",
+from .errors import _Bad
+
+__all__ = ["MAX_OBJECT_BYTES", "Loaded", "WorkOptions", "iter_loaded", "load",
            "os_error", "prepare", "process_pool", "read_file", "worker_init"]
 
 # One input read from object storage is refused beyond this (a bound on memory).
@@ -71,6 +81,9 @@ class WorkOptions:
         to_jpeg: convert non-JPEG images to JPEG.
         location: for a source on object storage, the ``formats.storage.Location``
             that paths are relative to.
+        max_pixels: a larger image (by its header) is bad input, kind ``too-large``.
+        keep_unsupported: keep a JPEG the Loader's decoder cannot read (kind
+            ``unsupported-jpeg``) byte for byte instead.
     """
 
     image_type: str = "jpeg"
@@ -78,6 +91,8 @@ class WorkOptions:
     quality: int = 90
     to_jpeg: bool = False
     location: Any = None
+    max_pixels: int = MAX_PIXELS
+    keep_unsupported: bool = False
 
     @property
     def needs_processes(self) -> bool:
@@ -133,21 +148,10 @@ def os_error(path: str, exc: OSError) -> Loaded:
 # A non-JPEG image over --max-side without --to-jpeg is resized and stored as a PNG
 # (lossless; depth and alpha kept): the field is typed ``image``, whose readers sniff.
 
-# Pixels an image may claim before it is decoded; beyond, it is refused as
-# "unsupported" (a bound on memory: Pillow's own decompression-bomb error is at 179M).
-MAX_PIXELS = 1 << 28
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: the signal a process gets when its parent dies
 # The smallest GIF (1x1): whether this OpenCV decodes GIF at all (4.11 and later do).
 _TINY_GIF = bytes.fromhex("47494638396101000100800000ffffff00000021f904010000"
                           "00002c00000000010001000002024401003b")
-
-
-class _Bad(Exception):
-    """A skip kind and its reason, raised and caught inside :func:`prepare` only."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(kind, reason)
-        self.kind, self.reason = kind, reason
 
 
 def _target(width: int, height: int, max_side: int) -> tuple[int, int]:
@@ -195,9 +199,6 @@ def _decode(data: bytes, kind: str, width: int, height: int, gray: bool) -> np.n
     """Every pixel of a non-JPEG image at its own depth (alpha kept unless ``gray``)."""
     import cv2
 
-    if width * height > MAX_PIXELS:
-        raise _Bad("unsupported", f"{kind.upper()} of {width}x{height} pixels: more than "
-                   f"{MAX_PIXELS:,} to decode")
     flags = cv2.IMREAD_GRAYSCALE | cv2.IMREAD_ANYDEPTH if gray else cv2.IMREAD_UNCHANGED
     try:
         arr = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
@@ -278,7 +279,8 @@ def prepare(data: bytes, name: str, opts: WorkOptions) -> Loaded:
     Returns:
         The bytes to store with their size, or the skip kind and reason: bad input
         comes back as a kind (``empty``, ``corrupt``, ``truncated``, ``not-an-image``,
-        ``not-a-jpeg``, ``unsupported``), never raised.
+        ``not-a-jpeg``, ``unsupported``, ``unsupported-jpeg``, ``too-large``), never
+        raised.
     """
     n = len(data)
     if not n:
@@ -295,13 +297,41 @@ def prepare(data: bytes, name: str, opts: WorkOptions) -> Loaded:
         return Loaded(None, None, None, n, exc.kind, exc.reason)
 
 
+def _within_budget(width: int, height: int, name: str, opts: WorkOptions) -> None:
+    """The pixel budget (:data:`formats.media.MAX_PIXELS`), from the header alone."""
+    if width * height > opts.max_pixels:
+        raise _Bad("too-large", f"{name} header declares {width}x{height} = "
+                   f"{width * height:,} pixels, more than the {opts.max_pixels:,}-pixel "
+                   "budget (--max-pixels raises it)")
+
+
 def _prepare_jpeg(data: bytes, n: int, opts: WorkOptions) -> Loaded:
+    """A JPEG is admitted by its frame header (:func:`formats.sniff.jpeg_unsupported`:
+    what the Loader's decoder reads), its size and its end marker; it is decoded only
+    to re-encode, or when lossless (whether one decodes depends on its colour
+    transform, which no header field says)."""
     try:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        frame = jpeg_frame(data)
     except ValueError as exc:
         raise _Bad("corrupt", f"bad JPEG header ({exc})") from None
+    unsupported = jpeg_unsupported(frame)
+    _refuse_unsupported(unsupported, opts)
+    _within_budget(frame.width, frame.height, "JPEG", opts)
     if not looks_complete(data, "jpeg"):
         raise _Bad("truncated", "JPEG has no end-of-image marker")
+    if unsupported is None:
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except (ValueError, KeyError) as exc:  # KeyError: a sampling simplejpeg cannot name
+            raise _Bad("corrupt", f"bad JPEG header ({exc})") from None
+        if frame.lossless:
+            unsupported = _lossless_problem(data)
+            _refuse_unsupported(unsupported, opts)
+    if unsupported is not None:  # kept, as asked: stored byte for byte, never decoded
+        if opts.max_side is not None and max(frame.width, frame.height) > opts.max_side:
+            raise _Bad("unsupported-jpeg", f"JPEG with {unsupported}: it cannot be shrunk "
+                       f"to --max-side {opts.max_side}")
+        return Loaded(data, frame.width, frame.height, n, header=(frame.width, frame.height))
     header = (width, height)
     if opts.max_side is not None and max(width, height) > opts.max_side:
         try:
@@ -310,6 +340,29 @@ def _prepare_jpeg(data: bytes, n: int, opts: WorkOptions) -> Loaded:
         except ValueError as exc:
             raise _Bad("corrupt", f"JPEG does not decode ({exc})") from None
     return Loaded(data, width, height, n, header=header)
+
+
+def _refuse_unsupported(unsupported: str | None, opts: WorkOptions) -> None:
+    if unsupported is not None and not opts.keep_unsupported:
+        raise _Bad("unsupported-jpeg", f"JPEG with {unsupported}; --keep-unsupported keeps "
+                   "such files as they are")
+
+
+def _lossless_problem(data: bytes) -> str | None:
+    """Why the Loader cannot decode a lossless JPEG, or None: libjpeg-turbo converts no
+    colours in lossless mode, so only a frame stored as RGB decodes to RGB (tried
+    here, as the Loader decodes; lossless files are rare, the decode affordable).
+
+    Raises:
+        _Bad: ``corrupt``, the decode fails for another reason.
+    """
+    try:
+        simplejpeg.decode_jpeg(data, "RGB")
+    except ValueError as exc:
+        if "color conversion" in str(exc):
+            return "a lossless frame whose colours the decoder cannot convert to RGB"
+        raise _Bad("corrupt", f"JPEG does not decode ({exc})") from None
+    return None
 
 
 def _prepare_other(data: bytes, kind: str, n: int, opts: WorkOptions) -> Loaded:
@@ -321,6 +374,7 @@ def _prepare_other(data: bytes, kind: str, n: int, opts: WorkOptions) -> Loaded:
         height, width = image_size(data, kind)
     except ValueError as exc:
         raise _Bad("corrupt", f"{name} header does not parse ({exc})") from None
+    _within_budget(width, height, name, opts)
     if not looks_complete(data, kind):
         raise _Bad("truncated", f"{name} is shorter than its header says, or has no end marker")
     header = (width, height)

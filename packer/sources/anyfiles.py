@@ -57,21 +57,14 @@ from formats.fields import Field, json_payload
 from formats.media import AUDIO_EXTENSIONS, IMAGE_SUFFIXES, JPEG_SUFFIXES
 from formats.npy import read_npy_header
 
-__all__ = ["MAX_FILE_BYTES", "FileProblem", "file_value", "group_files",
-           "npy_header", "type_fields"]
+from ..errors import _Bad
+
+__all__ = ["MAX_FILE_BYTES", "file_value", "group_files", "npy_header", "type_fields"]
 
 #: The largest file read as one value (what the packer reads from object storage too).
 MAX_FILE_BYTES = 1 << 30
 _TEXT_PROBE = 1 << 20  # how much of the first file of an unknown extension is looked at
 _NPY_HEADER = 1 << 16
-
-
-class FileProblem(Exception):
-    """A file that cannot be its field's value: a skip kind and the reason."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(kind, reason)
-        self.kind, self.reason = kind, reason
 
 
 def group_files(found: list[tuple[str, str, Any]]
@@ -104,12 +97,12 @@ def npy_header(data: bytes) -> tuple[np.dtype, tuple[int, ...], bool, int]:
     """(dtype, shape, fortran order, data offset) of an ``.npy`` file's first bytes.
 
     Raises:
-        FileProblem: not an ``.npy`` header, or a dtype holding Python objects.
+        _Bad: not an ``.npy`` header, or a dtype holding Python objects.
     """
     try:
         return read_npy_header(data)
     except ValueError as exc:
-        raise FileProblem("bad-array", str(exc)) from None
+        raise _Bad("bad-array", str(exc)) from None
 
 
 def _head(path: str, n: int) -> bytes:
@@ -181,7 +174,7 @@ def _array_field(name: str, paths: list[tuple[int, str]],
             dtype, shape, _, _ = npy_header(_head(p, _NPY_HEADER))
         except OSError:
             continue  # reading it at pack time says what is wrong
-        except FileProblem as bad:
+        except _Bad as bad:
             problems[i] = (bad.kind, f"{os.path.basename(p)}: {bad.reason}")
             continue
         dtype = dtype.newbyteorder("<")  # either byte order: stored little-endian
@@ -203,7 +196,7 @@ def file_value(f: Field, data: bytes, name: str) -> Any:
     checks those).
 
     Raises:
-        FileProblem: the file is not what its field holds.
+        _Bad: the file is not what its field holds.
     """
     if f.type == "bytes":
         return data
@@ -211,32 +204,32 @@ def file_value(f: Field, data: bytes, name: str) -> Any:
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise FileProblem("not-text", f"not UTF-8 text (byte {exc.start}), where field "
+            raise _Bad("not-text", f"not UTF-8 text (byte {exc.start}), where field "
                               f"{f.name!r} holds text") from None
     if f.type == "json":
         try:
             value = parse_json(data, path=name, what="JSON file", error=FormatError,
                                max_bytes=MAX_FILE_BYTES)
         except FormatError as exc:
-            raise FileProblem("bad-json", exc.message) from None
+            raise _Bad("bad-json", exc.message) from None
         try:
             json_payload(value)  # what the writer stores must exist
         except (TypeError, ValueError, RecursionError) as exc:
-            raise FileProblem("bad-json", f"JSON that cannot be stored as JSON text ({exc}: "
+            raise _Bad("bad-json", f"JSON that cannot be stored as JSON text ({exc}: "
                               "NaN, Infinity, a number beyond a float, or a lone "
                               "surrogate)") from None
         return value
     dtype, shape, fortran, offset = npy_header(data[:_NPY_HEADER])
     if dtype.names is not None or dtype.subdtype is not None:
-        raise FileProblem("bad-array", f"an array of the structured dtype {dtype}, which is not "
+        raise _Bad("bad-array", f"an array of the structured dtype {dtype}, which is not "
                           "stored: save each of its fields as an array of its own")
     if dtype.newbyteorder("<") != np.dtype(f.dtype) or len(shape) != len(f.shape) or any(
             d is not None and d != n for d, n in zip(f.shape, shape, strict=True)):
-        raise FileProblem("bad-array", f"{dtype.str} {list(shape)}, where field {f.name!r} "
+        raise _Bad("bad-array", f"{dtype.str} {list(shape)}, where field {f.name!r} "
                           f"holds {f.dtype} {list(f.shape)}")
     count = int(np.prod(shape, dtype=np.int64))
     if len(data) - offset != count * dtype.itemsize:
-        raise FileProblem("bad-array", f"{len(data) - offset} bytes of data, where its header "
+        raise _Bad("bad-array", f"{len(data) - offset} bytes of data, where its header "
                           f"says {count * dtype.itemsize}")
     arr = np.frombuffer(data, dtype, count, offset).reshape(shape, order="F" if fortran else "C")
     if dtype.byteorder == ">":

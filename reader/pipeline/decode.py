@@ -114,6 +114,7 @@ from typing import Literal
 import numpy as np
 import simplejpeg
 
+from formats import media
 from formats.sniff import image_kind, jpeg_dct_scalable
 from formats.sniff import image_size as header_size  # the same (height, width), from a header
 
@@ -137,11 +138,42 @@ def describe_bytes(data: memoryview | bytes) -> str:
     return f"{len(data)} bytes starting {head!r}"
 
 
+def within_budget(height: int, width: int, data: memoryview | bytes) -> tuple[int, int]:
+    """``(height, width)``, once the header's size is within the pixel budget
+    (:data:`formats.media.MAX_PIXELS`, read when called): checked before any pixel
+    buffer is allocated, since a header of a few bytes may declare 10^10 pixels
+    (a dataset packed before ``pack-dataset`` checked it).
+
+    Raises:
+        DecodeError: more pixels than the budget (the worker adds shard and record).
+    """
+    if height * width > media.MAX_PIXELS:
+        raise DecodeError(f"image header declares {width}x{height} = {width * height:,} "
+                          f"pixels, more than the {media.MAX_PIXELS:,}-pixel budget "
+                          f"(formats.media.MAX_PIXELS); nothing was decoded "
+                          f"({describe_bytes(data)})")
+    return height, width
+
+
+def check_header_budget(data: memoryview | bytes) -> None:
+    """:func:`within_budget` for a non-JPEG image whose header gives its size (one
+    whose header does not parse is left to its decoder to refuse)."""
+    kind = image_kind(data)
+    if kind is not None:
+        try:
+            height, width = header_size(data, kind)
+        except ValueError:
+            return
+        within_budget(height, width, data)
+
+
 def _other_decode(data: memoryview | bytes) -> np.ndarray:
     """Decode a non-JPEG image as RGB, alpha dropped like torchvision's loader: OpenCV
     (a core dependency: PNG, WebP, BMP, TIFF, GIF from 4.11), else Pillow when it is
     installed; 16-bit samples come out as their high bytes."""
     import cv2
+
+    check_header_budget(data)
 
     try:
         arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) if len(data) else None
@@ -170,7 +202,10 @@ def _jpeg_header(data: memoryview | bytes, **scale: int) -> tuple[int, int]:
         height, width, _, _ = simplejpeg.decode_jpeg_header(data, **scale)
     except ValueError as exc:
         raise DecodeError(f"corrupt JPEG header ({describe_bytes(data)}): {exc}") from exc
-    return height, width
+    except KeyError as exc:  # simplejpeg 1.9 has no name for TurboJPEG's 4:4:1
+        raise DecodeError(f"unsupported JPEG sampling ({describe_bytes(data)}): "
+                          "4:4:1") from exc
+    return within_budget(height, width, data)
 
 
 def decode_full(data: memoryview | bytes) -> np.ndarray:
@@ -201,9 +236,11 @@ def image_size(data: memoryview | bytes) -> tuple[int, int]:
     kind = image_kind(data)
     if kind is not None:
         try:
-            return header_size(data, kind)
+            height, width = header_size(data, kind)
         except ValueError:
             pass  # a header we cannot read: decoding says what is wrong
+        else:
+            return within_budget(height, width, data)
     return _other_decode(data).shape[:2]
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from formats.fields import BOXES_FIELD, IMAGE_TYPES
 
 from ..errors import DecodeError
-from .decode import describe_bytes, target_region
+from .decode import check_header_budget, describe_bytes, target_region
 from .geometry import Plan, move_boxes, move_keypoints
 
 __all__ = ["KERNELS", "Kernel", "KernelParams", "is_mask_name", "var_rows"]
@@ -221,6 +221,7 @@ def _mask_decode(data: memoryview | bytes) -> np.ndarray:
     """A label mask as stored (PNG, 8-bit, one channel; the first channel of a colour one)."""
     import cv2
 
+    check_header_budget(data)  # before OpenCV allocates what the header declares
     try:
         arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if len(data) else None
     except cv2.error:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from formats import media
 from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 
 from ..order.batching import field_sizes, known_image_sizes
@@ -165,6 +166,9 @@ def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
                 hw[r] = image_size(ds.payload(r, image))
             except Exception:
                 continue  # a corrupt image: the worker reports (or skips) it when read
+    over = hw[:, 0].astype(np.int64) * hw[:, 1] > media.MAX_PIXELS
+    if over.any():  # never a slot for a pixel bomb: the worker refuses (or skips) it
+        hw = np.where(over[:, None], 0, hw)
     return hw[:, 0], hw[:, 1]
 
 

@@ -24,10 +24,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import formats
+from formats.media import MAX_PIXELS
 from formats.sniff import image_kind, image_size, sniff
 from packer import PackOptions, pack
 from packer.errors import PackInputError
-from packer.work import MAX_PIXELS, WorkOptions, prepare
+from packer.work import WorkOptions, prepare
 from tests.helpers_paths import ROOT
 
 # OpenCV decodes GIF from 4.11 on (the core dependency allows 4.8): before, --to-jpeg
@@ -116,7 +117,7 @@ def bad_inputs(rng) -> dict[str, tuple[bytes, str]]:
         "cut.png": (png[: len(png) // 2], "truncated"),
         "cut.webp": (encode(".webp", colour(rng, 40, 50))[:60], "truncated"),
         "garbage.png": (garbage, "corrupt"),        # header fine, pixels not: on decode
-        "huge.png": (png_with_ihdr(70_000, 70_000), "unsupported"),  # never decoded
+        "huge.png": (png_with_ihdr(70_000, 70_000), "too-large"),  # never decoded
         "float.tiff": (float_tiff, "unsupported"),
         "empty.png": (b"", "empty"),
         "notes.png": (b"just text", "not-an-image"),
@@ -127,7 +128,7 @@ def bad_inputs(rng) -> dict[str, tuple[bytes, str]]:
 def test_bad_images_come_back_as_a_kind_never_raised(rng, to_jpeg):
     for name, (data, kind) in bad_inputs(rng).items():
         got = prepare(data, name, WorkOptions(image_type="image", to_jpeg=to_jpeg))
-        decoded_only = name in ("garbage.png", "huge.png", "float.tiff")
+        decoded_only = name in ("garbage.png", "float.tiff")
         want = kind if to_jpeg or not decoded_only else None
         assert got.kind == want, (name, got)
         assert (got.data is None) == (want is not None)
@@ -137,7 +138,7 @@ def test_bad_images_come_back_as_a_kind_never_raised(rng, to_jpeg):
 
 def test_a_huge_header_is_refused_before_any_pixel_is_decoded():
     got = prepare(png_with_ihdr(70_000, 70_000), "a.png", WorkOptions(to_jpeg=True))
-    assert got.kind == "unsupported" and f"{MAX_PIXELS:,}" in got.reason
+    assert got.kind == "too-large" and f"{MAX_PIXELS:,}" in got.reason
 
 
 @given(prefix=st.sampled_from([b"\x89PNG\r\n\x1a\n", b"GIF89a", b"II*\x00", b"MM\x00*",

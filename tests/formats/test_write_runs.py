@@ -15,7 +15,8 @@ import packer.sample_runs
 from formats import DatasetWriter, Field
 from formats.errors import SchemaError
 from formats.shard.dataset_writer import JOURNAL_NAME
-from packer.schema import Bad, check_run, check_sample
+from packer.errors import _Bad as Bad
+from packer.schema import check_run, check_sample
 from tests.helpers_packer import dataset_files, jpeg, pack_fn, png
 
 FIELDS = (
