@@ -43,7 +43,8 @@ class PackInputError(PackError):
         path: the file.
         kind: the skip kind (``missing``, ``unreadable``, ``empty``,
             ``not-an-image``, ``not-a-jpeg``, ``corrupt``, ``truncated``, ``unsupported``,
-            ``unsupported-jpeg``, ``too-large``, ``bad-name``...).
+            ``unsupported-jpeg``, ``too-large`` (over the pixel budget), ``over-shard-size``,
+            ``bad-name``...).
         reason: what is wrong, in words.
     """
 

@@ -183,7 +183,7 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence, dst: str | os.PathL
             * ``workers``: processes running ``fn`` and writing, a range each (None:
               one per core; 0: in this process); with ``engine="ray"``, ranges at once;
             * ``shard_size`` (bytes or ``"64MB"``; a sample larger than it is bad
-              input, kind ``too-large``) or ``records_per_shard``: when a shard seals;
+              input, kind ``over-shard-size``) or ``records_per_shard``: when a shard seals;
             * ``on_error``: ``fail`` stops at the first bad input naming it; ``skip``
               lists it in ``dst/skipped.jsonl`` and goes on;
             * ``resume``: finish an interrupted pack of the same function, inputs and

@@ -220,7 +220,7 @@ def check_sample(sample: Any, fields: tuple[Field, ...], max_bytes: int | None,
 
     Raises:
         _Bad: the sample does not fit (kinds ``not-a-dict``, ``fields``, ``type``,
-            ``dtype``, ``shape``, ``not-utf8``, ``not-json``, ``too-large``, and the
+            ``dtype``, ``shape``, ``not-utf8``, ``not-json``, ``over-shard-size``, and the
             image kinds of :func:`packer.work.prepare`).
     """
     if not isinstance(sample, dict):
@@ -238,7 +238,7 @@ def check_sample(sample: Any, fields: tuple[Field, ...], max_bytes: int | None,
         record[f.name] = value
         nbytes += n
     if max_bytes is not None and nbytes > max_bytes:
-        raise _Bad("too-large", f"{nbytes:,} bytes, more than the shard size ({max_bytes:,}); "
+        raise _Bad("over-shard-size", f"{nbytes:,} bytes, more than the shard size ({max_bytes:,}); "
                   "raise shard_size")
     return record, nbytes
 

@@ -158,7 +158,7 @@ BAD = {
     "wrong-type": (wrong_type, "type", "'x': a str, where the schema says int"),
     "wrong-dtype": (wrong_dtype, "dtype", "<i8, where the schema says <i4[3]"),
     "surrogate": (surrogate, "not-utf8", "not valid UTF-8"),
-    "too-large": (big, "too-large", "more than the shard size"),
+    "over-shard-size": (big, "over-shard-size", "more than the shard size"),
 }
 
 
