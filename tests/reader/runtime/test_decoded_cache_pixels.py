@@ -17,6 +17,7 @@ import math
 import threading
 from collections import Counter
 
+import cv2
 import numpy as np
 import pytest
 import simplejpeg
@@ -25,7 +26,7 @@ from PIL import Image
 from formats import DatasetWriter, Field
 from reader import DecodedCacheOptions, Loader
 from reader.pipeline import roi
-from reader.pipeline.decode import _dct_factor
+from reader.pipeline.decode import _dct_factor, image_size
 from reader.pipeline.imaging import DecoderPipeline
 from reader.runtime.decoded_cache import DecodedCache
 from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
@@ -49,9 +50,21 @@ def _encode(img: np.ndarray, kind: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def jpegs() -> list[tuple[str, bytes]]:
+    """JPEGs of every layout and size, and images every plan decodes whole: a PNG and,
+    where the roi extra's encoder is installed, a lossless JPEG (no DCT to scale)."""
     rng = np.random.default_rng(35)
-    return [(f"{kind} {w}x{h}", _encode(synth_image(rng, w, h), kind))
-            for kind in KINDS for w, h in SIZES]
+    out = [(f"{kind} {w}x{h}", _encode(synth_image(rng, w, h), kind))
+           for kind in KINDS for w, h in SIZES]
+    out.append(("png 250x180", cv2.imencode(".png", synth_image(rng, 250, 180))[1].tobytes()))
+    try:
+        import turbojpeg
+    except ImportError:
+        return out
+    if hasattr(turbojpeg, "SAMP"):  # not PyTurboJPEG's module of the same name
+        data = turbojpeg.compress(synth_image(rng, 240, 200), 100, turbojpeg.SAMP.Y444,
+                                  lossless=True)
+        out.append(("lossless 240x200", data))
+    return out
 
 
 def _random_pipeline(rng: np.random.Generator) -> tuple[ImagePipeline, int | None]:
@@ -70,7 +83,7 @@ def _random_pipeline(rng: np.random.Generator) -> tuple[ImagePipeline, int | Non
 
 
 def test_ten_thousand_random_crops_from_the_cache_are_the_uncached_ones(jpegs, rng):
-    sizes = [simplejpeg.decode_jpeg_header(d)[:2] for _, d in jpegs]
+    sizes = [image_size(d) for _, d in jpegs]
     whole = sum(h * w * 3 for h, w in sizes)
     seen = Counter()
     bad = []
