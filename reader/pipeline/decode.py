@@ -461,15 +461,17 @@ class Decoder:
                    scale: int, out: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
         """Steps 1-4 for a record whose decoded pixels ``image`` are at hand (a cache
         hit, or a miss just decoded by :meth:`decode_for_cache`, with its ``height``,
-        ``width`` and ``scale``); the result is exactly :meth:`decode_timed`'s.
+        ``width`` and ``scale``) into ``out``: exactly the pixels :meth:`decode_timed`
+        writes for ``data``.
 
         The plan is drawn from ``rng`` as the fused path draws it, so the same crop
         and flip. The fused path then decodes the box at :func:`_dct_factor`'s scale,
         and a DCT-scaled decode is not a resample of any other scale's pixels: so the
         crop is resampled from ``image`` only where that scale is ``scale`` (or the
         image is always decoded whole, ``scale`` 0); any other crop is decoded from
-        ``data`` as the fused path decodes it (an image cached at full size and cropped
-        to at most half the box, or one pre-shrunk to ``short_side`` and cropped finer).
+        ``data`` as the fused path decodes it (a box at least twice the output each
+        way on an image cached at full size; a finer crop of one pre-shrunk to
+        ``short_side``).
 
         Returns:
             ``(decode_s, transform_s)``: seconds decoding (0 when served from
