@@ -81,11 +81,15 @@ def test_a_starved_spinning_worker_is_reported_busy(ds_path):
     hog = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
     hogs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(3)]
     try:
-        with Loader(ds_path, 2, num_workers=1, transform=SpinPipeline(0.6), timeout=1.5) as lo:
+        deadline = time.monotonic() + 20
+        while not all((st := process_state(h.pid)) and st.cpu_s >= 0.05 for h in hogs):
+            assert time.monotonic() < deadline, "the spinning processes did not start"
+            time.sleep(0.05)
+        # 3 s of CPU a batch: late past the timeout even if the worker got a whole core.
+        with Loader(ds_path, 2, num_workers=1, transform=SpinPipeline(1.5), timeout=1.5) as lo:
             it = iter(lo)
             for p in it.workers:
                 os.sched_setaffinity(p.pid, {cpu})
-            time.sleep(0.3)  # the hogs have started spinning
             with pytest.raises(LoaderTimeoutError) as info:
                 next(it)
             it.shutdown()
@@ -132,9 +136,11 @@ def test_a_timeout_says_what_each_worker_is_doing(ds_path):
     msg = str(info.value)
     assert "worker 0" in msg and "busy (" in msg and "s of CPU in the last" in msg
     assert "the timeout is 1.0 s" in msg and "alive" not in msg
-    # An asleep one, building the batch waited for, and an idle one: told apart.
-    with Loader(ds_path, 2, num_workers=2, prefetch=1, transform=CropPipeline(sleep=0.8),
-                timeout=1.0) as lo, pytest.raises(LoaderTimeoutError) as info:
+    # An asleep one, building the batch waited for, and an idle one: told apart. The
+    # window is long enough that a worker kept waiting for a CPU for a second after it
+    # was forked (a loaded machine) has still slept most of it.
+    with Loader(ds_path, 2, num_workers=2, prefetch=1, transform=CropPipeline(sleep=3.0),
+                timeout=2.5) as lo, pytest.raises(LoaderTimeoutError) as info:
         next(iter(lo))
     msg = str(info.value)
     assert re.search(r"building batch 0, is asleep or blocked \(0\.[0-3] s of CPU", msg), msg
