@@ -102,9 +102,9 @@ def first_epoch_bound(path: Path, count: int = 600) -> dict:
     sizes = []
 
     def miss(b):
-        image, h, w = dec.decode_for_cache(b, None)
+        image, h, w, scale = dec.decode_for_cache(b, None)
         sizes.append(image.nbytes)
-        dec.resample_timed(image, h, w, out, rng)
+        dec.from_cache(b, image, h, w, scale, out, rng)
 
     miss_us = per_image(miss)
     pages = float(np.mean([-(-n // mmap.PAGESIZE) for n in sizes]))

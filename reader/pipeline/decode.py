@@ -468,41 +468,65 @@ class Decoder:
                 raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
         return self._decode_scaled(data, height, width, factor), None
 
-    def decode_for_cache(self, data: memoryview | bytes,
-                         short_side: int | None) -> tuple[np.ndarray, int, int]:
-        """The whole image for a decoded-sample cache: ``(pixels, height, width)``.
+    def decode_for_cache(self, data: memoryview | bytes, short_side: int | None
+                         ) -> tuple[np.ndarray, int, int, int]:
+        """The whole image for a decoded-sample cache: ``(pixels, height, width, scale)``.
 
         ``height`` x ``width`` is the original size (the geometry is planned on it,
         as on the fused path); the pixels are decoded at the largest DCT scale (1/2,
         1/4, 1/8) that keeps their short side at least ``short_side`` (None: full
-        size). Non-JPEG images are decoded whole. The pixels live in this decoder's
-        scratch buffer: copy them before the next call.
+        size), and ``scale`` says which (1, 2, 4 or 8), or is 0 when every plan
+        decodes this image whole (not a JPEG, or a lossless one: no DCT to scale).
+        :meth:`from_cache` needs it. The pixels live in this decoder's scratch
+        buffer: copy them before the next call.
         """
         if not _is_jpeg(data):
             image = _other_decode(data)
-            return image, image.shape[0], image.shape[1]
+            return image, image.shape[0], image.shape[1], 0
         height, width = _jpeg_header(data)
+        if not jpeg_dct_scalable(data):
+            return self._decode_scaled(data, height, width, 1), height, width, 0
         factor = 1
         if short_side:
             for f in (8, 4, 2):
                 if min(height, width) // f >= short_side:
                     factor = f
                     break
-        return self._decode_scaled(data, height, width, factor), height, width
+        return self._decode_scaled(data, height, width, factor), height, width, factor
 
-    def resample_timed(self, image: np.ndarray, height: int, width: int, out: np.ndarray,
-                       rng: np.random.Generator) -> float:
-        """Steps 2-4 from decoded pixels (a cache hit): the same plan as the fused path
-        draws from ``rng`` for this image, so the same crop and flip; only the source
-        of the resample differs (pixels decoded once, maybe pre-shrunk, instead of a
-        DCT-scaled decode of the box). Returns the seconds taken (all of it is
-        transform work: nothing is decoded)."""
+    def from_cache(self, data: memoryview | bytes, image: np.ndarray, height: int, width: int,
+                   scale: int, out: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
+        """Steps 1-4 for a record whose decoded pixels ``image`` are at hand (a cache
+        hit, or a miss just decoded by :meth:`decode_for_cache`, with its ``height``,
+        ``width`` and ``scale``) into ``out``: exactly the pixels :meth:`decode_timed`
+        writes for ``data``.
+
+        The plan is drawn from ``rng`` as the fused path draws it, so the same crop
+        and flip. The fused path then decodes the box at :func:`_dct_factor`'s scale,
+        and a DCT-scaled decode is not a resample of any other scale's pixels: so the
+        crop is resampled from ``image`` only where that scale is ``scale`` (or the
+        image is always decoded whole, ``scale`` 0); any other crop is decoded from
+        ``data`` as the fused path decodes it (a box at least twice the output each
+        way on an image cached at full size; a finer crop of one pre-shrunk to
+        ``short_side``).
+
+        Returns:
+            ``(decode_s, transform_s)``: seconds decoding (0 when served from
+            ``image``) and seconds resampling from ``image`` and in user callables.
+        """
         t0 = time.perf_counter()
         target = out if self._staging is None else self._staging
         plan = self.pipeline.plan(height, width, rng)
-        self._resample_plan(image, height, width, plan, target)
+        decode_s = 0.0
+        if scale == 0 or scale == _dct_factor(plan):
+            self._resample_plan(image, height, width, plan, target)
+        else:
+            decoded, frame = self._decode_box(data, height, width, plan)
+            self._resample_plan(decoded, height, width, plan, target, frame)
+            decode_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
         self._apply_user(target, out, rng)
-        return time.perf_counter() - t0
+        return decode_s, time.perf_counter() - t0
 
     def _apply_user(self, result: np.ndarray, out: np.ndarray, rng: np.random.Generator) -> None:
         """Step 4: the user callables and Normalize on the resampled image, into ``out``."""

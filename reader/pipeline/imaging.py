@@ -82,13 +82,16 @@ class DecoderPipeline:
     def run_cached(self, cache, record: int, view, out, rng) -> tuple[float, float]:
         """:meth:`run` through a :class:`reader.runtime.decoded_cache.DecodedCache`: a hit
         resamples the cached pixels (no decode); a miss decodes the whole image,
-        stores it when there is room, and resamples it. Same crops as :meth:`run`."""
+        stores it when there is room, and resamples it. The same pixels as :meth:`run`:
+        a crop that the fused path decodes at another DCT scale than the cached
+        pixels' is decoded from ``view`` (:meth:`reader.pipeline.decode.Decoder.from_cache`)."""
         decoder = self.decoder()
         hit = cache.get(record)
         if hit is not None:
-            return 0.0, decoder.resample_timed(*hit, out, rng)
+            return decoder.from_cache(view, *hit, out, rng)
         t = time.perf_counter()
-        image, height, width = decoder.decode_for_cache(view, cache.short_side)
+        image, height, width, scale = decoder.decode_for_cache(view, cache.short_side)
         decode_s = time.perf_counter() - t
-        image = cache.put(record, image, height, width)
-        return decode_s, decoder.resample_timed(image, height, width, out, rng)
+        image = cache.put(record, image, height, width, scale)
+        more_s, transform_s = decoder.from_cache(view, image, height, width, scale, out, rng)
+        return decode_s + more_s, transform_s

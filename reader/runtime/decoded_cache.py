@@ -5,13 +5,18 @@ Decoding a JPEG costs far more than cropping and resizing its pixels. With
 decodes an image keeps its pixels (optionally pre-shrunk by the DCT so the short
 side stays at least ``short_side``, e.g. the crop size) in memory shared by every
 worker; in later epochs any worker takes its random crop from those pixels
-instead of decoding again. The geometry is planned exactly as on the uncached path
-(the same random draws on the original size), so the crops have the same
-distribution; what differs is the resample's source: pixels decoded whole once
-(or DCT-shrunk to ``short_side``) instead of a DCT-scaled decode of each box.
+instead of decoding again. What it serves is exactly what the uncached path
+serves: the geometry is planned as there (the same random draws on the original
+size), and the uncached path decodes each box at a DCT scale chosen from the box
+(1/2, 1/4, 1/8 once the box is that many times the output), whose pixels no resample
+of another scale's reproduces; so each record's row keeps the scale its pixels were
+decoded at, and a crop whose scale differs is decoded from the record as without a
+cache (:meth:`reader.pipeline.decode.Decoder.from_cache`). With RandomResizedCrop(224)
+on images with a side under 448 pixels every crop is served from the cache;
+larger images, or a ``short_side`` pre-shrink, cost some crops a decode.
 
 Layout (one mapping): a header (bytes used), a directory of one row per record
-(``offset, height, width, cached height, cached width``), one state byte per
+(``offset, height, width, cached height, cached width, DCT scale``), one state byte per
 record, then the pixels, packed in the order they arrive.
 
 Policy: first come, first kept. Images are stored while they fit in
@@ -52,7 +57,7 @@ EMPTY, WRITING, READY = 0, 1, 2
 _HEADER = 64  # bytes used (int64) at 0, the magic at 16, the owner's pid at 32
 _MAGIC = b"shardpack-dcache"
 _MAGIC_AT, _PID_AT = 16, 32
-_ROW = 5  # offset, height, width, cached height, cached width (int64)
+_ROW = 6  # offset, height, width, cached height, cached width, scale (int64)
 _counter = itertools.count()
 
 
@@ -64,8 +69,9 @@ class DecodedCacheOptions:
         max_bytes: the bound on cached pixels (bytes). Must hold at least one
             output-sized image.
         short_side: keep images DCT-shrunk (by 2, 4 or 8) as long as their short
-            side stays at least this (e.g. the crop size: RandomResizedCrop(224)
-            then rarely upsamples); None keeps them at full size.
+            side stays at least this; None keeps them at full size. Less memory,
+            but a crop that the uncached path decodes at a finer scale than the
+            cached one is decoded again every time (the pixels stay exact).
         path: a file to hold the cache (a local disk, for a cache larger than
             RAM); it must not exist, and is deleted at ``Loader.close()``. None:
             shared memory.
@@ -180,15 +186,21 @@ class DecodedCache:
 
     # -- worker side ---------------------------------------------------------------------
 
-    def get(self, record: int) -> tuple[np.ndarray, int, int] | None:
-        """``(pixels, original height, original width)`` of a cached record, or None."""
+    def get(self, record: int) -> tuple[np.ndarray, int, int, int] | None:
+        """``(pixels, original height, original width, scale)`` of a cached record, or
+        None; ``scale`` as :meth:`put` was given it."""
         if self._state[record] != READY:
             return None
-        off, h, w, ch, cw = self._dir[record].tolist()
-        return self._data[off : off + ch * cw * 3].reshape(ch, cw, 3), h, w
+        off, h, w, ch, cw, scale = self._dir[record].tolist()
+        return self._data[off : off + ch * cw * 3].reshape(ch, cw, 3), h, w, scale
 
-    def put(self, record: int, image: np.ndarray, height: int, width: int) -> np.ndarray:
-        """Keep ``image`` for ``record`` if it fits; returns the cached copy, or ``image``."""
+    def put(self, record: int, image: np.ndarray, height: int, width: int,
+            scale: int) -> np.ndarray:
+        """Keep ``image`` for ``record`` if it fits; returns the cached copy, or ``image``.
+
+        ``scale``: the DCT scale ``image`` was decoded at, as
+        :meth:`reader.pipeline.decode.Decoder.decode_for_cache` says it.
+        """
         need = image.size
         if self.full or image.ndim != 3 or image.shape[2] != 3:
             return image
@@ -204,7 +216,7 @@ class DecodedCache:
         view = self._data[used : used + need].reshape(image.shape)
         np.copyto(view, image)
         ch, cw = image.shape[:2]
-        self._dir[record] = (used, height, width, ch, cw)
+        self._dir[record] = (used, height, width, ch, cw, scale)
         with self._lock:  # the pixels and the row are written before READY is seen
             self._state[record] = READY
         return view

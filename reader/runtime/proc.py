@@ -6,8 +6,9 @@ system, a process gone), so callers degrade to "unknown" instead of failing.
 * :func:`machine_cpu`: the machine's busy and total time (``/proc/stat``);
 * :func:`procs_running` and :func:`running_tasks`: the machine's run queue and how
   much of it is the loader's (its threads and its workers);
-* :func:`process_state`: a process's state letter and CPU time, to tell a stopped
-  worker (SIGSTOP, a debugger) from a slow one (using CPU) and a blocked one
+* :func:`process_state`: a process's state letter, CPU time and time spent waiting
+  for a CPU, to tell a stopped worker (SIGSTOP, a debugger) from a slow one (using
+  CPU, or runnable and waiting for it on a loaded machine) and a blocked one
   (asleep, using none): :func:`describe` says which in words;
 * :class:`ProcCpu`: the machine's time and the loader's (this process and its
   workers), from which the monitor derives the share other programs take.
@@ -111,14 +112,26 @@ def process_ticks(pid: int, children: bool = False, root: str = "/proc") -> int 
 
 @dataclass(frozen=True)
 class ProcState:
-    """``state``: the one-letter state of ``/proc/PID/stat``; ``cpu_s``: user + system time."""
+    """``state``: the one-letter state of ``/proc/PID/stat``; ``cpu_s``: user + system
+    time; ``wait_s``: time runnable but waiting for a CPU (the scheduler's run-queue
+    wait, ``/proc/PID/schedstat``), None where the kernel does not keep it."""
 
     state: str
     cpu_s: float
+    wait_s: float | None = None
 
     @property
     def stopped(self) -> bool:
         return self.state in ("T", "t")
+
+
+def _run_queue_wait_s(pid: int, root: str) -> float | None:
+    """Seconds ``pid`` (its main thread) was runnable but not running, or None."""
+    try:
+        with open(f"{root}/{pid}/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9  # on-CPU ns, run-queue ns, timeslices
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def process_state(pid: int, root: str = "/proc") -> ProcState | None:
@@ -126,7 +139,8 @@ def process_state(pid: int, root: str = "/proc") -> ProcState | None:
     rest = _stat_fields(pid, root)
     try:
         return ProcState(rest[0].decode("ascii", "replace"),
-                         (int(rest[11]) + int(rest[12])) / _TICK) if rest else None
+                         (int(rest[11]) + int(rest[12])) / _TICK,
+                         _run_queue_wait_s(pid, root)) if rest else None
     except (IndexError, ValueError):
         return None
 
@@ -135,20 +149,26 @@ def describe(before: ProcState | None, now: ProcState | None, seconds: float) ->
     """In words: stopped, busy or idle, from the state and the CPU used between two samples.
 
     The state letter alone is a snapshot (a sleeping worker is "R" for the moment it
-    wakes); the CPU it used over ``seconds`` is what tells slow from stuck.
+    wakes); the time it wanted the CPU over ``seconds`` is what tells slow from stuck:
+    the CPU it used, plus the time it waited for one where the kernel says (on a
+    loaded machine a spinning worker may get a small share: it is busy, not asleep).
     """
     if now is None:
         return "in an unknown state (no /proc)"
     if now.stopped or before is None:
         return _STATES.get(now.state, f"in state {now.state!r}")
     used = now.cpu_s - before.cpu_s
+    waited = (0.0 if now.wait_s is None or before.wait_s is None
+              else max(now.wait_s - before.wait_s, 0.0))
     if now.state == "D":
         kind = _STATES["D"]
-    elif used >= 0.5 * seconds:
+    elif used + waited >= 0.5 * seconds:
         kind = "busy"
     else:
         kind = "asleep or blocked"
-    return f"{kind} ({used:.1f} s of CPU in the last {seconds:.1f} s)"
+    starved = (f", and {waited:.1f} s waiting for one: the machine is loaded"
+               if kind == "busy" and waited >= 0.25 * seconds else "")
+    return f"{kind} ({used:.1f} s of CPU in the last {seconds:.1f} s{starved})"
 
 
 class CpuTicks(NamedTuple):
