@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from formats.errors import ArgumentError
+
 from .data.dataset import main_fields
 from .pipeline.collate import Ragged, assemble
 from .runtime.worker import BatchBuilder, batch_rng
@@ -81,7 +83,7 @@ def to_torch(batch: dict, *, channels_first: bool = False, dtype: Any = None,
             size = batch.get(k + "_size")
             if isinstance(size, np.ndarray) and isinstance(batch[k], np.ndarray):
                 if k + "_mask" in batch:
-                    raise ValueError(f"padding_mask would add {k + '_mask'!r}, which the batch "
+                    raise ArgumentError(f"padding_mask would add {k + '_mask'!r}, which the batch "
                                      "already has (a field of that name): read it under "
                                      "fields=... without it, or leave padding_mask off")
                 out[k + "_mask"] = torch.from_numpy(_padding_mask(batch[k], size))
@@ -164,7 +166,7 @@ class TorchBatchDataset:
     def __init__(self, loader, *, channels_first: bool = False, dtype: Any = None) -> None:
         require_torch()
         if loader.raw:
-            raise ValueError("TorchBatchDataset needs a decoding loader (decode=True)")
+            raise ArgumentError("TorchBatchDataset needs a decoding loader (decode=True)")
         self.loader = loader
         self.epoch = loader.epoch
         self.channels_first = channels_first

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from formats import ShardDataset, open_shards
+from formats.errors import ArgumentError, ArgumentTypeError
 from formats.fields import BYTES_TYPES
 from formats.shard.dataset import record_indices
 from formats.storage import place
@@ -53,22 +54,22 @@ def open_dataset(path: str | Path, *, check_crc: bool = True, cache: CacheOption
         TypeError: ``path`` is not a str or path, ``cache`` not a ``CacheOptions``.
     """
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike (a dataset folder or URI), "
+        raise ArgumentTypeError(f"path must be a str or os.PathLike (a dataset folder or URI), "
                         f"not {type(path).__name__} ({path!r})")
     if cache is not None and not isinstance(cache, CacheOptions):
-        raise TypeError(f"cache must be a reader.CacheOptions or None, not {type(cache).__name__}")
+        raise ArgumentTypeError(f"cache must be a reader.CacheOptions or None, not {type(cache).__name__}")
     for name, flag in (("check_crc", check_crc), ("follow_symlinks", follow_symlinks)):
         if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, not {flag!r}")
+            raise ArgumentTypeError(f"{name} must be True or False, not {flag!r}")
     where = place(path)  # read once: RemoteDataset opens this Place, not the string again
     if where.remote or filesystem is not None:
         from .remote import RemoteDataset
 
         if follow_symlinks:
-            raise ValueError("follow_symlinks applies to local datasets only")
+            raise ArgumentError("follow_symlinks applies to local datasets only")
         return RemoteDataset(where if filesystem is None else str(path), cache=cache, filesystem=filesystem, check_crc=check_crc)
     if cache is not None:
-        raise ValueError(f"cache= applies to datasets on object storage (s3://...) only; "
+        raise ArgumentError(f"cache= applies to datasets on object storage (s3://...) only; "
                          f"{path} is a local folder, read in place")
     return open_shards(where.text, check_crc=check_crc, follow_symlinks=follow_symlinks)
 

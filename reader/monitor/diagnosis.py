@@ -38,6 +38,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from formats.errors import ArgumentError
+
 __all__ = ["KINDS", "Diagnosis", "Thresholds", "diagnose"]
 
 KINDS = ("no-data", "healthy", "io-bound", "cpu-bound", "transfer-bound", "sync-bound")
@@ -87,11 +89,11 @@ class Thresholds:
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
             if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-                raise ValueError(f"Thresholds.{name}: expected a number >= 0, found {value!r}")
+                raise ArgumentError(f"Thresholds.{name}: expected a number >= 0, found {value!r}")
             if name.endswith("_pct") and value > 100:
-                raise ValueError(f"Thresholds.{name}: expected a percentage <= 100, found {value!r}")
+                raise ArgumentError(f"Thresholds.{name}: expected a percentage <= 100, found {value!r}")
         if self.hysteresis >= 1:
-            raise ValueError(f"Thresholds.hysteresis: expected a fraction < 1, found {self.hysteresis!r}")
+            raise ArgumentError(f"Thresholds.hysteresis: expected a fraction < 1, found {self.hysteresis!r}")
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from formats.errors import ArgumentError, ArgumentTypeError
+
 from ..runtime.proc import CpuTicks, ProcCpu
 from .diagnosis import Diagnosis, Thresholds, diagnose
 from .report import format_table
@@ -217,9 +219,9 @@ class MonitorConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.interval, (int, float)) or not self.interval > 0:
-            raise ValueError(f"monitor interval: expected seconds > 0, found {self.interval!r}")
+            raise ArgumentError(f"monitor interval: expected seconds > 0, found {self.interval!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"monitor window: expected intervals >= 1, found {self.window!r}")
+            raise ArgumentError(f"monitor window: expected intervals >= 1, found {self.window!r}")
 
     def build(self, num_workers: int | None = None, name: str | None = None) -> Monitor:
         """A Monitor with these settings."""
@@ -477,7 +479,7 @@ def enable_monitor(
     """
     global _default
     if isinstance(interval, Monitor):
-        raise TypeError("enable_monitor takes the settings of the monitors it will make "
+        raise ArgumentTypeError("enable_monitor takes the settings of the monitors it will make "
                         "(interval=5, output=..., record=...), not a Monitor: pass a Monitor "
                         "to one Loader as monitor=...")
     _default = MonitorConfig(interval, output, record, thresholds or Thresholds(), window)
@@ -532,5 +534,5 @@ def resolve_monitor(value: Any = None, *, num_workers: int | None = None) -> Mon
         hint = ": pass monitor=config.build() for a Monitor with its settings"
     else:
         hint = " (a hook of your own subclasses reader.Monitor)"
-    raise TypeError(f"monitor must be a reader.Monitor, True, None or False, not "
+    raise ArgumentTypeError(f"monitor must be a reader.Monitor, True, None or False, not "
                     f"{type(value).__name__} {value!r}{hint}")

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from formats.errors import ArgumentError, ArgumentTypeError
+
 __all__ = ["Padded", "Ragged", "VarField", "assemble", "check_collate"]
 
 MODES = ("padded", "ragged")
@@ -50,15 +52,15 @@ class Padded:
     def __post_init__(self) -> None:
         if not isinstance(self.multiple, int) or isinstance(self.multiple, bool) \
                 or self.multiple < 1:
-            raise ValueError(f"Padded(multiple=...) needs an int >= 1, got {self.multiple!r}")
+            raise ArgumentError(f"Padded(multiple=...) needs an int >= 1, got {self.multiple!r}")
         if self.to is None:
             return
         if self.multiple != 1:
-            raise ValueError("Padded takes to= (a fixed size) or multiple= (the batch's "
+            raise ArgumentError("Padded takes to= (a fixed size) or multiple= (the batch's "
                              "largest, rounded up), not both")
         to = (self.to,) if isinstance(self.to, int) else tuple(int(x) for x in self.to)
         if not to or min(to) < 1:
-            raise ValueError(f"Padded(to=...) needs sizes >= 1, got {self.to!r}")
+            raise ArgumentError(f"Padded(to=...) needs sizes >= 1, got {self.to!r}")
         object.__setattr__(self, "to", to)
 
 
@@ -67,13 +69,13 @@ def check_collate(value) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise TypeError(f"collate must be a dict of field name -> 'padded', 'ragged' or "
+        raise ArgumentTypeError(f"collate must be a dict of field name -> 'padded', 'ragged' or "
                         f"reader.Padded(to=...), not {type(value).__name__} {value!r}")
     for name, mode in value.items():
         if not isinstance(name, str):
-            raise TypeError(f"collate keys are field names, not {name!r}")
+            raise ArgumentTypeError(f"collate keys are field names, not {name!r}")
         if not (isinstance(mode, Padded) or mode in MODES):
-            raise ValueError(f"collate[{name!r}] must be 'padded', 'ragged' or "
+            raise ArgumentError(f"collate[{name!r}] must be 'padded', 'ragged' or "
                              f"reader.Padded(to=...), not {mode!r}")
     return dict(value)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from formats.errors import ArgumentError
 from formats.fields import BOXES_FIELD, IMAGE_TYPES
 
 from ..errors import DecodeError
@@ -205,7 +206,7 @@ class KeypointsKernel(Kernel):
         k = field.shape[1]
         bad = [p for p in pairs if not (0 <= p[0] < k and 0 <= p[1] < k)]
         if bad:
-            raise ValueError(f"RandomHorizontalFlip(keypoint_pairs=...) names keypoint "
+            raise ArgumentError(f"RandomHorizontalFlip(keypoint_pairs=...) names keypoint "
                              f"{bad[0]}; {field.name!r} holds {k} per instance")
 
     def move(self, value, plan, params):

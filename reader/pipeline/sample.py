@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from formats.errors import ArgumentError, ArgumentTypeError
+
 from ..data.dataset import page_in
 from ..errors import DecodeError
 from .collate import VarField
@@ -70,11 +72,11 @@ class Annotations:
 
     def __post_init__(self) -> None:
         if self.min_box_size < 0:
-            raise ValueError(f"min_box_size must be >= 0, not {self.min_box_size}")
+            raise ArgumentError(f"min_box_size must be >= 0, not {self.min_box_size}")
         for name in ("per_box", "masks"):
             v = getattr(self, name)
             if isinstance(v, str):
-                raise TypeError(f"{name} must be a tuple of field names, not the string {v!r}")
+                raise ArgumentTypeError(f"{name} must be a tuple of field names, not the string {v!r}")
             if v is not None:
                 object.__setattr__(self, name, tuple(v))
 
@@ -104,11 +106,11 @@ class FieldDecoder:
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
-            raise TypeError(f"FieldDecoder fn must be callable, not {self.fn!r}")
+            raise ArgumentTypeError(f"FieldDecoder fn must be callable, not {self.fn!r}")
         object.__setattr__(self, "dtype", np.dtype(self.dtype).str)
         if not isinstance(self.max_rows, int) or isinstance(self.max_rows, bool) \
                 or self.max_rows < 1:
-            raise ValueError(f"FieldDecoder max_rows must be an int >= 1, not {self.max_rows!r}")
+            raise ArgumentError(f"FieldDecoder max_rows must be an int >= 1, not {self.max_rows!r}")
         object.__setattr__(self, "inner", tuple(int(d) for d in self.inner))
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from formats.errors import ArgumentError, ArgumentTypeError
+
 from .decode import Decoder
 from .geometry import Plan, Size
 from .roi import available as region_decode_available
@@ -55,7 +57,7 @@ __all__ = [
 def _as_size(size: int | Sequence[int]) -> Size:
     pair = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
     if len(pair) != 2 or min(pair) <= 0:
-        raise ValueError(f"size must be a positive int or (height, width), got {size!r}")
+        raise ArgumentError(f"size must be a positive int or (height, width), got {size!r}")
     return pair  # type: ignore[return-value]
 
 
@@ -99,7 +101,7 @@ class RandomResizedCrop:
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _as_size(self.size))
         if self.scale[0] > self.scale[1] or self.ratio[0] > self.ratio[1]:
-            raise ValueError(f"scale and ratio must be (min, max), got {self.scale}, {self.ratio}")
+            raise ArgumentError(f"scale and ratio must be (min, max), got {self.scale}, {self.ratio}")
 
     def get_params(
         self, height: int, width: int, rng: np.random.Generator
@@ -176,12 +178,12 @@ class Resize:
         if not isinstance(self.size, int):
             object.__setattr__(self, "size", _as_size(self.size))
             if self.max_size is not None:
-                raise ValueError("max_size applies to Resize(int) only (the shorter side); "
+                raise ArgumentError("max_size applies to Resize(int) only (the shorter side); "
                                  f"Resize({self.size}) has a fixed size")
         elif self.size <= 0:
-            raise ValueError(f"size must be positive, got {self.size}")
+            raise ArgumentError(f"size must be positive, got {self.size}")
         elif self.max_size is not None and self.max_size <= self.size:
-            raise ValueError(f"max_size must be larger than size, got {self.max_size} <= {self.size}")
+            raise ArgumentError(f"max_size must be larger than size, got {self.max_size} <= {self.size}")
 
     def _sides(self, short, long):
         new_long = (self.size * long / short).astype(np.int64)  # torchvision truncates too
@@ -231,13 +233,13 @@ class ResizeShortestEdge:
         lengths = ((self.short_edge_length,) if isinstance(self.short_edge_length, int)
                    else tuple(int(x) for x in self.short_edge_length))
         if not lengths or min(lengths) <= 0:
-            raise ValueError(f"short_edge_length must be positive ints, got {self.short_edge_length!r}")
+            raise ArgumentError(f"short_edge_length must be positive ints, got {self.short_edge_length!r}")
         if self.sample_style not in ("choice", "range"):
-            raise ValueError(f"sample_style must be 'choice' or 'range', not {self.sample_style!r}")
+            raise ArgumentError(f"sample_style must be 'choice' or 'range', not {self.sample_style!r}")
         if self.sample_style == "range" and len(lengths) != 2:
-            raise ValueError(f"sample_style='range' needs (min, max), got {lengths!r}")
+            raise ArgumentError(f"sample_style='range' needs (min, max), got {lengths!r}")
         if self.max_size is not None and self.max_size <= 0:
-            raise ValueError(f"max_size must be positive, got {self.max_size}")
+            raise ArgumentError(f"max_size must be positive, got {self.max_size}")
         object.__setattr__(self, "short_edge_length", lengths)
 
     def _draw(self, rng: np.random.Generator) -> int:
@@ -279,7 +281,7 @@ class Pad:
         if len(p) == 2:
             p = (p[0], p[1], p[0], p[1])
         if len(p) != 4 or min(p) < 0:
-            raise ValueError(f"padding must be an int >= 0, (horizontal, vertical) or "
+            raise ArgumentError(f"padding must be an int >= 0, (horizontal, vertical) or "
                              f"(left, top, right, bottom), got {self.padding!r}")
         object.__setattr__(self, "padding", p)
 
@@ -301,7 +303,7 @@ class PadToMultiple:
 
     def __post_init__(self) -> None:
         if not isinstance(self.multiple, int) or self.multiple < 1:
-            raise ValueError(f"multiple must be an int >= 1, got {self.multiple!r}")
+            raise ArgumentError(f"multiple must be an int >= 1, got {self.multiple!r}")
 
     def _apply(self, view: _View, rng: np.random.Generator) -> _View:
         m = self.multiple
@@ -376,7 +378,7 @@ class Normalize:
     def __post_init__(self) -> None:
         mean, std = tuple(float(x) for x in self.mean), tuple(float(x) for x in self.std)
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
-            raise ValueError(f"mean and std need 3 values, std > 0; got {self.mean}, {self.std}")
+            raise ArgumentError(f"mean and std need 3 values, std > 0; got {self.mean}, {self.std}")
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
 
@@ -492,12 +494,12 @@ class ImagePipeline:
         norm = tuple(t for t in specs if isinstance(t, Normalize))
         samples = tuple(t for t in specs if isinstance(t, SampleTransform))
         if specs != geometric + user + norm + samples or len(norm) > 1:
-            raise ValueError("transforms go in this order: geometric specs (crops, resizes, "
+            raise ArgumentError("transforms go in this order: geometric specs (crops, resizes, "
                              "flips, pads), then callables on the image, then at most one "
                              "Normalize, then SampleTransform callables")
         size = _fixed_size(geometric)
         if size is None and any(t.output_shape for t in user):
-            raise ValueError("a callable that changes the image's shape (output_shape=) needs "
+            raise ArgumentError("a callable that changes the image's shape (output_shape=) needs "
                              "geometric specs with a fixed output size before it")
         self.transforms = specs
         self.geometric = geometric
@@ -506,7 +508,7 @@ class ImagePipeline:
         self.samples = samples
         self.backend = backend
         if roi is not None and not isinstance(roi, bool):
-            raise TypeError(f"roi must be None, True or False, not {roi!r}")
+            raise ArgumentTypeError(f"roi must be None, True or False, not {roi!r}")
         if roi and not region_decode_available():  # here, not in a worker at its first image
             raise ImportError(f"roi=True: {unavailable_reason()}")
         self.roi = roi

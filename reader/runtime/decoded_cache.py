@@ -49,6 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
+from formats.errors import ArgumentTypeError
+
 from .slots import SHM_PREFIX, reclaim_stale_segments
 
 __all__ = ["DecodedCache", "DecodedCacheOptions"]
@@ -87,9 +89,9 @@ class DecodedCacheOptions:
             if v is None and name == "short_side":
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise TypeError(f"{name} must be an int >= 1, not {v!r}")
+                raise ArgumentTypeError(f"{name} must be an int >= 1, not {v!r}")
         if self.path is not None and not isinstance(self.path, (str, os.PathLike)):
-            raise TypeError(f"path must be a file path or None, not {self.path!r}")
+            raise ArgumentTypeError(f"path must be a file path or None, not {self.path!r}")
 
 
 def _reclaim_or_refuse(path: Path) -> None:

@@ -111,12 +111,12 @@ def check_layout(loader, options: DeviceOptions) -> None:
     image = next((v for v in loader.plan.var_fields if v.name == loader.image_field), None)
     converts = options.dtype != "uint8" or options.layout != "NHWC"
     if image is not None and image.mode == "ragged" and converts:
-        raise ValueError("device='cuda' converts whole image batches; a ragged image field "
+        raise ArgumentError("device='cuda' converts whole image batches; a ragged image field "
                          "arrives as it is, image by image (uint8 HWC): collate the image "
                          "padded, or pass DeviceOptions(dtype='uint8', layout='NHWC')")
     core = getattr(loader.spec.pipeline, "pipeline", None)
     if core is not None and core.normalize is not None and converts:
-        raise ValueError("the transforms end with Normalize (float32 on the CPU) and "
+        raise ArgumentError("the transforms end with Normalize (float32 on the CPU) and "
                          "device_options convert on the GPU as well: keep one of the two "
                          "(DeviceOptions(dtype='uint8', layout='NHWC') passes images as they are)")
 

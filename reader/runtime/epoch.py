@@ -66,7 +66,7 @@ from formats.errors import FormatError, ShardpackError
 from formats.fields import BYTES_TYPES
 
 from ..data.dataset import main_fields
-from ..errors import LoaderTimeoutError, WorkerDiedError, WorkerError
+from ..errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from ..pipeline.collate import assemble
 from .proc import describe, process_state
 from .timing import BatchTiming, batch_timing
@@ -207,7 +207,7 @@ class RawEpoch:
     def __next__(self) -> dict:
         ctx = self.ctx
         if self.superseded is not None:
-            raise RuntimeError(self.superseded)
+            raise LoaderError(self.superseded)
         n = ctx.sampler.num_batches_in(self.epoch)
         if self.k >= n:
             self.shutdown()
@@ -295,10 +295,10 @@ class Epoch:
         t_call = time.perf_counter()
         if self.closed:
             if self.superseded is not None:
-                raise RuntimeError(self.superseded)
+                raise LoaderError(self.superseded)
             raise StopIteration
         if self.pid != os.getpid():
-            raise RuntimeError(f"this epoch's workers belong to process {self.pid}, which "
+            raise LoaderError(f"this epoch's workers belong to process {self.pid}, which "
                                "forked this one: call iter(loader) again here for workers "
                                "of this process")
         try:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from formats import media
+from formats.errors import ArgumentError
 from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 
 from ..order.batching import field_sizes, known_image_sizes
@@ -80,7 +81,7 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
             return None
         if value is not None:
             if value not in names:
-                raise ValueError(f"annotations {what}={value!r}: no such field among those "
+                raise ArgumentError(f"annotations {what}={value!r}: no such field among those "
                                  f"read ({', '.join(names)})")
             return value
         return default
@@ -88,23 +89,23 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
     boxes_default = next(iter(_found("boxes", types, names, image)), None)
     if ann.boxes is None and BOXES_FIELD in names and boxes_default is None \
             and image is not None:
-        raise ValueError(_boxes_hint(types[BOXES_FIELD]))
+        raise ArgumentError(_boxes_hint(types[BOXES_FIELD]))
     boxes = named(ann.boxes, boxes_default, "boxes")
     if boxes is not None and not (_var_rows(types[boxes]) and types[boxes].shape[1:] == (4,)):
-        raise ValueError(f"boxes field {boxes!r} must be an ndarray of shape [None, 4] (xyxy "
+        raise ArgumentError(f"boxes field {boxes!r} must be an ndarray of shape [None, 4] (xyxy "
                          f"pixels), not {types[boxes].type} {types[boxes].shape}")
     kp_default = next(iter(_found("keypoints", types, names, image)), None)
     keypoints = named(ann.keypoints, kp_default, "keypoints")
     if keypoints is not None and not (_var_rows(types[keypoints])
                                       and len(types[keypoints].shape) == 3
                                       and types[keypoints].shape[2] in (2, 3)):
-        raise ValueError(f"keypoints field {keypoints!r} must be an ndarray of shape "
+        raise ArgumentError(f"keypoints field {keypoints!r} must be an ndarray of shape "
                          f"[None, K, 2 or 3], not {types[keypoints].shape}")
     if ann.per_box is not None:
         per_box = tuple(ann.per_box)
         for n in per_box:
             if n not in names or not _var_rows(types[n]):
-                raise ValueError(f"annotations per_box: {n!r} is not an ndarray field with a "
+                raise ArgumentError(f"annotations per_box: {n!r} is not an ndarray field with a "
                                  "varying first dimension among the fields read")
     elif boxes is not None:
         # The usual names (checked per record, so a broken one is an error, never a shift),
@@ -120,7 +121,7 @@ def _annotations(ann: Annotations | None, ds, types: dict, names: tuple[str, ...
         masks = tuple(ann.masks)
         for n in masks:
             if n not in names or types[n].type not in IMAGE_TYPES or n == image:
-                raise ValueError(f"annotations masks: {n!r} is not an image field (other than "
+                raise ArgumentError(f"annotations masks: {n!r} is not an image field (other than "
                                  "the decoded image) among the fields read")
     else:
         masks = tuple(_found("mask", types, names, image))
@@ -178,7 +179,7 @@ def _var(name: str, mode, dtype, var_dims: int, inner, bound, batch_size: int,
     padded = isinstance(mode, Padded)
     if padded and mode.to is not None and len(mode.to) != var_dims:
         what = "(height, width)" if var_dims == 2 else "one count (rows)"
-        raise ValueError(f"collate[{name!r}]: Padded(to={mode.to}) gives {len(mode.to)} "
+        raise ArgumentError(f"collate[{name!r}]: Padded(to={mode.to}) gives {len(mode.to)} "
                          f"size(s); {name!r} varies in {var_dims} dimension(s): give {what}")
     return VarField(name, "padded" if padded else mode, np.dtype(dtype).str, var_dims,
                     tuple(inner), tuple(bound), batch_size, channels_first,
@@ -224,7 +225,7 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
     collate = dict(opts.collate or {})
     unknown = [n for n in collate if n not in names]
     if unknown:
-        raise ValueError(f"collate names {unknown[0]!r}, which is not among the fields read "
+        raise ArgumentError(f"collate names {unknown[0]!r}, which is not among the fields read "
                          f"({', '.join(names)})")
     d = _Draft(ds, opts, batch_size, raw, types, names, collate, dict(opts.decoders or {}))
     if not raw:
@@ -291,12 +292,12 @@ def _choose_image(d: _Draft) -> None:
     if image is None:
         image = next((n for n in names if KERNELS["image"].finds(types[n])), None)
     if image is not None and types[image].type not in IMAGE_TYPES:
-        raise ValueError(f"field {image!r} is {types[image].type}, not an image")
+        raise ArgumentError(f"field {image!r} is {types[image].type}, not an image")
     d.image = image
     d.kinds, d.per_box = _annotations(opts.annotations, d.ds, types, names, image, d.rows)
     if image is None:
         if opts.transform is not None:
-            raise ValueError("transform would have no effect: none of the fields read is an "
+            raise ArgumentError("transform would have no effect: none of the fields read is an "
                              "image (fields=..., image_field=...)")
         return
     d.pipeline = make_pipeline(opts.transform)
@@ -309,10 +310,10 @@ def _image_regions(d: _Draft) -> None:
     and the masks', which follow it."""
     image, pipeline, core, collate, b = d.image, d.pipeline, d.core, d.collate, d.b
     if not d.fixed_image and core is None:
-        raise ValueError("a custom pipeline object needs a fixed output_shape")
+        raise ArgumentError("a custom pipeline object needs a fixed output_shape")
     if d.fixed_image:
         if image in collate:
-            raise ValueError(f"collate[{image!r}]: this pipeline's images all have the shape "
+            raise ArgumentError(f"collate[{image!r}]: this pipeline's images all have the shape "
                              f"{pipeline.output_shape}; only varying-size fields are "
                              "padded or ragged")
         dtype = core.dtype if core is not None else np.uint8
@@ -331,7 +332,7 @@ def _image_regions(d: _Draft) -> None:
         kernel = KERNELS[d.kinds[m]]
         if d.fixed_image:
             if m in collate:
-                raise ValueError(f"collate[{m!r}]: this pipeline's {kernel.kind}s all have the "
+                raise ArgumentError(f"collate[{m!r}]: this pipeline's {kernel.kind}s all have the "
                                  f"size {pipeline.output_shape[:2]}; only varying-size fields "
                                  "are padded or ragged")
             size = core.resample_shape[:2] if core is not None else pipeline.output_shape[:2]
@@ -353,15 +354,15 @@ def _check_decoders(d: _Draft) -> None:
     types = d.types
     for n in d.decoders:
         if n not in d.names:
-            raise ValueError(f"decoders names {n!r}, which is not among the fields read "
+            raise ArgumentError(f"decoders names {n!r}, which is not among the fields read "
                              f"({', '.join(d.names)})")
         if types[n].type not in BYTES_TYPES or n == d.image or n in d.decoded:
-            raise ValueError(f"decoders[{n!r}]: a FieldDecoder takes a bytes field's stored "
+            raise ArgumentError(f"decoders[{n!r}]: a FieldDecoder takes a bytes field's stored "
                              f"bytes; {n!r} is {types[n].type}"
                              + (" and decoded as an image already" if n in (d.image, *d.decoded)
                                 else ""))
         if types[n].compression != "none":
-            raise ValueError(f"decoders[{n!r}]: the field is stored {types[n].compression}-"
+            raise ArgumentError(f"decoders[{n!r}]: the field is stored {types[n].compression}-"
                              "compressed; a FieldDecoder reads stored bytes in place")
 
 
@@ -378,7 +379,7 @@ def _place_field(d: _Draft, n: str, budget: tuple[str, int, bool] | None) -> Non
         d.var_fields.append(v)
     elif f.type in ("int", "float") or (f.type == "ndarray" and f.fixed_shape):
         if n in collate:
-            raise ValueError(f"collate[{n!r}]: {n!r} has a fixed shape; only varying-size "
+            raise ArgumentError(f"collate[{n!r}]: {n!r} has a fixed shape; only varying-size "
                              "fields are padded or ragged")
         d.slot_fields.append((n, f.type))
     elif _var_rows(f):
@@ -396,7 +397,7 @@ def _place_field(d: _Draft, n: str, budget: tuple[str, int, bool] | None) -> Non
         d.var_fields.append(v)
     else:
         if n in collate:
-            raise ValueError(f"collate[{n!r}]: {f.type} fields come as lists of values; "
+            raise ArgumentError(f"collate[{n!r}]: {f.type} fields come as lists of values; "
                              "padded or ragged applies to images and arrays whose first "
                              "dimension varies")
         d.main.append(n)
@@ -411,10 +412,10 @@ def _sample_spec(d: _Draft) -> SampleSpec | None:
     if not needs_sample or d.raw:
         return None
     if opts.decoded_cache is not None:
-        raise ValueError("decoded_cache serves the fixed-size image path (one image field, "
+        raise ArgumentError("decoded_cache serves the fixed-size image path (one image field, "
                          "a fixed output size, no annotations or per-sample arrays)")
     if d.image is not None and core is None:
-        raise ValueError("a custom pipeline object serves the fixed-size image path only; "
+        raise ArgumentError("a custom pipeline object serves the fixed-size image path only; "
                          "annotations, masks, per-sample arrays and sizes that vary need "
                          "reader.transforms specs")
     params = KernelParams((opts.annotations or Annotations()).min_box_size,
@@ -436,7 +437,7 @@ def _layout(d: _Draft, sample: SampleSpec | None) -> BatchPlan:
     for v in d.var_fields:
         for name, *_ in v.slot_specs()[1:]:
             if name in d.names:
-                raise ValueError(f"field {v.name!r} varies in size, so batches carry "
+                raise ArgumentError(f"field {v.name!r} varies in size, so batches carry "
                                  f"{name!r} beside it, and the dataset has a field of that "
                                  f"name: leave that one out (fields=...)")
         specs.extend(v.slot_specs())

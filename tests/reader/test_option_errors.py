@@ -75,6 +75,34 @@ def test_a_wrong_loader_keyword_is_an_option_error(ds_path, kwargs, base, match)
     assert isinstance(info.value, TypeError) == (base is TypeError)
 
 
+# The settings objects a Loader takes, each wrong once: built where the user builds them.
+BAD_SETTINGS = [
+    (lambda: reader.RandomResizedCrop(-1), ValueError, "size must be a positive int"),
+    (lambda: reader.RandomResizedCrop(8, scale=(0.9, 0.1)), ValueError, "scale and ratio"),
+    (lambda: reader.Resize(0), ValueError, "size must be positive"),
+    (lambda: reader.Normalize(mean=(0, 0), std=(1, 1)), ValueError, "mean and std need 3"),
+    (lambda: reader.PadToMultiple(0), ValueError, "multiple must be an int >= 1"),
+    (lambda: reader.Padded(multiple=0), ValueError, "needs an int >= 1"),
+    (lambda: reader.DecodedCacheOptions(max_bytes="1GB"), TypeError, "max_bytes must be an int"),
+    (lambda: reader.Thresholds(max_load_latency_ms=-1), ValueError, "expected a number >= 0"),
+    (lambda: reader.FieldDecoder(3, "float32", 1), TypeError, "fn must be callable"),
+    (lambda: reader.open_dataset(3), TypeError, "path must be a str or os.PathLike"),
+]
+
+
+@pytest.mark.parametrize(("make", "base", "match"), BAD_SETTINGS,
+                         ids=[m.split()[0] + f"-{i}" for i, (_, _, m) in enumerate(BAD_SETTINGS)])
+def test_a_wrong_setting_object_is_an_argument_error(make, base, match):
+    with pytest.raises(ArgumentError, match=match) as info:
+        make()
+    assert isinstance(info.value, base)
+
+
+def test_a_transform_that_does_not_fit_the_dataset_is_an_argument_error(ds_path):
+    with pytest.raises(ArgumentError, match="collate names 'nope'"):
+        Loader(ds_path, batch_size=4, num_workers=0, collate={"nope": "ragged"})
+
+
 @pytest.mark.parametrize("make", ["loader", "tokens"])
 @pytest.mark.parametrize(("epoch", "base", "match"), [
     ("1", TypeError, "epoch must be an int >= 0, not str '1'"),
