@@ -240,8 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "OpenCV: 16-bit scaled to 8, alpha dropped, gray kept")
     p.add_argument("--max-pixels", type=_positive_int, default=None, metavar="N",
                    help=f"the pixel budget: an image whose header declares more than N "
-                        f"pixels is bad input, too-large (default {MAX_PIXELS:,}); the "
-                        "Loader refuses such records too")
+                        f"pixels is bad input, too-large (default {MAX_PIXELS:,}); read a "
+                        "dataset packed with a larger N with reader.Loader(max_pixels=N)")
     p.add_argument("--keep-unsupported", action="store_true",
                    help="keep JPEGs the Loader cannot decode (unsupported-jpeg: 12-bit, "
                         "4:4:1...) byte for byte instead of as bad input; read them with "

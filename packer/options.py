@@ -101,8 +101,9 @@ class PackOptions:
             the inferred type of a column (:data:`packer.sources.columns.TYPES`).
         max_pixels: the pixel budget: an image whose header declares more pixels
             (width x height) is bad input, kind ``too-large`` (default
-            :data:`formats.media.MAX_PIXELS`, 2^28). Raise it only for a Loader that
-            raises it too: the Loader refuses such a record.
+            :data:`formats.media.MAX_PIXELS`, 2^28). A dataset packed with a larger
+            budget is read with ``reader.Loader(max_pixels=N)``: the Loader's own
+            budget is the default one unless told.
         keep_unsupported: a JPEG the Loader's decoder cannot read (12- or 16-bit,
             4:4:1 or other sampling it does not know, hierarchical, lossless with a
             colour transform: kind ``unsupported-jpeg``) is kept byte for byte

@@ -124,6 +124,8 @@ class Loader:
         check_crc: verify every field's CRC32C as it is read (default; False skips it).
         decoded_cache: keep decoded images in shared memory for later epochs
             (:class:`reader.DecodedCacheOptions`; the seed's ``CacheDataset``).
+        max_pixels: the pixel budget of every image decoded (None: 2^28, what
+            ``pack-dataset`` admits by default; match ``--max-pixels N``).
         num_workers: worker processes, 0 (in-process), or ``"auto"``: one per core to
             start, then measured and adjusted while the loader runs (see
             :mod:`reader.runtime.autoscale`; ``worker_changes`` lists each change and why).
@@ -159,6 +161,7 @@ class Loader:
                  decoders: Any = None, fields: tuple[str, ...] | None = None,
                  image_field: str | None = None, decode: bool = True, on_error: str = "fail",
                  check_crc: bool = True, decoded_cache: DecodedCacheOptions | None = None,
+                 max_pixels: int | None = None,
                  num_workers: int | str = "auto", prefetch: int | str = "auto",
                  max_prefetch: int | None = None,
                  max_ring_bytes: int = WorkerOptions.max_ring_bytes,
@@ -192,7 +195,7 @@ class Loader:
         self.decode_options = DecodeOptions(
             transform=transform, decode=decode, image_field=image_field, fields=fields,
             on_error=on_error, check_crc=check_crc, decoded_cache=decoded_cache,
-            annotations=annotations, collate=collate, decoders=decoders)
+            annotations=annotations, collate=collate, decoders=decoders, max_pixels=max_pixels)
         self.worker_options = WorkerOptions(
             num_workers=num_workers, prefetch=prefetch, max_prefetch=max_prefetch,
             max_ring_bytes=max_ring_bytes, timeout=timeout, start_method=start_method,

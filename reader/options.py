@@ -227,6 +227,12 @@ class DecodeOptions:
         collate: how varying-size fields are batched, field -> ``"padded"``,
             ``"ragged"`` or :class:`reader.Padded` (see :mod:`reader.pipeline.collate`);
             by default images are padded and arrays ragged.
+        max_pixels: the pixel budget: an image (or mask) whose header declares more
+            pixels is refused before anything is allocated, a ``CorruptRecordError``
+            naming shard and record (or skipped, with ``on_error="skip"``). None:
+            :data:`formats.media.MAX_PIXELS` (2^28, what ``pack-dataset`` admits by
+            default); raise it to read a dataset packed with ``--max-pixels N``. The
+            budget is the reader's to set, never the dataset's.
     """
 
     transform: Any = None
@@ -239,6 +245,7 @@ class DecodeOptions:
     annotations: Any = None
     collate: Any = None
     decoders: Any = None
+    max_pixels: int | None = None
 
     def __post_init__(self) -> None:
         _check_transform(self.transform)
@@ -268,6 +275,8 @@ class DecodeOptions:
                                 f"not {type(self.decoded_cache).__name__}")
         _set(self, "decode", _bool("decode", self.decode))
         _set(self, "check_crc", _bool("check_crc", self.check_crc))
+        if self.max_pixels is not None:
+            _set(self, "max_pixels", _int("max_pixels", self.max_pixels, 1))
         _choice("on_error", self.on_error, ("fail", "skip"))
         if self.image_field is not None and not isinstance(self.image_field, str):
             raise ArgumentTypeError(f"image_field must be a field name (str) or None, "

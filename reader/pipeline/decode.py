@@ -138,24 +138,28 @@ def describe_bytes(data: memoryview | bytes) -> str:
     return f"{len(data)} bytes starting {head!r}"
 
 
-def within_budget(height: int, width: int, data: memoryview | bytes) -> tuple[int, int]:
+def within_budget(height: int, width: int, data: memoryview | bytes,
+                  max_pixels: int | None = None) -> tuple[int, int]:
     """``(height, width)``, once the header's size is within the pixel budget
-    (:data:`formats.media.MAX_PIXELS`, read when called): checked before any pixel
-    buffer is allocated, since a header of a few bytes may declare 10^10 pixels
-    (a dataset packed before ``pack-dataset`` checked it).
+    (``max_pixels``, the Loader's option; None: :data:`formats.media.MAX_PIXELS`,
+    read when called): checked before any pixel buffer is allocated, since a header
+    of a few bytes may declare 10^10 pixels (a dataset packed before ``pack-dataset``
+    checked it, or with a larger ``--max-pixels``). The budget is the reader's, never
+    the dataset's: a hostile manifest cannot raise it.
 
     Raises:
         DecodeError: more pixels than the budget (the worker adds shard and record).
     """
-    if height * width > media.MAX_PIXELS:
+    budget = media.MAX_PIXELS if max_pixels is None else max_pixels
+    if height * width > budget:
         raise DecodeError(f"image header declares {width}x{height} = {width * height:,} "
-                          f"pixels, more than the {media.MAX_PIXELS:,}-pixel budget "
-                          f"(formats.media.MAX_PIXELS); nothing was decoded "
-                          f"({describe_bytes(data)})")
+                          f"pixels, more than the {budget:,}-pixel budget (Loader("
+                          f"max_pixels=...), to match pack-dataset --max-pixels); nothing "
+                          f"was decoded ({describe_bytes(data)})")
     return height, width
 
 
-def check_header_budget(data: memoryview | bytes) -> None:
+def check_header_budget(data: memoryview | bytes, max_pixels: int | None = None) -> None:
     """:func:`within_budget` for a non-JPEG image whose header gives its size (one
     whose header does not parse is left to its decoder to refuse)."""
     kind = image_kind(data)
@@ -164,16 +168,16 @@ def check_header_budget(data: memoryview | bytes) -> None:
             height, width = header_size(data, kind)
         except ValueError:
             return
-        within_budget(height, width, data)
+        within_budget(height, width, data, max_pixels)
 
 
-def _other_decode(data: memoryview | bytes) -> np.ndarray:
+def _other_decode(data: memoryview | bytes, max_pixels: int | None = None) -> np.ndarray:
     """Decode a non-JPEG image as RGB, alpha dropped like torchvision's loader: OpenCV
     (a core dependency: PNG, WebP, BMP, TIFF, GIF from 4.11), else Pillow when it is
     installed; 16-bit samples come out as their high bytes."""
     import cv2
 
-    check_header_budget(data)
+    check_header_budget(data, max_pixels)
 
     try:
         arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) if len(data) else None
@@ -197,7 +201,8 @@ def _is_jpeg(data: memoryview | bytes) -> bool:
     return bytes(data[:2]) == _JPEG_SOI
 
 
-def _jpeg_header(data: memoryview | bytes, **scale: int) -> tuple[int, int]:
+def _jpeg_header(data: memoryview | bytes, max_pixels: int | None = None,
+                 **scale: int) -> tuple[int, int]:
     try:
         height, width, _, _ = simplejpeg.decode_jpeg_header(data, **scale)
     except ValueError as exc:
@@ -205,14 +210,15 @@ def _jpeg_header(data: memoryview | bytes, **scale: int) -> tuple[int, int]:
     except KeyError as exc:  # simplejpeg 1.9 has no name for TurboJPEG's 4:4:1
         raise DecodeError(f"unsupported JPEG sampling ({describe_bytes(data)}): "
                           "4:4:1") from exc
-    return within_budget(height, width, data)
+    return within_budget(height, width, data, max_pixels)
 
 
-def decode_full(data: memoryview | bytes) -> np.ndarray:
+def decode_full(data: memoryview | bytes, max_pixels: int | None = None) -> np.ndarray:
     """Decode a whole image to RGB, for users who want it untransformed.
 
     Args:
         data: Encoded image (JPEG fast; PNG, WebP, BMP, TIFF... through OpenCV).
+        max_pixels: the pixel budget (:func:`within_budget`).
 
     Returns:
         A new ``(height, width, 3)`` uint8 array.
@@ -221,18 +227,19 @@ def decode_full(data: memoryview | bytes) -> np.ndarray:
         DecodeError: If the bytes are not a decodable image.
     """
     if not _is_jpeg(data):
-        return _other_decode(data)
-    _jpeg_header(data)
+        return _other_decode(data, max_pixels)
+    _jpeg_header(data, max_pixels)
     try:
         return simplejpeg.decode_jpeg(data, colorspace="RGB")
     except ValueError as exc:
         raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
 
 
-def image_size(data: memoryview | bytes) -> tuple[int, int]:
-    """``(height, width)`` of an encoded image, from its header alone when it is a JPEG."""
+def image_size(data: memoryview | bytes, max_pixels: int | None = None) -> tuple[int, int]:
+    """``(height, width)`` of an encoded image, from its header alone when it is a JPEG
+    (within the pixel budget ``max_pixels``, :func:`within_budget`)."""
     if _is_jpeg(data):
-        return _jpeg_header(data)
+        return _jpeg_header(data, max_pixels)
     kind = image_kind(data)
     if kind is not None:
         try:
@@ -240,8 +247,8 @@ def image_size(data: memoryview | bytes) -> tuple[int, int]:
         except ValueError:
             pass  # a header we cannot read: decoding says what is wrong
         else:
-            return within_budget(height, width, data)
-    return _other_decode(data).shape[:2]
+            return within_budget(height, width, data, max_pixels)
+    return _other_decode(data, max_pixels).shape[:2]
 
 
 def _dct_factor(plan: Plan) -> int:
@@ -321,10 +328,14 @@ class Decoder:
             None, when its library is installed; False, never (the whole image,
             as before); True, always (ImportError when it cannot). Callers pass
             the pipeline's ``roi``.
+        max_pixels: the pixel budget of every image it decodes (:func:`within_budget`;
+            None: :data:`formats.media.MAX_PIXELS`).
     """
 
-    def __init__(self, pipeline, backend: Backend = "auto", *, roi: bool | None = None) -> None:
+    def __init__(self, pipeline, backend: Backend = "auto", *, roi: bool | None = None,
+                 max_pixels: int | None = None) -> None:
         self.pipeline = pipeline
+        self.max_pixels = max_pixels
         self.backend = _resolve_backend(backend)
         self._region = _region_decoder(roi)
         self._resample = _resample_cv2 if self.backend == "cv2" else _resample_pillow
@@ -375,7 +386,7 @@ class Decoder:
 
     def size_of(self, data: memoryview | bytes) -> tuple[int, int]:
         """``(height, width)`` of an encoded image, from its header where the format has one."""
-        return image_size(data)
+        return image_size(data, self.max_pixels)
 
     def decode_plan(self, data: memoryview | bytes, height: int, width: int, plan: Plan,
                     out: np.ndarray, rng: np.random.Generator) -> float:
@@ -391,7 +402,7 @@ class Decoder:
         if _is_jpeg(data):
             image, frame = self._decode_box(data, height, width, plan)
         else:
-            image, frame = _other_decode(data), None
+            image, frame = _other_decode(data, self.max_pixels), None
         self._resample_plan(image, height, width, plan, target, frame)
         if target is out:
             return 0.0
@@ -430,11 +441,11 @@ class Decoder:
                              f"got {out.dtype} {out.shape}")
         target = out if self._staging is None else self._staging
         if _is_jpeg(data):
-            height, width = _jpeg_header(data)
+            height, width = _jpeg_header(data, self.max_pixels)
             plan = self.pipeline.plan(height, width, rng)
             image, frame = self._decode_box(data, height, width, plan)
         else:
-            image, frame = _other_decode(data), None
+            image, frame = _other_decode(data, self.max_pixels), None
             height, width = image.shape[:2]
             plan = self.pipeline.plan(height, width, rng)
         self._resample_plan(image, height, width, plan, target, frame)
@@ -481,9 +492,9 @@ class Decoder:
         buffer: copy them before the next call.
         """
         if not _is_jpeg(data):
-            image = _other_decode(data)
+            image = _other_decode(data, self.max_pixels)
             return image, image.shape[0], image.shape[1], 0
-        height, width = _jpeg_header(data)
+        height, width = _jpeg_header(data, self.max_pixels)
         if not jpeg_dct_scalable(data):
             return self._decode_scaled(data, height, width, 1), height, width, 0
         factor = 1
@@ -552,7 +563,7 @@ class Decoder:
         scale = {}
         if factor > 1 and jpeg_dct_scalable(data):
             scale = {"min_height": -(-height // factor), "min_width": -(-width // factor)}
-            height, width = _jpeg_header(data, **scale)
+            height, width = _jpeg_header(data, self.max_pixels, **scale)
         self._scratch = _grown(self._scratch, height * width * 3)
         try:
             return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=self._scratch, **scale)

@@ -22,10 +22,12 @@ from .transforms import ImagePipeline
 __all__ = ["DecoderPipeline", "make_pipeline"]
 
 
-def make_pipeline(transform: Any):
+def make_pipeline(transform: Any, max_pixels: int | None = None):
     """The worker-side pipeline for ``transform`` (see the module docstring); None is
     the empty pipeline (whole images, each of its own size). An
     :class:`ImagePipeline` keeps its ``backend``; a list of specs gets ``"auto"``.
+    ``max_pixels`` is the pixel budget of its decoder (None: the default,
+    :data:`formats.media.MAX_PIXELS`); a custom pipeline object decodes by itself.
 
     Raises:
         ValueError: the specs are out of order.
@@ -39,7 +41,7 @@ def make_pipeline(transform: Any):
             list(transform) if isinstance(transform, (list, tuple)) else [transform])
         transform = ImagePipeline(specs)
     check_backend(transform.backend)
-    return DecoderPipeline(transform, transform.backend)
+    return DecoderPipeline(transform, transform.backend, max_pixels)
 
 
 class DecoderPipeline:
@@ -52,22 +54,25 @@ class DecoderPipeline:
     ``transform_s`` (see :meth:`reader.pipeline.decode.Decoder.decode_timed`).
     """
 
-    def __init__(self, pipeline, backend: str = "auto") -> None:
+    def __init__(self, pipeline, backend: str = "auto", max_pixels: int | None = None) -> None:
         self.pipeline = pipeline
         self.backend = backend
+        self.max_pixels = max_pixels
         self.output_shape = None if pipeline.output_shape is None else tuple(pipeline.output_shape)
         self._decoder = None
 
     def __getstate__(self) -> dict:
-        return {"pipeline": self.pipeline, "backend": self.backend}
+        return {"pipeline": self.pipeline, "backend": self.backend,
+                "max_pixels": self.max_pixels}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["pipeline"], state["backend"])
+        self.__init__(state["pipeline"], state["backend"], state["max_pixels"])
 
     def decoder(self):
         """This process's :class:`reader.pipeline.decode.Decoder` (built on first use)."""
         if self._decoder is None:
-            self._decoder = Decoder(self.pipeline, self.backend, roi=self.pipeline.roi)
+            self._decoder = Decoder(self.pipeline, self.backend, roi=self.pipeline.roi,
+                                    max_pixels=self.max_pixels)
         return self._decoder
 
     def run(self, view, out, rng) -> tuple[float, float]:

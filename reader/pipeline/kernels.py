@@ -168,7 +168,7 @@ class MaskKernel(Kernel):
         return array.shape
 
     def decode(self, decoder, data, height, width, plan, out, rng):
-        mask = _mask_decode(data)
+        mask = _mask_decode(data, decoder.max_pixels)
         if mask.shape[:2] != (height, width):
             raise DecodeError(f"mask is {mask.shape[0]}x{mask.shape[1]}, its image is "
                               f"{height}x{width}")
@@ -218,11 +218,11 @@ KERNELS: dict[str, Kernel] = {k.kind: k for k in (ImageKernel(), MaskKernel(), B
                                                    KeypointsKernel())}
 
 
-def _mask_decode(data: memoryview | bytes) -> np.ndarray:
+def _mask_decode(data: memoryview | bytes, max_pixels: int | None) -> np.ndarray:
     """A label mask as stored (PNG, 8-bit, one channel; the first channel of a colour one)."""
     import cv2
 
-    check_header_budget(data)  # before OpenCV allocates what the header declares
+    check_header_budget(data, max_pixels)  # before OpenCV allocates what the header declares
     try:
         arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if len(data) else None
     except cv2.error:

@@ -150,8 +150,10 @@ def _boxes_hint(f) -> str:
     return text + "pass annotations=reader.Annotations(boxes='') to read it as it is"
 
 
-def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
-    """Every record's (heights, widths): the metadata table, headers where it has none."""
+def _image_sizes(ds, image: str, max_pixels: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Every record's (heights, widths): the metadata table, headers where it has none;
+    an image over the pixel budget ``max_pixels`` counts as size 0 (no slot is sized
+    for it: the worker refuses or skips it)."""
     try:
         hw = known_image_sizes(ds)
     except Exception:  # no table (an old or foreign dataset): read every header
@@ -164,10 +166,11 @@ def _image_sizes(ds, image: str) -> tuple[np.ndarray, np.ndarray]:
 
         for r in unknown.tolist():
             try:
-                hw[r] = image_size(ds.payload(r, image))
+                hw[r] = image_size(ds.payload(r, image), max_pixels)
             except Exception:
                 continue  # a corrupt image: the worker reports (or skips) it when read
-    over = hw[:, 0].astype(np.int64) * hw[:, 1] > media.MAX_PIXELS
+    budget = media.MAX_PIXELS if max_pixels is None else max_pixels
+    over = hw[:, 0].astype(np.int64) * hw[:, 1] > budget
     if over.any():  # never a slot for a pixel bomb: the worker refuses (or skips) it
         hw = np.where(over[:, None], 0, hw)
     return hw[:, 0], hw[:, 1]
@@ -300,7 +303,7 @@ def _choose_image(d: _Draft) -> None:
             raise ArgumentError("transform would have no effect: none of the fields read is an "
                              "image (fields=..., image_field=...)")
         return
-    d.pipeline = make_pipeline(opts.transform)
+    d.pipeline = make_pipeline(opts.transform, opts.max_pixels)
     for n, kind in d.kinds.items():
         KERNELS[kind].check(types[n], d.core)
 
@@ -319,7 +322,7 @@ def _image_regions(d: _Draft) -> None:
         dtype = core.dtype if core is not None else np.uint8
         d.specs.append((image, dtype, (b, *pipeline.output_shape)))
     else:
-        bound = core.max_output(*_image_sizes(d.ds, image))
+        bound = core.max_output(*_image_sizes(d.ds, image, d.opts.max_pixels))
         # Rounding in one resize changes the aspect ratio the next one sees, by a
         # pixel or two: a margin per resizing spec after the first keeps the bound.
         resizes = sum(isinstance(t, (Resize, ResizeShortestEdge)) for t in core.geometric)

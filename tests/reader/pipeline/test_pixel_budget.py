@@ -83,7 +83,7 @@ def test_every_decode_entry_refuses_a_header_over_the_budget():
         with pytest.raises(DecodeError, match="pixel budget"):
             image_size(data)
     with pytest.raises(DecodeError, match="pixel budget"):
-        kernels._mask_decode(png_bomb())
+        kernels._mask_decode(png_bomb(), None)
 
 
 def test_the_budget_is_the_formats_constant_read_when_decoding(monkeypatch):
@@ -96,3 +96,41 @@ def test_the_budget_is_the_formats_constant_read_when_decoding(monkeypatch):
     with pytest.raises(DecodeError) as e:  # within the budget: now the decoder's own refusal
         decode_full(png_bomb())
     assert "pixel budget" not in str(e.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("transform", [False, True], ids=["no-transform", "crop"])
+def test_the_loader_s_max_pixels_is_the_budget_its_workers_decode_under(tmp_path, workers,
+                                                                         transform):
+    """Loader(max_pixels=N) is the budget of every decode, in every worker: below an
+    image's size it refuses the image (naming it), at the size it reads it, whatever
+    formats.media.MAX_PIXELS says."""
+    import reader
+    from formats.errors import CorruptRecordError
+    from reader.transforms import RandomResizedCrop
+
+    rng = np.random.default_rng(7)
+    with DatasetWriter(tmp_path / "ds", [Field("image", "image"), Field("label", "int")],
+                       durable=False) as w:
+        for i in range(4):
+            w.write({"image": jpeg(rng, 40, 30), "label": i})
+    kw = {"transform": [RandomResizedCrop(16)]} if transform else {}
+    with reader.Loader(tmp_path / "ds", batch_size=2, num_workers=workers,
+                       max_pixels=40 * 30 - 1, **kw) as lo, \
+            pytest.raises(CorruptRecordError, match=r"1,199-pixel budget .*max_pixels") as info:
+        list(lo)
+    assert "record 0" in str(info.value)
+    with reader.Loader(tmp_path / "ds", batch_size=2, num_workers=workers,
+                       max_pixels=40 * 30, **kw) as lo:
+        assert sum(len(b["label"]) for b in lo) == 4
+
+
+def test_a_wrong_max_pixels_is_an_argument_error(tmp_path):
+    import reader
+    from formats.errors import ArgumentError, ArgumentTypeError
+
+    path = make(tmp_path / "ds", "png")
+    with pytest.raises(ArgumentError, match="max_pixels must be an int >= 1, not 0"):
+        reader.Loader(path, max_pixels=0)
+    with pytest.raises(ArgumentTypeError, match=r"max_pixels .* float 1000000000.0"):
+        reader.Loader(path, max_pixels=1e9)
