@@ -115,7 +115,7 @@ import numpy as np
 import simplejpeg
 
 from formats import media
-from formats.sniff import image_kind, jpeg_dct_scalable
+from formats.sniff import image_kind, jpeg_dct_scalable, jpeg_frame, jpeg_unsupported
 from formats.sniff import image_size as header_size  # the same (height, width), from a header
 
 from ..errors import DecodeError
@@ -201,15 +201,27 @@ def _is_jpeg(data: memoryview | bytes) -> bool:
     return bytes(data[:2]) == _JPEG_SOI
 
 
+def _jpeg_error(data: memoryview | bytes, exc: Exception, what: str = "JPEG") -> DecodeError:
+    """The error for a JPEG the decoder refused: ``unsupported JPEG`` with the reason
+    where its frame header is one the decoder cannot read (a 12-bit or 4:4:1 file kept
+    by ``pack-dataset --keep-unsupported``, or packed before it checked), else
+    ``corrupt``. The frame is read only here, on the error path."""
+    try:
+        why = jpeg_unsupported(jpeg_frame(data))
+    except ValueError:
+        why = None
+    if why is not None:
+        return DecodeError(f"unsupported JPEG ({describe_bytes(data)}): {why}; "
+                           "pack-dataset refuses such files unless --keep-unsupported")
+    return DecodeError(f"corrupt {what} ({describe_bytes(data)}): {exc}")
+
+
 def _jpeg_header(data: memoryview | bytes, max_pixels: int | None = None,
                  **scale: int) -> tuple[int, int]:
     try:
         height, width, _, _ = simplejpeg.decode_jpeg_header(data, **scale)
-    except ValueError as exc:
-        raise DecodeError(f"corrupt JPEG header ({describe_bytes(data)}): {exc}") from exc
-    except KeyError as exc:  # simplejpeg 1.9 has no name for TurboJPEG's 4:4:1
-        raise DecodeError(f"unsupported JPEG sampling ({describe_bytes(data)}): "
-                          "4:4:1") from exc
+    except (ValueError, KeyError) as exc:  # KeyError: simplejpeg 1.9 cannot name 4:4:1
+        raise _jpeg_error(data, exc, "JPEG header") from exc
     return within_budget(height, width, data, max_pixels)
 
 
@@ -232,7 +244,7 @@ def decode_full(data: memoryview | bytes, max_pixels: int | None = None) -> np.n
     try:
         return simplejpeg.decode_jpeg(data, colorspace="RGB")
     except ValueError as exc:
-        raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
+        raise _jpeg_error(data, exc) from exc
 
 
 def image_size(data: memoryview | bytes, max_pixels: int | None = None) -> tuple[int, int]:
@@ -476,7 +488,7 @@ class Decoder:
                     self._scratch = _grown(self._scratch, region[2] * region[3] * 3)
                     return self._region.decode(data, factor, region, self._scratch), frame
             except RegionError as exc:
-                raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
+                raise _jpeg_error(data, exc) from exc
         return self._decode_scaled(data, height, width, factor), None
 
     def decode_for_cache(self, data: memoryview | bytes, short_side: int | None
@@ -568,7 +580,7 @@ class Decoder:
         try:
             return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=self._scratch, **scale)
         except ValueError as exc:
-            raise DecodeError(f"corrupt JPEG ({describe_bytes(data)}): {exc}") from exc
+            raise _jpeg_error(data, exc) from exc
 
 
 def _grown(buffer: np.ndarray, need: int) -> np.ndarray:

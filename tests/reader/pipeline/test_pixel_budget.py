@@ -134,3 +134,30 @@ def test_a_wrong_max_pixels_is_an_argument_error(tmp_path):
         reader.Loader(path, max_pixels=0)
     with pytest.raises(ArgumentTypeError, match=r"max_pixels .* float 1000000000.0"):
         reader.Loader(path, max_pixels=1e9)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_kept_unsupported_jpeg_is_named_unsupported_at_read_time_not_corrupt(tmp_path,
+                                                                             workers):
+    """A 12-bit or 4:4:1 JPEG kept by --keep-unsupported (or packed before the check)
+    reaches the Loader: it is refused as an unsupported JPEG with the reason, naming
+    shard and record, never called corrupt."""
+    import reader
+    from formats.errors import CorruptRecordError
+    from tests.helpers_jpeg import jpeg_file
+
+    rng = np.random.default_rng(3)
+    for name, data, why in (("p12", jpeg_file(rng, precision=12), "12-bit"),
+                            ("s441", jpeg_file(rng, sampling=((1, 4), (1, 1), (1, 1))),
+                             "4:4:1")):
+        root = tmp_path / name
+        with DatasetWriter(root, [Field("image", "image"), Field("label", "int")],
+                           durable=False) as w:
+            w.write({"image": jpeg(rng, 40, 30), "label": 0})
+            w.write({"image": data, "label": 1})
+        with reader.Loader(root, batch_size=2, num_workers=workers) as lo, \
+                pytest.raises(CorruptRecordError) as info:
+            list(lo)
+        message = str(info.value)
+        assert "record 1" in message and "unsupported JPEG" in message, message
+        assert why in message and "corrupt JPEG" not in message, message
