@@ -2,6 +2,8 @@
 16), any sampling factors, 1 to 4 components, baseline / extended / progressive
 (a DC-only first scan) / lossless frames, and a free choice of SOF marker.
 
+(:func:`encode_kind` writes the common kinds, through simplejpeg and Pillow.)
+
 The scans are consistent with the frame header (valid files, not fuzz), so a decoder
 that supports a file's kind decodes it; what a decoder refuses, it refuses for the
 kind. DCT frames carry DC coefficients only (every AC is zero: each block is a flat
@@ -10,9 +12,28 @@ tile of a random level); lossless frames carry random samples (predictor 1).
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
-__all__ = ["jpeg_file"]
+__all__ = ["encode_kind", "jpeg_file"]
+
+
+def encode_kind(img: np.ndarray, kind: str) -> bytes:
+    """``img`` (RGB uint8) as a JPEG of a common kind, through the usual encoders:
+    ``"gray"``, ``"progressive"`` (Pillow, 4:2:0) or a simplejpeg subsampling name
+    (``"420"``, ``"422"``, ``"444"``, ``"440"``, ``"411"``)."""
+    import simplejpeg
+
+    if kind == "gray":
+        return simplejpeg.encode_jpeg(np.ascontiguousarray(img[..., :1]), 90, colorspace="GRAY")
+    if kind == "progressive":
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, "JPEG", quality=90, progressive=True, subsampling=2)
+        return buf.getvalue()
+    return simplejpeg.encode_jpeg(img, 90, colorsubsampling=kind)
 
 # One Huffman table for every magnitude category: 0..15 for DCT frames (14 codes of
 # 4 bits, 2 of 5), 0..16 for lossless ones (14 and 3): never the all-ones code.

@@ -16,7 +16,6 @@ import pickle
 
 import numpy as np
 import pytest
-import simplejpeg
 from PIL import Image
 
 from formats.sniff import jpeg_dct_scalable
@@ -28,19 +27,10 @@ from reader.pipeline.geometry import Plan
 from reader.pipeline.imaging import DecoderPipeline
 from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop, Resize
 from scripts.synth import make_jpeg, synth_image
+from tests.helpers_jpeg import encode_kind
 
 needs_roi = pytest.mark.skipif(not roi.available(), reason=f"{roi.unavailable_reason()}")
 BACKENDS = ["cv2", "pillow"]
-
-
-def _encode(img: np.ndarray, kind: str) -> bytes:
-    if kind == "gray":
-        return simplejpeg.encode_jpeg(np.ascontiguousarray(img[..., :1]), 90, colorspace="GRAY")
-    if kind == "progressive":
-        buf = io.BytesIO()
-        Image.fromarray(img).save(buf, "JPEG", quality=90, progressive=True, subsampling=2)
-        return buf.getvalue()
-    return simplejpeg.encode_jpeg(img, 90, colorsubsampling=kind)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +40,7 @@ def images():
     out = {}
     for kind, (w, h) in itertools.product(("420", "422", "444", "440", "gray", "progressive"),
                                           ((457, 333), (131, 97))):
-        out[kind, w, h] = _encode(synth_image(rng, w, h), kind)
+        out[kind, w, h] = encode_kind(synth_image(rng, w, h), kind)
     return out
 
 

@@ -12,7 +12,6 @@ one small Loader run with the cache on and off.
 
 from __future__ import annotations
 
-import io
 import math
 import threading
 from collections import Counter
@@ -20,8 +19,6 @@ from collections import Counter
 import cv2
 import numpy as np
 import pytest
-import simplejpeg
-from PIL import Image
 
 from formats import DatasetWriter, Field
 from reader import DecodedCacheOptions, Loader
@@ -31,6 +28,7 @@ from reader.pipeline.imaging import DecoderPipeline
 from reader.runtime.decoded_cache import DecodedCache
 from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
 from scripts.synth import synth_image
+from tests.helpers_jpeg import encode_kind
 
 KINDS = ("420", "422", "444", "440", "411", "gray", "progressive")
 SIZES = ((61, 45), (133, 97), (210, 256), (300, 291))  # (width, height)
@@ -38,22 +36,12 @@ CROPS = 10_000
 PIPELINES = 50
 
 
-def _encode(img: np.ndarray, kind: str) -> bytes:
-    if kind == "gray":
-        return simplejpeg.encode_jpeg(np.ascontiguousarray(img[..., :1]), 90, colorspace="GRAY")
-    if kind == "progressive":
-        buf = io.BytesIO()
-        Image.fromarray(img).save(buf, "JPEG", quality=90, progressive=True, subsampling=2)
-        return buf.getvalue()
-    return simplejpeg.encode_jpeg(img, 90, colorsubsampling=kind)
-
-
 @pytest.fixture(scope="module")
 def jpegs() -> list[tuple[str, bytes]]:
     """JPEGs of every layout and size, and images every plan decodes whole: a PNG and,
     where the roi extra's encoder is installed, a lossless JPEG (no DCT to scale)."""
     rng = np.random.default_rng(35)
-    out = [(f"{kind} {w}x{h}", _encode(synth_image(rng, w, h), kind))
+    out = [(f"{kind} {w}x{h}", encode_kind(synth_image(rng, w, h), kind))
            for kind in KINDS for w, h in SIZES]
     out.append(("png 250x180", cv2.imencode(".png", synth_image(rng, 250, 180))[1].tobytes()))
     try:
@@ -129,7 +117,7 @@ def ds_path(tmp_path_factory):
                        records_per_shard=16, durable=False) as w:
         for i in range(48):
             width, height = (int(s) for s in rng.integers(90, 181, 2))
-            w.write({"image": _encode(synth_image(rng, width, height), KINDS[i % 5]),
+            w.write({"image": encode_kind(synth_image(rng, width, height), KINDS[i % 5]),
                      "label": i})
     return root
 
