@@ -20,7 +20,7 @@ from packer import (  # noqa: E402
     pack,
 )
 from packer.cli import main  # noqa: E402
-from packer.engines.ranges import STATE_DIR, marker_name, part_name  # noqa: E402
+from packer.work_names import STATE_DIR, marker_name, part_name  # noqa: E402
 from tests.helpers_packer import dataset_files, image_folder, jpeg  # noqa: E402
 from tests.helpers_s3 import CREDENTIALS, moto_server, new_bucket, s3_uri  # noqa: E402
 
