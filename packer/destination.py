@@ -9,7 +9,9 @@ Claiming DST (the protocol; cited as "claiming DST" where it is used)
    is checked to still be the one at that path: a replace moves folders, and the
    holder deletes the file before it unlocks, so a lock on a file that moved
    away guards nothing. A finished pack leaves no lock file behind.
-2. **Survey** (:mod:`formats.shard.ownership`). Refused: a ``manifest.json`` that is
+2. **Survey** (:mod:`formats.shard.ownership`, told the names a pack works under:
+   :data:`packer.work_names.WORK`; an earlier pack's range state, ``.ray/``, is
+   first renamed to today's name). Refused: a ``manifest.json`` that is
    not ours (never replaced); a complete dataset or output without
    ``--overwrite``; entries we cannot prove are ours without ``--overwrite``
    (a resume goes on beside the entries its interrupted run accepted).
@@ -49,7 +51,6 @@ from formats.shard.ownership import (
     LOCK_NAME,
     STAGING_MARKER,
     Survey,
-    WorkNames,
     output_entries,
     remove_ours,
     survey,
@@ -57,17 +58,11 @@ from formats.shard.ownership import (
 )
 from formats.storage import display_uri
 
-from .engines.ranges import PART_FILE, PLAN_NAME, STATE_DIR
 from .errors import DestinationError, PackError, PackInterrupted, UsageError
 from .options import PackOptions
-from .plan import SHUFFLE_PASS
+from .work_names import WORK, adopt_legacy_state
 
-__all__ = ["WORK", "Destination", "claim", "claimed"]
-
-#: What a pack keeps in DST while it works, besides the dataset's own files, and so
-#: what ``formats.shard.ownership`` counts as ours when told: the range driver's state
-#: (its plan proves it) and ``part-*`` shards, and the first pass of a shuffle.
-WORK = WorkNames(STATE_DIR, PLAN_NAME, PART_FILE, (SHUFFLE_PASS,))
+__all__ = ["Destination", "claim", "claimed"]
 
 log = logging.getLogger("shardpack.packer")
 
@@ -189,7 +184,7 @@ class Destination:
     def _prepare(self) -> None:
         o = self.options
         pending = self._recover()
-        s = survey(self._real, WORK)
+        s = self._survey(self._real)
         if s.bad_manifest is not None:
             raise DestinationError(f"DST holds a manifest.json that is not a valid shardpack manifest "
                              f"({s.bad_manifest}); it is never replaced: remove it yourself",
@@ -241,11 +236,18 @@ class Destination:
         self._write_marker([])
         return True
 
+    def _survey(self, folder: Path) -> Survey:
+        """Step 2 for ``folder`` (DST or a staging folder of ours, both under DST's lock)."""
+        adopt_legacy_state(folder, self.options.durable)
+        return survey(folder, WORK)
+
     def _stage(self, *, fresh: bool) -> None:
         if fresh:
             self.staging.mkdir()
             self._write_marker([])
         self._locks.append(_lock(self.staging))
+        if not fresh:  # resumed: the range driver looks for its state by today's name
+            adopt_legacy_state(self.staging, self.options.durable)
         self.folder = self.staging
         self.staged = True
 
@@ -261,7 +263,7 @@ class Destination:
         shutil.rmtree(self.staging)
 
     def _delete_old(self, folder: Path) -> None:
-        s = survey(folder, WORK)
+        s = self._survey(folder)
         remove_ours(folder, s.ours, work=WORK)
         self._rmdir(folder, s)
 

@@ -37,7 +37,6 @@ from formats.fields import IMAGE_TYPES
 from formats.files import fsync_dir
 from formats.shard import ownership
 
-from .destination import WORK
 from .errors import PackError, PackInputError, _Bad
 from .options import PackOptions
 from .plan import created_by, listing_fingerprint, shuffle_order, work_options
@@ -46,6 +45,7 @@ from .resolve import open_sink
 from .sources.anyfiles import MAX_FILE_BYTES, file_value
 from .sources.listing import Listing
 from .work import WorkOptions, iter_loaded, load, os_error, prepare, process_pool, read_file
+from .work_names import WORK
 
 __all__ = ["Item", "Run", "listing_items", "open_writer", "pack_listing", "record_items", "resume_point",
            "write_items"]

@@ -23,13 +23,8 @@ from .options import PackOptions
 from .sources.listing import Listing
 from .work import WorkOptions
 
-__all__ = ["SHUFFLE_PASS", "check_paths", "created_by", "listing_fingerprint",
+__all__ = ["check_paths", "created_by", "listing_fingerprint",
            "pattern_files", "shuffle_order", "source_fingerprint", "work_options"]
-
-#: Inside the folder a pack writes: the first pass of a shuffled pack of a container
-#: source, a dataset of ours read back in the shuffled order (:mod:`packer.run`).
-SHUFFLE_PASS = ".shardpack-shuffle"
-
 
 def check_paths(src: Path | None, dst: Path) -> None:
     """SRC exists and DST is a folder outside it (what DST holds is the claim's business:

@@ -17,13 +17,13 @@ from formats.errors import InputError, InputUsageError
 from formats.shard import ownership
 from formats.storage import is_uri
 
-from .destination import WORK
 from .errors import UsageError
 from .options import PackOptions
 from .sources.coco import list_coco
 from .sources.filelist import LIST_EXTENSIONS, list_file
 from .sources.folders import FOLDER_SOURCES, detect_folder, list_folder
 from .sources.listing import Listing
+from .work_names import WORK, holds_legacy_state
 
 __all__ = ["BUILTIN_SOURCES", "check_names", "check_source_options", "choices",
            "detect_builtin", "detect_source", "list_source", "listing_options", "open_sink",
@@ -92,7 +92,8 @@ def detect_source(src: Path) -> str:
             return kind
     if src.is_dir():
         found = ownership.survey(src, WORK)
-        if found.dataset is None and (found.journal or found.work_state):
+        if found.dataset is None and (found.journal or found.work_state
+                                      or holds_legacy_state(src)):
             raise InputError("SRC is a pack that did not finish (it holds our journal and no "
                              "manifest.json): finish it with --resume (the same SRC and "
                              "options, this folder as DST), or remove it; --from files "

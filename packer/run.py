@@ -33,7 +33,6 @@ from .errors import PackError, PackInterrupted, UsageError
 from .loop import open_writer, pack_listing, record_items, resume_point, write_items
 from .options import PackOptions
 from .plan import (
-    SHUFFLE_PASS,
     check_paths,
     created_by,
     listing_fingerprint,
@@ -53,6 +52,7 @@ from .resolve import (
     open_source,
 )
 from .sources.listing import Listing
+from .work_names import SHUFFLE_PASS
 
 __all__ = ["pack"]
 

@@ -30,7 +30,7 @@ Protocol:
    written, and the skip list and the summary count the input as ``partial``; with
    ``fail`` the pack stops, naming it, and nothing of its range is published).
 4. **Resume** restarts at an input boundary: a range's done-marker
-   (``.ray/range-A-B.json``) is written only once every input of ``[A, B)`` is
+   (``.shardpack-ranges/range-A-B.json``) is written only once every input of ``[A, B)`` is
    finished and its shards published, so the markers are the record of the inputs
    finished. A resume keeps every range whose marker is in DST and packs the others
    again from their first input; whatever an unfinished range had written (its

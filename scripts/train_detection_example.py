@@ -21,7 +21,8 @@ padding. A batch holds the padded images with each one's size, and the boxes and
 labels as ragged arrays; ``to_torch`` turns those into lists of tensors, one per
 image. The checkpoint (saved every ``--save-every`` steps and at the end of the run)
 holds the model, the optimizer and ``loader.state_dict()``, so a resumed run continues
-at exactly the next unseen batch (see :mod:`scripts.checkpoint`).
+at exactly the next unseen batch (see :mod:`scripts.checkpoint`); the loop and its
+setup are :mod:`scripts.training`'s, shared by the example trainers.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ import numpy as np
 if not __package__:  # run as a file (python scripts/X.py): import as `python -m scripts.X` does
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout, not scripts/
 
-from scripts import checkpoint
+from scripts import training
+
+NAME = "train_detection_example"
 
 STRIDE = 4  # input pixels per cell of the model's output grid
 WIDTH = 32  # channels of the backbone's last layer and of the heads
@@ -229,29 +232,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--short", type=int, nargs="+", default=[128, 160],
                    help="ResizeShortestEdge's short sides")
     p.add_argument("--max-size", type=int, default=224, help="ResizeShortestEdge's max_size")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=300, help="total optimizer steps")
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--workers", default="auto")
     p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) // 2),
                    help="torch's threads (default: half the cores; the Loader's workers "
                         "use the rest)")
-    checkpoint.add_arguments(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=25)
-    args = p.parse_args(argv)
-    try:
-        checkpoint.check_arguments(p, args)
-    except checkpoint.CheckpointError as exc:
-        print(f"train_detection_example: error: {exc}", file=sys.stderr)
-        return 1
+    training.add_arguments(p, batch_size=16, log_every=25)
+    return training.run(p, argv, NAME, _train)
 
-    try:
-        import torch
-    except ImportError:
-        print("train_detection_example needs PyTorch: pip install 'shardpack[torch]'",
-              file=sys.stderr)
-        return 2
+
+def _train(args: argparse.Namespace, torch) -> int:
+    """Make the data if asked, then train (``main``'s arguments, checked)."""
     from reader.torch_adapter import to_torch
 
     if args.make_data:
@@ -260,10 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                   args.max_side)
         print(f"made and packed {args.images} + {args.held_out} images in "
               f"{time.perf_counter() - t:.1f} s", flush=True)
-    workers = args.workers if args.workers == "auto" else int(args.workers)
     short = tuple(args.short)
     loader = loader_for(args.data / "train", args.batch_size, train=True, short=short,
-                        max_size=args.max_size, seed=args.seed, workers=workers)
+                        max_size=args.max_size, seed=args.seed, workers=args.workers)
     num_classes = len(loader.dataset.classes)
     # torch's threads wait for each other by spinning: when the Loader's workers (or
     # anything else) hold the cores they want, a step takes several times longer.
@@ -273,41 +262,32 @@ def main(argv: list[str] | None = None) -> int:
     untrained = build_model(num_classes)  # the same seed's starting point, kept for comparison
     untrained.load_state_dict(model.state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
-    step, saved = 0, None  # saved: the step this run last saved at
-    if args.resume is not None:
-        try:
-            step = checkpoint.load(args.resume, model, opt, "loader", loader)
-        except checkpoint.CheckpointError as exc:
-            loader.close()
-            print(f"train_detection_example: error: {exc}", file=sys.stderr)
-            return 1
-        print(f"resumed at step {step}, epoch {loader.epoch}, batch {loader.position}")
+    step = training.resume(args, NAME, model, opt, "loader", loader)
+    if step is None:
+        return 1
 
-    t0, seen, loss_sum = time.perf_counter(), 0, 0.0
-    with loader:
-        while step < args.steps:
-            for batch in loader:
-                # images: float32 [B, 3, H, W] in 0..1, padded; boxes, labels: lists of tensors
-                b = to_torch(batch, channels_first=True, dtype=torch.float32)
-                loss = loss_of(model, b, num_classes)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                step += 1
-                seen += len(b["boxes"])
-                loss_sum += loss.item()
-                if step % args.log_every == 0:
-                    print(f"step {step:5d}  epoch {loader.epoch}  loss "
-                          f"{loss_sum / args.log_every:.4f}  "
-                          f"{seen / (time.perf_counter() - t0):.0f} img/s", flush=True)
-                    loss_sum = 0.0
-                if args.checkpoint is not None and step % args.save_every == 0:
-                    checkpoint.save(args.checkpoint, step, model, opt, "loader", loader)
-                    saved = step
-                if step >= args.steps:
-                    break
-        if args.checkpoint is not None and saved != step:
-            checkpoint.save(args.checkpoint, step, model, opt, "loader", loader)
+    t0 = time.perf_counter()
+    seen = 0
+    window = {"loss": 0.0}  # since the last log line
+
+    def fit(batch) -> None:
+        nonlocal seen
+        # images: float32 [B, 3, H, W] in 0..1, padded; boxes, labels: lists of tensors
+        b = to_torch(batch, channels_first=True, dtype=torch.float32)
+        loss = loss_of(model, b, num_classes)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen += len(b["boxes"])
+        window["loss"] += loss.item()
+
+    def log(step: int) -> None:
+        print(f"step {step:5d}  epoch {loader.epoch}  loss "
+              f"{window['loss'] / args.log_every:.4f}  "
+              f"{seen / (time.perf_counter() - t0):.0f} img/s", flush=True)
+        window["loss"] = 0.0
+
+    step = training.train(args, loader, "loader", model, opt, step, fit, log)
     print(f"done: {step} steps, {seen} images in {time.perf_counter() - t0:.1f} s", flush=True)
 
     with loader_for(args.data / "held_out", args.batch_size, train=False, short=short,

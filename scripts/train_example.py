@@ -6,7 +6,8 @@
 
 The checkpoint (saved every ``--save-every`` steps and at the end of the run) holds
 the model, the optimizer and the loader's ``state_dict()``, so a resumed run continues
-at exactly the next unseen batch (see :mod:`scripts.checkpoint`).
+at exactly the next unseen batch (see :mod:`scripts.checkpoint`); the loop and its
+setup are :mod:`scripts.training`'s, shared by the example trainers.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import numpy as np
 if not __package__:  # run as a file (python scripts/X.py): import as `python -m scripts.X` does
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout, not scripts/
 
-from scripts import checkpoint
+from scripts import training
+
+NAME = "train_example"
 
 
 def make_data(root: Path, n: int, classes: int, side: int, seed: int = 0) -> None:
@@ -50,26 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=2000)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--size", type=int, default=32, help="crop size")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=300, help="total optimizer steps")
-    p.add_argument("--workers", default="auto")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    checkpoint.add_arguments(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=50)
-    args = p.parse_args(argv)
-    try:
-        checkpoint.check_arguments(p, args)
-    except checkpoint.CheckpointError as exc:
-        print(f"train_example: error: {exc}", file=sys.stderr)
-        return 1
+    training.add_arguments(p, batch_size=32, log_every=50)
+    return training.run(p, argv, NAME, _train)
 
-    try:
-        import torch
-        from torch import nn
-    except ImportError:
-        print("train_example needs PyTorch: pip install 'shardpack[torch]'", file=sys.stderr)
-        return 2
+
+def _train(args: argparse.Namespace, torch) -> int:
+    """Make the data if asked, then train (``main``'s arguments, checked)."""
+    from torch import nn
+
     from reader import Loader
     from reader.torch_adapter import to_torch
     from reader.transforms import RandomHorizontalFlip, RandomResizedCrop
@@ -77,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.make_data:
         make_data(args.data, args.records, args.classes, side=args.size + args.size // 2)
     torch.manual_seed(args.seed)
-    workers = args.workers if args.workers == "auto" else int(args.workers)
     device_options = None
     if args.device == "cuda":
         from reader.device import DeviceOptions
@@ -86,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         # on the CPU path.
         device_options = DeviceOptions(dtype="float32", layout="NCHW", output="torch",
                                        mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
-    loader = Loader(args.data, args.batch_size, num_workers=workers, shuffle=True,
+    loader = Loader(args.data, args.batch_size, num_workers=args.workers, shuffle=True,
                     seed=args.seed, drop_last=True, device=args.device,
                     device_options=device_options,
                     transform=[RandomResizedCrop(args.size, scale=(0.5, 1.0)),
@@ -99,47 +90,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         model = model.cuda(loader.device_options.device_id or 0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    step, saved = 0, None  # saved: the step this run last saved at
-    if args.resume is not None:
-        try:
-            step = checkpoint.load(args.resume, model, opt, "loader", loader)
-        except checkpoint.CheckpointError as exc:
-            loader.close()
-            print(f"train_example: error: {exc}", file=sys.stderr)
-            return 1
-        print(f"resumed at step {step}, epoch {loader.epoch}, batch {loader.position}")
+    step = training.resume(args, NAME, model, opt, "loader", loader)
+    if step is None:
+        return 1
 
-    t0, seen, correct, total, loss_sum = time.perf_counter(), 0, 0, 0, 0.0
-    with loader:
-        while step < args.steps:
-            for batch in loader:
-                if args.device == "cuda":
-                    x, y = batch["image"], batch["label"]  # already float32 NCHW on the GPU
-                else:
-                    b = to_torch(batch, channels_first=True, dtype=torch.float32)
-                    x, y = b["image"], b["label"]
-                logits = model(x)
-                loss = nn.functional.cross_entropy(logits, y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                step += 1
-                seen += len(y)
-                loss_sum += loss.item()
-                correct += int((logits.argmax(1) == y).sum())
-                total += len(y)
-                if step % args.log_every == 0:
-                    dt = time.perf_counter() - t0
-                    print(f"step {step:5d}  epoch {loader.epoch}  loss {loss_sum / args.log_every:.3f}  "
-                          f"acc {correct / total:.3f}  {seen / dt:.0f} img/s", flush=True)
-                    loss_sum, correct, total = 0.0, 0, 0
-                if args.checkpoint is not None and step % args.save_every == 0:
-                    checkpoint.save(args.checkpoint, step, model, opt, "loader", loader)
-                    saved = step
-                if step >= args.steps:
-                    break
-        if args.checkpoint is not None and saved != step:
-            checkpoint.save(args.checkpoint, step, model, opt, "loader", loader)
+    t0 = time.perf_counter()
+    seen = 0
+    window = {"correct": 0, "total": 0, "loss": 0.0}  # since the last log line
+
+    def fit(batch) -> None:
+        nonlocal seen
+        if args.device == "cuda":
+            x, y = batch["image"], batch["label"]  # already float32 NCHW on the GPU
+        else:
+            b = to_torch(batch, channels_first=True, dtype=torch.float32)
+            x, y = b["image"], b["label"]
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen += len(y)
+        window["loss"] += loss.item()
+        window["correct"] += int((logits.argmax(1) == y).sum())
+        window["total"] += len(y)
+
+    def log(step: int) -> None:
+        dt = time.perf_counter() - t0
+        print(f"step {step:5d}  epoch {loader.epoch}  loss {window['loss'] / args.log_every:.3f}  "
+              f"acc {window['correct'] / window['total']:.3f}  {seen / dt:.0f} img/s", flush=True)
+        window.update(correct=0, total=0, loss=0.0)
+
+    step = training.train(args, loader, "loader", model, opt, step, fit, log)
     print(f"done: {step} steps, {seen} images in {time.perf_counter() - t0:.1f} s")
     return 0
 

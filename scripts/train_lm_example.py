@@ -11,7 +11,8 @@ into shuffled blocks of ``block_size + 1`` tokens, across document boundaries;
 the model learns to predict ``block[1:]`` from ``block[:-1]``. The checkpoint
 (saved every ``--save-every`` steps and at the end of the run) holds the model, the
 optimizer and the reader's ``state_dict()``, so a resumed run continues at exactly
-the next unseen batch (see :mod:`scripts.checkpoint`).
+the next unseen batch (see :mod:`scripts.checkpoint`); the loop and its setup are
+:mod:`scripts.training`'s, shared by the example trainers.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from pathlib import Path
 if not __package__:  # run as a file (python scripts/X.py): import as `python -m scripts.X` does
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout, not scripts/
 
-from scripts import checkpoint
+from scripts import training
 
+NAME = "train_lm_example"
 VOCAB = 257  # byte values and the end-of-document id (scripts.pack_text_example)
 
 
@@ -66,27 +68,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="pack a generated corpus into --data first (scripts.pack_text_example)")
     p.add_argument("--documents", type=int, default=2000, help="documents for --make-data")
     p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--steps", type=int, default=300, help="total optimizer steps")
     p.add_argument("--lr", type=float, default=3e-3)
-    checkpoint.add_arguments(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=50)
-    args = p.parse_args(argv)
-    try:
-        checkpoint.check_arguments(p, args)
-    except checkpoint.CheckpointError as exc:
-        print(f"train_lm_example: error: {exc}", file=sys.stderr)
-        return 1
+    training.add_arguments(p, batch_size=16, log_every=50, workers=False)
+    return training.run(p, argv, NAME, _train)
 
-    try:
-        import torch
-        from torch import nn
-    except ImportError:
-        print("train_lm_example needs PyTorch: pip install 'shardpack[torch]'", file=sys.stderr)
-        return 2
+
+def _train(args: argparse.Namespace, torch) -> int:
+    """Make the data if asked, then train (``main``'s arguments, checked)."""
+    from torch import nn
+
     from reader import TokenBlocks
 
     if args.make_data:
@@ -100,45 +92,35 @@ def main(argv: list[str] | None = None) -> int:
                          drop_last=True)
     model = build_model(args.dim, args.layers, args.block_size)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    step, saved = 0, None  # saved: the step this run last saved at
-    if args.resume is not None:
-        try:
-            step = checkpoint.load(args.resume, model, opt, "blocks", blocks)
-        except checkpoint.CheckpointError as exc:
-            blocks.close()
-            print(f"train_lm_example: error: {exc}", file=sys.stderr)
-            return 1
-        print(f"resumed at step {step}, epoch {blocks.epoch}, batch {blocks.position}")
+    step = training.resume(args, NAME, model, opt, "blocks", blocks)
+    if step is None:
+        return 1
     print(f"{blocks.num_tokens:,} tokens, {blocks.num_blocks:,} blocks of {args.block_size} + 1; "
           f"{len(blocks)} batches per epoch; loss of a uniform guess {math.log(VOCAB):.2f}")
 
-    t0, seen, loss_sum, logged = time.perf_counter(), 0, 0.0, 0
-    with blocks:
-        while step < args.steps:
-            for batch in blocks:
-                x = torch.from_numpy(batch).long()  # one copy: int32 ids to int64 indices
-                logits = model(x[:, :-1])
-                loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB),
-                                                   x[:, 1:].reshape(-1))
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                step += 1
-                seen += x[:, 1:].numel()
-                loss_sum += loss.item()
-                logged += 1
-                if step % args.log_every == 0:
-                    dt = time.perf_counter() - t0
-                    print(f"step {step:5d}  epoch {blocks.epoch}  loss {loss_sum / logged:.3f}  "
-                          f"{seen / dt:.0f} tokens/s", flush=True)
-                    loss_sum, logged = 0.0, 0
-                if args.checkpoint is not None and step % args.save_every == 0:
-                    checkpoint.save(args.checkpoint, step, model, opt, "blocks", blocks)
-                    saved = step
-                if step >= args.steps:
-                    break
-        if args.checkpoint is not None and saved != step:
-            checkpoint.save(args.checkpoint, step, model, opt, "blocks", blocks)
+    t0 = time.perf_counter()
+    seen = 0
+    window = {"loss": 0.0, "steps": 0}  # since the last log line
+
+    def fit(batch) -> None:
+        nonlocal seen
+        x = torch.from_numpy(batch).long()  # one copy: int32 ids to int64 indices
+        logits = model(x[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen += x[:, 1:].numel()
+        window["loss"] += loss.item()
+        window["steps"] += 1
+
+    def log(step: int) -> None:
+        dt = time.perf_counter() - t0
+        print(f"step {step:5d}  epoch {blocks.epoch}  loss {window['loss'] / window['steps']:.3f}  "
+              f"{seen / dt:.0f} tokens/s", flush=True)
+        window.update(loss=0.0, steps=0)
+
+    step = training.train(args, blocks, "blocks", model, opt, step, fit, log)
     print(f"done: {step} steps, {seen:,} tokens in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -10,7 +10,7 @@ our own records says so:
   the writer gives its shards (``shard-NNNNN.rec``...), or the journal's own
   companions (``.skipped.partial.jsonl``);
 * the program writing there declared the names it works under (:class:`WorkNames`,
-  passed in; the packer's are ``packer.destination.WORK``: its range state, range
+  passed in; the packer's are ``packer.work_names.WORK``: its range state, range
   shards and the first pass of a shuffle), and the proof it named is present (for
   its state and its shards), or the folder holds a manifest or a journal of ours
   (for a first pass);
@@ -63,7 +63,7 @@ class WorkNames:
     :func:`survey`, so this module knows a dataset's names alone.
 
     Attributes:
-        state_dir: a folder of the run's state (the packer's ``.ray/``).
+        state_dir: a folder of the run's state (the packer's ``.shardpack-ranges/``).
         proof: the file, relative to the output folder, that only such a run writes
             (its plan, inside ``state_dir``); while it is there, ``state_dir`` and
             the names ``shard_names`` matches are ours.

@@ -39,7 +39,8 @@ from ..loop import pack_listing
 from ..options import PackOptions
 from ..report import PackProgress, PackSummary
 from ..sources.listing import Listing
-from .ranges import Output, RangeResult, marker_name, part_name, prepare, split
+from ..work_names import marker_name, part_name
+from .ranges import Output, RangeResult, prepare, split
 
 __all__ = ["RangeJob", "drive", "pack_range"]
 

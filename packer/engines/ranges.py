@@ -1,15 +1,8 @@
-"""The range driver's work on disk: contiguous ranges, their shard names, done-markers.
+"""The range driver's work on disk: contiguous ranges, their shards, done-markers.
 
 Nothing here needs Ray; the range driver (:mod:`packer.engines.driver`) uses it,
-whether its ranges run as Ray tasks or in local worker processes.
-
-Layout in DST while a pack of ranges runs (all under names a one-process pack
-never uses, so neither mistakes the other's leftovers for its own)::
-
-    part-AAAAAAAAAAAA-KKKKK.{rec,idx,meta.parquet}   shard K of the range starting at A
-    .ray/plan.json                                    the plan fingerprint and the ranges
-    .ray/range-AAAAAAAAAAAA-BBBBBBBBBBBB.json         done-marker: range [A, B) is published
-    .ray/work-AAAAAAAAAAAA-*/                         a task's scratch (local DST only)
+whether its ranges run as Ray tasks or in local worker processes. The names it
+writes in DST are :mod:`packer.work_names`'s (its docstring shows the layout).
 
 Invariants:
 
@@ -19,15 +12,15 @@ Invariants:
 * A done-marker is written only after every shard of its range is published
   (and, when durable, flushed); it holds the range's shard entries, skip lines
   and counters, so a resume needs nothing else from the run that wrote it.
-* ``manifest.json`` is written last, after ``skipped.jsonl``; ``.ray/`` is
-  removed after it. A DST without a manifest is never a dataset.
+* ``manifest.json`` is written last, after ``skipped.jsonl``; the state folder
+  (:data:`~packer.work_names.STATE_DIR`) is removed after it. A DST without a
+  manifest is never a dataset.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,15 +40,19 @@ from formats.shard.ownership import (
 from formats.storage import Location, is_uri, open_location
 
 from ..errors import PackError
+from ..work_names import (
+    LEGACY_PLAN_NAME,
+    LEGACY_STATE_DIR,
+    PART_FILE,
+    PLAN_NAME,
+    STATE_DIR,
+    marker_name,
+    marker_range,
+    part_name,
+)
 
-__all__ = ["PART_FILE", "PLAN_NAME", "STATE_DIR", "Output", "RangeResult", "marker_name",
-           "part_name", "prepare", "split"]
+__all__ = ["Output", "RangeResult", "prepare", "split"]
 
-#: The folder of a pack's range state in DST (``formats.shard.ownership`` counts it ours
-#: while its plan is there: :data:`packer.destination.WORK`).
-STATE_DIR = ".ray"
-PLAN_NAME = f"{STATE_DIR}/plan.json"
-_MARKER = re.compile(rf"^{re.escape(STATE_DIR)}/range-(\d{{12}})-(\d{{12}})\.json$")
 _MARKER_LIMIT = 64 << 20  # a marker holds a range's skip lines: generous, yet bounded
 # What a pack of either engine writes into DST, by exact name (formats.shard.ownership);
 # cleared before a fresh pack. A local DST was claimed (packer.destination) before this,
@@ -66,19 +63,6 @@ _OURS_NAMES = (JOURNAL_NAME, SKIPPED_NAME, SKIPPED_PARTIAL_NAME)
 def split(n: int, size: int) -> list[tuple[int, int]]:
     """``[0, n)`` as contiguous ``(start, stop)`` ranges of ``size`` records (the last shorter)."""
     return [(a, min(a + size, n)) for a in range(0, n, size)]
-
-
-def part_name(start: int, k: int) -> str:
-    """The base name of shard ``k`` of the range starting at record ``start``."""
-    return f"part-{start:012d}-{k:05d}"
-
-
-#: Exactly the names of the files of the shards :func:`part_name` names.
-PART_FILE = re.compile(r"^part-\d{12}-\d{5,}\.(?:rec|idx|meta\.parquet)$")
-
-
-def marker_name(start: int, stop: int) -> str:
-    return f"{STATE_DIR}/range-{start:012d}-{stop:012d}.json"
 
 
 @dataclass
@@ -196,8 +180,8 @@ class Output:
 
         One per attempt, never shared: a cancelled attempt that is still winding
         down must not delete the files of the one that replaced it. A local DST
-        keeps them under ``.ray/`` (same filesystem: publishing is a rename;
-        whatever a dead worker left goes with ``.ray/``); otherwise they are
+        keeps them in its state folder (same filesystem: publishing is a rename;
+        whatever a dead worker left goes with that folder); otherwise they are
         in the node's temporary folder.
         """
         import tempfile
@@ -262,7 +246,7 @@ class Output:
             or n.startswith(f"{STATE_DIR}/")))
 
     def remove_state(self) -> None:
-        """Delete ``.ray/`` (after the manifest: the run is complete)."""
+        """Delete the state folder (after the manifest: the run is complete)."""
         if self.local is not None:
             shutil.rmtree(self.local / STATE_DIR, ignore_errors=True)
         else:
@@ -285,6 +269,8 @@ def prepare(out: Output, plan: str, ranges: list[tuple[int, int]],
     """
     out.drop_scratch()
     files = out.files()
+    if out.local is None:  # a local DST's was renamed when it was claimed
+        files = _adopt_legacy_state(out, files, resume)
     expected = {"plan": plan, "ranges": len(ranges), "task_records": ranges[0][1] - ranges[0][0]}
     done: dict[int, RangeResult] = {}
     if resume and PLAN_NAME in files:
@@ -295,14 +281,14 @@ def prepare(out: Output, plan: str, ranges: list[tuple[int, int]],
                             "without --resume", path=out.dst, found=found, expected=expected)
         bounds = set(ranges)
         for name in files:
-            m = _MARKER.match(name)
-            if not m or (int(m[1]), int(m[2])) not in bounds:
+            bound = marker_range(name)
+            if bound is None or bound not in bounds:
                 continue
             try:
                 result = RangeResult.from_json(out.read_json(name), name, per_input)
             except PackError:
                 continue  # a torn or foreign marker: the range is packed again
-            if result.plan == plan and (result.start, result.stop) == (int(m[1]), int(m[2])) \
+            if result.plan == plan and (result.start, result.stop) == bound \
                     and all(files.get(f) == size for f, size in result.files().items()):
                 done[result.start] = result
     keep = {f for r in done.values() for f in r.files()}
@@ -311,3 +297,27 @@ def prepare(out: Output, plan: str, ranges: list[tuple[int, int]],
     out.write_bytes(PLAN_NAME, json.dumps(expected, sort_keys=True).encode())
     return done
 
+
+def _adopt_legacy_state(out: Output, files: dict[str, int], resume: bool) -> dict[str, int]:
+    """DST's files once the range state an earlier pack left on object storage under
+    :data:`~packer.work_names.LEGACY_STATE_DIR` is gone: moved to
+    :data:`~packer.work_names.STATE_DIR` for a resume (objects cannot be renamed: each
+    is copied, the plan last, then deleted, the plan last, so a kill halfway leaves
+    one plan that still proves the rest), or deleted, as that pack would have.
+    """
+    legacy = sorted((n for n in files if n.startswith(f"{LEGACY_STATE_DIR}/")),
+                    key=lambda n: n == LEGACY_PLAN_NAME)
+    if not legacy:
+        return files
+    if resume and LEGACY_PLAN_NAME in files and PLAN_NAME not in files:
+        for name in legacy:
+            new = f"{STATE_DIR}/{name[len(LEGACY_STATE_DIR) + 1:]}"
+            if new != PLAN_NAME and marker_range(new) is None:
+                continue
+            try:
+                data = out.location.read_bytes(name, _MARKER_LIMIT)
+            except (OSError, ValueError):  # StorageError is a ValueError
+                continue  # as an unreadable marker in prepare(): its range is packed again
+            out.write_bytes(new, data)
+    out.delete(legacy)
+    return out.files()

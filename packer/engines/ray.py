@@ -21,16 +21,11 @@ a function's inputs), then :func:`on_ray` runs the missing ranges:
 SRC (and a folder DST) must be at the same path on every node: a shared
 filesystem; DST may also be a URI (``s3://...``), which tasks upload to. Every
 node needs shardpack installed (``pip install 'shardpack[ray]'``).
-
-Test hook: ``SHARDPACK_TEST_RAY_KILL_ONCE=/path`` in the driver's environment
-makes the first task to create ``/path`` (O_EXCL) kill its own worker halfway
-through its range.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from formats.errors import InputError, ShardpackError
@@ -47,7 +42,6 @@ from .ranges import Output, RangeResult
 __all__ = ["MAX_RETRIES", "check_destination", "import_ray", "on_ray"]
 
 MAX_RETRIES = 3
-_KILL_ENV = "SHARDPACK_TEST_RAY_KILL_ONCE"
 _POLL_SECONDS = 0.2
 
 
@@ -100,30 +94,22 @@ class _Tally:
 
 
 class _RangeProgress(PackProgress):
-    """The task's progress: sent to the tally (and the kill-once test hook)."""
+    """The task's progress, sent to the tally."""
 
-    def __init__(self, tally, start: int, n: int, kill_once: str | None) -> None:
+    def __init__(self, tally, start: int, n: int) -> None:
         # Not ``self.start``: that is PackProgress.start, which the pack loop calls.
-        self.tally, self.first, self.n, self.kill_once = tally, start, n, kill_once
+        self.tally, self.first, self.n = tally, start, n
         self.records = self.nbytes = 0
 
     def advance(self, records: int, nbytes: int) -> None:
         self.records += records
         self.nbytes += nbytes
         self.tally.report.remote(self.first, self.records, self.nbytes)
-        if self.kill_once and 2 * self.records >= self.n:
-            marker, self.kill_once = self.kill_once, None
-            try:
-                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                return
-            os._exit(1)  # the test hook: a worker dying mid-range, once
 
 
-def _pack_range(job: RangeJob, listing, start: int, tally,
-                kill_once: str | None) -> RangeResult:
+def _pack_range(job: RangeJob, listing, start: int, tally) -> RangeResult:
     """A Ray task: :func:`pack_range` reporting to the tally."""
-    return pack_range(job, listing, start, _RangeProgress(tally, start, len(listing), kill_once))
+    return pack_range(job, listing, start, _RangeProgress(tally, start, len(listing)))
 
 
 # -- the driver side ----------------------------------------------------------------------
@@ -154,7 +140,6 @@ def _run(ray, job: RangeJob, listing, todo: list[tuple[int, int]], window: int,
     task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES,
                       retry_exceptions=[OSError])(_pack_range)
     tally = ray.remote(num_cpus=0)(_Tally).remote()
-    kill_once = os.environ.get(_KILL_ENV) or None
     queue = list(reversed(todo))
     running: dict = {}
     shown: dict[int, tuple[int, int]] = {}  # per range: records, bytes on the bar
@@ -172,7 +157,7 @@ def _run(ray, job: RangeJob, listing, todo: list[tuple[int, int]], window: int,
         while queue or running:
             while queue and len(running) < window:
                 a, b = queue.pop()
-                running[task.remote(job, listing.slice(a, b), a, tally, kill_once)] = (a, b)
+                running[task.remote(job, listing.slice(a, b), a, tally)] = (a, b)
             ready, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_SECONDS)
             for ref in ready:
                 a, b = running.pop(ref)

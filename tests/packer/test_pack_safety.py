@@ -500,15 +500,15 @@ def test_ownership_knows_a_datasets_names_and_the_packer_declares_its_own(tmp_pa
     """formats.shard.ownership proves ours only what a dataset names; the range state,
     range shards and shuffle pass are the packer's, ours only when it says so."""
     from formats.shard.ownership import is_our_shard_name, remove_ours, survey
-    from packer.destination import WORK
+    from packer.work_names import STATE_DIR, WORK
 
-    (tmp_path / ".ray").mkdir()
-    (tmp_path / ".ray" / "plan.json").write_text("{}")
+    (tmp_path / STATE_DIR).mkdir()
+    (tmp_path / STATE_DIR / "plan.json").write_text("{}")
     (tmp_path / "part-000000000000-00000.rec").write_bytes(b"")
     (tmp_path / "part-1.pdf").write_bytes(b"mine")
     (tmp_path / ".shardpack-shuffle").mkdir()
     (tmp_path / ".shardpack-shuffle" / "_journal.jsonl").write_text("{}\n")
-    packer_names = [".ray", ".shardpack-shuffle", "part-000000000000-00000.rec"]
+    packer_names = [STATE_DIR, ".shardpack-shuffle", "part-000000000000-00000.rec"]
     bare = survey(tmp_path)
     assert not bare.work_state and sorted(bare.foreign) == sorted([*packer_names, "part-1.pdf"])
     assert not is_our_shard_name("part-000000000000-00000.rec")

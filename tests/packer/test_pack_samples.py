@@ -25,6 +25,7 @@ from packer import (
     UsageError,
     pack_samples,
 )
+from packer.work_names import STATE_DIR
 from tests.helpers_packer import StopAfter, dataset_files, jpeg, pack_fn
 from tests.helpers_paths import ROOT
 
@@ -233,7 +234,8 @@ def endless(i):
     j = 0
     while True:
         if j == 3000:
-            sealed = list(Path(os.environ["SHARDPACK_TEST_DST"]).glob(".ray/work-*/shard-*.rec"))
+            sealed = list(Path(os.environ["SHARDPACK_TEST_DST"]).glob(
+                f"{STATE_DIR}/work-*/shard-*.rec"))
             raise RuntimeError(f"{len(sealed)} shards sealed")
         yield {"t": np.full(1024, j, np.int32)}
         j += 1
@@ -318,8 +320,8 @@ def test_a_pack_killed_mid_input_resumes_byte_identical(tmp_path, workers):
     cut = tmp_path / "cut"
     assert not (cut / "manifest.json").exists()
     # Input 5's first 300 samples were streamed into shards of 50 before the kill.
-    assert len(list(cut.glob(".ray/work-000000000004-*/shard-*.rec"))) >= 5
-    markers = sorted(p.name for p in cut.glob(".ray/range-*.json"))
+    assert len(list(cut.glob(f"{STATE_DIR}/work-000000000004-*/shard-*.rec"))) >= 5
+    markers = sorted(p.name for p in cut.glob(f"{STATE_DIR}/range-*.json"))
     assert "range-000000000004-000000000006.json" not in markers and markers
     again = pack_fn(long_inputs, range(6), cut, resume=True, **o)
     assert dataset_files(cut) == dataset_files(tmp_path / "full")

@@ -384,15 +384,17 @@ def test_options_validate():
     assert PackOptions(workers=None).num_workers == (os.cpu_count() or 1)
 
 
-def test_a_local_pack_clears_what_an_interrupted_ray_pack_left(tmp_path, rng):
+@pytest.mark.parametrize("state", [".shardpack-ranges", ".ray"])  # today's name; before
+def test_a_local_pack_clears_what_an_interrupted_range_pack_left(tmp_path, rng, state):
     image_folder(tmp_path / "src", rng, per_class=3)
     dst = tmp_path / "out"
-    (dst / ".ray").mkdir(parents=True)
-    (dst / ".ray" / "plan.json").write_text("{}")  # what proves the leftovers are ours
-    (dst / ".ray" / "range-0-6.json").write_text("{}")
+    (dst / state).mkdir(parents=True)
+    (dst / state / "plan.json").write_text("{}")  # what proves the leftovers are ours
+    (dst / state / "range-0-6.json").write_text("{}")
     (dst / "part-000000000000-00000.rec").write_bytes(b"old")
     assert pack(tmp_path / "src", dst, PackOptions(workers=0, durable=False)).complete
-    assert not (dst / ".ray").exists() and not list(dst.glob("part-*"))
+    assert not (dst / state).exists() and not list(dst.glob("part-*"))
+    assert not (dst / ".shardpack-ranges").exists()
     assert len(formats.open_shards(dst)) == 6
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 
@@ -20,7 +21,7 @@ from packer import (  # noqa: E402
     pack,
 )
 from packer.cli import main  # noqa: E402
-from packer.engines.ranges import STATE_DIR, marker_name, part_name  # noqa: E402
+from packer.work_names import STATE_DIR, marker_name, part_name  # noqa: E402
 from tests.helpers_packer import dataset_files, image_folder, jpeg  # noqa: E402
 from tests.helpers_s3 import CREDENTIALS, moto_server, new_bucket, s3_uri  # noqa: E402
 
@@ -120,13 +121,43 @@ def test_file_list_source(tmp_path, rng):
     assert_same_records(tmp_path / "local", tmp_path / "ray")
 
 
+def dying_once(marker):
+    """A stand-in for the engine's Ray task (``packer.engines.ray._pack_range``) whose
+    worker dies halfway through its range, in the first task to create ``marker``
+    (O_EXCL); every other task packs as the engine's own does. Built in a function, so
+    Ray ships it by value: the workers never import this test module."""
+    import packer.engines.ray as engine
+
+    path = str(marker)
+
+    class Dying(engine._RangeProgress):
+        armed = True
+
+        def advance(self, records, nbytes):
+            super().advance(records, nbytes)
+            if self.armed and 2 * self.records >= self.n:
+                self.armed = False
+                try:
+                    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    return
+                os._exit(1)  # the worker process dies mid-range, as a killed one does
+
+    def task(job, listing, start, tally):
+        return engine.pack_range(job, listing, start, Dying(tally, start, len(listing)))
+
+    return task
+
+
 def test_killed_worker_is_retried(tmp_path, rng, monkeypatch):
+    import packer.engines.ray
+
     src = tmp_path / "src"
     corpus(src, rng, per_class=100)
     marker = tmp_path / "killed-once"
-    monkeypatch.setenv("SHARDPACK_TEST_RAY_KILL_ONCE", str(marker))
+    monkeypatch.setattr(packer.engines.ray, "_pack_range", dying_once(marker))
     s = pack(src, tmp_path / "ray", on_ray(task_records=100, records_per_shard=30))
-    assert marker.exists(), "no task was killed: the test hook did not fire"
+    assert marker.exists(), "no task was killed: the stand-in task did not run"
     assert s.complete and s.records_written == 300
     pack(src, tmp_path / "local", local(records_per_shard=30))
     assert_same_records(tmp_path / "local", tmp_path / "ray")
@@ -222,7 +253,7 @@ def test_worker_dying_every_try_fails_naming_the_range(tmp_path, rng, monkeypatc
 
     src = tmp_path / "src"
     corpus(src, rng, per_class=10)
-    monkeypatch.setenv("SHARDPACK_TEST_RAY_KILL_ONCE", str(tmp_path / "killed"))
+    monkeypatch.setattr(packer.engines.ray, "_pack_range", dying_once(tmp_path / "killed"))
     monkeypatch.setattr(packer.engines.ray, "MAX_RETRIES", 0)  # the one death is final
     with pytest.raises(formats.ShardpackError, match=r"records 0\.\.29 failed for good") as e:
         pack(src, tmp_path / "ray", on_ray())
