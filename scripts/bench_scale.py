@@ -23,13 +23,13 @@ Token blocks: ``TokenBlocks``' block order over 10^10 tokens in blocks of 2,048
 
 Datasets (built once in ``--data``, ``durable=False``, reused by later runs): 10^k
 tiny records (a label and an 8-byte key, about 85 bytes a record on disk) for each
-``--records`` power, in shards of 10^5 records, and one dataset of ``--shards``
-one-record shards (three files each: 10^6 shards is 3 x 10^6 files, about 12.5 GB
-and 20 minutes to build; 10^5 by default). Each is measured in a fresh process:
+``--records`` count (a power of ten, or 3e7), in shards of 10^5 records, and one
+dataset of ``--shards`` one-record shards (three files each: 10^6 shards is 3 x 10^6
+files, about 12.5 GB and 20 minutes to build; 10^5 by default). Each is measured in a fresh process:
 opening it and reading its last record (time, and resident memory above the
 interpreter with ``reader`` imported), and a ``Loader`` of raw records (rank 0 of
-``--world``, block shuffle, batches of 256): time to its first batch and the main
-process's resident memory after it.
+``--world``, batches of 256): time to its first batch, block shuffle and (the best
+of 3 fresh processes) full shuffle, and the main process's resident memory after it.
 
 Workers' memory (``--workers-memory``, on the largest ``--records`` dataset): a
 ``Loader`` with 2 workers (block shuffle, rank 0 of ``--world``, batches of 256)
@@ -223,8 +223,8 @@ last = ds[len(ds) - 1]
 opened = time.perf_counter() - t0
 open_mb = above(rss())
 t0 = time.perf_counter()
-lo = reader.Loader(ds, 256, decode=False, shuffle="block", rank=0, world_size=int(sys.argv[2]),
-                   num_workers=0)
+lo = reader.Loader(ds, 256, decode=False, shuffle=sys.argv[3], rank=0,
+                   world_size=int(sys.argv[2]), num_workers=0)
 first = next(iter(lo))
 first_s = time.perf_counter() - t0
 print(json.dumps({"records": len(ds), "shards": len(ds.starts) - 1, "open": opened,
@@ -232,27 +232,48 @@ print(json.dumps({"records": len(ds), "shards": len(ds.starts) - 1, "open": open
 """
 
 
-def datasets(data: Path, records: list[int], shards: int, world: int) -> None:
+def probe(root: Path, world: int, shuffle: str) -> dict:
+    """:data:`_PROBE` over ``root`` in a fresh process: its figures."""
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(root), str(world), shuffle],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def record_counts(text: str) -> list[tuple[str, int]]:
+    """``--records`` as (name, count): ``7`` is 10^7 records, ``3e7`` is 3 x 10^7."""
+    out = []
+    for word in filter(None, text.split(",")):
+        if "e" in word:
+            mantissa, power = word.split("e")
+            out.append((word, int(mantissa) * 10 ** int(power)))
+        else:
+            out.append((f"1e{word}", 10 ** int(word)))
+    return out
+
+
+def datasets(data: Path, records: list[tuple[str, int]], shards: int, world: int) -> None:
     data.mkdir(parents=True, exist_ok=True)
-    cases = [(data / f"records-1e{k}", 10 ** k, 100_000) for k in records]
+    cases = [(data / f"records-{name}", n, 100_000) for name, n in records]
     if shards:
         cases.append((data / f"shards-{shards}", shards, 1))
     print(f"\nDatasets: open and read the last record; a Loader's first batch (rank 0 of "
-          f"{world}, raw, block shuffle)\n")
+          f"{world}, raw), block and full shuffle, each in a fresh process\n")
     rows = []
     for root, n, per in cases:
         build(root, n, per)
-        out = subprocess.run([sys.executable, "-c", _PROBE, str(root), str(world)],
-                             capture_output=True, text=True, check=True)
-        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r = probe(root, world, "block")  # (also warms the cache folder)
+        full = min(probe(root, world, "full")["first"] for _ in range(3))
         rows.append((f"{r['records']:,}", f"{r['shards']:,}", f"{r['open']:.3f} s",
                      "{:.0f} + {:.0f} MB".format(*r["open_mb"]), f"{r['first']:.3f} s",
-                     "{:.0f} + {:.0f} MB".format(*r["loader_mb"])))
+                     f"{full:.3f} s", "{:.0f} + {:.0f} MB".format(*r["loader_mb"])))
     h.Table(h.Col("records", align=">"), h.Col("shards", align=">"),
             h.Col("open + last record", align=">"), h.Col("its memory", align=">"),
-            h.Col("first batch", align=">"), h.Col("memory after", align=">")).print(rows, rule=True)
-    print("\nmemory: private + file-backed resident (the page cache's pages of mapped shard "
-          "files, shared by every process), above the interpreter with `reader` imported")
+            h.Col("first batch", align=">"), h.Col("full shuffle", align=">"),
+            h.Col("memory after", align=">")).print(rows, rule=True)
+    print("\nfirst batch: block shuffle; full shuffle: the best of 3 fresh processes (a batch "
+          "touches up to 256 shards: each checks the index blocks it reads, not its whole "
+          "index).\nmemory: private + file-backed resident (the page cache's pages of mapped "
+          "shard files, shared by every process), above the interpreter with `reader` imported")
 
 
 _WORKERS_PROBE = r"""
@@ -327,13 +348,13 @@ print(json.dumps({"records": len(ds), "built": built, "lookup": lookup, "other":
 """
 
 
-def key_lookups(data: Path, records: list[int]) -> None:
+def key_lookups(data: Path, records: list[tuple[str, int]]) -> None:
     """The key index (built once per node, mapped) against the in-process sort it replaced."""
     print("\nLookup by key: build, then 2,000 random keys (each checked), in a fresh cache "
           "folder\n")
     rows = []
-    for k in records:
-        root = data / f"records-1e{k}"
+    for name, _ in records:
+        root = data / f"records-{name}"
         for way in ("ours", "sort"):
             with tempfile.TemporaryDirectory() as cache:
                 out = subprocess.run([sys.executable, "-c", _KEYS_PROBE, str(root), way],
@@ -363,7 +384,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="largest power of ten to draw the numpy order for (memory!)")
     h.add_data(ap, h.DATA / "scale", help="where datasets are built (kept)")
     ap.add_argument("--records", default="6,7",
-                    help="powers of ten of the tiny-record datasets ('' for none; 8 needs 8.5 GB)")
+                    help="record counts of the tiny-record datasets: powers of ten, or like 3e7 "
+                         "('' for none; 8 needs 8.5 GB)")
     ap.add_argument("--workers-memory", action="store_true",
                     help="measure a Loader's workers over the largest --records dataset")
     ap.add_argument("--keys", action="store_true",
@@ -373,10 +395,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     load = h.Load()
     orders([int(s) for s in args.sizes.split(",") if s], args.world, args.numpy_up_to)
-    datasets(args.data, [int(s) for s in args.records.split(",") if s], args.shards, args.world)
-    records = [int(s) for s in args.records.split(",") if s]
+    records = record_counts(args.records)
+    datasets(args.data, records, args.shards, args.world)
     if args.workers_memory and records:
-        workers_memory(args.data / f"records-1e{max(records)}", args.world)
+        workers_memory(args.data / f"records-{max(records, key=lambda r: r[1])[0]}", args.world)
     if args.keys and records:
         key_lookups(args.data, records)
     quality(args.quality_records, args.seeds)

@@ -53,10 +53,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cache_folder import cache_trouble, default_cache_folder
 from ..errors import CacheError
 from ..files import temp_name
-from ..storage import default_cache_folder
-from ..storage.location import cache_trouble
 from . import column_file
 from .column_file import Bad
 from .column_locks import Hold, Unusable, build_lock, free_to_delete

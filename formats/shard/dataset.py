@@ -188,13 +188,13 @@ class ShardDataset(ShardSet):
     def payload(self, index: int, field: str) -> memoryview:
         """The stored bytes of one field (zero-copy; compressed if the field is)."""
         s, r = self.locate(index)
-        return self._ready(s).payload(r, self.field_index[field], self.check_crc)
+        return self._ready(s, r).payload(r, self.field_index[field], self.check_crc)
 
     def get(self, index: int, field: str) -> Any:
         """The decoded value of one field of one record."""
         s, r = self.locate(index)
         j = self.field_index[field]
-        return self._decode(s, r, j, self._ready(s).payload(r, j, self.check_crc))
+        return self._decode(s, r, j, self._ready(s, r).payload(r, j, self.check_crc))
 
     def __getitem__(self, index: int | str | slice) -> Record | list[Record]:
         """One record by global index (negative ones count from the end) or by key (a
@@ -224,7 +224,7 @@ class ShardDataset(ShardSet):
             elif isinstance(index, slice):
                 return [self[i] for i in range(*index.indices(len(self)))]
         s, r = self.locate(index)
-        shard = self._ready(s)
+        shard = self._ready(s, r)
         # One row of the index as Python ints, then a slice per field: the per-record
         # cost is a few attribute lookups, not a numpy scalar per field.
         view = shard.view
@@ -351,8 +351,8 @@ class ShardDataset(ShardSet):
         lengths = np.empty(shard.shape, np.uint64)
         crcs = np.empty(shard.shape, np.uint32) if crcs else None
         for k, pos in self._groups(shard):
-            s = self._ready(k)
             loc = local[pos]
+            s = self._ready(k, loc)
             offsets[pos] = s.offsets[loc, j]
             lengths[pos] = s.lengths[loc, j]
             if crcs is not None:
@@ -401,15 +401,15 @@ class ShardDataset(ShardSet):
         return out
 
     def _check(self, s: int, r: int, j: int, payload) -> None:
-        shard = self._shards[s] or self._ready(s)
+        shard = self._shards[s] or self._ready(s, r)
         shard.check(r, j, payload)
 
     def _payloads_copying(self, shard, local, groups, j: int) -> list[memoryview]:
         out: list = [None] * shard.size
         copy = len(groups) - self.max_open  # the shards closed again within this batch
         for g, (k, pos) in enumerate(groups):
-            s = self._ready(k)
             loc = local[pos]
+            s = self._ready(k, loc)
             starts = s.offsets[loc, j]
             view = s.view
             for p, r, o, e in zip(pos.tolist(), loc.tolist(), starts.tolist(),
@@ -435,11 +435,12 @@ class ShardDataset(ShardSet):
         lengths = np.empty(shard.shape, np.uint64)
         crcs = np.empty(shard.shape, np.uint32) if self.check_crc else None
         for k, pos in self._groups(shard):
-            s = self._ready(k)
             loc = local[pos]
+            s = self._ready(k, loc)
             offsets = s.offsets[loc, j]
             lengths[pos] = s.lengths[loc, j]
-            # Offsets were validated to lie in the file: a wrong length is found below.
+            # These records' offsets were validated to lie in the file (their blocks'
+            # entries, by _ready): a wrong length is found below.
             out[pos] = s.words(dt)[offsets >> 3]
             if crcs is not None:
                 crcs[pos] = s.crcs[loc, j]

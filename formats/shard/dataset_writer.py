@@ -21,6 +21,7 @@ from ..checksum import crc32c
 from ..errors import ManifestError, SchemaError
 from ..fields import IMAGE_TYPES, Field, ImageKinds, encode_value
 from ..files import atomic_write_bytes, fsync_dir
+from ..sniff import image_kind, image_size
 from .columns import EncodedColumn, column_of, encode_column
 from .layout import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MIN_ALIGNMENT
 from .manifest import (
@@ -465,8 +466,6 @@ def _column_part(column: EncodedColumn, part: slice) -> EncodedColumn:
 
 def _header_size(data: Any) -> dict:
     """``{"width", "height"}`` from an encoded image's header; nothing when unreadable."""
-    from ..sniff import image_kind, image_size
-
     if not isinstance(data, (bytes, bytearray, memoryview)):
         return {}
     kind = image_kind(data)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import ShardpackError
+from ..files import atomic_write_bytes
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 from .shard_table import SHARD_TABLE_NAME
 
@@ -313,7 +314,5 @@ def remove_ours(root: str | Path, paths, *, keep=(), work: WorkNames | None = No
 def write_ledger(root: str | Path, files: list[str], *, durable: bool = True) -> None:
     """Record the files of a complete foreign-format output (what a later
     ``--overwrite`` may delete)."""
-    from ..files import atomic_write_bytes
-
     data = json.dumps({"files": sorted(files), "tool": "shardpack"}, indent=0).encode()
     atomic_write_bytes(Path(root) / LEDGER_NAME, data, durable=durable)

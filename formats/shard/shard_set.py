@@ -19,6 +19,7 @@ record), so a file truncated under a reader is a typed error, not SIGBUS.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -73,6 +74,7 @@ class ShardSet:
                  max_open: int | None = None) -> None:
         self.root = Path(path)
         self.follow_symlinks = follow_symlinks
+        self._manifest_seen = self._manifest_stat()  # before the read: see _check_unreplaced
         raw = read_manifest_bytes(self.root, follow_symlinks=follow_symlinks)
         self.manifest: Manifest = decode_manifest(raw, self.root / MANIFEST_NAME,
                                                   follow_symlinks=follow_symlinks)
@@ -127,7 +129,7 @@ class ShardSet:
             # A shard first opened after the dataset was (see _open_all): the manifest
             # must still be the one this object was opened on.
             try:
-                self._check_unreplaced()
+                self._check_unreplaced(quick=True)
             except BaseException:
                 reader.close()
                 raise
@@ -152,8 +154,10 @@ class ShardSet:
         while len(self._lru) > limit:
             self._close_shard(next(iter(self._lru)))
 
-    def _ready(self, s: int) -> ShardReader:
-        """Shard ``s`` open, its files still their full size, its index validated."""
+    def _ready(self, s: int, records=None) -> ShardReader:
+        """Shard ``s`` open, its files still their full size, and the index entries of
+        ``records`` (its record numbers: an int or an array) validated, or all of them
+        without (see :meth:`ShardReader.validate`: a block's entries once per mapping)."""
         reader = self._shards[s]
         if reader is None:
             reader = self._open_shard(s)
@@ -161,11 +165,12 @@ class ShardSet:
             self._lru.move_to_end(s)
         reader.check_size()  # on every read path: the one guard against SIGBUS
         if not reader.validated:
-            reader.validate()
+            reader.validate(records)
         return reader
 
     def shard(self, s: int) -> ShardReader:
-        """The reader of shard ``s`` (opened if it is not, and checked; see :meth:`_ready`)."""
+        """The reader of shard ``s`` (opened if it is not, and checked, its whole index
+        validated; see :meth:`_ready`)."""
         return self._ready(s)
 
     # -- pickling: worker processes reopen the maps ----------------------------------
@@ -181,9 +186,25 @@ class ShardSet:
         self._check_unreplaced()
         self._forget_shards()  # opened on first use, each checked against _identity
 
-    def _check_unreplaced(self) -> None:
+    def _manifest_stat(self) -> tuple[int, int, int, int] | None:
+        try:
+            st = os.stat(self.root / MANIFEST_NAME)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+    def _check_unreplaced(self, quick: bool = False) -> None:
         """Refuse a dataset whose manifest is no longer the one this object was opened on
-        (``pack-dataset --overwrite`` swaps a new dataset in under the same path)."""
+        (``pack-dataset --overwrite`` swaps a new dataset in under the same path).
+
+        ``quick``: when the manifest is still the file this object read (device, inode,
+        size and mtime as they were before it was read: a swap is a rename, a new
+        inode), it is not read again. A full shuffle opens up to a batch's worth of
+        shards at once, each first open asking; a stat is a few microseconds where
+        reading and checksumming the manifest is tens.
+        """
+        if quick and self._manifest_seen is not None and self._manifest_stat() == self._manifest_seen:
+            return
         raw = read_manifest_bytes(self.root, follow_symlinks=self.follow_symlinks)
         found = crc32c(raw)
         if found != self.manifest_crc32c:

@@ -3,10 +3,13 @@
 ``uris`` (one parser for every URI, and the secrets it never shows), ``retry``
 (backoff before an error is final), ``location`` (a folder on any filesystem, its
 checked downloads and uploads) and ``cache`` (the verified local copy of a remote
-dataset's shards).
+dataset's shards). ``default_cache_folder`` lives in :mod:`formats.cache_folder`, below
+this subpackage and ``formats.shard`` (whose node columns live there too), and is
+exported here, where the README and ``packer`` name it.
 """
 
-from .location import Location, Place, StoredFile, default_cache_folder, open_location, place
+from ..cache_folder import default_cache_folder
+from .location import Location, Place, StoredFile, open_location, place
 from .retry import Retry
 from .uris import S3_QUERY_KEYS, ParsedURI, URIError, display_uri, is_uri, local_path, parse_uri
 

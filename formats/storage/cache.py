@@ -45,11 +45,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cache_folder import cache_trouble, default_cache_folder
 from ..errors import CacheError, StorageError
 from ..shard.manifest import ShardEntry
-from .location import Location, cache_trouble, default_cache_folder
+from .location import Location
 
-__all__ = ["ORPHAN_S", "ROOM_FOR_TABLES", "CacheOptions", "Pin", "ShardCache", "default_cache_folder"]
+__all__ = ["ORPHAN_S", "ROOM_FOR_TABLES", "CacheOptions", "Pin", "ShardCache"]
 
 _PRESENT = (".rec", ".idx")
 # What a download's failure says about the local disk, not the object store.

@@ -32,6 +32,7 @@ from formats.checksum import crc32c, format_crc
 from formats.errors import FormatError, ManifestError, ShardpackError, UnsafePathError
 from formats.shard.layout import index_sections
 from formats.shard.manifest import MAX_MANIFEST_BYTES
+from formats.shard.shard import BLOCK
 from formats.shard.shard_writer import META_SCHEMA
 from tests.helpers_manifest import (
     edit_manifest,
@@ -695,3 +696,120 @@ def test_a_replaced_dataset_is_refused(pristine, tmp_path, case):
 def test_an_unchanged_dataset_unpickles_and_reads(pristine):
     ds = pickle.loads(pickle.dumps(open_shards(pristine, max_open=1)))
     assert [ds[i]["key"] for i in (0, 23)] == ["k0", "k23"]
+
+
+# -- an index validated block by block (issue 36) -------------------------------------------
+#
+# A shard's index entries are checked when a record of their block (BLOCK records) is
+# first read from the mapping, not the whole index at the first read: a damaged entry
+# must still be refused, typed and named, before its payload is ever sliced.
+
+LAZY_RECORDS = 3 * BLOCK + 10  # one shard of four blocks, the last one short
+
+
+@pytest.fixture(scope="module")
+def one_big_shard(tmp_path_factory) -> Path:
+    return make(tmp_path_factory.mktemp("lazy") / "ds", n=LAZY_RECORDS, per_shard=LAZY_RECORDS)
+
+
+def damage_entry(root: Path, record: int, field: int, *, offset=None, length=None,
+                 offset_of: tuple[int, int] | None = None) -> str:
+    """Rewrite one index entry of shard 0 (its offset, length, or the offset of the
+    entry ``offset_of``); the header and file sizes stay sound, so opening passes."""
+    path = root / "shard-00000.idx"
+    raw = bytearray(path.read_bytes())
+    offsets_at, lengths_at, _, _ = index_sections(LAZY_RECORDS, len(FIELDS))
+    cell = record * len(FIELDS) + field
+    if offset_of is not None:
+        at = offsets_at + 8 * (offset_of[0] * len(FIELDS) + offset_of[1])
+        offset = int.from_bytes(raw[at : at + 8], "little")
+    if offset is not None:
+        raw[offsets_at + 8 * cell : offsets_at + 8 * cell + 8] = offset.to_bytes(8, "little")
+    if length is not None:
+        raw[lengths_at + 8 * cell : lengths_at + 8 * cell + 8] = length.to_bytes(8, "little")
+    path.write_bytes(raw)
+    return "shard-00000.idx"
+
+
+def read_lazily(path: str, how: str, index: int) -> None:
+    """Read sound records of block 0 first (they pass: their block is sound), then
+    ``index`` the way ``how`` says."""
+    with open_shards(path, check_crc=True) as ds:
+        assert bytes(ds[0]["data"]) == bytes([0]) * 64
+        ds.payloads([1, 2], "data")
+        ds.scalars([3], "label")
+        if how == "item":
+            bytes(ds[index]["data"])
+        elif how == "get":
+            ds.get(index, "data")
+        elif how == "payloads":
+            ds.payloads([4, index], "data")
+        elif how == "scalars":
+            ds.scalars([5, index], "label")
+        elif how == "values":
+            ds.values([index], "doc")
+
+
+LAZY = [
+    # (label, damage, how to read, index read, record and field the error must name)
+    ("offset past the end, item", dict(record=600, field=0, offset=10**12), "item", 600,
+     (600, 0)),
+    ("offset past the end, batch", dict(record=600, field=0, offset=10**12), "payloads", 600,
+     (600, 0)),
+    ("length that wraps the sum, scalars", dict(record=600, field=1, length=2**64 - 8),
+     "scalars", 600, (600, 1)),
+    ("misaligned offset, get", dict(record=600, field=0, offset=65), "get", 600, (600, 0)),
+    ("overlapping the record before, values", dict(record=600, field=3, offset_of=(599, 3)),
+     "values", 600, (600, 3)),
+    # The first entry of a block is compared with the last one before it, so that one
+    # is checked too: reading record 2*BLOCK names the bad entry in the block before.
+    ("last entry before the block read", dict(record=2 * BLOCK - 1, field=3, offset=10**12),
+     "item", 2 * BLOCK, (2 * BLOCK - 1, 3)),
+]
+
+
+@pytest.mark.parametrize(("label", "damage", "how", "index", "names"), LAZY,
+                         ids=[c[0] for c in LAZY])
+def test_a_damaged_entry_in_a_lazily_validated_index_is_named(one_big_shard, tmp_path, label,
+                                                              damage, how, index, names):
+    root = hostile_copy(one_big_shard, tmp_path)
+    damage_entry(root, **damage)
+    outcome = hostile("read_lazily", str(root), how, index, label=f"lazy index: {label}")
+    record, field = names
+    check(outcome, names="shard-00000.idx")
+    assert f"record {record}" in outcome.message, str(outcome)
+    assert f"index entry for field {field}" in outcome.message, str(outcome)
+
+
+def test_a_damaged_entry_fails_a_loader_epoch_typed(one_big_shard, tmp_path):
+    root = hostile_copy(one_big_shard, tmp_path)
+    damage_entry(root, 600, 0, offset=10**12)
+    check(hostile("loader_epoch", str(root), 64, label="lazy index: Loader epoch"),
+          names="shard-00000.idx")
+
+
+def test_only_the_blocks_read_are_validated_and_a_whole_shard_read_checks_all(one_big_shard,
+                                                                             tmp_path):
+    root = hostile_copy(one_big_shard, tmp_path)
+    damage_entry(root, 3 * BLOCK + 5, 0, offset=10**12)  # in the last block
+    with open_shards(root) as ds:
+        ds.payloads([0, BLOCK + 1, BLOCK + 2], "data")
+        shard = ds.shards[0]
+        assert shard._blocks.tolist() == [True, True, False, False] and not shard.validated
+        assert bytes(ds[2 * BLOCK]["data"]) == bytes([2 * BLOCK % 251]) * (64 + 2 * BLOCK)
+        with pytest.raises(FormatError, match=f"record {3 * BLOCK + 5}"):
+            ds.shard(0)  # the whole index: what TokenBlocks and verify read
+        with pytest.raises(FormatError, match=f"record {3 * BLOCK + 5}"):
+            ds.payloads([3 * BLOCK], "data")
+    # A fresh mapping trusts nothing checked before.
+    with open_shards(root) as ds, pytest.raises(FormatError, match=f"record {3 * BLOCK + 5}"):
+        ds.payloads([3 * BLOCK + 9], "data")
+
+
+def test_a_sound_index_validated_block_by_block_ends_validated(one_big_shard):
+    with open_shards(one_big_shard) as ds:
+        for i in range(0, LAZY_RECORDS, BLOCK):
+            ds.payloads([i], "data")
+        assert ds.shards[0].validated
+        assert [bytes(v[:1]) for v in ds.payloads(np.arange(LAZY_RECORDS), "data")] == [
+            bytes([i % 251]) for i in range(LAZY_RECORDS)]
