@@ -3,7 +3,9 @@
 This is the only package that knows how bytes sit on disk. ``formats.shard`` holds
 our format; ``formats.codecs`` the foreign ones (a source and a sink each) and the
 registry that names them; the modules at this level are what both share (errors,
-fields, checksums, bounded reads, image sniffing, object storage, the version).
+fields, checksums, bounded reads, image sniffing, object storage, the version). Every
+error ``formats`` raises on purpose is defined in :mod:`formats.errors` and imported
+from this face.
 """
 
 from .base import Record, Sink, Source
@@ -12,15 +14,26 @@ from .errors import (
     ArgumentTypeError,
     CacheError,
     CorruptRecordError,
+    DatasetNotFoundError,
     DecompressionError,
+    DuplicateKeyError,
+    ExampleError,
     FormatError,
+    InputError,
+    InputUsageError,
+    KeyLookupError,
     ManifestError,
     MissingFileError,
+    MissingObjectError,
+    ObjectTooLargeError,
     RecordIndexError,
     SchemaError,
     ShardpackError,
     StorageError,
+    UnknownFormatError,
+    UnknownKeyError,
     UnsafePathError,
+    URIError,
     VersionError,
 )
 from .fields import Field
@@ -34,13 +47,21 @@ __all__ = [
     "ArgumentTypeError",
     "CacheError",
     "CorruptRecordError",
+    "DatasetNotFoundError",
     "DatasetWriter",
     "DecompressionError",
+    "DuplicateKeyError",
+    "ExampleError",
     "Field",
     "FormatError",
+    "InputError",
+    "InputUsageError",
+    "KeyLookupError",
     "Manifest",
     "ManifestError",
     "MissingFileError",
+    "MissingObjectError",
+    "ObjectTooLargeError",
     "Problem",
     "Record",
     "RecordIndexError",
@@ -51,6 +72,9 @@ __all__ = [
     "Sink",
     "Source",
     "StorageError",
+    "URIError",
+    "UnknownFormatError",
+    "UnknownKeyError",
     "UnsafePathError",
     "VersionError",
     "open_shards",

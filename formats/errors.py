@@ -28,10 +28,14 @@ __all__ = [
     "ArgumentTypeError",
     "CacheError",
     "CorruptRecordError",
+    "DatasetNotFoundError",
     "DecompressionError",
+    "DuplicateKeyError",
+    "ExampleError",
     "FormatError",
     "InputError",
     "InputUsageError",
+    "KeyLookupError",
     "ManifestError",
     "MissingFileError",
     "MissingObjectError",
@@ -40,6 +44,9 @@ __all__ = [
     "SchemaError",
     "ShardpackError",
     "StorageError",
+    "URIError",
+    "UnknownFormatError",
+    "UnknownKeyError",
     "UnsafePathError",
     "VersionError",
     "quoted",
@@ -210,3 +217,56 @@ class CacheError(ShardpackError, OSError):
     """The node's cache folder (``$SHARDPACK_CACHE``) cannot serve what it must: a
     download folder that cannot be created or written, or columns too large to map.
     An ``OSError``, as the failure it replaces was; the message says the way out."""
+
+
+class URIError(StorageError):
+    """A URI that cannot name a location as written (an unknown query key, a
+    malformed authority): a usage error. Its message never holds the URI's secrets."""
+
+
+class DatasetNotFoundError(ManifestError, MissingFileError):
+    """The dataset path does not exist, or is not a folder (also a ``FileNotFoundError``)."""
+
+
+class KeyLookupError(ShardpackError, KeyError, ValueError):
+    """A lookup by key found no single record (also a ``KeyError``, and a ``ValueError``
+    as every error of a bad lookup).
+
+    Attributes:
+        key: the key looked up.
+        matches: indices of the records with that key (for :class:`DuplicateKeyError`),
+            or the closest keys the dataset has (for :class:`UnknownKeyError`).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, matches: tuple = (),
+                 **kwargs) -> None:
+        self.key = key
+        self.matches = tuple(matches)
+        super().__init__(message, **kwargs)
+
+    def __str__(self) -> str:  # KeyError's own str() would quote the whole message
+        return self.args[0]
+
+    def __reduce__(self):
+        rebuild, (cls, message, kwargs) = super().__reduce__()
+        return rebuild, (cls, message, {**kwargs, "key": self.key, "matches": self.matches})
+
+
+class UnknownKeyError(KeyLookupError):
+    """No record has this key; the message names the dataset and the closest keys."""
+
+
+class DuplicateKeyError(KeyLookupError):
+    """Several records have this key, so it names no single record
+    (:meth:`ShardDataset.indices_of` gives them all)."""
+
+
+class UnknownFormatError(ShardpackError, KeyError, ValueError):
+    """A format name no codec has (a KeyError for the packer, a ValueError for usage)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class ExampleError(ShardpackError, ValueError):
+    """The bytes are not a well-formed Example; the caller adds file and record."""

@@ -17,9 +17,8 @@ import json
 import shlex
 import sys
 
-from formats.errors import ShardpackError
+from formats.errors import ShardpackError, URIError
 from formats.media import MAX_PIXELS
-from formats.storage import URIError
 from formats.version import package_version
 
 from .errors import PackInterrupted, UsageError

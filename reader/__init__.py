@@ -23,13 +23,14 @@ from .errors import (
     DecodeError,
     LoaderError,
     LoaderTimeoutError,
+    MonitorRecordError,
+    RegionError,
     StateError,
     WorkerDiedError,
     WorkerError,
 )
 from .loader import Loader
-from .monitor.diagnosis import Thresholds
-from .monitor.monitor import Monitor, disable_monitor, enable_monitor
+from .monitor import Monitor, Thresholds, disable_monitor, enable_monitor
 from .order.tokens import TokenBlocks
 from .pipeline.collate import Padded, Ragged
 from .pipeline.sample import Annotations, FieldDecoder
@@ -66,6 +67,7 @@ __all__ = [
     "LoaderError",
     "LoaderTimeoutError",
     "Monitor",
+    "MonitorRecordError",
     "Normalize",
     "Pad",
     "PadToMultiple",
@@ -73,6 +75,7 @@ __all__ = [
     "Ragged",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
+    "RegionError",
     "Resize",
     "ResizeShortestEdge",
     "SampleTransform",

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from formats.errors import ArgumentError, ShardpackError
 
-__all__ = ["DecodeError", "LoaderError", "LoaderTimeoutError", "StateError", "WorkerDiedError", "WorkerError"]
+__all__ = ["DecodeError", "LoaderError", "LoaderTimeoutError", "MonitorRecordError", "RegionError",
+           "StateError", "WorkerDiedError", "WorkerError"]
 
 
 class DecodeError(ShardpackError, ValueError):
@@ -70,3 +71,12 @@ class WorkerDiedError(LoaderError):
 
 class LoaderTimeoutError(LoaderError):
     """No batch arrived within the loader's ``timeout`` although every worker is alive."""
+
+
+class RegionError(DecodeError):
+    """libjpeg-turbo refused the data (the message is its own); the decoder re-raises
+    it as the whole-image path's ``DecodeError``, naming the bytes."""
+
+
+class MonitorRecordError(ShardpackError, ValueError):
+    """A monitor record file is missing, empty, or has a malformed line."""

@@ -10,17 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from formats.codecs.registry import UnknownFormatError
-from formats.codecs.tfexample import ExampleError, decode_example
+from formats.codecs.tfexample import decode_example
 from formats.errors import (
     ArgumentError,
     ArgumentTypeError,
     CacheError,
     CorruptRecordError,
+    DatasetNotFoundError,
     DecompressionError,
+    DuplicateKeyError,
+    ExampleError,
     FormatError,
     InputError,
     InputUsageError,
+    KeyLookupError,
     ManifestError,
     MissingFileError,
     MissingObjectError,
@@ -29,27 +32,23 @@ from formats.errors import (
     SchemaError,
     ShardpackError,
     StorageError,
+    UnknownFormatError,
+    UnknownKeyError,
     UnsafePathError,
+    URIError,
     VersionError,
 )
-from formats.shard.dataset import (
-    DatasetNotFoundError,
-    DuplicateKeyError,
-    KeyLookupError,
-    UnknownKeyError,
-)
-from formats.storage import URIError
 from packer import DestinationError, PackError, PackInputError, PackInterrupted, UsageError
 from reader.errors import (
     DecodeError,
     LoaderError,
     LoaderTimeoutError,
+    MonitorRecordError,
+    RegionError,
     StateError,
     WorkerDiedError,
     WorkerError,
 )
-from reader.monitor.report import MonitorRecordError
-from reader.pipeline.roi import RegionError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,3 +125,23 @@ def test_errors_render_and_pickle_as_before():
     with pytest.raises(ExampleError, match="varint runs past the end") as info:
         decode_example(b"\x0a")
     assert isinstance(info.value, ValueError) and isinstance(info.value, ShardpackError)
+
+
+@pytest.mark.parametrize("package", ["formats", "packer", "reader"])
+def test_every_public_error_is_defined_in_its_package_errors_module_and_on_its_face(package):
+    """One place per error, one spelling: a package's errors live in its ``errors.py``
+    and are imported from the package itself (``from formats import UnknownKeyError``)."""
+    face = importlib.import_module(package)
+    errors = importlib.import_module(f"{package}.errors")
+    elsewhere, missing = [], []
+    for module in _modules(package):
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, ShardpackError) \
+                    and obj.__module__ == module.__name__ and not name.startswith("_"):
+                if module is not errors:
+                    elsewhere.append(f"{module.__name__}.{name}")
+                if name not in face.__all__:
+                    missing.append(name)
+    assert not elsewhere, f"errors defined outside {package}/errors.py: {elsewhere}"
+    assert not missing, f"errors {package} does not export: {missing}"
+

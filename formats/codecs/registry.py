@@ -45,7 +45,7 @@ from typing import Any
 
 from ..base import Record, Sink, Source
 from ..bounded import open_input
-from ..errors import ShardpackError
+from ..errors import UnknownFormatError
 from ..fields import Field
 from ..shard.manifest import MANIFEST_NAME
 from ..shard.ownership import LEDGER_NAME, output_entries, survey, write_ledger
@@ -53,7 +53,7 @@ from ..sniff import sniff
 from .mds import INDEX_NAME
 from .paths import expand_braces
 
-__all__ = ["MARKERS", "SINKS", "SOURCES", "UnknownFormatError", "convert", "detect",
+__all__ = ["MARKERS", "SINKS", "SOURCES", "convert", "detect",
            "kind_by_name", "open_sink", "open_source"]
 
 _SOURCES = {
@@ -83,13 +83,6 @@ _NAMED = (("webdataset", False), ("parquet", False), ("tfrecord", True))
 #: are dropped (an ImageFolder has no shard size), any other unknown option is an error.
 COMMON_OPTIONS = frozenset({"shard_size", "records_per_shard", "overwrite", "resume",
                             "created_by", "durable", "on_error"})
-
-
-class UnknownFormatError(ShardpackError, KeyError, ValueError):
-    """A format name no codec has (a KeyError for the packer, a ValueError for usage)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 def _load(table: dict, name: str, what: str) -> type:

@@ -39,19 +39,15 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..errors import ShardpackError
+from ..errors import ExampleError
 
-__all__ = ["ExampleError", "decode_example", "encode_example", "encode_example_parts"]
+__all__ = ["decode_example", "encode_example", "encode_example_parts"]
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _MAX_FEATURES = 1 << 16
 _MAX_NUMBERS = 1 << 25  # 256 MiB as int64
 _MAX_STRINGS = 1 << 20
 _VARINT_CHUNK = 1 << 20  # numbers decoded per numpy step: bounds the temporaries
-
-
-class ExampleError(ShardpackError, ValueError):
-    """The bytes are not a well-formed Example; the caller adds file and record."""
 
 
 def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:

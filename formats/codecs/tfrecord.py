@@ -45,7 +45,7 @@ from ..bounded import (
     refuse_special_file,
 )
 from ..checksum import crc32c
-from ..errors import CorruptRecordError, DecompressionError, FormatError, SchemaError
+from ..errors import CorruptRecordError, DecompressionError, ExampleError, FormatError, SchemaError
 from ..fields import IMAGE_TYPES, Field, ImageKinds
 from ..files import atomic_write_bytes, writev_all
 from ..sniff import GZIP_MAGIC, sniff
@@ -60,7 +60,7 @@ from .paths import (
     write_classes_file,
     write_schema_file,
 )
-from .tfexample import ExampleError, decode_example, encode_example_parts
+from .tfexample import decode_example, encode_example_parts
 
 __all__ = [
     "TFRecordSink",

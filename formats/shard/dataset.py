@@ -32,11 +32,11 @@ from ..checksum import crc32c, crc32c_many, crc32c_words
 from ..errors import (
     ArgumentTypeError,
     CorruptRecordError,
-    ManifestError,
-    MissingFileError,
+    DatasetNotFoundError,
+    DuplicateKeyError,
     RecordIndexError,
     SchemaError,
-    ShardpackError,
+    UnknownKeyError,
     quoted,
 )
 from ..fields import BYTES_TYPES, SCALAR_TYPES, Field
@@ -47,8 +47,7 @@ from .manifest import MANIFEST_NAME
 from .metadata import read_metadata
 from .shard_set import ShardSet, default_max_open
 
-__all__ = ["DatasetNotFoundError", "DuplicateKeyError", "KeyLookupError", "ShardDataset",
-           "UnknownKeyError", "check_dataset_path", "default_max_open", "open_shards",
+__all__ = ["ShardDataset", "check_dataset_path", "default_max_open", "open_shards",
            "read_metadata", "record_indices"]
 
 # Entries of a missing dataset's parent folder compared for a "did you mean".
@@ -57,43 +56,6 @@ _SIBLINGS_SCANNED = 2000
 _LIST_SHARDS = 1 << 16
 # Keys longer than this get no "close matches" (difflib's cost grows with the key).
 _CLOSE_KEY_CHARS = 1000
-
-
-class DatasetNotFoundError(ManifestError, MissingFileError):
-    """The dataset path does not exist, or is not a folder (also a ``FileNotFoundError``)."""
-
-
-class KeyLookupError(ShardpackError, KeyError, ValueError):
-    """A lookup by key found no single record (also a ``KeyError``, and a ``ValueError``
-    as every error of a bad lookup).
-
-    Attributes:
-        key: the key looked up.
-        matches: indices of the records with that key (for :class:`DuplicateKeyError`),
-            or the closest keys the dataset has (for :class:`UnknownKeyError`).
-    """
-
-    def __init__(self, message: str, *, key: str | None = None, matches: tuple = (),
-                 **kwargs) -> None:
-        self.key = key
-        self.matches = tuple(matches)
-        super().__init__(message, **kwargs)
-
-    def __str__(self) -> str:  # KeyError's own str() would quote the whole message
-        return self.args[0]
-
-    def __reduce__(self):
-        rebuild, (cls, message, kwargs) = super().__reduce__()
-        return rebuild, (cls, message, {**kwargs, "key": self.key, "matches": self.matches})
-
-
-class UnknownKeyError(KeyLookupError):
-    """No record has this key; the message names the dataset and the closest keys."""
-
-
-class DuplicateKeyError(KeyLookupError):
-    """Several records have this key, so it names no single record
-    (:meth:`ShardDataset.indices_of` gives them all)."""
 
 
 def open_shards(path: str | Path, *, check_crc: bool = True, follow_symlinks: bool = False,

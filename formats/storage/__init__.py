@@ -11,8 +11,8 @@ exported here, where the README and ``packer`` name it.
 from ..cache_folder import default_cache_folder
 from .location import Location, Place, StoredFile, open_location, place
 from .retry import Retry
-from .uris import S3_QUERY_KEYS, ParsedURI, URIError, display_uri, is_uri, local_path, parse_uri
+from .uris import S3_QUERY_KEYS, ParsedURI, display_uri, is_uri, local_path, parse_uri
 
-__all__ = ["S3_QUERY_KEYS", "Location", "ParsedURI", "Place", "Retry", "StoredFile", "URIError",
+__all__ = ["S3_QUERY_KEYS", "Location", "ParsedURI", "Place", "Retry", "StoredFile",
            "default_cache_folder", "display_uri", "is_uri", "local_path", "open_location",
            "parse_uri", "place"]

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from ..errors import StorageError
+from ..errors import URIError
 
-__all__ = ["S3_QUERY_KEYS", "ParsedURI", "URIError", "display_uri", "is_uri", "local_path",
+__all__ = ["S3_QUERY_KEYS", "ParsedURI", "display_uri", "is_uri", "local_path",
            "parse_uri"]
 
 
@@ -51,11 +51,6 @@ def local_path(path: str | Path) -> str | Path:
     is ``/data/x``, never a folder named ``file:`` under the current one)."""
     text = str(path)
     return text[len("file://"):] if text.lower().startswith("file://") else path
-
-
-class URIError(StorageError):
-    """A URI that cannot name a location as written (an unknown query key, a
-    malformed authority): a usage error. Its message never holds the URI's secrets."""
 
 
 #: Schemes whose authority is a bucket name, which never holds ":" or "@".

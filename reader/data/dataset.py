@@ -43,7 +43,7 @@ def open_dataset(path: str | Path, *, check_crc: bool = True, cache: CacheOption
     with a :class:`reader.Loader`, hand it the dataset opened here.
 
     Raises:
-        formats.shard.dataset.DatasetNotFoundError: a local ``path`` does not exist
+        formats.DatasetNotFoundError: a local ``path`` does not exist
             or is not a folder (a ``ManifestError`` and a ``FileNotFoundError``;
             the message suggests close names in its parent folder).
         formats.ManifestError, formats.FormatError, formats.VersionError: the

@@ -6,3 +6,8 @@ timing per batch, its periodic report and records, and ``enable_monitor``),
 the fix) and :mod:`~reader.monitor.report` (the metric table, and ``monitor-report``
 over recorded runs).
 """
+
+from .diagnosis import Thresholds
+from .monitor import Monitor, disable_monitor, enable_monitor
+
+__all__ = ["Monitor", "Thresholds", "disable_monitor", "enable_monitor"]

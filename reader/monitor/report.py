@@ -19,8 +19,7 @@ import sys
 from collections import Counter
 from typing import Any, NamedTuple
 
-from formats.errors import ShardpackError
-
+from ..errors import MonitorRecordError
 from .diagnosis import Thresholds
 
 __all__ = [
@@ -90,10 +89,6 @@ METRICS = (
 SUMMARY_KEYS = tuple(m.key for m in METRICS if m.key != "skipped")
 
 _STAGE_SHARES = ("io_share_pct", "decode_share_pct", "transform_share_pct", "assemble_share_pct")
-
-
-class MonitorRecordError(ShardpackError, ValueError):
-    """A monitor record file is missing, empty, or has a malformed line."""
 
 
 def _cell(value: Any, fmt: str, limit: float | None, op: str) -> str:

@@ -118,10 +118,10 @@ from formats import media
 from formats.sniff import image_kind, jpeg_dct_scalable, jpeg_frame, jpeg_unsupported
 from formats.sniff import image_size as header_size  # the same (height, width), from a header
 
-from ..errors import DecodeError
+from ..errors import DecodeError, RegionError
 from . import roi
 from .geometry import Plan
-from .roi import Frame, RegionError
+from .roi import Frame
 
 __all__ = ["Decoder", "check_backend", "decode_full", "image_size"]
 

@@ -58,9 +58,9 @@ import numpy as np
 
 from formats.sniff import looks_complete
 
-from ..errors import DecodeError
+from ..errors import RegionError
 
-__all__ = ["Frame", "RegionDecoder", "RegionError", "available", "library_path", "region_for",
+__all__ = ["Frame", "RegionDecoder", "available", "library_path", "region_for",
            "unavailable_reason"]
 
 #: ``(top, left, scaled height, scaled width)``: decoded pixels are rows ``top...`` and
@@ -157,11 +157,6 @@ def unavailable_reason() -> str | None:
 
 def _address(data: memoryview | bytes) -> int:
     return np.frombuffer(data, np.uint8).ctypes.data
-
-
-class RegionError(DecodeError):
-    """libjpeg-turbo refused the data (the message is its own); the decoder re-raises
-    it as the whole-image path's ``DecodeError``, naming the bytes."""
 
 
 class RegionDecoder:

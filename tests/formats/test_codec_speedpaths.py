@@ -18,9 +18,9 @@ import pytest
 
 from formats.base import Record
 from formats.codecs import tfexample, webdataset
-from formats.codecs.tfexample import ExampleError, _put_len, _put_varint, decode_example
+from formats.codecs.tfexample import _put_len, _put_varint, decode_example
 from formats.codecs.webdataset import WebDatasetSource, _member_header
-from formats.errors import CorruptRecordError
+from formats.errors import CorruptRecordError, ExampleError
 from packer import PackOptions, pack
 from packer.errors import PackInterrupted
 from tests.helpers_codecs import make_dataset, make_records

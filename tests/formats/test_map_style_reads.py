@@ -23,8 +23,8 @@ from formats.errors import (
     MissingFileError,
     RecordIndexError,
     ShardpackError,
+    UnknownKeyError,
 )
-from formats.shard.dataset import UnknownKeyError
 from reader import Loader, open_dataset
 from reader.data.dataset import read_many
 from tests.helpers_paths import TESTS

@@ -12,7 +12,8 @@ from helpers_packer import image_folder
 from helpers_s3 import CREDENTIALS, new_bucket, s3_endpoint
 
 from formats import ShardpackError
-from formats.storage import URIError, display_uri, open_location, parse_uri
+from formats.errors import URIError
+from formats.storage import display_uri, open_location, parse_uri
 
 ENDPOINT = "endpoint_override=127.0.0.1:1&scheme=http"  # never contacted: nothing listens
 

@@ -16,9 +16,9 @@ from helpers_reader import CropPipeline, make_dataset
 
 import reader
 from formats import DatasetWriter, Field, ManifestError, SchemaError, ShardpackError
+from formats.errors import DatasetNotFoundError, DuplicateKeyError, UnknownKeyError
 from formats.shard import key_index
 from formats.shard.column_cache import columns_folder
-from formats.shard.dataset import DatasetNotFoundError, DuplicateKeyError, UnknownKeyError
 from formats.shard.key_index import key_hash, key_hashes
 from formats.version import package_version
 from reader import Loader
@@ -431,7 +431,7 @@ def test_every_module_path_the_readme_teaches_is_importable():
 # -- errors: under the one root, keeping the standard bases ------------------------------
 
 def test_every_error_the_reader_defines_is_a_shardpack_error_keeping_its_standard_base():
-    from reader.monitor.report import MonitorRecordError
+    from reader import MonitorRecordError
 
     found = {}
     for path in sorted((README.parent / "reader").rglob("*.py")):
@@ -460,3 +460,10 @@ def test_a_worker_error_renders_and_pickles_as_before():
         (1, 42, 7, "KeyError", "tb")
     decode = pickle.loads(pickle.dumps(reader.DecodeError("corrupt JPEG")))
     assert type(decode) is reader.DecodeError and str(decode) == "corrupt JPEG"
+
+
+def test_the_monitor_subpackage_is_a_face_too():
+    from reader.monitor import Monitor, Thresholds, enable_monitor
+
+    assert (Monitor, Thresholds, enable_monitor) == (reader.Monitor, reader.Thresholds,
+                                                     reader.enable_monitor)
