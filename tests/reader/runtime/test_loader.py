@@ -405,21 +405,21 @@ def test_raw_mode_timing_counts_payload_bytes(ds_path):
 
 
 def _pids(lo):
-    return [p.pid for p in lo._pool.processes]
+    return [p.pid for p in lo.runtime.pool.processes]
 
 
 def test_persistent_workers_are_reused_and_give_the_same_batches(ds_path):
     kw = dict(num_workers=2, shuffle="full", seed=4, transform=CropPipeline())
     with Loader(ds_path, 16, **kw) as lo:
         want = [collect(lo) for _ in range(2)]
-        assert lo._pool is None
+        assert lo.runtime.pool is None
     with Loader(ds_path, 16, persistent_workers=True, **kw) as lo:
         got = [collect(lo)]
         pids = _pids(lo)
         assert len(pids) == 2
         got.append(collect(lo))
         assert _pids(lo) == pids, "workers were restarted between epochs"
-        pool = lo._pool
+        pool = lo.runtime.pool
     assert pool.processes == [] and pool.stopped
     for we, ge in zip(want, got, strict=True):
         for a, b in zip(we, ge, strict=True):
@@ -455,7 +455,7 @@ def test_persistent_worker_dead_between_epochs_is_replaced(ds_path):
     with Loader(ds_path, 16, num_workers=2, transform=CropPipeline(),
                 persistent_workers=True) as lo:
         n = len(collect(lo))
-        victim = lo._pool.processes[0]
+        victim = lo.runtime.pool.processes[0]
         os.kill(victim.pid, signal.SIGKILL)
         victim.join(5)
         assert len(collect(lo)) == n
