@@ -41,6 +41,7 @@ from .options import (
     check_fields,
     resolve_num_workers,
 )
+from .order.batching import BudgetBatches
 from .order.sampler import Sampler, check_epoch, check_resume, next_unseen
 from .runtime.autoscale import ScaleChange
 from .runtime.decoded_cache import DecodedCacheOptions
@@ -56,15 +57,7 @@ __all__ = ["Loader"]
 log = logging.getLogger(__name__)
 
 
-class _DefaultBatchSize(int):
-    """The Loader's default ``batch_size``, 256, which also says it was left out: with a
-    ``batch_sampler`` the sampler then sets the size (an explicit 256 is passed to it)."""
-
-    def __repr__(self) -> str:
-        return "256"
-
-
-DEFAULT_BATCH_SIZE = _DefaultBatchSize(256)
+DEFAULT_BATCH_SIZE = 256  # records per batch when batch_size is left out (None)
 
 class Loader:
     """Batches of a dataset as dicts of field -> numpy array (or list, for bytes/str fields).
@@ -86,11 +79,13 @@ class Loader:
 
     Args:
         source: a dataset folder or an open ``ShardDataset``.
-        batch_size: records per batch. A Loader always makes batches: ``None`` (torch's
-            "no batching") is refused; ``1`` gives batches of one record. With
-            ``batch_sampler``, leave it out for the sampler's own size
-            (``AspectRatioBatches(batch_size=...)``, ``BudgetBatches``' budget), or give
-            ``AspectRatioBatches()`` its size here.
+        batch_size: records per batch; ``None`` (left out) is 256. A Loader always makes
+            batches (torch's ``batch_size=None``, one sample at a time, has no
+            equivalent: read single records with ``reader.open_dataset(path)[i]``); ``1``
+            gives batches of one record. It is the one way to size batches of records:
+            ``AspectRatioBatches()`` takes it from here (its own ``batch_size`` is
+            refused); with ``BudgetBatches`` the budget sizes the batches, so a
+            ``batch_size`` is refused (leave it out).
         batch_sampler: size-aware batches (:mod:`reader.batching`):
             ``AspectRatioBatches(...)`` groups records of similar shape,
             ``BudgetBatches(...)`` bounds the pixels or tokens of a batch. Every
@@ -153,7 +148,7 @@ class Loader:
     the order, the pipeline and the workers read.
     """
 
-    def __init__(self, source: str | Path | ShardDataset, batch_size: int = DEFAULT_BATCH_SIZE, *,
+    def __init__(self, source: str | Path | ShardDataset, batch_size: int | None = None, *,
                  batch_sampler: Any = None,
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None,
@@ -171,23 +166,13 @@ class Loader:
                  device: str = "cpu", device_options: DeviceOptions | None = None,
                  cache: CacheOptions | None = None, monitor: Any = None) -> None:
         # Argument errors first, before anything is opened.
-        if batch_size is None:
-            raise ArgumentTypeError(
-                "batch_size=None: a Loader always makes batches; leave batch_size out for the "
-                "batch sampler's own size" if batch_sampler is not None else
-                "batch_size=None: a Loader always makes batches (torch's batch_size=None, one "
-                "sample at a time, has no equivalent here); pass a number of records (leave it "
-                "out for 256; 1 for batches of one record), or read single records with "
-                "reader.open_dataset(path)[i]")
-        if batch_sampler is None:
-            batch_size = check_batch_size(batch_size)
-        elif not hasattr(batch_sampler, "bind"):
+        if batch_sampler is not None and not hasattr(batch_sampler, "bind"):
             raise ArgumentTypeError("batch_sampler must be a reader.batching.AspectRatioBatches or "
                             f"BudgetBatches, not {type(batch_sampler).__name__} {batch_sampler!r}")
-        elif batch_size is DEFAULT_BATCH_SIZE:
-            batch_size = None  # left out: the batch sampler sets the size
-        else:
+        if batch_size is not None:
             batch_size = check_batch_size(batch_size)
+        elif not isinstance(batch_sampler, BudgetBatches):
+            batch_size = DEFAULT_BATCH_SIZE  # left out; BudgetBatches' budget sizes its own
         # The keywords, checked and normalized as the records the order, the workers
         # and the pipeline read (reader.options).
         self.sampler_options = SamplerOptions(
@@ -267,7 +252,7 @@ class Loader:
         self.main_fields = plan.main_fields
         self.plan = plan
         check_decoded_cache(opts.decoded_cache, plan)
-        self.spec = BatchSpec(plan.image, plan.pipeline, plan.slot_fields, opts.on_error,
+        self.spec = BatchSpec(plan.image, plan.pipeline, plan.slot_fields, opts.bad_input,
                               self.sampler_options.seed, self.sampler_options.rank,
                               None, plan.sample)
         self.layout = plan.layout
@@ -276,7 +261,7 @@ class Loader:
         """Options this loader would accept and never use: refused, naming why."""
         w, d = self.worker_options, self.decode_options
         if self.raw:
-            idle = {"transform": d.transform is not None, "on_error": d.on_error != "fail",
+            idle = {"transform": d.transform is not None, "on_error": d.bad_input.skips,
                     "annotations": d.annotations is not None, "collate": bool(d.collate),
                     "decoders": bool(d.decoders),
                     "num_workers": w.num_workers not in ("auto", 0),

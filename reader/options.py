@@ -39,6 +39,7 @@ from .order.options import (
     check_int_or_auto,
     set_field,
 )
+from .pipeline.bad_input import ON_ERROR, BadInput
 from .pipeline.collate import check_collate
 from .pipeline.sample import Annotations, FieldDecoder
 from .pipeline.transforms import GEOMETRIC, ImagePipeline, Normalize, SampleTransform
@@ -112,6 +113,8 @@ class DecodeOptions:
         on_error: ``"fail"`` raises on a corrupt image, naming shard and record;
             ``"skip"`` zero-fills the sample, marks it False in the batch's
             ``valid`` mask (a bool array, present only in this mode) and counts it.
+            Resolved once into :attr:`bad_input`, the one policy every builder
+            calls (:mod:`reader.pipeline.bad_input`).
         check_crc: verify the CRC32C of every field of every record read (images,
             labels, keys), so a damaged record is an error naming shard and record,
             never a wrong value. On by default: CRC32C runs at tens of GB/s, far
@@ -167,7 +170,7 @@ class DecodeOptions:
         set_field(self, "check_crc", check_bool("check_crc", self.check_crc))
         if self.max_pixels is not None:
             set_field(self, "max_pixels", check_int("max_pixels", self.max_pixels, 1))
-        check_choice("on_error", self.on_error, ("fail", "skip"))
+        check_choice("on_error", self.on_error, ON_ERROR)
         if self.image_field is not None and not isinstance(self.image_field, str):
             raise ArgumentTypeError(f"image_field must be a field name (str) or None, "
                             f"not {type(self.image_field).__name__} {self.image_field!r}")
@@ -192,6 +195,11 @@ class DecodeOptions:
                 and self.image_field not in self.fields:
             raise ArgumentError(f"image_field={self.image_field!r} is not among fields={self.fields!r}: "
                              "add it to fields, or leave image_field out")
+
+    @property
+    def bad_input(self) -> BadInput:
+        """``on_error`` as the policy every builder of a batch calls."""
+        return BadInput(self.on_error)
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ class Runtime:
         self.listeners: list[Listener] = []
         self.cursor = Cursor()  # epoch, position (next batch to deliver), skipped, slowest
         self.decoded_cache = self._make_decoded_cache(decoded_cache, plan)
-        self.spec = BatchSpec(spec.image_field, spec.pipeline, spec.slot_fields, spec.on_error,
+        self.spec = BatchSpec(spec.image_field, spec.pipeline, spec.slot_fields, spec.bad_input,
                               spec.seed, spec.rank, self.decoded_cache, spec.sample)
         self.ring: SlotRing | None = None  # created with the first epoch that needs it
         self.pool: WorkerPool | None = None  # persistent_workers only

@@ -65,6 +65,6 @@ def test_a_closed_runtime_starts_no_epoch(ds_path):
 def test_the_cursor_is_the_runtimes_and_the_loader_reads_it(ds_path):
     with Loader(ds_path, 16, num_workers=0, transform=CropPipeline()) as lo:
         assert lo.cursor is lo.runtime.cursor
-        for _ in zip(range(2), lo):
+        for _ in zip(range(2), lo, strict=False):
             pass
         assert dataclasses.astuple(lo.runtime.cursor)[:2] == (0, 2)
