@@ -20,6 +20,7 @@ the top of :mod:`reader.runtime.epoch`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import sys
@@ -28,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
+from formats import ShardDataset
 from formats.errors import ArgumentError
 
 from ..errors import LoaderError
@@ -86,7 +88,7 @@ class Runtime:
     """The processes, ring, sink, caches and prefetch behind one Loader.
 
     Args:
-        dataset: the open dataset (a ``ShardDataset``; remote ones have ``prefetcher``).
+        dataset: the open dataset (a remote one has a ``prefetcher``).
         order: which records make batch ``k`` of an epoch.
         plan: the batch plan (:func:`reader.runtime.plan.plan_batch`).
         spec: what a worker builds (:class:`reader.runtime.worker.BatchSpec`), without
@@ -101,7 +103,7 @@ class Runtime:
         decoded_cache: keep decoded images for later epochs, or None.
     """
 
-    def __init__(self, dataset, order: Order, plan: BatchPlan, spec: BatchSpec,
+    def __init__(self, dataset: ShardDataset, order: Order, plan: BatchPlan, spec: BatchSpec,
                  fields: tuple[str, ...], options: RuntimeOptions, *, num_workers: int,
                  auto: bool = False, raw: bool = False,
                  device_options: DeviceOptions | None = None, rank: int = 0,
@@ -122,8 +124,7 @@ class Runtime:
         self.listeners: list[Listener] = []
         self.cursor = Cursor()  # epoch, position (next batch to deliver), skipped, slowest
         self.decoded_cache = self._make_decoded_cache(decoded_cache, plan)
-        self.spec = BatchSpec(spec.image_field, spec.pipeline, spec.slot_fields, spec.bad_input,
-                              spec.seed, spec.rank, self.decoded_cache, spec.sample)
+        self.spec = dataclasses.replace(spec, cache=self.decoded_cache)
         self.ring: SlotRing | None = None  # created with the first epoch that needs it
         self.pool: WorkerPool | None = None  # persistent_workers only
         self.cuda = None  # the GPU state (sinks.cuda_state), made with the first CUDA epoch
