@@ -6,10 +6,11 @@ and the workers take whole.
 
 Every option is checked where it is made (``__post_init__``), so a wrong one
 fails at construction with a message naming it and its value, never later in a
-worker, with the checks (and type rules) of :mod:`reader.order.options`, where the
-order's own record, :class:`SamplerOptions`, lives: the order imports it from there,
-below this module, which imports the pipeline's and the runtime's types to check
-the rest.
+worker. The checks and their type rules live in :mod:`reader.order.options`,
+beside the order's own record, :class:`SamplerOptions` (re-exported here): the
+order imports them from there, below this module, and this module imports the
+pipeline's and the runtime's types at the top to check the rest, so no import
+circles between the reader's subpackages and none is dodged inside a function.
 :func:`check_batch_size` and :func:`check_fields` are the checks the Loader
 applies beside these records: the batch size, and field names against a
 dataset's schema.

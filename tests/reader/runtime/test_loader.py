@@ -253,7 +253,7 @@ def test_batch_size_has_one_meaning_per_spelling(ds_path):
     budget = BudgetBatches(40 * 48 * 10, size="pixels")
     with Loader(ds_path, batch_sampler=budget, **kw) as lo:  # left out: the budget's size
         assert lo.batch_size == 10
-    with pytest.raises(ValueError, match="batch_size=256 with BudgetBatches.*leave the Loader's"):
+    with pytest.raises(ValueError, match=r"batch_size=256 with BudgetBatches.*leave the Loader's"):
         Loader(ds_path, 256, batch_sampler=budget, **kw)  # given, even as 256: not left out
     with Loader(ds_path, 16, batch_sampler=AspectRatioBatches(), **kw) as lo:
         assert lo.batch_size == 16
