@@ -323,6 +323,9 @@ class Loader:
                           "inside a loop over it, reads one stream of batches, not two)")
         self._start_loop()
         it = self.runtime.epoch(self.cursor.epoch, self.cursor.position)
+        # ``for b in Loader(...)`` holds only the iterator: it keeps the Loader (and so
+        # its dataset and runtime) alive until the loop is done; the epoch never uses it.
+        it.owner = self
         self._active = weakref.ref(it)
         return it
 

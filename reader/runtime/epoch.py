@@ -156,6 +156,7 @@ class RawEpoch:
         self.byte_fields = tuple(n for n in rt.fields if types[n] in BYTES_TYPES)
         self.prefetch = rt.start_prefetch(self.epoch, self.k)
         self.superseded: str | None = None  # why a newer iterator or call ended this one
+        self.owner: object = None  # kept alive with this epoch (the Loader); never called
 
     def __iter__(self):
         return self
@@ -230,6 +231,7 @@ class Epoch:
         self.calm = 0
         self.returned_at: float | None = None  # when next() last returned
         self.superseded: str | None = None  # why a newer iterator or call ended this one
+        self.owner: object = None  # kept alive with this epoch (the Loader); never called
         self.pid = os.getpid()
         self.pool = None
         self.workers: list = []
