@@ -11,6 +11,22 @@ subpackages: :mod:`reader.data` (opening datasets, local or remote),
 :mod:`reader.order` (which records make each batch), :mod:`reader.pipeline` (what a
 worker does to each sample), :mod:`reader.runtime` (the processes, slots and sinks)
 and :mod:`reader.monitor`; :mod:`reader.inspect` is ``inspect-shards``.
+
+Layering (DESIGN.md, "Layers call downward and hear upward"), from the top:
+
+* :class:`Loader` (:mod:`reader.loader`) is assembly: it checks its keywords into
+  the records of :mod:`reader.options`, builds the order (:mod:`reader.order`), the
+  batch plan with its pipeline (:func:`reader.runtime.plan.plan_batch` over
+  :mod:`reader.pipeline`) and a :class:`reader.runtime.runtime.Runtime`, then
+  iterates. It keeps the cursor rules of ``iter()``, ``set_epoch`` and the state.
+* the runtime owns the ring, the worker pool, the sink (CPU or CUDA), the decoded
+  cache, the shard prefetch and ``num_workers="auto"``'s scaler. The Loader calls
+  it downward (start an epoch at a position, next batch, resize, close); it calls
+  nothing above it, and what happens in it (a batch timed, the worker count
+  changed) goes upward as events to its listeners (the monitor).
+* the pipeline (decode, the per-kind kernels, the bad-input policy) runs inside
+  the workers, the order is a pure function of (seed, epoch, rank, world_size),
+  and both import neither the runtime nor the Loader.
 """
 
 from formats.storage.cache import CacheOptions

@@ -8,22 +8,23 @@ slot may be reused: on CPU once no array of its batch is alive (a lease, see
 :mod:`reader.runtime.leases`), on a GPU when the copy out of it has completed (see
 :mod:`reader.runtime.sinks`).
 
-The epoch machinery and its shutdown protocol live in :mod:`reader.runtime.epoch`.
+The Loader is assembly: it checks its options (:mod:`reader.options`), builds the
+order (:mod:`reader.order`), the batch plan and pipeline (:func:`reader.runtime.plan.plan_batch`)
+and the :class:`~reader.runtime.runtime.Runtime`, which owns the processes, the
+ring, the sink and the caches, and iterates. The runtime never calls back into the
+Loader: the monitor hears it as a listener. The epoch machinery and its shutdown
+protocol live in :mod:`reader.runtime.epoch`.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
-import sys
 import weakref
 from collections.abc import Iterator
 from copy import copy as shallow_copy
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from formats import ShardDataset
 from formats.errors import ArgumentError, ArgumentTypeError
@@ -40,30 +41,23 @@ from .options import (
     check_fields,
     resolve_num_workers,
 )
+from .order.batching import BudgetBatches
 from .order.sampler import Sampler, check_epoch, check_resume, next_unseen
-from .runtime.autoscale import WorkerScaler
-from .runtime.decoded_cache import DecodedCache, DecodedCacheOptions
+from .runtime.autoscale import ScaleChange
+from .runtime.decoded_cache import DecodedCacheOptions
 from .runtime.device import DeviceOptions, check_layout, require_cupy
-from .runtime.epoch import Cursor, Epoch, EpochContext, RawEpoch
 from .runtime.plan import plan_batch
-from .runtime.sinks import CpuSink, cuda_sink
+from .runtime.runtime import Runtime, check_decoded_cache
 from .runtime.slots import SlotRing
-from .runtime.worker import BatchSpec, WorkerPool
+from .runtime.timing import BatchTiming
+from .runtime.worker import BatchSpec
 
 __all__ = ["Loader"]
 
 log = logging.getLogger(__name__)
 
 
-class _DefaultBatchSize(int):
-    """The Loader's default ``batch_size``, 256, which also says it was left out: with a
-    ``batch_sampler`` the sampler then sets the size (an explicit 256 is passed to it)."""
-
-    def __repr__(self) -> str:
-        return "256"
-
-
-DEFAULT_BATCH_SIZE = _DefaultBatchSize(256)
+DEFAULT_BATCH_SIZE = 256  # records per batch when batch_size is left out (None)
 
 class Loader:
     """Batches of a dataset as dicts of field -> numpy array (or list, for bytes/str fields).
@@ -85,11 +79,13 @@ class Loader:
 
     Args:
         source: a dataset folder or an open ``ShardDataset``.
-        batch_size: records per batch. A Loader always makes batches: ``None`` (torch's
-            "no batching") is refused; ``1`` gives batches of one record. With
-            ``batch_sampler``, leave it out for the sampler's own size
-            (``AspectRatioBatches(batch_size=...)``, ``BudgetBatches``' budget), or give
-            ``AspectRatioBatches()`` its size here.
+        batch_size: records per batch; ``None`` (left out) is 256. A Loader always makes
+            batches (torch's ``batch_size=None``, one sample at a time, has no
+            equivalent: read single records with ``reader.open_dataset(path)[i]``); ``1``
+            gives batches of one record. It is the one way to size batches of records:
+            ``AspectRatioBatches()`` takes it from here (its own ``batch_size`` is
+            refused); with ``BudgetBatches`` the budget sizes the batches, so a
+            ``batch_size`` is refused (leave it out).
         batch_sampler: size-aware batches (:mod:`reader.batching`):
             ``AspectRatioBatches(...)`` groups records of similar shape,
             ``BudgetBatches(...)`` bounds the pixels or tokens of a batch. Every
@@ -152,7 +148,7 @@ class Loader:
     the order, the pipeline and the workers read.
     """
 
-    def __init__(self, source: str | Path | ShardDataset, batch_size: int = DEFAULT_BATCH_SIZE, *,
+    def __init__(self, source: str | Path | ShardDataset, batch_size: int | None = None, *,
                  batch_sampler: Any = None,
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None,
@@ -170,23 +166,13 @@ class Loader:
                  device: str = "cpu", device_options: DeviceOptions | None = None,
                  cache: CacheOptions | None = None, monitor: Any = None) -> None:
         # Argument errors first, before anything is opened.
-        if batch_size is None:
-            raise ArgumentTypeError(
-                "batch_size=None: a Loader always makes batches; leave batch_size out for the "
-                "batch sampler's own size" if batch_sampler is not None else
-                "batch_size=None: a Loader always makes batches (torch's batch_size=None, one "
-                "sample at a time, has no equivalent here); pass a number of records (leave it "
-                "out for 256; 1 for batches of one record), or read single records with "
-                "reader.open_dataset(path)[i]")
-        if batch_sampler is None:
-            batch_size = check_batch_size(batch_size)
-        elif not hasattr(batch_sampler, "bind"):
+        if batch_sampler is not None and not hasattr(batch_sampler, "bind"):
             raise ArgumentTypeError("batch_sampler must be a reader.batching.AspectRatioBatches or "
                             f"BudgetBatches, not {type(batch_sampler).__name__} {batch_sampler!r}")
-        elif batch_size is DEFAULT_BATCH_SIZE:
-            batch_size = None  # left out: the batch sampler sets the size
-        else:
+        if batch_size is not None:
             batch_size = check_batch_size(batch_size)
+        elif not isinstance(batch_sampler, BudgetBatches):
+            batch_size = DEFAULT_BATCH_SIZE  # left out; BudgetBatches' budget sizes its own
         # The keywords, checked and normalized as the records the order, the workers
         # and the pipeline read (reader.options).
         self.sampler_options = SamplerOptions(
@@ -228,25 +214,26 @@ class Loader:
         else:
             self.sampler = batch_sampler.bind(self.dataset, batch_size, self.sampler_options)
         self.batch_size = self.sampler.max_batch_size  # the slots hold the largest batch
-        self.num_workers = resolve_num_workers(self.worker_options.num_workers)
         self._plan_fields()
         self._refuse_idle_options()
         if device == "cuda" and not self.raw:
-            check_layout(self, self.device_options)
-        # num_workers="auto": measured and adjusted while the loader runs (reader.runtime.autoscale).
-        self._scaler = None
-        if self.worker_options.num_workers == "auto" and not self.raw and self.num_workers:
-            self._scaler = WorkerScaler(self.num_workers)
-            self.num_workers = self._scaler.start
+            check_layout(self.plan, self.device_options)
+        self.runtime = Runtime(
+            self.dataset, self.sampler, self.plan, self.spec, self.fields, self.worker_options,
+            num_workers=resolve_num_workers(self.worker_options.num_workers),
+            auto=self.worker_options.num_workers == "auto", raw=self.raw,
+            device_options=self.device_options if device == "cuda" else None,
+            rank=self.sampler_options.rank, decoded_cache=self.decode_options.decoded_cache)
+        self.spec = self.runtime.spec  # with the runtime's decoded cache
+        self.decoded_cache = self.runtime.decoded_cache
         self.monitor = resolve_monitor(monitor, num_workers=self.num_workers)
         if self.monitor is not None:
             if hasattr(self.dataset, "cache"):
                 self.monitor.storage = "remote"  # a diagnosis that names the shard cache
-            self.monitor.count_workers(self._worker_pids)
-        self.cursor = Cursor()  # epoch, position (next batch to deliver), skipped, slowest
+            self.monitor.count_workers(self.runtime.worker_pids)
+            self.runtime.listeners.append(_MonitorListener(self.monitor))
+        self.cursor = self.runtime.cursor  # epoch, position, skipped, slowest
         self._resume = False  # load_state_dict() since the last iter(): it starts there
-        self._ring: SlotRing | None = None
-        self._pool: WorkerPool | None = None  # persistent_workers only
         self._active: weakref.ref | None = None
         self._closed = False
         self._pid = os.getpid()
@@ -264,18 +251,17 @@ class Loader:
         self.image_field = plan.image
         self.main_fields = plan.main_fields
         self.plan = plan
-        self.decoded_cache = (self._make_decoded_cache(plan.image, plan.pipeline)
-                              if plan.sample is None else None)
-        self.spec = BatchSpec(plan.image, plan.pipeline, plan.slot_fields, opts.on_error,
+        check_decoded_cache(opts.decoded_cache, plan)
+        self.spec = BatchSpec(plan.image, plan.pipeline, plan.slot_fields, opts.bad_input,
                               self.sampler_options.seed, self.sampler_options.rank,
-                              self.decoded_cache, plan.sample)
+                              None, plan.sample)
         self.layout = plan.layout
 
     def _refuse_idle_options(self) -> None:
         """Options this loader would accept and never use: refused, naming why."""
         w, d = self.worker_options, self.decode_options
         if self.raw:
-            idle = {"transform": d.transform is not None, "on_error": d.on_error != "fail",
+            idle = {"transform": d.transform is not None, "on_error": d.bad_input.skips,
                     "annotations": d.annotations is not None, "collate": bool(d.collate),
                     "decoders": bool(d.decoders),
                     "num_workers": w.num_workers not in ("auto", 0),
@@ -287,7 +273,7 @@ class Loader:
                     "image_field": d.image_field is not None}
             why = ("decode=False reads raw bytes in this process: no decoding, no workers, "
                    "nothing in flight")
-        elif self.num_workers == 0:
+        elif resolve_num_workers(w.num_workers) == 0:
             idle = {"timeout": w.timeout is not None, "persistent_workers": w.persistent_workers,
                     "prefetch": w.prefetch not in ("auto", 1),
                     "max_prefetch": w.max_prefetch is not None,
@@ -300,122 +286,21 @@ class Loader:
             raise ArgumentError(f"{', '.join(named)} would have no effect: {why}; leave "
                              f"{'it' if len(named) == 1 else 'them'} out")
 
-    def _make_decoded_cache(self, image: str | None, pipeline) -> DecodedCache | None:
-        opts = self.decode_options.decoded_cache
-        if opts is None:
-            return None
-        if image is None:
-            raise ArgumentError("decoded_cache keeps decoded images: this loader decodes none "
-                             "(decode=False, or no image field among the fields read)")
-        if not hasattr(pipeline, "run_cached"):
-            raise ArgumentError("decoded_cache needs a pipeline of reader.transforms specs (it "
-                             f"replays their geometry on cached pixels), not {pipeline!r}")
-        one = int(np.prod(pipeline.output_shape))
-        if opts.max_bytes < one:
-            raise ArgumentError(f"decoded_cache max_bytes={opts.max_bytes:,} is smaller than one "
-                             f"output image ({'x'.join(map(str, pipeline.output_shape))} = "
-                             f"{one:,} bytes): it could never hold a sample")
-        ctx = mp.get_context(self._start_method())
-        return DecodedCache(opts, len(self.dataset), ctx.Lock(),
-                            named=self._start_method() != "fork")
-
     @property
     def ring(self) -> SlotRing | None:
         """The shared slot ring (created with the first epoch; None in raw mode)."""
-        return self._ring
-
-    def _make_sink(self):
-        if self.device == "cuda":
-            return cuda_sink(self)
-        return CpuSink(copy=self.worker_options.copy)
-
-    def _depths(self, hold: int) -> tuple[int, int, int]:
-        """(lowest, starting, highest) batches in flight; the ring has highest + hold slots."""
-        w = self.worker_options
-        nw = max(self.num_workers, 1)
-        # With num_workers="auto" the ring is sized once for the most workers it may get
-        # (only the slots in use are ever touched: free slots are taken last-in first-out).
-        hi = w.max_prefetch or max(2, 4 * (self._scaler.hi if self._scaler else nw))
-        if w.prefetch != "auto":
-            hi = max(hi, w.prefetch) if w.max_prefetch is None else w.max_prefetch
-        fits = w.max_ring_bytes // self.layout.slot_bytes - hold
-        if fits < 1 and w.max_ring_bytes != WorkerOptions.max_ring_bytes:
-            need = (1 + hold) * self.layout.slot_bytes
-            raise ArgumentError(f"max_ring_bytes={w.max_ring_bytes:,} cannot hold one batch in flight "
-                             f"and the {hold} the consumer may hold: slots of "
-                             f"{self.layout.slot_bytes:,} bytes need at least {need:,}")
-        hi = max(1, min(hi, fits))  # the default bound gives way to one batch in flight
-        if self.num_workers == 0:
-            return 1, 1, 1
-        if w.prefetch != "auto":
-            p = min(w.prefetch, hi)
-            return p, p, p
-        lo = min(nw, hi)
-        return lo, min(2 * nw, hi), hi
-
-    def _ensure_ring(self, slots: int) -> SlotRing:
-        if self._ring is None or self._ring.num_slots < slots:
-            self._release_ring()
-            backend = "anon" if self._start_method() == "fork" or self.num_workers == 0 else "shm"
-            self._ring = SlotRing(self.layout, slots, backend)
-        return self._ring
-
-    def _acquire_pool(self, ring: SlotRing) -> WorkerPool:
-        """Workers for an epoch: the persistent pool when it is usable, else new ones."""
-        pool = self._pool
-        if pool is not None and (pool.ring is not ring or not pool.alive()):
-            if pool.ring is ring:
-                log.warning("a persistent worker exited between epochs; starting new workers")
-            self._drop_pool(pool)
-            pool = None
-        if pool is None:
-            pool = WorkerPool(mp.get_context(self._start_method()), self.num_workers,
-                              self.dataset, ring, self.spec)
-            if self.worker_options.persistent_workers:
-                self._pool = pool
-        return pool
-
-    def _workers_changed(self, n: int, change) -> None:
-        """``num_workers="auto"`` moved to ``n`` workers; tell the monitor and the log."""
-        self.num_workers = n
-        log.info("workers %d -> %d: %s", change.before, change.after, change.reason)
-        if self.monitor is not None:
-            self.monitor.num_workers = n
-            self.monitor.note(f"workers {change.before} -> {change.after}: {change.reason}")
+        return self.runtime.ring
 
     @property
-    def worker_changes(self) -> list:
+    def num_workers(self) -> int:
+        """Worker processes now (``num_workers="auto"`` moves it while the loader runs)."""
+        return self.runtime.num_workers
+
+    @property
+    def worker_changes(self) -> list[ScaleChange]:
         """Every change ``num_workers="auto"`` made: :class:`reader.runtime.autoscale.ScaleChange`."""
-        return list(self._scaler.changes) if self._scaler is not None else []
-
-    def _worker_pids(self) -> list[int]:
-        """The processes of the workers running now (for the monitor's CPU figures)."""
-        it = self._active() if self._active is not None else None
-        pool = getattr(it, "pool", None) or self._pool
-        return [p.pid for p in pool.processes] if pool is not None else []
-
-    def _drop_pool(self, pool: WorkerPool | None = None) -> None:
-        """Stop ``pool`` (default: the persistent one), forgetting it if it is that one."""
-        pool = pool or self._pool
-        if pool is None:
-            return
-        if self._pool is pool:
-            self._pool = None
-        pool.stop()
-
-    def _start_prefetch(self, epoch: int, first_batch: int):
-        """A started shard prefetcher for a remote dataset, else None."""
-        start = getattr(self.dataset, "prefetcher", None)
-        if start is None or first_batch >= self.sampler.num_batches_in(epoch):
-            return None
-        return start(lambda k: self.sampler.batch(epoch, k), self.sampler.num_batches_in(epoch),
-                     first_batch, self.num_workers + 1)
-
-    def _start_method(self) -> str:
-        m = self.worker_options.start_method
-        if m is not None:
-            return m
-        return "fork" if sys.platform.startswith("linux") else "spawn"
+        sc = self.runtime.scaler
+        return list(sc.changes) if sc is not None else []
 
     # -- iteration ---------------------------------------------------------------------
 
@@ -430,14 +315,17 @@ class Loader:
         if self._pid != os.getpid():
             # A forked child: the ring and the workers are the parent's (its workers write
             # into that ring); this process gets its own, and leaves those alone.
-            self._ring = self._pool = self._active = None
+            self.runtime.forget_after_fork()
+            self._active = None
             self._pid = os.getpid()
         self._stop_active("a newer iter() of this Loader replaced this iterator: a Loader runs "
                           "one iterator at a time (zip(loader, loader), or next(iter(loader)) "
                           "inside a loop over it, reads one stream of batches, not two)")
         self._start_loop()
-        ctx = self._context()
-        it = RawEpoch(ctx) if self.raw else Epoch(ctx)
+        it = self.runtime.epoch(self.cursor.epoch, self.cursor.position)
+        # ``for b in Loader(...)`` holds only the iterator: it keeps the Loader (and so
+        # its dataset and runtime) alive until the loop is done; the epoch never uses it.
+        it.owner = self
         self._active = weakref.ref(it)
         return it
 
@@ -452,17 +340,6 @@ class Loader:
         elif not self._resume:
             c.position = 0  # a loop left early: its epoch again, from the first batch
         self._resume = False
-
-    def _context(self) -> EpochContext:
-        """What the next epoch gets from this loader (see :class:`reader.runtime.epoch.EpochContext`)."""
-        return EpochContext(
-            dataset=self.dataset, sampler=self.sampler, spec=self.spec, plan=self.plan,
-            fields=self.fields, worker_options=self.worker_options, num_workers=self.num_workers,
-            monitor=self.monitor, scaler=self._scaler, cursor=self.cursor,
-            make_sink=self._make_sink, depths=self._depths, ensure_ring=self._ensure_ring,
-            acquire_pool=self._acquire_pool, keeps_pool=lambda pool: pool is self._pool,
-            drop_pool=self._drop_pool, start_prefetch=self._start_prefetch,
-            workers_changed=self._workers_changed)
 
     # The cursor's fields, as the loader's own (state_dict, set_epoch and users read them).
     epoch = property(lambda self: self.cursor.epoch,
@@ -529,22 +406,9 @@ class Loader:
             return
         self._closed = True
         self._stop_active("this Loader was closed")
-        self._drop_pool()
-        self._release_ring()
-        if self.decoded_cache is not None:
-            self.decoded_cache.close()  # after the workers: none of them still writes to it
+        self.runtime.close()  # workers, then the ring and the decoded cache
         if self._owns_dataset:
             self.dataset.close()  # unmaps, and unpins a remote dataset's cached shards
-
-    def _release_ring(self) -> None:
-        self._drop_pool()  # its workers write into this ring
-        if self._ring is None:
-            return
-        cuda = getattr(self, "_cuda_state", None)
-        if cuda is not None:
-            cuda.release()  # unregister (page-unlock) before the memory is unmapped
-        self._ring.close()
-        self._ring = None
 
     def __enter__(self) -> Loader:
         return self
@@ -557,3 +421,17 @@ class Loader:
             self.close()
         except Exception:
             pass
+
+
+class _MonitorListener:
+    """The monitor as a listener of the runtime (:class:`reader.runtime.runtime.Listener`)."""
+
+    def __init__(self, monitor) -> None:
+        self.monitor = monitor
+
+    def on_batch(self, timing: BatchTiming) -> None:
+        self.monitor.on_batch(timing)
+
+    def on_workers_changed(self, n: int, change: ScaleChange) -> None:
+        self.monitor.num_workers = n
+        self.monitor.note(f"workers {change.before} -> {change.after}: {change.reason}")

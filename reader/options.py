@@ -6,9 +6,11 @@ and the workers take whole.
 
 Every option is checked where it is made (``__post_init__``), so a wrong one
 fails at construction with a message naming it and its value, never later in a
-worker. The type rules: ``bool`` is not an int (``num_workers=True`` is refused),
-a ``str`` is never a number (``batch_size="32"`` is refused), numpy integers and
-booleans count as ints and bools and are stored as Python ones.
+worker. The checks and their type rules live in :mod:`reader.order.options`,
+beside the order's own record, :class:`SamplerOptions` (re-exported here): the
+order imports them from there, below this module, and this module imports the
+pipeline's and the runtime's types at the top to check the rest, so no import
+circles between the reader's subpackages and none is dodged inside a function.
 :func:`check_batch_size` and :func:`check_fields` are the checks the Loader
 applies beside these records: the batch size, and field names against a
 dataset's schema.
@@ -29,59 +31,24 @@ import numpy as np
 
 from formats.errors import ArgumentError, ArgumentTypeError
 
+from .order.options import (
+    SamplerOptions,
+    check_batch_size,
+    check_bool,
+    check_choice,
+    check_int,
+    check_int_or_auto,
+    set_field,
+)
+from .pipeline.bad_input import ON_ERROR, BadInput
+from .pipeline.collate import check_collate
+from .pipeline.sample import Annotations, FieldDecoder
+from .pipeline.transforms import GEOMETRIC, ImagePipeline, Normalize, SampleTransform
+from .runtime.decoded_cache import DecodedCacheOptions
+from .runtime.runtime import DEFAULT_RING_BYTES
+
 __all__ = ["DecodeOptions", "SamplerOptions", "WorkerOptions", "check_batch_size",
            "check_fields", "resolve_num_workers"]
-
-SHUFFLE_MODES = (False, "block", "full")
-
-
-def _int(name: str, value: Any, minimum: int | None = None, extra: str = "") -> int:
-    """``value`` as an int (``bool`` and ``str`` refused), at least ``minimum``;
-    ``extra`` completes "must be an int" in messages (e.g. " or 'auto'")."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        what = "an int" + (f" >= {minimum}" if minimum is not None else "") + extra
-        raise ArgumentTypeError(f"{name} must be {what}, not {type(value).__name__} {value!r}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ArgumentError(f"{name} must be an int >= {minimum}{extra}, not {value}")
-    return value
-
-
-def _int_or_auto(name: str, value: Any, minimum: int) -> int | str:
-    if isinstance(value, str):
-        if value == "auto":
-            return value
-        raise ArgumentError(f"{name} must be an int >= {minimum} or 'auto', not {value!r}")
-    return _int(name, value, minimum, " or 'auto'")
-
-
-def _bool(name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentTypeError(f"{name} must be True or False, not {type(value).__name__} {value!r}")
-    return bool(value)
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        options = ", ".join(map(repr, allowed))
-        raise (ArgumentError if isinstance(value, str) else ArgumentTypeError)(
-            f"{name} must be one of {options}, not {value!r}")
-    return value
-
-
-def _set(obj: Any, name: str, value: Any) -> None:
-    object.__setattr__(obj, name, value)  # frozen dataclasses: normalized in __post_init__
-
-
-def check_batch_size(value: Any) -> int:
-    """The Loader's ``batch_size`` as an int >= 1.
-
-    Raises:
-        TypeError: not an int (a ``bool``, a ``str`` such as ``"32"``, a float).
-        ValueError: an int below 1.
-    """
-    return _int("batch_size", value, 1)
-
 
 def check_fields(options: DecodeOptions, dataset_fields: Mapping[str, str],
                  dataset: str | Path) -> None:
@@ -113,10 +80,8 @@ def check_fields(options: DecodeOptions, dataset_fields: Mapping[str, str],
 def _check_transform(value: Any) -> None:
     """None, a worker pipeline (``output_shape`` and ``run``), an ImagePipeline, a
     transform spec or callable, or a list or tuple of specs and callables."""
-    from .pipeline.transforms import _GEOMETRIC, ImagePipeline, Normalize, SampleTransform
-
     def usable(t: Any) -> bool:
-        return (isinstance(t, (*_GEOMETRIC, Normalize, SampleTransform))
+        return (isinstance(t, (*GEOMETRIC, Normalize, SampleTransform))
                 or (callable(t) and not isinstance(t, type)))
 
     if value is None or isinstance(value, ImagePipeline) or (
@@ -130,69 +95,6 @@ def _check_transform(value: Any) -> None:
                 f"{where} must be a transform spec from reader.transforms (e.g. "
                 f"RandomResizedCrop(224)) or a callable on images, not "
                 f"{type(t).__name__} {t!r}")
-
-
-def _env_int(name: str, default: int) -> int:
-    text = os.environ.get(name)
-    if text is None or not text.strip():
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ArgumentError(f"environment variable {name}={text!r} is not an integer") from None
-
-
-@dataclass(frozen=True)
-class SamplerOptions:
-    """Which records, in which order, for which rank.
-
-    Args:
-        shuffle: ``False`` (storage order), ``"block"`` (shard order shuffled, then
-            records shuffled within windows of ``shuffle_window`` consecutive records:
-            near-sequential IO with good mixing) or ``"full"`` (a global
-            permutation). ``True`` means ``"full"``.
-        seed: the order is a pure function of (seed, epoch, rank, world_size).
-        drop_last: ``True`` drops the tail so every rank gets ``len // world_size``
-            records and drops a last partial batch; ``False`` pads by wrapping to
-            the start of the epoch's order (like torch's DistributedSampler) so
-            every rank gets ``ceil(len / world_size)`` records, and yields the last
-            partial batch. Either way every rank gets the same number of batches.
-        rank: this process's rank in ``[0, world_size)``; ``None``: ``$RANK`` (as
-            torchrun sets it), else 0.
-        world_size: number of ranks splitting each epoch; ``None``:
-            ``$WORLD_SIZE``, else 1.
-        shuffle_window: records per shuffle window for ``"block"`` (refused with the
-            other modes).
-    """
-
-    shuffle: bool | str = False
-    seed: int = 0
-    drop_last: bool = False
-    rank: int | None = None
-    world_size: int | None = None
-    shuffle_window: int = 4096
-
-    def __post_init__(self) -> None:
-        shuffle = self.shuffle
-        if isinstance(shuffle, (bool, np.bool_)):
-            shuffle = "full" if shuffle else False
-        elif not isinstance(shuffle, str) or shuffle not in SHUFFLE_MODES:
-            raise (ArgumentError if isinstance(shuffle, str) else ArgumentTypeError)(
-                f"shuffle must be False, True, 'block' or 'full', not {shuffle!r}")
-        _set(self, "shuffle", shuffle)
-        _set(self, "seed", _int("seed", self.seed, 0))
-        _set(self, "drop_last", _bool("drop_last", self.drop_last))
-        world_size = (_env_int("WORLD_SIZE", 1) if self.world_size is None
-                      else _int("world_size", self.world_size, 1))
-        rank = _env_int("RANK", 0) if self.rank is None else _int("rank", self.rank)
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ArgumentError(f"rank {rank} is not in [0, world_size={world_size})")
-        _set(self, "rank", rank)
-        _set(self, "world_size", world_size)
-        _set(self, "shuffle_window", _int("shuffle_window", self.shuffle_window, 1))
-        if shuffle != "block" and self.shuffle_window != SamplerOptions.shuffle_window:
-            raise ArgumentError(f"shuffle_window={self.shuffle_window} would have no effect: it "
-                             f"sizes the windows of shuffle='block', and shuffle={shuffle!r}")
 
 
 @dataclass(frozen=True)
@@ -212,6 +114,8 @@ class DecodeOptions:
         on_error: ``"fail"`` raises on a corrupt image, naming shard and record;
             ``"skip"`` zero-fills the sample, marks it False in the batch's
             ``valid`` mask (a bool array, present only in this mode) and counts it.
+            Resolved once into :attr:`bad_input`, the one policy every builder
+            calls (:mod:`reader.pipeline.bad_input`).
         check_crc: verify the CRC32C of every field of every record read (images,
             labels, keys), so a damaged record is an error naming shard and record,
             never a wrong value. On by default: CRC32C runs at tens of GB/s, far
@@ -249,35 +153,25 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         _check_transform(self.transform)
-        if self.annotations is not None:
-            from .pipeline.sample import Annotations
-
-            if not isinstance(self.annotations, Annotations):
-                raise ArgumentTypeError("annotations must be a reader.Annotations or None, "
-                                f"not {type(self.annotations).__name__} {self.annotations!r}")
+        if self.annotations is not None and not isinstance(self.annotations, Annotations):
+            raise ArgumentTypeError("annotations must be a reader.Annotations or None, "
+                                    f"not {type(self.annotations).__name__} {self.annotations!r}")
         if self.collate is not None:
-            from .pipeline.collate import check_collate
-
-            _set(self, "collate", check_collate(self.collate))
-        if self.decoders is not None:
-            from .pipeline.sample import FieldDecoder
-
-            if not isinstance(self.decoders, dict) or not all(
-                    isinstance(k, str) and isinstance(v, FieldDecoder)
-                    for k, v in self.decoders.items()):
-                raise ArgumentTypeError("decoders must be a dict of field name -> reader.FieldDecoder, "
-                                f"not {self.decoders!r}")
-        if self.decoded_cache is not None:
-            from .runtime.decoded_cache import DecodedCacheOptions
-
-            if not isinstance(self.decoded_cache, DecodedCacheOptions):
-                raise ArgumentTypeError("decoded_cache must be a reader.DecodedCacheOptions or None, "
-                                f"not {type(self.decoded_cache).__name__}")
-        _set(self, "decode", _bool("decode", self.decode))
-        _set(self, "check_crc", _bool("check_crc", self.check_crc))
+            set_field(self, "collate", check_collate(self.collate))
+        if self.decoders is not None and (not isinstance(self.decoders, dict) or not all(
+                isinstance(k, str) and isinstance(v, FieldDecoder)
+                for k, v in self.decoders.items())):
+            raise ArgumentTypeError("decoders must be a dict of field name -> reader.FieldDecoder, "
+                                    f"not {self.decoders!r}")
+        if self.decoded_cache is not None and not isinstance(self.decoded_cache,
+                                                             DecodedCacheOptions):
+            raise ArgumentTypeError("decoded_cache must be a reader.DecodedCacheOptions or None, "
+                                    f"not {type(self.decoded_cache).__name__}")
+        set_field(self, "decode", check_bool("decode", self.decode))
+        set_field(self, "check_crc", check_bool("check_crc", self.check_crc))
         if self.max_pixels is not None:
-            _set(self, "max_pixels", _int("max_pixels", self.max_pixels, 1))
-        _choice("on_error", self.on_error, ("fail", "skip"))
+            set_field(self, "max_pixels", check_int("max_pixels", self.max_pixels, 1))
+        check_choice("on_error", self.on_error, ON_ERROR)
         if self.image_field is not None and not isinstance(self.image_field, str):
             raise ArgumentTypeError(f"image_field must be a field name (str) or None, "
                             f"not {type(self.image_field).__name__} {self.image_field!r}")
@@ -297,11 +191,16 @@ class DecodeOptions:
             twice = sorted({f for f in fields if fields.count(f) > 1})
             if twice:
                 raise ArgumentError(f"fields names {twice[0]!r} more than once: {fields!r}")
-            _set(self, "fields", fields)
+            set_field(self, "fields", fields)
         if self.image_field is not None and self.fields is not None \
                 and self.image_field not in self.fields:
             raise ArgumentError(f"image_field={self.image_field!r} is not among fields={self.fields!r}: "
                              "add it to fields, or leave image_field out")
+
+    @property
+    def bad_input(self) -> BadInput:
+        """``on_error`` as the policy every builder of a batch calls."""
+        return BadInput(self.on_error)
 
 
 @dataclass(frozen=True)
@@ -340,22 +239,22 @@ class WorkerOptions:
     num_workers: int | str = "auto"
     prefetch: int | str = "auto"
     max_prefetch: int | None = None
-    max_ring_bytes: int = 2 << 30
+    max_ring_bytes: int = DEFAULT_RING_BYTES
     timeout: float | None = None
     start_method: str | None = None
     copy: bool = False
     persistent_workers: bool = False
 
     def __post_init__(self) -> None:
-        _set(self, "num_workers", _int_or_auto("num_workers", self.num_workers, 0))
+        set_field(self, "num_workers", check_int_or_auto("num_workers", self.num_workers, 0))
         # At least one batch in flight: 0 could never deliver one.
-        _set(self, "prefetch", _int_or_auto("prefetch", self.prefetch, 1))
+        set_field(self, "prefetch", check_int_or_auto("prefetch", self.prefetch, 1))
         if self.max_prefetch is not None:
-            _set(self, "max_prefetch", _int("max_prefetch", self.max_prefetch, 1))
+            set_field(self, "max_prefetch", check_int("max_prefetch", self.max_prefetch, 1))
             if self.prefetch != "auto" and self.prefetch > self.max_prefetch:
                 raise ArgumentError(f"prefetch={self.prefetch} is more than max_prefetch="
                                  f"{self.max_prefetch}, the batches the ring is sized for")
-        _set(self, "max_ring_bytes", _int("max_ring_bytes", self.max_ring_bytes, 1))
+        set_field(self, "max_ring_bytes", check_int("max_ring_bytes", self.max_ring_bytes, 1))
         if self.timeout is not None:
             t = self.timeout
             if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real):
@@ -363,11 +262,11 @@ class WorkerOptions:
                                 f"not {type(t).__name__} {t!r}")
             if math.isnan(t) or t <= 0:
                 raise ArgumentError(f"timeout must be a number of seconds > 0 or None, not {t!r}")
-            _set(self, "timeout", float(t))
+            set_field(self, "timeout", float(t))
         if self.start_method is not None:
-            _choice("start_method", self.start_method, ("fork", "spawn", "forkserver"))
-        _set(self, "copy", _bool("copy", self.copy))
-        _set(self, "persistent_workers", _bool("persistent_workers", self.persistent_workers))
+            check_choice("start_method", self.start_method, ("fork", "spawn", "forkserver"))
+        set_field(self, "copy", check_bool("copy", self.copy))
+        set_field(self, "persistent_workers", check_bool("persistent_workers", self.persistent_workers))
 
 
 def resolve_num_workers(value: int | str) -> int:

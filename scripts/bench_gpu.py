@@ -134,7 +134,7 @@ def transfer_rate(ds, batch, workers, pinning, epochs=2):
         for _ in range(epochs):
             for _b in loader:
                 pass
-        mode = loader._cuda_state.mode
+        mode = loader.runtime.cuda.mode
     timed = probe.h2d[2:] or probe.h2d  # the first copies include warm-up
     if not timed:
         raise RuntimeError("no copy was timed: give more --images")

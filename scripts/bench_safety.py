@@ -52,7 +52,7 @@ def _epoch(ds_path: Path, *, check: bool = True, leases: bool = True, decode: bo
                        shuffle=decode, seed=0, transform=transform, decode=decode,
                        check_crc=check, fields=fields) as lo:
         if not leases:
-            lo._make_sink = BareSink
+            lo.runtime.make_sink = BareSink
         for _ in lo:  # untimed: maps the shards into this process, starts the code paths
             pass
         t = time.perf_counter()

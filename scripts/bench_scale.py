@@ -292,7 +292,7 @@ for i in range(10):
     it = iter(lo)
     for _ in range(min(100, n - i * n // 10)):
         next(it)
-    rows.append([i * n // 10, anon(), [anon(p) for p in lo._worker_pids()]])
+    rows.append([i * n // 10, anon(), [anon(p) for p in lo.runtime.worker_pids()]])
 lo.close()
 print(json.dumps({"batches": n, "rows": rows}))
 """

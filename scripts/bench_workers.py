@@ -115,7 +115,7 @@ def run(path: Path, workers, transform, batch: int, seconds: float, step_s: floa
                     if now >= seconds:
                         break
             rate = n / (time.perf_counter() - t0)
-            windows = list(lo._scaler.windows) if lo._scaler is not None else []
+            windows = list(lo.runtime.scaler.windows) if lo.runtime.scaler is not None else []
             return rate, lo.worker_changes, lo.num_workers, windows
     finally:
         if burners is not None:
@@ -203,7 +203,7 @@ def signals(args, path: Path, transform, cores: int) -> None:
                 it = iter(lo)
                 for _ in range(4):
                     next(it)
-                pids = lo._worker_pids
+                pids = lo.runtime.worker_pids
                 rq = RunQueue(lambda pids=pids: [os.getpid(), *pids()])
                 cpu = ProcCpu(pids)
                 psi0, c0, m0, t0 = _psi_some_us(), cpu(), machine_cpu(), time.perf_counter()

@@ -4,12 +4,13 @@ Two frozen, picklable specs say how to batch; ``spec.bind(dataset, batch_size,
 options)`` reads the per-record sizes once and returns the bound batch order,
 which has the interface of :class:`reader.order.sampler.Sampler`:
 
-- :class:`AspectRatioBatches` ``(batch_size=None, boundaries=(1.0,), sizes=None)``:
+- :class:`AspectRatioBatches` ``(boundaries=(1.0,), sizes=None)``:
   records are grouped by aspect ratio ``width / height`` (group ``i`` holds
   ratios in ``[boundaries[i-1], boundaries[i])``; the default splits portrait
   from landscape, ``w >= h``, as detectron2 and torchvision do). The epoch's
   record order streams into one bucket per group and a batch leaves when its
-  bucket holds ``batch_size`` records; at the end, the partly filled buckets
+  bucket holds ``batch_size`` records (the Loader's ``batch_size``, handed to
+  ``bind``); at the end, the partly filled buckets
   leave as partial batches in group order (dropped with ``drop_last``). Every
   batch holds one group only.
 - :class:`BudgetBatches` ``(budget, size="pixels", padded=True,
@@ -51,7 +52,7 @@ import numpy as np
 from formats.errors import ArgumentError, ArgumentTypeError
 from formats.shard.column_cache import mapped_column
 
-from ..options import SamplerOptions
+from .options import SamplerOptions
 from .sampler import ORDER, per_rank, rank_positions, shuffled_order
 
 __all__ = ["AspectRatioBatches", "BoundBatches", "BudgetBatches", "padding_waste"]
@@ -404,9 +405,12 @@ class _Budget(BoundBatches):
 class AspectRatioBatches:
     """Batches of ``batch_size`` records of one aspect-ratio group each.
 
+    The batch size is the Loader's (``Loader(path, 16, batch_sampler=AspectRatioBatches())``),
+    handed to :meth:`bind`: one way to pass it.
+
     Args:
-        batch_size: records per batch; None: the ``batch_size`` given to :meth:`bind`
-            (the Loader's).
+        batch_size: refused (an ``ArgumentError`` naming the Loader's spelling): the
+            Loader's ``batch_size`` sizes the batches.
         boundaries: increasing ratios ``width / height`` that split the groups
             (``k`` boundaries make ``k + 1`` groups); the default ``(1.0,)`` puts
             portrait (``w < h``) and landscape (``w >= h``) apart.
@@ -419,7 +423,10 @@ class AspectRatioBatches:
     sizes: Any = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "batch_size", _positive_int("batch_size", self.batch_size, True))
+        if self.batch_size is not None:
+            raise ArgumentError(f"AspectRatioBatches(batch_size={self.batch_size!r}): the batch "
+                                "size is the Loader's, one way: Loader(path, "
+                                f"{self.batch_size!r}, batch_sampler=AspectRatioBatches())")
         b = np.asarray(self.boundaries, np.float64) if np.ndim(self.boundaries) == 1 else None
         if b is None or not len(b) or not np.all(np.isfinite(b)) or (b <= 0).any() or (
                 np.diff(b) <= 0).any():
@@ -432,19 +439,16 @@ class AspectRatioBatches:
     def bind(self, dataset: Any, batch_size: int | None, options: SamplerOptions) -> BoundBatches:
         """The batch order of this rank over ``dataset``.
 
+        Args:
+            batch_size: records per batch (the Loader's).
+
         Raises:
-            ValueError: ``batch_size`` given here and in the spec, differently; sizes of
-                the wrong length; unknown sizes in the metadata table (names the record).
+            ValueError: no ``batch_size``; sizes of the wrong length; unknown sizes in the
+                metadata table (names the record).
         """
-        size = self.batch_size
-        if batch_size is not None:
-            batch_size = _positive_int("batch_size", batch_size)
-            if size is not None and size != batch_size:
-                raise ArgumentError(f"AspectRatioBatches(batch_size={size}) and batch_size="
-                                 f"{batch_size} were both given: give one")
-            size = batch_size
-        if size is None:
-            raise ArgumentError("AspectRatioBatches needs a batch_size (in it, or the Loader's)")
+        if batch_size is None:
+            raise ArgumentError("AspectRatioBatches needs a batch_size (the Loader's)")
+        size = _positive_int("batch_size", batch_size)
         if self.sizes is None:
             hw, source = image_sizes(dataset), "metadata"
         else:
@@ -499,8 +503,8 @@ class BudgetBatches:
         """The batch order of this rank over ``dataset``.
 
         Args:
-            batch_size: must be None: the budget sets the batch size (cap it with
-                ``max_batch_size``).
+            batch_size: must be None (the Loader's left out): the budget sets the batch
+                size (cap it with ``max_batch_size``).
 
         Raises:
             ValueError: a ``batch_size``; a record larger than the budget (names it);
@@ -508,7 +512,8 @@ class BudgetBatches:
         """
         if batch_size is not None:
             raise ArgumentError(f"batch_size={batch_size} with BudgetBatches: the budget sets "
-                             f"the batch size; cap it with BudgetBatches(max_batch_size=...)")
+                             f"the batch size: leave the Loader's batch_size out (cap it "
+                             f"with BudgetBatches(max_batch_size=...))")
         if isinstance(self.size, np.ndarray):
             _check_length(self.size, dataset, "BudgetBatches(size=...)")
             sizes, source = self.size, "array"

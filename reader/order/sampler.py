@@ -29,7 +29,7 @@ import numpy as np
 from formats.errors import ArgumentError
 
 from ..errors import StateError
-from ..options import SamplerOptions, _int
+from .options import SamplerOptions, check_int
 from .permutation import WindowPermutations, permute, round_keys
 
 __all__ = ["ORDER", "EpochOrder", "Sampler", "check_resume", "next_unseen", "per_rank",
@@ -126,7 +126,7 @@ def check_epoch(epoch, what: str) -> int:
         ArgumentTypeError: not an integer.
         ArgumentError: a negative one.
     """
-    return _int(f"{what}.set_epoch(epoch): epoch", epoch, 0)
+    return check_int(f"{what}.set_epoch(epoch): epoch", epoch, 0)
 
 
 def check_resume(mine: dict, state, what: str) -> None:

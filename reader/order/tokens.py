@@ -40,7 +40,7 @@ from formats.errors import ArgumentError
 from formats.shard.column_cache import mapped_column
 
 from ..data.dataset import open_dataset
-from ..options import SamplerOptions, _int, check_batch_size
+from .options import SamplerOptions, check_batch_size, check_int
 from .sampler import EpochOrder, Sampler, check_epoch, check_resume, next_unseen
 
 __all__ = ["TokenBlocks"]
@@ -89,7 +89,7 @@ class TokenBlocks:
                  shuffle: bool | str = "block", seed: int = 0, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None,
                  check_crc: bool = True) -> None:
-        self.block_size = _int("block_size", block_size, 1)
+        self.block_size = check_int("block_size", block_size, 1)
         self.batch_size = None if batch_size is None else check_batch_size(batch_size)
         self.options = SamplerOptions(shuffle=shuffle, seed=seed, drop_last=drop_last,
                                       rank=rank, world_size=world_size)

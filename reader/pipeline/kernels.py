@@ -12,7 +12,10 @@ There are two sorts of kernel:
 
 * **decoded** (``image``, ``mask``): stored bytes decoded straight to the plan's
   output size (:meth:`Kernel.decode`), into a region of the slot or an array of
-  :meth:`Kernel.shape`;
+  :meth:`Kernel.shape`; an image of a fixed output size with nothing following its
+  geometry (the classification path of :mod:`reader.runtime.worker`) goes through
+  the same kernel's :meth:`Kernel.decode_fixed`, which draws its plan inside the
+  fused decode;
 * **moved** (``boxes``, ``keypoints``): an array of coordinates in source pixels,
   mapped to output pixels (:meth:`Kernel.move`). A kernel that ``filters`` drops
   rows (boxes cropped away) and says which rows it kept: the per-box fields lose
@@ -118,6 +121,18 @@ class Kernel:
         """
         raise NotImplementedError
 
+    def decode_fixed(self, pipeline, data, out: np.ndarray, rng: np.random.Generator,
+                     cache=None, record: int = -1) -> tuple[float, float]:
+        """Decode ``data`` into ``out`` (the pipeline's fixed ``output_shape``), drawing
+        the plan from ``rng`` on the way, through ``cache`` (a
+        :class:`reader.runtime.decoded_cache.DecodedCache`, keyed by ``record``) when
+        given; returns ``(decode_s, transform_s)``.
+
+        Raises:
+            DecodeError: the bytes do not decode.
+        """
+        raise NotImplementedError
+
     def move(self, value: np.ndarray, plan: Plan, params: KernelParams
              ) -> tuple[np.ndarray, np.ndarray | None]:
         """``value`` in the plan's output pixels, and (``filters`` only) the rows kept."""
@@ -147,6 +162,11 @@ class ImageKernel(Kernel):
 
     def decode(self, decoder, data, height, width, plan, out, rng):
         return decoder.decode_plan(data, height, width, plan, out, rng)
+
+    def decode_fixed(self, pipeline, data, out, rng, cache=None, record=-1):
+        if cache is None:
+            return pipeline.run(data, out, rng)
+        return pipeline.run_cached(cache, record, data, out, rng)
 
 
 class MaskKernel(Kernel):

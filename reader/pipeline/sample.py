@@ -37,6 +37,7 @@ from formats.errors import ArgumentError, ArgumentTypeError
 
 from ..data.dataset import page_in
 from ..errors import DecodeError
+from .bad_input import BadInput
 from .collate import VarField
 from .kernels import KERNELS, KernelParams
 
@@ -158,11 +159,11 @@ class SampleBuilder:
     ``current`` names the record being worked on, for error messages.
     """
 
-    def __init__(self, ds, spec: SampleSpec, pipeline, on_error: str) -> None:
+    def __init__(self, ds, spec: SampleSpec, pipeline, bad_input: BadInput) -> None:
         self.ds = ds
         self.spec = spec
         self.pipeline = pipeline  # reader.pipeline.imaging.DecoderPipeline
-        self.on_error = on_error
+        self.bad_input = bad_input  # what a sample that does not decode becomes
         self.current: int | None = None
         self._decoded_fields = [(name, KERNELS[kind], var) for name, kind, var in spec.decoded]
         moved = [(name, KERNELS[kind]) for name, kind in spec.moved]
@@ -254,9 +255,7 @@ class SampleBuilder:
         return a
 
     def _skip(self, i: int, exc: Exception, valid) -> tuple[int, int]:
-        if self.on_error != "skip" or valid is None:
-            raise exc
-        valid[i] = False
+        self.bad_input.reject(exc, valid, i)
         return (0, 0)
 
     def _follow(self, arrays: dict, i: int, plan, size) -> None:

@@ -418,8 +418,10 @@ class SampleTransform:
         return self.fn(sample, rng) if self.takes_rng else self.fn(sample)
 
 
-_GEOMETRIC = (RandomResizedCrop, CenterCrop, Resize, ResizeShortestEdge, Pad, PadToMultiple,
-              RandomHorizontalFlip)
+# The geometric specs (fused into one Plan per sample); reader.options checks a
+# transform list against them.
+GEOMETRIC = (RandomResizedCrop, CenterCrop, Resize, ResizeShortestEdge, Pad, PadToMultiple,
+             RandomHorizontalFlip)
 _FIXING = (RandomResizedCrop, CenterCrop)  # specs whose output size is fixed (and Resize((h, w)))
 Transform = (RandomResizedCrop | CenterCrop | Resize | ResizeShortestEdge | Pad | PadToMultiple
              | RandomHorizontalFlip | UserTransform | Normalize | SampleTransform)
@@ -485,11 +487,11 @@ class ImagePipeline:
         roi: bool | None = None,
     ) -> None:
         specs = tuple(
-            t if isinstance(t, (*_GEOMETRIC, UserTransform, Normalize, SampleTransform))
+            t if isinstance(t, (*GEOMETRIC, UserTransform, Normalize, SampleTransform))
             else UserTransform(t)
             for t in transforms
         )
-        geometric = tuple(t for t in specs if isinstance(t, _GEOMETRIC))
+        geometric = tuple(t for t in specs if isinstance(t, GEOMETRIC))
         user = tuple(t for t in specs if isinstance(t, UserTransform))
         norm = tuple(t for t in specs if isinstance(t, Normalize))
         samples = tuple(t for t in specs if isinstance(t, SampleTransform))

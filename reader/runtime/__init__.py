@@ -1,5 +1,7 @@
 """The process machinery that builds batches into shared memory and hands them over.
 
+:mod:`~reader.runtime.runtime` (the :class:`~reader.runtime.runtime.Runtime` a
+Loader builds and calls: it owns everything below and emits events upward),
 :mod:`~reader.runtime.plan` (the batch plan: what each slot holds and how big it
 is), :mod:`~reader.runtime.slots` (the ring of shared-memory slots),
 :mod:`~reader.runtime.leases` (a slot comes back once nothing refers to its batch),

@@ -100,21 +100,22 @@ def pick_device(options: DeviceOptions, rank: int, count: int) -> int:
     return int(local) if local is not None else rank % count
 
 
-def check_layout(loader, options: DeviceOptions) -> None:
-    """Refuse device options this loader's images cannot get: the GPU converts and
+def check_layout(plan, options: DeviceOptions) -> None:
+    """Refuse device options the images of ``plan`` (a
+    :class:`reader.runtime.plan.BatchPlan`) cannot get: the GPU converts and
     normalizes padded (or fixed-size) uint8 image batches only.
 
     Raises:
         ValueError: the image field is ragged, or normalized on the CPU already,
             and ``options`` asks for a conversion.
     """
-    image = next((v for v in loader.plan.var_fields if v.name == loader.image_field), None)
+    image = next((v for v in plan.var_fields if v.name == plan.image), None)
     converts = options.dtype != "uint8" or options.layout != "NHWC"
     if image is not None and image.mode == "ragged" and converts:
         raise ArgumentError("device='cuda' converts whole image batches; a ragged image field "
                          "arrives as it is, image by image (uint8 HWC): collate the image "
                          "padded, or pass DeviceOptions(dtype='uint8', layout='NHWC')")
-    core = getattr(loader.spec.pipeline, "pipeline", None)
+    core = getattr(plan.pipeline, "pipeline", None)
     if core is not None and core.normalize is not None and converts:
         raise ArgumentError("the transforms end with Normalize (float32 on the CPU) and "
                          "device_options convert on the GPU as well: keep one of the two "

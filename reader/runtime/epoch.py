@@ -14,7 +14,8 @@ releases the epoch's :class:`~reader.runtime.worker.WorkerPool`. Stopping a pool
    ``kill()`` whatever is still alive, and join it (no zombies);
 4. close both queues without waiting on their feeder threads.
 
-With ``persistent_workers`` the pool belongs to the loader and an epoch that
+With ``persistent_workers`` the pool belongs to the runtime
+(:class:`reader.runtime.runtime.Runtime`) and an epoch that
 ends without an error keeps it: the end of data leaves no task in flight; an
 early end (``break``, ``set_epoch``, garbage collection) first *drains* it:
 bump the pool's generation, so workers answer queued tasks ``"stale"`` without
@@ -22,13 +23,14 @@ building them, and collect one answer per task still in flight (at most
 ``DRAIN_S``). Only then may a later epoch reuse the slots. A failed drain, an
 error in ``next()`` (worker error or death, ``KeyboardInterrupt``, timeout) or
 a worker found dead when the next epoch starts stops the pool as above; the
-next epoch starts a fresh one. ``Loader.close()`` (also on garbage collection)
-stops it.
+next epoch starts a fresh one. ``Runtime.close()`` (called by ``Loader.close()``,
+also on garbage collection) stops it.
 
 Workers never outlive their parent: they check ``os.getppid()`` on every idle
 poll and are daemonic (multiprocessing terminates them at interpreter exit). The
-ring belongs to the loader, not the epoch, so a GPU consumer can page-lock it
-once; ``Loader.close()`` (also on garbage collection) releases it. The ``anon``
+ring belongs to the runtime, not the epoch, so a GPU consumer can page-lock it
+once; ``Runtime.close()`` (from ``Loader.close()``, also on garbage collection)
+releases it. The ``anon``
 ring has no name, so a loader killed with SIGKILL leaves nothing behind; the
 ``shm`` ring (spawn) is named by owner pid and reclaimed by the next loader.
 Every wait in the main process is a ``get`` with a timeout followed by a
@@ -55,10 +57,8 @@ import pickle
 import queue
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -72,7 +72,7 @@ from .proc import describe, process_state
 from .timing import BatchTiming, batch_timing
 from .worker import BatchBuilder, BatchDone, BatchFailed, Task, batch_rng
 
-__all__ = ["Cursor", "Epoch", "EpochContext", "RawEpoch"]
+__all__ = ["Cursor", "Epoch", "RawEpoch"]
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,8 @@ WAITED_S = 1e-3  # a wait longer than this counts as the consumer waiting
 
 @dataclass
 class Cursor:
-    """Where a loader is, shared by the loader and its epochs.
+    """Where a loader is: owned by its runtime, moved by the epochs as they deliver,
+    read (and moved to where a new loop starts) by the Loader.
 
     Attributes:
         epoch: the current epoch.
@@ -115,48 +116,6 @@ class Cursor:
         """The end of ``epoch``'s data: the cursor moves to the next epoch's start."""
         if self.epoch == epoch and self.position >= num_batches:
             self.epoch, self.position = epoch + 1, 0
-
-
-@dataclass
-class EpochContext:
-    """What an epoch gets from its loader, by name (it reaches into nothing else).
-
-    Attributes:
-        dataset, sampler, spec, plan: what to read, in which order, how to build it
-            (:class:`reader.runtime.worker.BatchSpec`, :class:`reader.runtime.plan.BatchPlan`).
-        fields: the fields read (raw mode reads them all in the main process).
-        worker_options, num_workers: the loader's processes.
-        monitor: gets one :class:`BatchTiming` per batch, or None.
-        scaler: ``num_workers="auto"``'s :class:`reader.runtime.autoscale.WorkerScaler`, or None.
-        cursor: the loader's position, moved as batches are delivered.
-        make_sink: the consumer side for this epoch (:mod:`reader.runtime.sinks`).
-        depths: ``hold -> (lowest, starting, highest)`` batches in flight.
-        ensure_ring: ``slots -> SlotRing``: the loader's ring, at least that big.
-        acquire_pool: ``ring -> WorkerPool``: the persistent pool or new workers.
-        keeps_pool: ``pool -> bool``: the loader keeps it across epochs (persistent).
-        drop_pool: ``pool -> None``: stop it (and forget it, if the loader kept it).
-        start_prefetch: ``(epoch, first_batch) -> prefetcher or None`` (remote shards).
-        workers_changed: ``(n, change) -> None``: ``num_workers="auto"`` moved.
-    """
-
-    dataset: Any
-    sampler: Any
-    spec: Any
-    plan: Any
-    fields: tuple[str, ...]
-    worker_options: Any
-    num_workers: int
-    monitor: Any
-    scaler: Any
-    cursor: Cursor
-    make_sink: Callable[[], Any]
-    depths: Callable[[int], tuple[int, int, int]]
-    ensure_ring: Callable[[int], Any]
-    acquire_pool: Callable[[Any], Any]
-    keeps_pool: Callable[[Any], bool]
-    drop_pool: Callable[[Any], None]
-    start_prefetch: Callable[[int, int], Any]
-    workers_changed: Callable[[int, Any], None]
 
 
 def _truncated_file(ds) -> Path | None:
@@ -186,52 +145,54 @@ def _doing(process) -> str:
 class RawEpoch:
     """Raw-bytes mode: batches read in-process from the mmaps; no workers, no ring."""
 
-    def __init__(self, ctx: EpochContext) -> None:
-        self.ctx = ctx
-        self.epoch = ctx.cursor.epoch
-        self.k = ctx.cursor.position
-        self.copy = ctx.worker_options.copy
-        types = {f.name: f.type for f in ctx.dataset.fields}
+    def __init__(self, rt) -> None:
+        """``rt``: the :class:`reader.runtime.runtime.Runtime` that starts this epoch."""
+        self.rt = rt
+        self.epoch = rt.cursor.epoch
+        self.k = rt.cursor.position
+        self.copy = rt.options.copy
+        types = {f.name: f.type for f in rt.dataset.fields}
         # Fields that come as lists of bytes/memoryviews: what ``bytes`` counts.
-        self.byte_fields = tuple(n for n in ctx.fields if types[n] in BYTES_TYPES)
-        self.prefetch = ctx.start_prefetch(self.epoch, self.k)
+        self.byte_fields = tuple(n for n in rt.fields if types[n] in BYTES_TYPES)
+        self.prefetch = rt.start_prefetch(self.epoch, self.k)
         self.superseded: str | None = None  # why a newer iterator or call ended this one
+        self.owner: object = None  # kept alive with this epoch (the Loader); never called
 
     def __iter__(self):
         return self
 
     @property
     def finished(self) -> bool:
-        return self.k >= self.ctx.sampler.num_batches_in(self.epoch)
+        return self.k >= self.rt.order.num_batches_in(self.epoch)
 
     def __next__(self) -> dict:
-        ctx = self.ctx
+        rt = self.rt
         if self.superseded is not None:
             raise LoaderError(self.superseded)
-        n = ctx.sampler.num_batches_in(self.epoch)
+        n = rt.order.num_batches_in(self.epoch)
         if self.k >= n:
             self.shutdown()
-            ctx.cursor.finished(self.epoch, n)
+            rt.cursor.finished(self.epoch, n)
             raise StopIteration
         t0 = time.perf_counter()
         if self.prefetch is not None:
             self.prefetch.advance(self.k + 1)
-        indices = ctx.sampler.batch(self.epoch, self.k)
-        batch = main_fields(ctx.dataset, ctx.fields, indices)
+        indices = rt.order.batch(self.epoch, self.k)
+        batch = main_fields(rt.dataset, rt.fields, indices)
         if self.copy:
             batch = {k: v if isinstance(v, np.ndarray) else
                      [bytes(x) if isinstance(x, memoryview) else x for x in v]
                      for k, v in batch.items()}
         k = self.k
-        if ctx.monitor is not None:
+        if rt.listeners:
             dt = time.perf_counter() - t0
             nbytes = 0
             for name in self.byte_fields:
                 nbytes += sum(map(len, batch[name]))
-            ctx.monitor.on_batch(BatchTiming(k, self.epoch, -1, len(indices), nbytes, 0, 0.0, 0.0,
-                                             0.0, dt, dt, dt, dt, dt, 0))
+            rt.emit_batch(BatchTiming(k, self.epoch, -1, len(indices), nbytes, 0, 0.0, 0.0,
+                                      0.0, dt, dt, dt, dt, dt, 0))
         self.k = k + 1
-        ctx.cursor.delivered(self.epoch, k)  # last, as in Epoch._deliver
+        rt.cursor.delivered(self.epoch, k)  # last, as in Epoch._deliver
         return batch
 
     def shutdown(self) -> None:
@@ -249,14 +210,16 @@ class RawEpoch:
 class Epoch:
     """One pass over (the rest of) an epoch with workers (or in-process for 0 workers)."""
 
-    def __init__(self, ctx: EpochContext) -> None:
-        self.ctx = ctx
-        self.epoch = ctx.cursor.epoch
-        self.n = ctx.sampler.num_batches_in(self.epoch)
-        self.next_issue = self.next_deliver = ctx.cursor.position
-        self.sink = ctx.make_sink()
-        self.lo_depth, self.depth, self.hi_depth = ctx.depths(self.sink.hold)
-        self.ring = ctx.ensure_ring(self.hi_depth + self.sink.hold)
+    def __init__(self, rt) -> None:
+        """``rt``: the :class:`reader.runtime.runtime.Runtime` that starts this epoch; the
+        epoch reads what it owns and calls it, never the Loader."""
+        self.rt = rt
+        self.epoch = rt.cursor.epoch
+        self.n = rt.order.num_batches_in(self.epoch)
+        self.next_issue = self.next_deliver = rt.cursor.position
+        self.sink = rt.make_sink()
+        self.lo_depth, self.depth, self.hi_depth = rt.depths(self.sink.hold)
+        self.ring = rt.ensure_ring(self.hi_depth + self.sink.hold)
         self.sink.attach(self.ring)
         leases = self.ring.leases
         leases.collect()
@@ -268,23 +231,24 @@ class Epoch:
         self.calm = 0
         self.returned_at: float | None = None  # when next() last returned
         self.superseded: str | None = None  # why a newer iterator or call ended this one
+        self.owner: object = None  # kept alive with this epoch (the Loader); never called
         self.pid = os.getpid()
         self.pool = None
         self.workers: list = []
         self.closed = False
         self.prefetch = None
         self.builder = None
-        if ctx.num_workers == 0:
-            self.builder = BatchBuilder(ctx.dataset, ctx.spec)
+        if rt.num_workers == 0:
+            self.builder = BatchBuilder(rt.dataset, rt.spec)
         elif self.next_issue < self.n:
-            self.pool = ctx.acquire_pool(self.ring)
+            self.pool = rt.acquire_pool(self.ring)
             self.workers = self.pool.processes
-            if ctx.scaler is not None:
-                ctx.scaler.resume(time.perf_counter())
+            if rt.scaler is not None:
+                rt.scaler.resume(time.perf_counter())
             self.task_q, self.done_q = self.pool.task_q, self.pool.done_q
             self.generation = self.pool.generation.value
         # Started after the fork: a child must not inherit a download's lock descriptors.
-        self.prefetch = ctx.start_prefetch(self.epoch, self.next_issue)
+        self.prefetch = rt.start_prefetch(self.epoch, self.next_issue)
 
     def __iter__(self):
         return self
@@ -306,7 +270,7 @@ class Epoch:
             k = self.next_deliver
             if k >= self.n:
                 self.shutdown()
-                self.ctx.cursor.finished(self.epoch, self.n)
+                self.rt.cursor.finished(self.epoch, self.n)
                 raise StopIteration
             in_flight = self.next_issue - self.next_deliver
             self._issue()
@@ -335,7 +299,7 @@ class Epoch:
         return self.next_deliver >= self.n
 
     def _issue(self) -> None:
-        ctx = self.ctx
+        order = self.rt.order
         limit = 1 if self.builder is not None else self.depth
         while (self.free and self.next_issue < self.n
                and self.next_issue - self.next_deliver < limit):
@@ -345,19 +309,19 @@ class Epoch:
             self.issued_at[k] = time.perf_counter()
             if self.builder is None:
                 self.task_q.put(Task(batch=k, slot=slot, epoch=self.epoch,
-                                     indices=ctx.sampler.batch(self.epoch, k),
+                                     indices=order.batch(self.epoch, k),
                                      generation=self.generation))
             self.next_issue += 1
         if self.prefetch is not None:
             self.prefetch.advance(self.next_issue)
 
     def _build_here(self, k: int) -> BatchDone:
-        ctx = self.ctx
+        rt = self.rt
         slot = self.slot_of[k]
         try:
-            t, shapes = self.builder.build(ctx.sampler.batch(self.epoch, k),
+            t, shapes = self.builder.build(rt.order.batch(self.epoch, k),
                                            self.ring.slot_view(slot),
-                                           batch_rng(ctx.spec, self.epoch, k))
+                                           batch_rng(rt.spec, self.epoch, k))
         except ShardpackError:
             raise
         except Exception as exc:
@@ -367,7 +331,7 @@ class Epoch:
         return BatchDone(batch=k, slot=slot, worker=-1, pid=os.getpid(), timing=t, shapes=shapes)
 
     def _wait_for(self, k: int):
-        timeout = self.ctx.worker_options.timeout
+        timeout = self.rt.options.timeout
         since = time.perf_counter()
         late_at = since + (timeout if timeout is not None else self._late_after())
         # The workers' /proc states are sampled only once a wait outlasts one poll: a batch
@@ -403,7 +367,7 @@ class Epoch:
 
     def _late_after(self) -> float:
         """With no ``timeout``: how long a wait is normal, from the slowest batch so far."""
-        slowest = self.ctx.cursor.slowest
+        slowest = self.rt.cursor.slowest
         if slowest == 0.0:
             return LATE_FIRST_S
         return max(LATE_MIN_S, LATE_FACTOR * slowest)
@@ -428,7 +392,7 @@ class Epoch:
                 f"{what}. A stopped worker never finishes its batch: continue it "
                 f"(kill -CONT {' '.join(map(str, stopped))}) and run again, or pass timeout= "
                 "to choose how long a batch may take") from None
-        s = self.ctx.cursor.slowest
+        s = self.rt.cursor.slowest
         slowest = f"{s:.2f} s" if s else "none delivered yet"
         log.warning("%s (slowest batch so far: %s); still waiting, pass timeout= to fail instead",
                     what, slowest)
@@ -445,7 +409,7 @@ class Epoch:
                 pid = p.pid
                 busy = f"batches {self.next_deliver}..{self.next_issue - 1} were in flight"
                 self.shutdown(failed=True)
-                truncated = _truncated_file(self.ctx.dataset) if code == -signal.SIGBUS else None
+                truncated = _truncated_file(self.rt.dataset) if code == -signal.SIGBUS else None
                 if truncated is not None:
                     # Workers check file sizes before each batch; a truncation racing
                     # that check still kills with SIGBUS: name the file all the same.
@@ -476,32 +440,33 @@ class Epoch:
     def _deliver(self, k: int, msg: BatchDone, t_call: float, waited: float,
                  in_flight: int) -> dict:
         slot, t = msg.slot, msg.timing
-        ctx, cursor = self.ctx, self.ctx.cursor
+        rt = self.rt
+        cursor, plan = rt.cursor, rt.plan
         self.next_deliver = k + 1
         nrec = t.records
-        batch = assemble(self.ring.slot_view(slot), ctx.plan.fixed, ctx.plan.var_fields,
+        batch = assemble(self.ring.slot_view(slot), plan.fixed, plan.var_fields,
                          msg.shapes, nrec)
-        if ctx.plan.main_fields:
-            batch.update(main_fields(ctx.dataset, ctx.plan.main_fields,
-                                     ctx.sampler.batch(self.epoch, k)))
+        if plan.main_fields:
+            batch.update(main_fields(rt.dataset, plan.main_fields,
+                                     rt.order.batch(self.epoch, k)))
         if t.skipped:
             cursor.skipped += t.skipped
         timing = None
         latency = t.done_at - self.issued_at[k]
         if latency > cursor.slowest:
             cursor.slowest = latency
-        if ctx.monitor is not None:
+        if rt.listeners:
             timing = batch_timing(t, batch=k, epoch=self.epoch, worker=msg.worker, wait_s=waited,
                                   latency_s=latency if latency > 0.0 else 0.0, prefetch=in_flight)
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)
         self._adapt(waited)
-        if ctx.scaler is not None and self.pool is not None:
+        if rt.scaler is not None and self.pool is not None:
             self._scale(t_call, waited, t.busy_s)
         if timing is not None:
             timing.next_s = time.perf_counter() - t_call
-            ctx.monitor.on_batch(timing)
+            rt.emit_batch(timing)
         if self.next_deliver >= self.n and self.pool is not None:
             self._release_pool()  # nothing left to build: free (or hand back) the processes early
         # Last: a KeyboardInterrupt (or a monitor's error) before this line loses the batch
@@ -524,7 +489,7 @@ class Epoch:
 
     def _scale(self, t_call: float, waited: float, busy_s: float) -> None:
         """``num_workers="auto"``: feed the scaler; apply its decision once per window."""
-        sc = self.ctx.scaler
+        sc = self.rt.scaler
         now = time.perf_counter()
         consumer = t_call - self.returned_at if self.returned_at is not None else 0.0
         self.returned_at = now
@@ -534,8 +499,7 @@ class Epoch:
         running = [p.pid for p in self.workers if p.exitcode is None][: self.pool.running]
         n = sc.step(sc.window(now, running))
         if n != self.pool.running:
-            self.pool.resize(n)
-            self.ctx.workers_changed(n, sc.changes[-1])
+            self.rt.resize(n, sc.changes[-1])
             sc.mark(time.perf_counter(), [p.pid for p in self.workers if p.exitcode is None])
 
     # -- shutdown (see "Shutdown protocol" in the module docstring) ---------------------
@@ -545,16 +509,17 @@ class Epoch:
         self.workers = []
         if pool is None:
             return
-        ctx = self.ctx
-        if not failed and ctx.keeps_pool(pool):
+        rt = self.rt
+        if not failed and rt.keeps(pool):
             # Persistent workers: keep them if every task this epoch issued is
             # accounted for, so none can write into a slot the next epoch reuses.
             outstanding = self.next_issue - self.next_deliver - len(self.ready)
             try:
                 if pool.drain(outstanding, DRAIN_S):
+                    rt.release_pool(pool)
                     return
             except BaseException:
-                ctx.drop_pool(pool)
+                rt.drop_pool(pool)
                 raise
             states = [(p, process_state(p.pid)) for p in pool.processes]
             stopped = [f"worker {_worker_id(p)} (pid {p.pid}) is {describe(None, st, 0.0)}"
@@ -562,7 +527,7 @@ class Epoch:
             log.warning("the persistent workers did not finish the %d batches in progress "
                         "within %.0f s%s; starting fresh workers", outstanding, DRAIN_S,
                         f" ({'; '.join(stopped)})" if stopped else "")
-        ctx.drop_pool(pool)
+        rt.drop_pool(pool)
 
     def shutdown(self, failed: bool = False) -> None:
         """End the epoch; ``failed`` (an error in ``next()``) also stops persistent workers."""

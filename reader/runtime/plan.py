@@ -444,8 +444,8 @@ def _layout(d: _Draft, sample: SampleSpec | None) -> BatchPlan:
                                  f"{name!r} beside it, and the dataset has a field of that "
                                  f"name: leave that one out (fields=...)")
         specs.extend(v.slot_specs())
-    if d.image is not None and d.opts.on_error == "skip":
-        specs.append(("valid", np.bool_, (b,)))
+    if d.image is not None:
+        specs.extend(d.opts.bad_input.slot_specs(b))  # the valid mask, if bad samples are skipped
     in_var = {name for v in d.var_fields for name, *_ in v.slot_specs()}
     fixed = tuple(s[0] for s in specs if s[0] not in in_var)
     return BatchPlan(image=d.image, pipeline=d.pipeline, slot_fields=tuple(d.slot_fields),

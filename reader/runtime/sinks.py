@@ -47,7 +47,7 @@ from .device import DeviceOptions, pick_device, require_cupy
 from .leases import MAX_LEASED, SlotLeases
 from .timing import BatchTiming
 
-__all__ = ["CpuSink", "CudaSink", "SlotGate", "cuda_sink"]
+__all__ = ["CpuSink", "CudaSink", "SlotGate", "cuda_state"]
 
 
 class CpuSink:
@@ -135,13 +135,10 @@ class SlotGate:
         return len(self._pending)
 
 
-def cuda_sink(loader) -> CudaSink:
-    """The loader's sink for ``device="cuda"``; the GPU state lives as long as the loader."""
-    state = getattr(loader, "_cuda_state", None)
-    if state is None:
-        state = _CudaState(require_cupy(), loader.device_options, loader.sampler_options.rank)
-        loader._cuda_state = state
-    return CudaSink(loader, state)
+def cuda_state(options: DeviceOptions, rank: int) -> _CudaState:
+    """The GPU state of ``device="cuda"`` (device, stream, kernel, ring registration):
+    made once by the runtime and kept as long as it lives, one sink per epoch over it."""
+    return _CudaState(require_cupy(), options, rank)
 
 
 _KERNEL_SRC = """
@@ -158,7 +155,7 @@ _KERNEL_SRC = """
 
 
 class _CudaState:
-    """What lives as long as the loader: device, stream, kernel, ring registration."""
+    """What lives as long as the runtime: device, stream, kernel, ring registration."""
 
     def __init__(self, cp, options: DeviceOptions, rank: int) -> None:
         self.cp = cp
@@ -208,19 +205,20 @@ class CudaSink:
 
     hold = 2  # the slot being copied, and the one before it (its copy may still run)
 
-    def __init__(self, loader, state: _CudaState) -> None:
-        self.loader = loader
+    def __init__(self, state: _CudaState, image_field: str | None) -> None:
         self.state = state
+        self.image_field = image_field  # the field converted and normalized on the GPU
+        self.ring = None
         self.gate = SlotGate(limit=self.hold)
         self._timings: deque = deque()
         self._last_h2d: tuple[float, int] | None = None
 
     def attach(self, ring) -> None:
-        pass  # the ring is read through the loader, page-locked at the first delivery
+        self.ring = ring  # page-locked at the first delivery
 
     def deliver(self, slot: int, batch: dict, timing):
         st, cp = self.state, self.state.cp
-        ring = self.loader.ring
+        ring = self.ring
         st.prepare(ring)
         opts = st.options
         base = ring.address + ring.slot_offset(slot)
@@ -258,7 +256,7 @@ class CudaSink:
                     # indexing reads them (a device scalar read would synchronize).
                     out[name] = Ragged(dev, np.array(value.offsets),
                                        None if value.shapes is None else np.array(value.shapes))
-                elif name == self.loader.image_field and dev.ndim == 4 and dev.dtype == cp.uint8:
+                elif name == self.image_field and dev.ndim == 4 and dev.dtype == cp.uint8:
                     out[name] = self._images(dev)
                 else:
                     out[name] = dev

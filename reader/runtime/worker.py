@@ -28,6 +28,8 @@ from formats.errors import CorruptRecordError
 
 from ..data.dataset import page_in
 from ..errors import DecodeError
+from ..pipeline.bad_input import VALID_FIELD, BadInput
+from ..pipeline.kernels import KERNELS
 from ..pipeline.sample import SampleBuilder
 from .leases import own_fork
 from .timing import WorkerTiming
@@ -92,7 +94,8 @@ class BatchSpec:
             :mod:`reader.pipeline.imaging`).
         slot_fields: ``(name, type)`` of the int/float/fixed ndarray fields
             gathered into the slot.
-        on_error: ``"fail"`` or ``"skip"`` for images that do not decode.
+        bad_input: what a sample that does not decode becomes
+            (:class:`reader.pipeline.bad_input.BadInput`, ``on_error`` resolved).
         seed: base seed of the per-batch random streams.
         rank: this loader's rank (part of the stream seed).
         cache: a :class:`reader.runtime.decoded_cache.DecodedCache` the pipeline reads
@@ -105,7 +108,7 @@ class BatchSpec:
     image_field: str | None
     pipeline: Any
     slot_fields: tuple[tuple[str, str], ...]
-    on_error: str
+    bad_input: BadInput
     seed: int
     rank: int
     cache: Any = None
@@ -128,9 +131,10 @@ class BatchBuilder:
         self.ds = ds
         self.spec = spec
         self._current: int | None = None
+        self._image = KERNELS["image"]  # the classification path's kernel
         self._sample = None
         if spec.sample is not None:
-            self._sample = SampleBuilder(ds, spec.sample, spec.pipeline, spec.on_error)
+            self._sample = SampleBuilder(ds, spec.sample, spec.pipeline, spec.bad_input)
 
     @property
     def current(self) -> int | None:
@@ -149,20 +153,22 @@ class BatchBuilder:
         t_start = time.perf_counter()
         spec = self.spec
         n = len(indices)
-        valid = arrays.get("valid")
+        valid = arrays.get(VALID_FIELD)
         if valid is not None:
             valid[:n] = True
         shapes: dict = {}
-        if self._sample is not None:
+        if spec.image_field is not None or self._sample is not None:
+            # A DecodeError the policy let through (on_error="fail") names its record.
             try:
-                io_s, decode_s, transform_s, assemble_s, nbytes, skipped, shapes = \
-                    self._sample.build(indices, arrays, rng, valid)
+                if self._sample is not None:
+                    io_s, decode_s, transform_s, assemble_s, nbytes, skipped, shapes = \
+                        self._sample.build(indices, arrays, rng, valid)
+                else:
+                    io_s, decode_s, transform_s, nbytes, skipped = self._images(
+                        indices, arrays, rng, valid)
+                    assemble_s = 0.0
             except DecodeError as exc:
                 raise self._corrupt(self.current, exc) from None
-        elif spec.image_field is not None:
-            io_s, decode_s, transform_s, nbytes, skipped = self._images(indices, arrays, rng,
-                                                                        valid)
-            assemble_s = 0.0
         else:
             io_s = decode_s = transform_s = assemble_s = 0.0
             nbytes = skipped = 0
@@ -175,7 +181,9 @@ class BatchBuilder:
         return timing, shapes
 
     def _images(self, indices, arrays, rng, valid) -> tuple:
-        """The classification path: one fixed-size image per record, fused decode."""
+        """The classification path: one fixed-size image per record, fused decode, by the
+        image kernel (:meth:`reader.pipeline.kernels.Kernel.decode_fixed`); a sample that
+        does not decode goes to the policy (:mod:`reader.pipeline.bad_input`)."""
         spec, ds = self.spec, self.ds
         skipped = 0
         decode_s = transform_s = 0.0
@@ -184,20 +192,16 @@ class BatchBuilder:
         nbytes = page_in(views)
         io_s = time.perf_counter() - t
         images = arrays[spec.image_field]
-        run, cache = spec.pipeline.run, spec.cache
+        decode, pipeline, cache, policy = (self._image.decode_fixed, spec.pipeline, spec.cache,
+                                           spec.bad_input)
         idx = indices.tolist()
         for i, v in enumerate(views):
             self._current = idx[i]
             try:
-                if cache is None:
-                    d, tr = run(v, images[i], rng)
-                else:
-                    d, tr = spec.pipeline.run_cached(cache, idx[i], v, images[i], rng)
+                d, tr = decode(pipeline, v, images[i], rng, cache, idx[i])
             except DecodeError as exc:
-                if spec.on_error != "skip":
-                    raise self._corrupt(idx[i], exc) from None
+                policy.reject(exc, valid, i)
                 images[i] = 0
-                valid[i] = False
                 skipped += 1
                 continue
             decode_s += d

@@ -277,7 +277,7 @@ def test_bad_specs_fail_at_construction():
         AspectRatioBatches(boundaries=(1.0, 0.5))
     with pytest.raises(ValueError, match="boundaries"):
         AspectRatioBatches(boundaries=())
-    with pytest.raises(TypeError, match="batch_size"):
+    with pytest.raises(ValueError, match="the batch size is the Loader's"):
         AspectRatioBatches(batch_size="16")
     with pytest.raises(TypeError, match=r"\(num_records, 2\)"):
         AspectRatioBatches(sizes=np.ones(5, np.int64))
@@ -293,12 +293,12 @@ def test_bad_specs_fail_at_construction():
         BudgetBatches(0)
     with pytest.raises(ValueError, match="window"):
         BudgetBatches(10, window=0)
-    spec = AspectRatioBatches(batch_size=4, sizes=np.ones((3, 2), np.int64))
-    with pytest.raises(ValueError, match="both given"):
-        spec.bind(FakeDataset(3), 8, SamplerOptions())
+    spec = AspectRatioBatches(sizes=np.ones((3, 2), np.int64))
+    with pytest.raises(TypeError, match="batch_size"):
+        spec.bind(FakeDataset(3), "4", SamplerOptions())
     assert spec.bind(FakeDataset(3), 4, SamplerOptions()).num_batches == 1
     with pytest.raises(ValueError, match="3 sizes for a dataset of 4"):
-        spec.bind(FakeDataset(4), None, SamplerOptions())
+        spec.bind(FakeDataset(4), 4, SamplerOptions())
     with pytest.raises(ValueError, match="needs a batch_size"):
         AspectRatioBatches(sizes=np.ones((3, 2), np.int64)).bind(FakeDataset(3), None,
                                                                  SamplerOptions())

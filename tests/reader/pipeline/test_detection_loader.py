@@ -596,8 +596,8 @@ def test_review_refusals(det_path):
         Loader(det_path, 4, transform=DETECTION, collate={"image": Padded(to=64)})
     from reader.batching import AspectRatioBatches, BudgetBatches
 
-    with Loader(det_path, batch_sampler=AspectRatioBatches(batch_size=4),
-                transform=DETECTION) as lo:  # no batch size given: the sampler's own
+    with Loader(det_path, 4, batch_sampler=AspectRatioBatches(),
+                transform=DETECTION) as lo:  # the Loader's batch size, the one way
         assert lo.batch_size == 4
     with Loader(det_path, batch_sampler=BudgetBatches(8 * 128 * 128), transform=DETECTION) as lo:
         assert len(lo) > 0

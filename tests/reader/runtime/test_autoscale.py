@@ -221,7 +221,7 @@ def test_a_slow_consumer_gets_fewer_workers_and_every_batch(ds_path, short_windo
     with Loader(ds_path, 8, transform=CropPipeline(), persistent_workers=True) as lo:
         got = labels_of(lo, consume_s=0.01)
         assert lo.num_workers == 1 and lo.worker_changes[-1].after == 1
-        assert lo._pool.running == 1
+        assert lo.runtime.pool.running == 1
         again = labels_of(lo)  # the shrunk persistent pool serves the next epoch
     assert np.array_equal(got, want) and np.array_equal(again, want)
 

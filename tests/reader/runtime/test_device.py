@@ -176,9 +176,9 @@ def test_cuda_path_end_to_end(tmp_path, rng, device_cupy, pinning, dtype, layout
         got = [(device_cupy.asnumpy(b["image"]).copy(), device_cupy.asnumpy(b["label"]).copy())
                for b in gpu]
         lo, hi = gpu.ring.address, gpu.ring.address + gpu.ring.nbytes
-        mode = gpu._cuda_state.mode
+        mode = gpu.runtime.cuda.mode
     assert mode == pinning
-    assert gpu._cuda_state.registered is None  # the ring is unregistered when the loader closes
+    assert gpu.runtime.cuda.registered is None  # the ring is unregistered when the loader closes
     assert len(got) == len(want) == 3
     for (gi, gl), (wi, wl) in zip(got, want, strict=True):
         assert gi.shape == wi.shape and gi.dtype == np.dtype(dtype)

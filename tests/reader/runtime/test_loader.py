@@ -248,20 +248,21 @@ def test_batch_size_has_one_meaning_per_spelling(ds_path):
     with Loader(ds_path, **kw) as lo:  # left out: 256
         assert lo.batch_size == 256 and [len(b["label"]) for b in lo] == [200]
         assert type(lo.state_dict()["batch_size"]) is int
-    # None is torch's "no batching", which a Loader does not do: refused, saying what to pass.
-    with pytest.raises(TypeError, match=r"always makes batches.*leave it out for 256; 1 for"):
-        Loader(ds_path, None, **kw)
+    with Loader(ds_path, None, **kw) as lo:  # None is "left out": 256, no sentinel types
+        assert lo.batch_size == 256
     budget = BudgetBatches(40 * 48 * 10, size="pixels")
-    with pytest.raises(TypeError, match="leave batch_size out for the batch sampler's own size"):
-        Loader(ds_path, None, batch_sampler=budget, **kw)
     with Loader(ds_path, batch_sampler=budget, **kw) as lo:  # left out: the budget's size
         assert lo.batch_size == 10
-    with pytest.raises(ValueError, match="batch_size=256 with BudgetBatches"):
+    with pytest.raises(ValueError, match=r"batch_size=256 with BudgetBatches.*leave the Loader's"):
         Loader(ds_path, 256, batch_sampler=budget, **kw)  # given, even as 256: not left out
     with Loader(ds_path, 16, batch_sampler=AspectRatioBatches(), **kw) as lo:
         assert lo.batch_size == 16
-    with Loader(ds_path, batch_sampler=AspectRatioBatches(batch_size=16), **kw) as lo:
-        assert lo.batch_size == 16
+    with Loader(ds_path, batch_sampler=AspectRatioBatches(), **kw) as lo:
+        assert lo.batch_size == 256  # the Loader's, left out
+    # One way to size a batch of records: the Loader's keyword, never the sampler's.
+    with pytest.raises(ValueError, match=r"Loader\(path, 16, batch_sampler=AspectRatioBatches\(\)\)"):
+        AspectRatioBatches(batch_size=16)
+    assert type(reader.loader.DEFAULT_BATCH_SIZE) is int
 
 
 @pytest.mark.parametrize(("kw", "error", "words"), [
@@ -405,21 +406,21 @@ def test_raw_mode_timing_counts_payload_bytes(ds_path):
 
 
 def _pids(lo):
-    return [p.pid for p in lo._pool.processes]
+    return [p.pid for p in lo.runtime.pool.processes]
 
 
 def test_persistent_workers_are_reused_and_give_the_same_batches(ds_path):
     kw = dict(num_workers=2, shuffle="full", seed=4, transform=CropPipeline())
     with Loader(ds_path, 16, **kw) as lo:
         want = [collect(lo) for _ in range(2)]
-        assert lo._pool is None
+        assert lo.runtime.pool is None
     with Loader(ds_path, 16, persistent_workers=True, **kw) as lo:
         got = [collect(lo)]
         pids = _pids(lo)
         assert len(pids) == 2
         got.append(collect(lo))
         assert _pids(lo) == pids, "workers were restarted between epochs"
-        pool = lo._pool
+        pool = lo.runtime.pool
     assert pool.processes == [] and pool.stopped
     for we, ge in zip(want, got, strict=True):
         for a, b in zip(we, ge, strict=True):
@@ -455,7 +456,7 @@ def test_persistent_worker_dead_between_epochs_is_replaced(ds_path):
     with Loader(ds_path, 16, num_workers=2, transform=CropPipeline(),
                 persistent_workers=True) as lo:
         n = len(collect(lo))
-        victim = lo._pool.processes[0]
+        victim = lo.runtime.pool.processes[0]
         os.kill(victim.pid, signal.SIGKILL)
         victim.join(5)
         assert len(collect(lo)) == n

@@ -99,9 +99,9 @@ def test_sigkilled_worker_raises_quickly_naming_it(ds_path, no_leaks, persistent
         for _ in it:
             pass
     assert time.monotonic() - t < 5
-    assert not it.workers and lo._pool is None
+    assert not it.workers and lo.runtime.pool is None
     if persistent:  # the next loop (the epoch from its first batch) starts fresh workers
-        assert sum(1 for _ in lo) == 15 and lo._pool.alive()
+        assert sum(1 for _ in lo) == 15 and lo.runtime.pool.alive()
         lo.close()
     del it, lo
 
@@ -118,7 +118,7 @@ def test_user_transform_error_names_record_with_traceback(ds_path, no_leaks, per
     assert "record 37" in str(err) and "user transform failed on label 37" in str(err)
     assert "Traceback" in err.traceback and "helpers_reader.py" in err.traceback
     assert isinstance(err.__cause__, ZeroDivisionError)
-    assert lo._pool is None
+    assert lo.runtime.pool is None
     del info, err, lo
 
 
@@ -162,7 +162,7 @@ def test_break_releases_workers(ds_path, no_leaks, persistent):
             break
     gc.collect()
     assert lo.position == 3
-    assert (lo._pool is not None and lo._pool.alive()) == persistent
+    assert (lo.runtime.pool is not None and lo.runtime.pool.alive()) == persistent
     lo.close()
 
 
@@ -187,7 +187,7 @@ def test_keyboard_interrupt_while_waiting_releases_workers(ds_path, no_leaks, pe
         for _ in it:
             pass
     timer.join()
-    assert it.closed and not it.workers and lo._pool is None
+    assert it.closed and not it.workers and lo.runtime.pool is None
     del it, lo
 
 

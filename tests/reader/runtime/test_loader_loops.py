@@ -209,11 +209,11 @@ def test_persistent_workers_serve_the_new_loop_whole(ds_path):
     with loader(ds_path, persistent_workers=True, **kw) as lo:
         # Batches still queued and being built when the loop is left: drained, not mixed in.
         assert stop_early(lo, "break") == want[0][:STOP_AT]
-        pids = [p.pid for p in lo._pool.processes]
+        pids = [p.pid for p in lo.runtime.pool.processes]
         assert labels(lo) == want[0]
         assert stop_early(lo, "exception", 1) == want[1][:1]
         assert labels(lo) == want[1]
-        assert [p.pid for p in lo._pool.processes] == pids, "workers were restarted"
+        assert [p.pid for p in lo.runtime.pool.processes] == pids, "workers were restarted"
 
 
 @pytest.mark.parametrize("how", ["break", "exception", "interrupt"])
