@@ -9,7 +9,7 @@ slot may be reused: on CPU once no array of its batch is alive (a lease, see
 :mod:`reader.runtime.sinks`).
 
 The Loader is assembly: it checks its options (:mod:`reader.options`), builds the
-order (:mod:`reader.order`), the batch plan and pipeline (:func:`reader.runtime.plan.plan_batch`)
+order (:mod:`reader.batching`), the batch plan and pipeline (:func:`reader.runtime.plan.plan_batch`)
 and the :class:`~reader.runtime.runtime.Runtime`, which owns the processes, the
 ring, the sink and the caches, and iterates. The runtime never calls back into the
 Loader: the monitor hears it as a listener. The epoch machinery and its shutdown
@@ -30,6 +30,8 @@ from formats import ShardDataset
 from formats.errors import ArgumentError, ArgumentTypeError
 from formats.storage.cache import CacheOptions
 
+from .batching.batching import BudgetBatches
+from .batching.sampler import Sampler, check_epoch, check_resume, next_unseen
 from .data.dataset import open_dataset
 from .errors import LoaderError
 from .monitor.monitor import resolve_monitor
@@ -41,8 +43,6 @@ from .options import (
     check_fields,
     resolve_num_workers,
 )
-from .order.batching import BudgetBatches
-from .order.sampler import Sampler, check_epoch, check_resume, next_unseen
 from .runtime.autoscale import ScaleChange
 from .runtime.decoded_cache import DecodedCacheOptions
 from .runtime.device import DeviceOptions, check_layout, require_cupy
@@ -107,7 +107,7 @@ class Loader:
         annotations: which fields follow the image's geometry
             (:class:`reader.Annotations`; default: found by name and shape).
         collate: field -> ``"padded"``, ``"ragged"`` or ``reader.Padded(to=...)`` for
-            fields whose size varies per sample (see :mod:`reader.pipeline.collate`).
+            fields whose size varies per sample (see :mod:`reader.transforms.collate`).
         decoders: field -> ``reader.FieldDecoder(fn, dtype, max_rows)``: bytes fields
             (audio, ...) decoded in the workers by ``fn``.
         fields: the fields to return (default: all).

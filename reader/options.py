@@ -6,7 +6,7 @@ and the workers take whole.
 
 Every option is checked where it is made (``__post_init__``), so a wrong one
 fails at construction with a message naming it and its value, never later in a
-worker. The checks and their type rules live in :mod:`reader.order.options`,
+worker. The checks and their type rules live in :mod:`reader.batching.options`,
 beside the order's own record, :class:`SamplerOptions` (re-exported here): the
 order imports them from there, below this module, and this module imports the
 pipeline's and the runtime's types at the top to check the rest, so no import
@@ -31,7 +31,7 @@ import numpy as np
 
 from formats.errors import ArgumentError, ArgumentTypeError
 
-from .order.options import (
+from .batching.options import (
     SamplerOptions,
     check_batch_size,
     check_bool,
@@ -40,12 +40,12 @@ from .order.options import (
     check_int_or_auto,
     set_field,
 )
-from .pipeline.bad_input import ON_ERROR, BadInput
-from .pipeline.collate import check_collate
-from .pipeline.sample import Annotations, FieldDecoder
-from .pipeline.transforms import GEOMETRIC, ImagePipeline, Normalize, SampleTransform
 from .runtime.decoded_cache import DecodedCacheOptions
 from .runtime.runtime import DEFAULT_RING_BYTES
+from .transforms.bad_input import ON_ERROR, BadInput
+from .transforms.collate import check_collate
+from .transforms.sample import Annotations, FieldDecoder
+from .transforms.transforms import GEOMETRIC, ImagePipeline, Normalize, SampleTransform
 
 __all__ = ["DecodeOptions", "SamplerOptions", "WorkerOptions", "check_batch_size",
            "check_fields", "resolve_num_workers"]
@@ -115,7 +115,7 @@ class DecodeOptions:
             ``"skip"`` zero-fills the sample, marks it False in the batch's
             ``valid`` mask (a bool array, present only in this mode) and counts it.
             Resolved once into :attr:`bad_input`, the one policy every builder
-            calls (:mod:`reader.pipeline.bad_input`).
+            calls (:mod:`reader.transforms.bad_input`).
         check_crc: verify the CRC32C of every field of every record read (images,
             labels, keys), so a damaged record is an error naming shard and record,
             never a wrong value. On by default: CRC32C runs at tens of GB/s, far
@@ -129,7 +129,7 @@ class DecodeOptions:
         decoders: field -> :class:`reader.FieldDecoder`: bytes fields decoded in
             the workers by a user callable (audio, ...), batched like arrays.
         collate: how varying-size fields are batched, field -> ``"padded"``,
-            ``"ragged"`` or :class:`reader.Padded` (see :mod:`reader.pipeline.collate`);
+            ``"ragged"`` or :class:`reader.Padded` (see :mod:`reader.transforms.collate`);
             by default images are padded and arrays ragged.
         max_pixels: the pixel budget: an image (or mask) whose header declares more
             pixels is refused before anything is allocated, a ``CorruptRecordError``

@@ -11,7 +11,7 @@ size), and the uncached path decodes each box at a DCT scale chosen from the box
 (1/2, 1/4, 1/8 once the box is that many times the output), whose pixels no resample
 of another scale's reproduces; so each record's row keeps the scale its pixels were
 decoded at, and a crop whose scale differs is decoded from the record as without a
-cache (:meth:`reader.pipeline.decode.Decoder.from_cache`). With RandomResizedCrop(224)
+cache (:meth:`reader.transforms.decode.Decoder.from_cache`). With RandomResizedCrop(224)
 on images with a side under 448 pixels every crop is served from the cache;
 larger images, or a ``short_side`` pre-shrink, cost some crops a decode.
 
@@ -201,7 +201,7 @@ class DecodedCache:
         """Keep ``image`` for ``record`` if it fits; returns the cached copy, or ``image``.
 
         ``scale``: the DCT scale ``image`` was decoded at, as
-        :meth:`reader.pipeline.decode.Decoder.decode_for_cache` says it.
+        :meth:`reader.transforms.decode.Decoder.decode_for_cache` says it.
         """
         need = image.size
         if self.full or image.ndim != 3 or image.shape[2] != 3:

@@ -21,13 +21,13 @@ from formats import media
 from formats.errors import ArgumentError
 from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 
-from ..order.batching import field_sizes, known_image_sizes
-from ..pipeline.collate import Padded, VarField
-from ..pipeline.imaging import make_pipeline
-from ..pipeline.kernels import KERNELS, KernelParams
-from ..pipeline.kernels import var_rows as _var_rows
-from ..pipeline.sample import Annotations, SampleSpec
-from ..pipeline.transforms import Resize, ResizeShortestEdge
+from ..batching.batching import field_sizes, known_image_sizes
+from ..transforms.collate import Padded, VarField
+from ..transforms.imaging import make_pipeline
+from ..transforms.kernels import KERNELS, KernelParams
+from ..transforms.kernels import var_rows as _var_rows
+from ..transforms.sample import Annotations, SampleSpec
+from ..transforms.transforms import Resize, ResizeShortestEdge
 from .slots import SlotLayout
 
 __all__ = ["BatchPlan", "plan_batch"]
@@ -39,12 +39,12 @@ class BatchPlan:
 
     Attributes:
         image: the decoded image field, or None.
-        pipeline: its worker pipeline (:class:`reader.pipeline.imaging.DecoderPipeline`), or None.
+        pipeline: its worker pipeline (:class:`reader.transforms.imaging.DecoderPipeline`), or None.
         slot_fields: ``(name, type)`` of the scalar and fixed-shape array fields gathered.
         sample: the sample path's plan, or None for the classification path.
         main_fields: fields read in the main process.
         fixed: batch keys that are fixed-shape slot arrays (sliced to the batch).
-        var_fields: the varying-size fields (:mod:`reader.pipeline.collate`).
+        var_fields: the varying-size fields (:mod:`reader.transforms.collate`).
         layout: the slot layout.
     """
 
@@ -160,7 +160,7 @@ def _image_sizes(ds, image: str, max_pixels: int | None) -> tuple[np.ndarray, np
         hw = np.zeros((len(ds), 2), np.int64)
     unknown = np.flatnonzero((hw <= 0).any(axis=1))
     if unknown.size:
-        from ..pipeline.decode import image_size
+        from ..transforms.decode import image_size
 
         hw = np.array(hw, np.int64)  # a private copy of the shared, read-only column
 

@@ -53,8 +53,8 @@ DEFAULT_RING_BYTES = 2 << 30
 
 
 class Order(Protocol):
-    """What the runtime asks of an order (:class:`reader.order.sampler.Sampler` and the
-    bound batch samplers of :mod:`reader.order.batching`)."""
+    """What the runtime asks of an order (:class:`reader.batching.sampler.Sampler` and the
+    bound batch samplers of :mod:`reader.batching.batching`)."""
 
     def batch(self, epoch: int, k: int) -> np.ndarray: ...
 

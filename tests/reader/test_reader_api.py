@@ -8,6 +8,7 @@ import inspect
 import math
 import pickle
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -417,11 +418,28 @@ def test_the_top_level_exports_what_the_readme_teaches_and_nothing_internal():
     assert not set(INTERNAL) & set(vars(reader)), set(INTERNAL) & set(vars(reader))
 
 
+def test_the_readme_faces_are_subpackages_and_no_shim_repeats_their_names():
+    """``reader.transforms`` and ``reader.batching`` are the pipeline's and the order's
+    own packages (no module beside a subpackage of another name re-exports them), and
+    the GPU options are ``reader.DeviceOptions``, the one spelling besides their home."""
+    for face in ("transforms", "batching"):
+        mod = importlib.import_module(f"reader.{face}")
+        assert hasattr(mod, "__path__"), f"reader.{face} is a module, not a subpackage"
+        assert mod.__all__ and all(hasattr(mod, n) for n in mod.__all__)
+    # Read from the tree, not by importing: an editable install may map old names elsewhere.
+    package = Path(reader.__file__).parent
+    for gone in ("device.py", "transforms.py", "batching.py", "order", "pipeline"):
+        assert not (package / gone).exists(), f"reader/{gone} is back"
+    assert {"AspectRatioBatches", "BudgetBatches", "TokenBlocks"} <= set(
+        importlib.import_module("reader.batching").__all__)
+    assert reader.DeviceOptions is importlib.import_module("reader.runtime.device").DeviceOptions
+
+
 def test_every_module_path_the_readme_teaches_is_importable():
     text = README.read_text()
     lines = re.findall(r"^from (reader(?:\.\w+)*) import ([\w, ]+)$", text, re.M)
     dotted = re.findall(r"(?<![\w.])reader\.(\w+)\.([A-Z]\w*)", text)
-    assert lines and dotted  # from reader.transforms import ...; reader.device.DeviceOptions
+    assert lines  # from reader.transforms import ...; reader.batching import ...
     for module, names in lines + [(f"reader.{m}", n) for m, n in dotted]:
         mod = importlib.import_module(module)
         for name in names.replace(" ", "").split(","):

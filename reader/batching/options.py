@@ -1,6 +1,6 @@
 """The order's options, and the value checks every option record of the reader uses.
 
-This module sits at the bottom of :mod:`reader`: :mod:`reader.order` reads
+This module sits at the bottom of :mod:`reader`: :mod:`reader.batching` reads
 :class:`SamplerOptions`, and :mod:`reader.options` (the Loader's other records,
 which know the pipeline's and the runtime's types) builds on the checks here. It
 imports nothing of the reader, so neither side needs a lazy import to reach it.

@@ -3,7 +3,7 @@
 ``on_error`` is resolved into one :class:`BadInput` value when the options are
 checked (:class:`reader.options.DecodeOptions`), and every builder of a batch
 (the classification path of :class:`reader.runtime.worker.BatchBuilder`, the
-sample path of :class:`reader.pipeline.sample.SampleBuilder`) hands each
+sample path of :class:`reader.transforms.sample.SampleBuilder`) hands each
 :class:`reader.errors.DecodeError` to :meth:`BadInput.reject`; the batch plan
 asks :meth:`BadInput.slot_specs` whether a batch carries a ``valid`` mask. No
 other code reads ``on_error`` (WebDataset's ``handlers.py`` is the model: the
