@@ -27,6 +27,11 @@ Layering (DESIGN.md, "Layers call downward and hear upward"), from the top:
 * the pipeline (decode, the per-kind kernels, the bad-input policy) runs inside
   the workers, the order is a pure function of (seed, epoch, rank, world_size),
   and both import neither the runtime nor the Loader.
+* the option records (:mod:`reader.options`: every record of the Loader's
+  keywords) sit below them all and import nothing of the reader, so each layer
+  takes its record from there; the checks that need a layer's types (the
+  transforms, annotations, decoders, collate) live beside those types
+  (:mod:`reader.transforms.checks`) and the Loader runs them at construction.
 """
 
 from formats.storage.cache import CacheOptions
@@ -46,8 +51,7 @@ from .errors import (
 )
 from .loader import Loader
 from .monitor import Monitor, Thresholds, disable_monitor, enable_monitor
-from .runtime.decoded_cache import DecodedCacheOptions
-from .runtime.device import DeviceOptions
+from .options import DecodedCacheOptions, DeviceOptions
 from .torch_adapter import TorchLoader
 from .transforms import (
     CenterCrop,

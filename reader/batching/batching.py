@@ -52,7 +52,7 @@ import numpy as np
 from formats.errors import ArgumentError, ArgumentTypeError
 from formats.shard.column_cache import mapped_column
 
-from .options import SamplerOptions
+from ..options import SamplerOptions
 from .sampler import ORDER, per_rank, rank_positions, shuffled_order
 
 __all__ = ["AspectRatioBatches", "BoundBatches", "BudgetBatches", "padding_waste"]

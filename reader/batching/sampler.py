@@ -29,7 +29,7 @@ import numpy as np
 from formats.errors import ArgumentError
 
 from ..errors import StateError
-from .options import SamplerOptions, check_int
+from ..options import SamplerOptions, check_int
 from .permutation import WindowPermutations, permute, round_keys
 
 __all__ = ["ORDER", "EpochOrder", "Sampler", "check_resume", "next_unseen", "per_rank",

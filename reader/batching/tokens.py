@@ -40,7 +40,7 @@ from formats.errors import ArgumentError
 from formats.shard.column_cache import mapped_column
 
 from ..data.dataset import open_dataset
-from .options import SamplerOptions, check_batch_size, check_int
+from ..options import SamplerOptions, check_batch_size, check_int
 from .sampler import EpochOrder, Sampler, check_epoch, check_resume, next_unseen
 
 __all__ = ["TokenBlocks"]

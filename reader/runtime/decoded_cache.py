@@ -44,16 +44,14 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from formats.errors import ArgumentTypeError
-
+from ..options import DecodedCacheOptions
 from .slots import SHM_PREFIX, reclaim_stale_segments
 
-__all__ = ["DecodedCache", "DecodedCacheOptions"]
+__all__ = ["DecodedCache"]
 
 EMPTY, WRITING, READY = 0, 1, 2
 _HEADER = 64  # bytes used (int64) at 0, the magic at 16, the owner's pid at 32
@@ -61,37 +59,6 @@ _MAGIC = b"shardpack-dcache"
 _MAGIC_AT, _PID_AT = 16, 32
 _ROW = 6  # offset, height, width, cached height, cached width, scale (int64)
 _counter = itertools.count()
-
-
-@dataclass(frozen=True)
-class DecodedCacheOptions:
-    """How much decoded image data to keep, at what size, and where.
-
-    Args:
-        max_bytes: the bound on cached pixels (bytes). Must hold at least one
-            output-sized image.
-        short_side: keep images DCT-shrunk (by 2, 4 or 8) as long as their short
-            side stays at least this; None keeps them at full size. Less memory,
-            but a crop that the uncached path decodes at a finer scale than the
-            cached one is decoded again every time (the pixels stay exact).
-        path: a file to hold the cache (a local disk, for a cache larger than
-            RAM); it must not exist, and is deleted at ``Loader.close()``. None:
-            shared memory.
-    """
-
-    max_bytes: int
-    short_side: int | None = None
-    path: str | Path | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_bytes", "short_side"):
-            v = getattr(self, name)
-            if v is None and name == "short_side":
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ArgumentTypeError(f"{name} must be an int >= 1, not {v!r}")
-        if self.path is not None and not isinstance(self.path, (str, os.PathLike)):
-            raise ArgumentTypeError(f"path must be a file path or None, not {self.path!r}")
 
 
 def _reclaim_or_refuse(path: Path) -> None:

@@ -22,6 +22,7 @@ from formats.errors import ArgumentError
 from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 
 from ..batching.batching import field_sizes, known_image_sizes
+from ..transforms.bad_input import BadInput
 from ..transforms.collate import Padded, VarField
 from ..transforms.imaging import make_pipeline
 from ..transforms.kernels import KERNELS, KernelParams
@@ -199,7 +200,7 @@ def _max_rows(ds, f, rows) -> int:
     return max(0, (raw - header) // max(math.prod(f.shape[1:]) * np.dtype(f.dtype).itemsize, 1))
 
 
-def plan_batch(ds, opts, batch_size: int, *, raw: bool,
+def plan_batch(ds, opts, batch_size: int, *, raw: bool, bad_input: BadInput,
                budget: tuple[str, int, bool] | None = None) -> tuple[BatchPlan, dict]:
     """Decide each field's path (see the module docstring).
 
@@ -214,6 +215,8 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
         opts: the loader's :class:`reader.options.DecodeOptions`.
         batch_size: the most records in a batch (the sampler's largest batch).
         raw: ``decode=False``: every field read in the main process.
+        bad_input: the bad-input policy (``on_error`` resolved by the Loader): it
+            says whether a batch carries the ``valid`` mask.
         budget: ``(field, budget, padded)`` when batches are budgeted in a field's
             rows (``BudgetBatches(size="field:NAME")``): its region holds that many.
 
@@ -239,7 +242,7 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
     for n in names:
         if n != d.image and n not in d.decoded:
             _place_field(d, n, budget)
-    return _layout(d, _sample_spec(d)), types
+    return _layout(d, _sample_spec(d), bad_input), types
 
 
 @dataclass
@@ -429,7 +432,7 @@ def _sample_spec(d: _Draft) -> SampleSpec | None:
                       decoders=tuple(d.decoders.items()))
 
 
-def _layout(d: _Draft, sample: SampleSpec | None) -> BatchPlan:
+def _layout(d: _Draft, sample: SampleSpec | None, bad_input: BadInput) -> BatchPlan:
     """The slot's arrays, in order: the image's and masks' (already in ``d.specs``),
     the gathered fields, each varying field's region, the ``valid`` mask."""
     specs, b = d.specs, d.b
@@ -445,7 +448,7 @@ def _layout(d: _Draft, sample: SampleSpec | None) -> BatchPlan:
                                  f"name: leave that one out (fields=...)")
         specs.extend(v.slot_specs())
     if d.image is not None:
-        specs.extend(d.opts.bad_input.slot_specs(b))  # the valid mask, if bad samples are skipped
+        specs.extend(bad_input.slot_specs(b))  # the valid mask, if bad samples are skipped
     in_var = {name for v in d.var_fields for name, *_ in v.slot_specs()}
     fixed = tuple(s[0] for s in specs if s[0] not in in_var)
     return BatchPlan(image=d.image, pipeline=d.pipeline, slot_fields=tuple(d.slot_fields),

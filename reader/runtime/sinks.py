@@ -42,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
+from ..options import DeviceOptions
 from ..transforms.collate import Ragged
-from .device import DeviceOptions, pick_device, require_cupy
+from .device import pick_device, require_cupy
 from .leases import MAX_LEASED, SlotLeases
 from .timing import BatchTiming
 

@@ -31,6 +31,7 @@ from reader.options import (
     check_fields,
 )
 from reader.transforms import RandomResizedCrop
+from reader.transforms.checks import check_pipeline_options
 from tests.helpers_paths import ROOT
 
 
@@ -316,9 +317,9 @@ BAD_OPTIONS = [
     (DecodeOptions, {"image_field": 0}, TypeError, "image_field .* int 0"),
     (DecodeOptions, {"decode": "false"}, TypeError, "decode must be True or False, not str"),
     (DecodeOptions, {"check_crc": None}, TypeError, "check_crc must be True or False"),
-    (DecodeOptions, {"transform": "RandomResizedCrop(224)"}, TypeError, "transform must be a"),
-    (DecodeOptions, {"transform": [RandomResizedCrop(32), 5]}, TypeError, r"transform\[1\] .* int 5"),
-    (DecodeOptions, {"transform": RandomResizedCrop}, TypeError, "transform must be"),
+    (check_pipeline_options, {"transform": "RandomResizedCrop(224)"}, TypeError, "transform must be a"),
+    (check_pipeline_options, {"transform": [RandomResizedCrop(32), 5]}, TypeError, r"transform\[1\] .* int 5"),
+    (check_pipeline_options, {"transform": RandomResizedCrop}, TypeError, "transform must be"),
 ]
 
 
@@ -328,6 +329,20 @@ BAD_OPTIONS = [
 def test_a_wrong_option_is_refused_naming_it_and_its_value(cls, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         cls(**kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "match"), [
+    ({"transform": "RandomResizedCrop(224)"}, TypeError, "transform must be a"),
+    ({"annotations": {"boxes": "boxes"}}, TypeError, "annotations must be a reader.Annotations"),
+    ({"decoders": {"label": len}}, TypeError, "decoders must be a dict of field name -> "),
+    ({"collate": ["image"]}, TypeError, "collate must be a dict"),
+    ({"collate": {"image": "stacked"}}, ValueError, r"collate\['image'\] must be"),
+], ids=lambda v: next(iter(v)) if isinstance(v, dict) else None)
+def test_the_loader_checks_its_pipeline_keywords_at_construction(ds_path, kwargs, exc, match):
+    # The checks that need the pipeline's types (reader.transforms.checks) run when
+    # the Loader is built, as the records' own checks do, never later in a worker.
+    with pytest.raises(exc, match=match):
+        Loader(ds_path, batch_size=4, num_workers=0, **kwargs)
 
 
 def test_good_options_are_kept_and_normalized():
@@ -432,7 +447,7 @@ def test_the_readme_faces_are_subpackages_and_no_shim_repeats_their_names():
         assert not (package / gone).exists(), f"reader/{gone} is back"
     assert {"AspectRatioBatches", "BudgetBatches", "TokenBlocks"} <= set(
         importlib.import_module("reader.batching").__all__)
-    assert reader.DeviceOptions is importlib.import_module("reader.runtime.device").DeviceOptions
+    assert reader.DeviceOptions is importlib.import_module("reader.options").DeviceOptions
 
 
 def test_every_module_path_the_readme_teaches_is_importable():
