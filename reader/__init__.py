@@ -8,16 +8,16 @@ ring of shared-memory slots (see :mod:`reader.loader` for the protocol).
 
 This module exports what the README teaches. The stages behind it live in
 subpackages: :mod:`reader.data` (opening datasets, local or remote),
-:mod:`reader.order` (which records make each batch), :mod:`reader.pipeline` (what a
+:mod:`reader.batching` (which records make each batch), :mod:`reader.transforms` (what a
 worker does to each sample), :mod:`reader.runtime` (the processes, slots and sinks)
 and :mod:`reader.monitor`; :mod:`reader.inspect` is ``inspect-shards``.
 
 Layering (DESIGN.md, "Layers call downward and hear upward"), from the top:
 
 * :class:`Loader` (:mod:`reader.loader`) is assembly: it checks its keywords into
-  the records of :mod:`reader.options`, builds the order (:mod:`reader.order`), the
+  the records of :mod:`reader.options`, builds the order (:mod:`reader.batching`), the
   batch plan with its pipeline (:func:`reader.runtime.plan.plan_batch` over
-  :mod:`reader.pipeline`) and a :class:`reader.runtime.runtime.Runtime`, then
+  :mod:`reader.transforms`) and a :class:`reader.runtime.runtime.Runtime`, then
   iterates. It keeps the cursor rules of ``iter()``, ``set_epoch`` and the state.
 * the runtime owns the ring, the worker pool, the sink (CPU or CUDA), the decoded
   cache, the shard prefetch and ``num_workers="auto"``'s scaler. The Loader calls
@@ -27,14 +27,18 @@ Layering (DESIGN.md, "Layers call downward and hear upward"), from the top:
 * the pipeline (decode, the per-kind kernels, the bad-input policy) runs inside
   the workers, the order is a pure function of (seed, epoch, rank, world_size),
   and both import neither the runtime nor the Loader.
+* the option records (:mod:`reader.options`: every record of the Loader's
+  keywords) sit below them all and import nothing of the reader, so each layer
+  takes its record from there; the checks that need a layer's types (the
+  transforms, annotations, decoders, collate) live beside those types
+  (:mod:`reader.transforms.checks`) and the Loader runs them at construction.
 """
 
 from formats.storage.cache import CacheOptions
 from formats.version import package_version
 
-from .batching import AspectRatioBatches, BudgetBatches
+from .batching import AspectRatioBatches, BudgetBatches, TokenBlocks
 from .data.dataset import open_dataset, read_many
-from .device import DeviceOptions
 from .errors import (
     DecodeError,
     LoaderError,
@@ -47,10 +51,7 @@ from .errors import (
 )
 from .loader import Loader
 from .monitor import Monitor, Thresholds, disable_monitor, enable_monitor
-from .order.tokens import TokenBlocks
-from .pipeline.collate import Padded, Ragged
-from .pipeline.sample import Annotations, FieldDecoder
-from .runtime.decoded_cache import DecodedCacheOptions
+from .options import DecodedCacheOptions, DeviceOptions
 from .torch_adapter import TorchLoader
 from .transforms import (
     CenterCrop,
@@ -65,6 +66,8 @@ from .transforms import (
     SampleTransform,
     UserTransform,
 )
+from .transforms.collate import Padded, Ragged
+from .transforms.sample import Annotations, FieldDecoder
 
 __version__ = package_version()  # "0+unknown" in a source checkout that is not installed
 

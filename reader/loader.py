@@ -9,7 +9,7 @@ slot may be reused: on CPU once no array of its batch is alive (a lease, see
 :mod:`reader.runtime.sinks`).
 
 The Loader is assembly: it checks its options (:mod:`reader.options`), builds the
-order (:mod:`reader.order`), the batch plan and pipeline (:func:`reader.runtime.plan.plan_batch`)
+order (:mod:`reader.batching`), the batch plan and pipeline (:func:`reader.runtime.plan.plan_batch`)
 and the :class:`~reader.runtime.runtime.Runtime`, which owns the processes, the
 ring, the sink and the caches, and iterates. The runtime never calls back into the
 Loader: the monitor hears it as a listener. The epoch machinery and its shutdown
@@ -30,27 +30,30 @@ from formats import ShardDataset
 from formats.errors import ArgumentError, ArgumentTypeError
 from formats.storage.cache import CacheOptions
 
+from .batching.batching import BudgetBatches
+from .batching.sampler import Sampler, check_epoch, check_resume, next_unseen
 from .data.dataset import open_dataset
 from .errors import LoaderError
 from .monitor.monitor import resolve_monitor
 from .options import (
+    DecodedCacheOptions,
     DecodeOptions,
+    DeviceOptions,
     SamplerOptions,
     WorkerOptions,
     check_batch_size,
     check_fields,
     resolve_num_workers,
 )
-from .order.batching import BudgetBatches
-from .order.sampler import Sampler, check_epoch, check_resume, next_unseen
 from .runtime.autoscale import ScaleChange
-from .runtime.decoded_cache import DecodedCacheOptions
-from .runtime.device import DeviceOptions, check_layout, require_cupy
+from .runtime.device import check_layout, require_cupy
 from .runtime.plan import plan_batch
 from .runtime.runtime import Runtime, check_decoded_cache
 from .runtime.slots import SlotRing
 from .runtime.timing import BatchTiming
 from .runtime.worker import BatchSpec
+from .transforms.bad_input import BadInput
+from .transforms.checks import check_pipeline_options
 
 __all__ = ["Loader"]
 
@@ -107,7 +110,7 @@ class Loader:
         annotations: which fields follow the image's geometry
             (:class:`reader.Annotations`; default: found by name and shape).
         collate: field -> ``"padded"``, ``"ragged"`` or ``reader.Padded(to=...)`` for
-            fields whose size varies per sample (see :mod:`reader.pipeline.collate`).
+            fields whose size varies per sample (see :mod:`reader.transforms.collate`).
         decoders: field -> ``reader.FieldDecoder(fn, dtype, max_rows)``: bytes fields
             (audio, ...) decoded in the workers by ``fn``.
         fields: the fields to return (default: all).
@@ -178,10 +181,14 @@ class Loader:
         self.sampler_options = SamplerOptions(
             shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size,
             shuffle_window=shuffle_window)
+        check_pipeline_options(transform=transform, annotations=annotations, collate=collate,
+                               decoders=decoders)  # the checks that need the pipeline's types
         self.decode_options = DecodeOptions(
             transform=transform, decode=decode, image_field=image_field, fields=fields,
             on_error=on_error, check_crc=check_crc, decoded_cache=decoded_cache,
             annotations=annotations, collate=collate, decoders=decoders, max_pixels=max_pixels)
+        # on_error resolved once: the policy the plan and every builder of a batch call.
+        self.bad_input = BadInput(self.decode_options.on_error)
         self.worker_options = WorkerOptions(
             num_workers=num_workers, prefetch=prefetch, max_prefetch=max_prefetch,
             max_ring_bytes=max_ring_bytes, timeout=timeout, start_method=start_method,
@@ -246,13 +253,14 @@ class Loader:
         self.raw = not opts.decode
         field = getattr(self.sampler, "size_field", None)
         budget = (field, self.sampler.budget, self.sampler.padded) if field else None
-        plan, _ = plan_batch(ds, opts, self.sampler.max_batch_size, raw=self.raw, budget=budget)
+        plan, _ = plan_batch(ds, opts, self.sampler.max_batch_size, raw=self.raw,
+                             bad_input=self.bad_input, budget=budget)
         self.fields = opts.fields or tuple(f.name for f in ds.fields)
         self.image_field = plan.image
         self.main_fields = plan.main_fields
         self.plan = plan
         check_decoded_cache(opts.decoded_cache, plan)
-        self.spec = BatchSpec(plan.image, plan.pipeline, plan.slot_fields, opts.bad_input,
+        self.spec = BatchSpec(plan.image, plan.pipeline, plan.slot_fields, self.bad_input,
                               self.sampler_options.seed, self.sampler_options.rank,
                               None, plan.sample)
         self.layout = plan.layout
@@ -261,7 +269,7 @@ class Loader:
         """Options this loader would accept and never use: refused, naming why."""
         w, d = self.worker_options, self.decode_options
         if self.raw:
-            idle = {"transform": d.transform is not None, "on_error": d.bad_input.skips,
+            idle = {"transform": d.transform is not None, "on_error": self.bad_input.skips,
                     "annotations": d.annotations is not None, "collate": bool(d.collate),
                     "decoders": bool(d.decoders),
                     "num_workers": w.num_workers not in ("auto", 0),

@@ -1,19 +1,28 @@
-"""The Loader's options as the records its parts read: order, decoding, processes.
+"""The Loader's option records, all of them, and the value checks they run.
 
 Every option is a keyword of :class:`reader.Loader` (one way to pass each); the
-Loader checks them into these frozen dataclasses, which the sampler, the pipeline
-and the workers take whole.
+Loader checks them into these frozen dataclasses, which the order, the pipeline,
+the workers and the runtime take whole: :class:`SamplerOptions` (the order),
+:class:`DecodeOptions` (decoding), :class:`WorkerOptions` (processes and memory),
+:class:`DecodedCacheOptions` (the decoded-sample cache) and :class:`DeviceOptions`
+(the GPU path).
 
-Every option is checked where it is made (``__post_init__``), so a wrong one
-fails at construction with a message naming it and its value, never later in a
-worker. The checks and their type rules live in :mod:`reader.order.options`,
-beside the order's own record, :class:`SamplerOptions` (re-exported here): the
-order imports them from there, below this module, and this module imports the
-pipeline's and the runtime's types at the top to check the rest, so no import
-circles between the reader's subpackages and none is dodged inside a function.
+This module sits at the bottom of :mod:`reader`: it imports no module of the
+reader, so every layer (the order, the pipeline, the runtime, the Loader) imports
+its records from here without a circle and without a lazy import. Each record
+checks its values where it is made (``__post_init__``), so a wrong one fails at
+construction with a message naming it and its value, never later in a worker.
+The checks that need a type of a layer above (a transform spec, an
+``Annotations``, a ``FieldDecoder``, a collate mode) live beside those types
+(:func:`reader.transforms.checks.check_pipeline_options`) and the Loader runs them
+at construction, before it builds :class:`DecodeOptions`.
 :func:`check_batch_size` and :func:`check_fields` are the checks the Loader
 applies beside these records: the batch size, and field names against a
 dataset's schema.
+
+The type rules of every check: ``bool`` is not an int (``num_workers=True`` is
+refused), a ``str`` is never a number (``batch_size="32"`` is refused), numpy
+integers and booleans count as ints and bools and are stored as Python ones.
 """
 
 from __future__ import annotations
@@ -31,24 +40,129 @@ import numpy as np
 
 from formats.errors import ArgumentError, ArgumentTypeError
 
-from .order.options import (
-    SamplerOptions,
-    check_batch_size,
-    check_bool,
-    check_choice,
-    check_int,
-    check_int_or_auto,
-    set_field,
-)
-from .pipeline.bad_input import ON_ERROR, BadInput
-from .pipeline.collate import check_collate
-from .pipeline.sample import Annotations, FieldDecoder
-from .pipeline.transforms import GEOMETRIC, ImagePipeline, Normalize, SampleTransform
-from .runtime.decoded_cache import DecodedCacheOptions
-from .runtime.runtime import DEFAULT_RING_BYTES
+__all__ = ["DecodeOptions", "DecodedCacheOptions", "DeviceOptions", "SamplerOptions",
+           "WorkerOptions", "check_batch_size", "check_fields", "resolve_num_workers"]
 
-__all__ = ["DecodeOptions", "SamplerOptions", "WorkerOptions", "check_batch_size",
-           "check_fields", "resolve_num_workers"]
+SHUFFLE_MODES = (False, "block", "full")
+ON_ERROR = ("fail", "skip")  # on_error's values; reader.transforms.bad_input acts on them
+# The Loader's default bound of the ring (WorkerOptions.max_ring_bytes): a ring this
+# size that cannot hold one batch gives way to one batch in flight instead of failing
+# (reader.runtime.runtime).
+DEFAULT_RING_BYTES = 2 << 30
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, extra: str = "") -> int:
+    """``value`` as an int (``bool`` and ``str`` refused), at least ``minimum``;
+    ``extra`` completes "must be an int" in messages (e.g. " or 'auto'")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        what = "an int" + (f" >= {minimum}" if minimum is not None else "") + extra
+        raise ArgumentTypeError(f"{name} must be {what}, not {type(value).__name__} {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ArgumentError(f"{name} must be an int >= {minimum}{extra}, not {value}")
+    return value
+
+
+def check_int_or_auto(name: str, value: Any, minimum: int) -> int | str:
+    if isinstance(value, str):
+        if value == "auto":
+            return value
+        raise ArgumentError(f"{name} must be an int >= {minimum} or 'auto', not {value!r}")
+    return check_int(name, value, minimum, " or 'auto'")
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be True or False, not {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        options = ", ".join(map(repr, allowed))
+        raise (ArgumentError if isinstance(value, str) else ArgumentTypeError)(
+            f"{name} must be one of {options}, not {value!r}")
+    return value
+
+
+def set_field(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)  # frozen dataclasses: normalized in __post_init__
+
+
+def check_batch_size(value: Any) -> int:
+    """The Loader's ``batch_size`` as an int >= 1.
+
+    Raises:
+        TypeError: not an int (a ``bool``, a ``str`` such as ``"32"``, a float).
+        ValueError: an int below 1.
+    """
+    return check_int("batch_size", value, 1)
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ArgumentError(f"environment variable {name}={text!r} is not an integer") from None
+
+
+@dataclass(frozen=True)
+class SamplerOptions:
+    """Which records, in which order, for which rank.
+
+    Args:
+        shuffle: ``False`` (storage order), ``"block"`` (shard order shuffled, then
+            records shuffled within windows of ``shuffle_window`` consecutive records:
+            near-sequential IO with good mixing) or ``"full"`` (a global
+            permutation). ``True`` means ``"full"``.
+        seed: the order is a pure function of (seed, epoch, rank, world_size).
+        drop_last: ``True`` drops the tail so every rank gets ``len // world_size``
+            records and drops a last partial batch; ``False`` pads by wrapping to
+            the start of the epoch's order (like torch's DistributedSampler) so
+            every rank gets ``ceil(len / world_size)`` records, and yields the last
+            partial batch. Either way every rank gets the same number of batches.
+        rank: this process's rank in ``[0, world_size)``; ``None``: ``$RANK`` (as
+            torchrun sets it), else 0.
+        world_size: number of ranks splitting each epoch; ``None``:
+            ``$WORLD_SIZE``, else 1.
+        shuffle_window: records per shuffle window for ``"block"`` (refused with the
+            other modes).
+    """
+
+    shuffle: bool | str = False
+    seed: int = 0
+    drop_last: bool = False
+    rank: int | None = None
+    world_size: int | None = None
+    shuffle_window: int = 4096
+
+    def __post_init__(self) -> None:
+        shuffle = self.shuffle
+        if isinstance(shuffle, (bool, np.bool_)):
+            shuffle = "full" if shuffle else False
+        elif not isinstance(shuffle, str) or shuffle not in SHUFFLE_MODES:
+            raise (ArgumentError if isinstance(shuffle, str) else ArgumentTypeError)(
+                f"shuffle must be False, True, 'block' or 'full', not {shuffle!r}")
+        set_field(self, "shuffle", shuffle)
+        set_field(self, "seed", check_int("seed", self.seed, 0))
+        set_field(self, "drop_last", check_bool("drop_last", self.drop_last))
+        world_size = (_env_int("WORLD_SIZE", 1) if self.world_size is None
+                      else check_int("world_size", self.world_size, 1))
+        rank = _env_int("RANK", 0) if self.rank is None else check_int("rank", self.rank)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ArgumentError(f"rank {rank} is not in [0, world_size={world_size})")
+        set_field(self, "rank", rank)
+        set_field(self, "world_size", world_size)
+        set_field(self, "shuffle_window", check_int("shuffle_window", self.shuffle_window, 1))
+        if shuffle != "block" and self.shuffle_window != SamplerOptions.shuffle_window:
+            raise ArgumentError(f"shuffle_window={self.shuffle_window} would have no effect: it "
+                             f"sizes the windows of shuffle='block', and shuffle={shuffle!r}")
+
 
 def check_fields(options: DecodeOptions, dataset_fields: Mapping[str, str],
                  dataset: str | Path) -> None:
@@ -77,26 +191,6 @@ def check_fields(options: DecodeOptions, dataset_fields: Mapping[str, str],
                              f"whose fields are {has}{hint}")
 
 
-def _check_transform(value: Any) -> None:
-    """None, a worker pipeline (``output_shape`` and ``run``), an ImagePipeline, a
-    transform spec or callable, or a list or tuple of specs and callables."""
-    def usable(t: Any) -> bool:
-        return (isinstance(t, (*GEOMETRIC, Normalize, SampleTransform))
-                or (callable(t) and not isinstance(t, type)))
-
-    if value is None or isinstance(value, ImagePipeline) or (
-            hasattr(value, "output_shape") and hasattr(value, "run")):
-        return
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    for i, t in enumerate(items):
-        if not usable(t):
-            where = f"transform[{i}]" if isinstance(value, (list, tuple)) else "transform"
-            raise ArgumentTypeError(
-                f"{where} must be a transform spec from reader.transforms (e.g. "
-                f"RandomResizedCrop(224)) or a callable on images, not "
-                f"{type(t).__name__} {t!r}")
-
-
 @dataclass(frozen=True)
 class DecodeOptions:
     """How records become arrays.
@@ -114,14 +208,14 @@ class DecodeOptions:
         on_error: ``"fail"`` raises on a corrupt image, naming shard and record;
             ``"skip"`` zero-fills the sample, marks it False in the batch's
             ``valid`` mask (a bool array, present only in this mode) and counts it.
-            Resolved once into :attr:`bad_input`, the one policy every builder
-            calls (:mod:`reader.pipeline.bad_input`).
+            Resolved once, when the batch is planned, into the one policy every
+            builder calls (:class:`reader.transforms.bad_input.BadInput`).
         check_crc: verify the CRC32C of every field of every record read (images,
             labels, keys), so a damaged record is an error naming shard and record,
             never a wrong value. On by default: CRC32C runs at tens of GB/s, far
             ahead of decoding (BENCHMARKS.md measures the cost); False skips it.
         decoded_cache: keep decoded images in memory shared by the workers and
-            crop later epochs from them (:class:`reader.runtime.decoded_cache.DecodedCacheOptions`:
+            crop later epochs from them (:class:`DecodedCacheOptions`:
             the byte bound, a pre-shrink, an optional file); None decodes every time.
         annotations: which fields follow the image's geometry
             (:class:`reader.Annotations`); None finds ``boxes``, the per-box
@@ -129,7 +223,7 @@ class DecodeOptions:
         decoders: field -> :class:`reader.FieldDecoder`: bytes fields decoded in
             the workers by a user callable (audio, ...), batched like arrays.
         collate: how varying-size fields are batched, field -> ``"padded"``,
-            ``"ragged"`` or :class:`reader.Padded` (see :mod:`reader.pipeline.collate`);
+            ``"ragged"`` or :class:`reader.Padded` (see :mod:`reader.transforms.collate`);
             by default images are padded and arrays ragged.
         max_pixels: the pixel budget: an image (or mask) whose header declares more
             pixels is refused before anything is allocated, a ``CorruptRecordError``
@@ -152,17 +246,10 @@ class DecodeOptions:
     max_pixels: int | None = None
 
     def __post_init__(self) -> None:
-        _check_transform(self.transform)
-        if self.annotations is not None and not isinstance(self.annotations, Annotations):
-            raise ArgumentTypeError("annotations must be a reader.Annotations or None, "
-                                    f"not {type(self.annotations).__name__} {self.annotations!r}")
-        if self.collate is not None:
-            set_field(self, "collate", check_collate(self.collate))
-        if self.decoders is not None and (not isinstance(self.decoders, dict) or not all(
-                isinstance(k, str) and isinstance(v, FieldDecoder)
-                for k, v in self.decoders.items())):
-            raise ArgumentTypeError("decoders must be a dict of field name -> reader.FieldDecoder, "
-                                    f"not {self.decoders!r}")
+        # transform, annotations, collate and decoders are checked against the
+        # pipeline's types by reader.transforms.checks, which the Loader runs first.
+        if isinstance(self.collate, dict):
+            set_field(self, "collate", dict(self.collate))  # the caller's dict may change later
         if self.decoded_cache is not None and not isinstance(self.decoded_cache,
                                                              DecodedCacheOptions):
             raise ArgumentTypeError("decoded_cache must be a reader.DecodedCacheOptions or None, "
@@ -196,11 +283,6 @@ class DecodeOptions:
                 and self.image_field not in self.fields:
             raise ArgumentError(f"image_field={self.image_field!r} is not among fields={self.fields!r}: "
                              "add it to fields, or leave image_field out")
-
-    @property
-    def bad_input(self) -> BadInput:
-        """``on_error`` as the policy every builder of a batch calls."""
-        return BadInput(self.on_error)
 
 
 @dataclass(frozen=True)
@@ -278,3 +360,71 @@ def resolve_num_workers(value: int | str) -> int:
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     return cores - 1 if cores > 4 else cores
+
+
+@dataclass(frozen=True)
+class DecodedCacheOptions:
+    """How much decoded image data to keep, at what size, and where.
+
+    Args:
+        max_bytes: the bound on cached pixels (bytes). Must hold at least one
+            output-sized image.
+        short_side: keep images DCT-shrunk (by 2, 4 or 8) as long as their short
+            side stays at least this; None keeps them at full size. Less memory,
+            but a crop that the uncached path decodes at a finer scale than the
+            cached one is decoded again every time (the pixels stay exact).
+        path: a file to hold the cache (a local disk, for a cache larger than
+            RAM); it must not exist, and is deleted at ``Loader.close()``. None:
+            shared memory.
+    """
+
+    max_bytes: int
+    short_side: int | None = None
+    path: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_bytes", "short_side"):
+            v = getattr(self, name)
+            if v is None and name == "short_side":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ArgumentTypeError(f"{name} must be an int >= 1, not {v!r}")
+        if self.path is not None and not isinstance(self.path, (str, os.PathLike)):
+            raise ArgumentTypeError(f"path must be a file path or None, not {self.path!r}")
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    """How batches look on the GPU.
+
+    Args:
+        dtype: image dtype on the GPU: ``float16``, ``float32`` or ``uint8`` (no
+            normalization; images always travel as uint8, 4x less than float32).
+        layout: ``NCHW`` or ``NHWC``.
+        mean, std: per-channel normalization on the 0..255 scale (``(x - mean) / std``).
+        output: ``cupy`` arrays, or ``torch`` tensors through DLPack (zero-copy).
+        pinning: ``auto`` (register the ring, fall back to staging), ``register``
+            (fail if registration fails) or ``staging``.
+        device_id: the GPU; default: ``LOCAL_RANK`` from the environment, else the
+            loader's rank modulo the GPU count.
+    """
+
+    dtype: str = "float16"
+    layout: str = "NCHW"
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    output: str = "cupy"
+    pinning: str = "auto"
+    device_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float16", "float32", "uint8"):
+            raise ArgumentError(f"dtype must be float16, float32 or uint8, not {self.dtype!r}")
+        if self.layout not in ("NCHW", "NHWC"):
+            raise ArgumentError(f"layout must be NCHW or NHWC, not {self.layout!r}")
+        if self.output not in ("cupy", "torch"):
+            raise ArgumentError(f"output must be cupy or torch, not {self.output!r}")
+        if self.pinning not in ("auto", "register", "staging"):
+            raise ArgumentError(f"pinning must be auto, register or staging, not {self.pinning!r}")
+        if len(self.mean) != len(self.std) or any(s == 0 for s in self.std):
+            raise ArgumentError("mean and std need one non-zero std per channel")

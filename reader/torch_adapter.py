@@ -20,7 +20,7 @@ own batching off; use ``num_workers=0`` there (our workers do the work)::
 Each item is one whole batch, built in the calling process by the same code the
 workers run, so item ``k`` of epoch ``e`` is exactly the loader's batch ``k``.
 
-Fields whose size varies per sample (:mod:`reader.pipeline.collate`): a ragged field
+Fields whose size varies per sample (:mod:`reader.transforms.collate`): a ragged field
 becomes a list of tensors, one per sample (views of the slot; what torchvision's
 detection models take for ``boxes`` and ``labels``, and for images of different
 sizes); a padded one stays one tensor, with its ``NAME_size`` and, with
@@ -36,8 +36,8 @@ import numpy as np
 from formats.errors import ArgumentError
 
 from .data.dataset import main_fields
-from .pipeline.collate import Ragged, assemble
 from .runtime.worker import BatchBuilder, batch_rng
+from .transforms.collate import Ragged, assemble
 
 __all__ = ["TorchBatchDataset", "TorchLoader", "require_torch", "to_torch"]
 

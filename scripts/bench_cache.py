@@ -83,7 +83,7 @@ def first_epoch_bound(path: Path, count: int = 600) -> dict:
     import numpy as np
 
     import reader
-    from reader.pipeline.imaging import make_pipeline
+    from reader.transforms.imaging import make_pipeline
 
     ds = reader.open_dataset(path)
     blobs = [bytes(ds[i]["image"]) for i in range(min(count, len(ds)))]

@@ -8,7 +8,7 @@ when it is not installed.
 The last table splits the classification pipeline's per-image CPU time (this
 thread's, so that time the shared machine gives to others does not count) into
 decode, resample (with the flip) and the rest (header, plan, checks, Python), with and
-without the region-of-interest decode (:mod:`reader.pipeline.roi`), in alternated
+without the region-of-interest decode (:mod:`reader.transforms.roi`), in alternated
 rounds: medians over ``--rounds`` (at least 5), the median of the two sides' ratio in
 each round, and the spread of the totals.
 """
@@ -24,9 +24,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from reader.pipeline import roi
-from reader.pipeline.decode import Decoder
-from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
+from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop, roi
+from reader.transforms.decode import Decoder
 from scripts import harness as h
 from scripts.synth import make_jpeg
 

@@ -19,7 +19,7 @@ aspect-ratio-grouped batches of 16.
     transforms in numpy/PIL, a list-collate, torch's ``DataLoader``;
 (c) padding waste (padded pixels ÷ all pixels of the delivered batches), grouped by
     aspect ratio ÷ plain shuffled batches of 16; and, from planned sizes alone
-    (``reader.order.batching.padding_waste``), the same with one short side, and on a model
+    (``reader.batching.batching.padding_waste``), the same with one short side, and on a model
     of COCO's sizes, to show where the waste comes from;
 (d) the classification pipeline's ratio to its ceiling, by ``scripts.bench_reader``'s
     own functions, to compare with BENCHMARKS.md;
@@ -147,8 +147,8 @@ def _build(job: tuple[Path, int, int, int]) -> dict:
     from reader import Loader
     from reader.batching import AspectRatioBatches
     from reader.data.dataset import main_fields
-    from reader.pipeline.collate import assemble
     from reader.runtime.worker import BatchBuilder, batch_rng
+    from reader.transforms.collate import assemble
 
     shards, epoch, part, parts = job
     with Loader(shards, BATCH, batch_sampler=AspectRatioBatches(), shuffle=True, seed=0,
@@ -202,10 +202,10 @@ def bare_parallel(shards: Path, epoch: int, cores: int) -> float:
 def planned_waste(hw: np.ndarray, short: tuple[int, ...], seed: int = 0) -> tuple[float, float]:
     """Padding waste of grouped and of plain shuffled batches of 16 over records of sizes
     ``hw`` (height, width), each resized by one draw of the pipeline's plan with
-    ``short`` as its short sides (``reader.order.batching.padding_waste``; no image decoded)."""
+    ``short`` as its short sides (``reader.batching.batching.padding_waste``; no image decoded)."""
+    from reader.batching.batching import AspectRatioBatches, padding_waste
+    from reader.batching.sampler import Sampler
     from reader.options import SamplerOptions
-    from reader.order.batching import AspectRatioBatches, padding_waste
-    from reader.order.sampler import Sampler
     from reader.transforms import (
         ImagePipeline,
         PadToMultiple,

@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 import reader
-from reader.runtime.device import DeviceOptions, measure_pinned_bandwidth, normalize, require_cupy
+from reader.options import DeviceOptions
+from reader.runtime.device import measure_pinned_bandwidth, normalize, require_cupy
 from reader.transforms import CenterCrop, RandomResizedCrop
 from scripts import harness as h
 

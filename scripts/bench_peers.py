@@ -486,7 +486,7 @@ def _preload(fmt: str, cmd: str) -> None:
     names = list(IMPORTS.get(fmt, ()))
     if cmd == "pipeline" and not fmt.startswith("dali"):
         # ours needs no torch; the peers feed torch's DataLoader
-        names += ["reader.pipeline.decode", "reader.transforms"] + ([] if fmt == "shards" else ["torch"])
+        names += ["reader.transforms.decode", "reader.transforms"] + ([] if fmt == "shards" else ["torch"])
     for name in names:
         try:
             importlib.import_module(name)

@@ -62,10 +62,10 @@ from pathlib import Path
 
 import numpy as np
 
+from reader.batching.permutation import permute, round_keys
+from reader.batching.sampler import Sampler, rank_positions
+from reader.batching.tokens import _BlockOrder
 from reader.options import SamplerOptions
-from reader.order.permutation import permute, round_keys
-from reader.order.sampler import Sampler, rank_positions
-from reader.order.tokens import _BlockOrder
 from scripts import harness as h
 
 BATCH = 256

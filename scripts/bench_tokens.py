@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from formats import DatasetWriter, Field, open_shards
+from reader.batching.batching import BudgetBatches, field_sizes, padding_waste
+from reader.batching.tokens import TokenBlocks
 from reader.options import SamplerOptions
-from reader.order.batching import BudgetBatches, field_sizes, padding_waste
-from reader.order.tokens import TokenBlocks
 from scripts import harness as h
 
 BLOCK = 2048

@@ -506,8 +506,8 @@ def rrc_flip_decoder(size: int = 224):
     ``decode(jpeg, rng, out=None)`` fills ``out`` (default: one reused array) and returns it."""
     import numpy as np
 
-    from reader.pipeline.decode import Decoder
     from reader.transforms import ImagePipeline
+    from reader.transforms.decode import Decoder
 
     dec = Decoder(ImagePipeline(rrc_flip(size)))
     reused = np.empty((size, size, 3), np.uint8)

@@ -71,7 +71,7 @@ def _train(args: argparse.Namespace, torch) -> int:
     torch.manual_seed(args.seed)
     device_options = None
     if args.device == "cuda":
-        from reader.device import DeviceOptions
+        from reader import DeviceOptions
 
         # uint8 crosses PCIe; the GPU converts to NCHW float32 in 0..1, as to_torch does
         # on the CPU path.

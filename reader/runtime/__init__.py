@@ -9,7 +9,7 @@ is), :mod:`~reader.runtime.slots` (the ring of shared-memory slots),
 :mod:`~reader.runtime.epoch` (one epoch's delivery in order, and its shutdown),
 :mod:`~reader.runtime.sinks` (what a delivered slot becomes: leased views on the
 CPU, device arrays on a GPU), :mod:`~reader.runtime.device` (the GPU path's
-options), :mod:`~reader.runtime.decoded_cache` (decoded images kept for later
+checks), :mod:`~reader.runtime.decoded_cache` (decoded images kept for later
 epochs), :mod:`~reader.runtime.autoscale` (``num_workers="auto"``),
 :mod:`~reader.runtime.proc` (what ``/proc`` says about processes and the machine)
 and :mod:`~reader.runtime.timing` (per-batch timings).

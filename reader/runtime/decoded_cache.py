@@ -11,7 +11,7 @@ size), and the uncached path decodes each box at a DCT scale chosen from the box
 (1/2, 1/4, 1/8 once the box is that many times the output), whose pixels no resample
 of another scale's reproduces; so each record's row keeps the scale its pixels were
 decoded at, and a crop whose scale differs is decoded from the record as without a
-cache (:meth:`reader.pipeline.decode.Decoder.from_cache`). With RandomResizedCrop(224)
+cache (:meth:`reader.transforms.decode.Decoder.from_cache`). With RandomResizedCrop(224)
 on images with a side under 448 pixels every crop is served from the cache;
 larger images, or a ``short_side`` pre-shrink, cost some crops a decode.
 
@@ -44,16 +44,14 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from formats.errors import ArgumentTypeError
-
+from ..options import DecodedCacheOptions
 from .slots import SHM_PREFIX, reclaim_stale_segments
 
-__all__ = ["DecodedCache", "DecodedCacheOptions"]
+__all__ = ["DecodedCache"]
 
 EMPTY, WRITING, READY = 0, 1, 2
 _HEADER = 64  # bytes used (int64) at 0, the magic at 16, the owner's pid at 32
@@ -61,37 +59,6 @@ _MAGIC = b"shardpack-dcache"
 _MAGIC_AT, _PID_AT = 16, 32
 _ROW = 6  # offset, height, width, cached height, cached width, scale (int64)
 _counter = itertools.count()
-
-
-@dataclass(frozen=True)
-class DecodedCacheOptions:
-    """How much decoded image data to keep, at what size, and where.
-
-    Args:
-        max_bytes: the bound on cached pixels (bytes). Must hold at least one
-            output-sized image.
-        short_side: keep images DCT-shrunk (by 2, 4 or 8) as long as their short
-            side stays at least this; None keeps them at full size. Less memory,
-            but a crop that the uncached path decodes at a finer scale than the
-            cached one is decoded again every time (the pixels stay exact).
-        path: a file to hold the cache (a local disk, for a cache larger than
-            RAM); it must not exist, and is deleted at ``Loader.close()``. None:
-            shared memory.
-    """
-
-    max_bytes: int
-    short_side: int | None = None
-    path: str | Path | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_bytes", "short_side"):
-            v = getattr(self, name)
-            if v is None and name == "short_side":
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ArgumentTypeError(f"{name} must be an int >= 1, not {v!r}")
-        if self.path is not None and not isinstance(self.path, (str, os.PathLike)):
-            raise ArgumentTypeError(f"path must be a file path or None, not {self.path!r}")
 
 
 def _reclaim_or_refuse(path: Path) -> None:
@@ -201,7 +168,7 @@ class DecodedCache:
         """Keep ``image`` for ``record`` if it fits; returns the cached copy, or ``image``.
 
         ``scale``: the DCT scale ``image`` was decoded at, as
-        :meth:`reader.pipeline.decode.Decoder.decode_for_cache` says it.
+        :meth:`reader.transforms.decode.Decoder.decode_for_cache` says it.
         """
         need = image.size
         if self.full or image.ndim != 3 or image.shape[2] != 3:

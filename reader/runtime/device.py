@@ -1,5 +1,4 @@
-"""The GPU path's options and checks: how batches look on the GPU (:class:`DeviceOptions`),
-the numpy reference of the fused normalize kernel, which GPU a rank uses, and the
+"""The GPU path's checks: the numpy reference of the fused normalize kernel, which GPU a rank uses, and the
 loader layouts the GPU can convert. The sink that copies slots to the GPU is
 :class:`reader.runtime.sinks.CudaSink`. Nothing here imports cupy until a CUDA loader
 is constructed.
@@ -9,55 +8,17 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from formats.errors import ArgumentError
 
-__all__ = ["DeviceOptions", "check_layout", "measure_pinned_bandwidth", "normalize",
+from ..options import DeviceOptions
+
+__all__ = ["check_layout", "measure_pinned_bandwidth", "normalize",
            "pick_device", "require_cupy"]
 
 INSTALL_HINT = "device='cuda' needs cupy and a CUDA GPU: pip install 'shardpack[gpu]'"
-IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-
-
-@dataclass(frozen=True)
-class DeviceOptions:
-    """How batches look on the GPU.
-
-    Args:
-        dtype: image dtype on the GPU: ``float16``, ``float32`` or ``uint8`` (no
-            normalization; images always travel as uint8, 4x less than float32).
-        layout: ``NCHW`` or ``NHWC``.
-        mean, std: per-channel normalization on the 0..255 scale (``(x - mean) / std``).
-        output: ``cupy`` arrays, or ``torch`` tensors through DLPack (zero-copy).
-        pinning: ``auto`` (register the ring, fall back to staging), ``register``
-            (fail if registration fails) or ``staging``.
-        device_id: the GPU; default: ``LOCAL_RANK`` from the environment, else the
-            loader's rank modulo the GPU count.
-    """
-
-    dtype: str = "float16"
-    layout: str = "NCHW"
-    mean: tuple[float, ...] = IMAGENET_MEAN
-    std: tuple[float, ...] = IMAGENET_STD
-    output: str = "cupy"
-    pinning: str = "auto"
-    device_id: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.dtype not in ("float16", "float32", "uint8"):
-            raise ArgumentError(f"dtype must be float16, float32 or uint8, not {self.dtype!r}")
-        if self.layout not in ("NCHW", "NHWC"):
-            raise ArgumentError(f"layout must be NCHW or NHWC, not {self.layout!r}")
-        if self.output not in ("cupy", "torch"):
-            raise ArgumentError(f"output must be cupy or torch, not {self.output!r}")
-        if self.pinning not in ("auto", "register", "staging"):
-            raise ArgumentError(f"pinning must be auto, register or staging, not {self.pinning!r}")
-        if len(self.mean) != len(self.std) or any(s == 0 for s in self.std):
-            raise ArgumentError("mean and std need one non-zero std per channel")
 
 
 def normalize(images, options: DeviceOptions, xp=np):

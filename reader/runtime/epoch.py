@@ -67,7 +67,7 @@ from formats.fields import BYTES_TYPES
 
 from ..data.dataset import main_fields
 from ..errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
-from ..pipeline.collate import assemble
+from ..transforms.collate import assemble
 from .proc import describe, process_state
 from .timing import BatchTiming, batch_timing
 from .worker import BatchBuilder, BatchDone, BatchFailed, Task, batch_rng

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..pipeline.collate import Ragged
+from ..transforms.collate import Ragged
 
 __all__ = ["MAX_LEASED", "SlotLeases", "own_fork"]
 

@@ -21,13 +21,14 @@ from formats import media
 from formats.errors import ArgumentError
 from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 
-from ..order.batching import field_sizes, known_image_sizes
-from ..pipeline.collate import Padded, VarField
-from ..pipeline.imaging import make_pipeline
-from ..pipeline.kernels import KERNELS, KernelParams
-from ..pipeline.kernels import var_rows as _var_rows
-from ..pipeline.sample import Annotations, SampleSpec
-from ..pipeline.transforms import Resize, ResizeShortestEdge
+from ..batching.batching import field_sizes, known_image_sizes
+from ..transforms.bad_input import BadInput
+from ..transforms.collate import Padded, VarField
+from ..transforms.imaging import make_pipeline
+from ..transforms.kernels import KERNELS, KernelParams
+from ..transforms.kernels import var_rows as _var_rows
+from ..transforms.sample import Annotations, SampleSpec
+from ..transforms.transforms import Resize, ResizeShortestEdge
 from .slots import SlotLayout
 
 __all__ = ["BatchPlan", "plan_batch"]
@@ -39,12 +40,12 @@ class BatchPlan:
 
     Attributes:
         image: the decoded image field, or None.
-        pipeline: its worker pipeline (:class:`reader.pipeline.imaging.DecoderPipeline`), or None.
+        pipeline: its worker pipeline (:class:`reader.transforms.imaging.DecoderPipeline`), or None.
         slot_fields: ``(name, type)`` of the scalar and fixed-shape array fields gathered.
         sample: the sample path's plan, or None for the classification path.
         main_fields: fields read in the main process.
         fixed: batch keys that are fixed-shape slot arrays (sliced to the batch).
-        var_fields: the varying-size fields (:mod:`reader.pipeline.collate`).
+        var_fields: the varying-size fields (:mod:`reader.transforms.collate`).
         layout: the slot layout.
     """
 
@@ -160,7 +161,7 @@ def _image_sizes(ds, image: str, max_pixels: int | None) -> tuple[np.ndarray, np
         hw = np.zeros((len(ds), 2), np.int64)
     unknown = np.flatnonzero((hw <= 0).any(axis=1))
     if unknown.size:
-        from ..pipeline.decode import image_size
+        from ..transforms.decode import image_size
 
         hw = np.array(hw, np.int64)  # a private copy of the shared, read-only column
 
@@ -199,7 +200,7 @@ def _max_rows(ds, f, rows) -> int:
     return max(0, (raw - header) // max(math.prod(f.shape[1:]) * np.dtype(f.dtype).itemsize, 1))
 
 
-def plan_batch(ds, opts, batch_size: int, *, raw: bool,
+def plan_batch(ds, opts, batch_size: int, *, raw: bool, bad_input: BadInput,
                budget: tuple[str, int, bool] | None = None) -> tuple[BatchPlan, dict]:
     """Decide each field's path (see the module docstring).
 
@@ -214,6 +215,8 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
         opts: the loader's :class:`reader.options.DecodeOptions`.
         batch_size: the most records in a batch (the sampler's largest batch).
         raw: ``decode=False``: every field read in the main process.
+        bad_input: the bad-input policy (``on_error`` resolved by the Loader): it
+            says whether a batch carries the ``valid`` mask.
         budget: ``(field, budget, padded)`` when batches are budgeted in a field's
             rows (``BudgetBatches(size="field:NAME")``): its region holds that many.
 
@@ -239,7 +242,7 @@ def plan_batch(ds, opts, batch_size: int, *, raw: bool,
     for n in names:
         if n != d.image and n not in d.decoded:
             _place_field(d, n, budget)
-    return _layout(d, _sample_spec(d)), types
+    return _layout(d, _sample_spec(d), bad_input), types
 
 
 @dataclass
@@ -429,7 +432,7 @@ def _sample_spec(d: _Draft) -> SampleSpec | None:
                       decoders=tuple(d.decoders.items()))
 
 
-def _layout(d: _Draft, sample: SampleSpec | None) -> BatchPlan:
+def _layout(d: _Draft, sample: SampleSpec | None, bad_input: BadInput) -> BatchPlan:
     """The slot's arrays, in order: the image's and masks' (already in ``d.specs``),
     the gathered fields, each varying field's region, the ``valid`` mask."""
     specs, b = d.specs, d.b
@@ -445,7 +448,7 @@ def _layout(d: _Draft, sample: SampleSpec | None) -> BatchPlan:
                                  f"name: leave that one out (fields=...)")
         specs.extend(v.slot_specs())
     if d.image is not None:
-        specs.extend(d.opts.bad_input.slot_specs(b))  # the valid mask, if bad samples are skipped
+        specs.extend(bad_input.slot_specs(b))  # the valid mask, if bad samples are skipped
     in_var = {name for v in d.var_fields for name, *_ in v.slot_specs()}
     fixed = tuple(s[0] for s in specs if s[0] not in in_var)
     return BatchPlan(image=d.image, pipeline=d.pipeline, slot_fields=tuple(d.slot_fields),

@@ -33,9 +33,9 @@ from formats import ShardDataset
 from formats.errors import ArgumentError
 
 from ..errors import LoaderError
+from ..options import DEFAULT_RING_BYTES, DecodedCacheOptions, DeviceOptions, WorkerOptions
 from .autoscale import ScaleChange, WorkerScaler
-from .decoded_cache import DecodedCache, DecodedCacheOptions
-from .device import DeviceOptions
+from .decoded_cache import DecodedCache
 from .epoch import Cursor, Epoch, RawEpoch
 from .plan import BatchPlan
 from .sinks import CpuSink, CudaSink, cuda_state
@@ -43,18 +43,14 @@ from .slots import SlotRing
 from .timing import BatchTiming
 from .worker import BatchSpec, WorkerPool
 
-__all__ = ["Listener", "Order", "Runtime", "RuntimeOptions", "check_decoded_cache"]
+__all__ = ["Listener", "Order", "Runtime", "check_decoded_cache"]
 
 log = logging.getLogger(__name__)
 
-# The Loader's default bound of the ring (WorkerOptions.max_ring_bytes): a ring this
-# size that cannot hold one batch gives way to one batch in flight instead of failing.
-DEFAULT_RING_BYTES = 2 << 30
-
 
 class Order(Protocol):
-    """What the runtime asks of an order (:class:`reader.order.sampler.Sampler` and the
-    bound batch samplers of :mod:`reader.order.batching`)."""
+    """What the runtime asks of an order (:class:`reader.batching.sampler.Sampler` and the
+    bound batch samplers of :mod:`reader.batching.batching`)."""
 
     def batch(self, epoch: int, k: int) -> np.ndarray: ...
 
@@ -69,19 +65,6 @@ class Listener(Protocol):
 
     def on_workers_changed(self, n: int, change: ScaleChange) -> None:
         """``num_workers="auto"`` moved to ``n`` running workers, for ``change.reason``."""
-
-
-class RuntimeOptions(Protocol):
-    """The checked process options the runtime reads (:class:`reader.options.WorkerOptions`)."""
-
-    num_workers: int | str
-    prefetch: int | str
-    max_prefetch: int | None
-    max_ring_bytes: int
-    timeout: float | None
-    start_method: str | None
-    copy: bool
-    persistent_workers: bool
 
 
 class Runtime:
@@ -104,7 +87,7 @@ class Runtime:
     """
 
     def __init__(self, dataset: ShardDataset, order: Order, plan: BatchPlan, spec: BatchSpec,
-                 fields: tuple[str, ...], options: RuntimeOptions, *, num_workers: int,
+                 fields: tuple[str, ...], options: WorkerOptions, *, num_workers: int,
                  auto: bool = False, raw: bool = False,
                  device_options: DeviceOptions | None = None, rank: int = 0,
                  decoded_cache: DecodedCacheOptions | None = None) -> None:

@@ -42,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.collate import Ragged
-from .device import DeviceOptions, pick_device, require_cupy
+from ..options import DeviceOptions
+from ..transforms.collate import Ragged
+from .device import pick_device, require_cupy
 from .leases import MAX_LEASED, SlotLeases
 from .timing import BatchTiming
 
@@ -241,7 +242,7 @@ class CudaSink:
                 if not isinstance(view, np.ndarray):
                     continue
                 # A partial or varying-size batch is a prefix of the slot's region (see
-                # reader.pipeline.collate): one contiguous copy of just that.
+                # reader.transforms.collate): one contiguous copy of just that.
                 dev = cp.empty(view.shape, dtype=view.dtype)
                 dev.data.copy_from_host_async(base + f.offset, view.nbytes, st.stream)
                 device_arrays[f.name] = dev

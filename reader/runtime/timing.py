@@ -60,7 +60,7 @@ class BatchTiming:
         skipped: records that failed to decode and were skipped (``on_error="skip"``).
         io_s: time to page in the records' bytes (touching each page before decoding).
         decode_s: decode time, as the pipeline reports it: for
-            ``reader.pipeline.imaging.DecoderPipeline`` the fused decode, crop, resize and
+            ``reader.transforms.imaging.DecoderPipeline`` the fused decode, crop, resize and
             flip (they cannot be timed apart: the DCT scale does part of the resize).
         transform_s: what runs on the decoded image after that: user callables
             and any augmentation a pipeline applies after decoding (0 when none).

@@ -28,9 +28,9 @@ from formats.errors import CorruptRecordError
 
 from ..data.dataset import page_in
 from ..errors import DecodeError
-from ..pipeline.bad_input import VALID_FIELD, BadInput
-from ..pipeline.kernels import KERNELS
-from ..pipeline.sample import SampleBuilder
+from ..transforms.bad_input import VALID_FIELD, BadInput
+from ..transforms.kernels import KERNELS
+from ..transforms.sample import SampleBuilder
 from .leases import own_fork
 from .timing import WorkerTiming
 
@@ -54,7 +54,7 @@ class Task(NamedTuple):
 
 class BatchDone(NamedTuple):
     """A batch is in its slot. ``shapes``: the shape of each varying-size field's
-    array in the slot (:mod:`reader.pipeline.collate`), empty when there are none."""
+    array in the slot (:mod:`reader.transforms.collate`), empty when there are none."""
 
     batch: int
     slot: int
@@ -91,16 +91,16 @@ class BatchSpec:
         image_field: the field decoded through ``pipeline`` (None: no image).
         pipeline: an object with ``output_shape`` and
             ``run(view, out, rng) -> (decode_s, transform_s)`` (see
-            :mod:`reader.pipeline.imaging`).
+            :mod:`reader.transforms.imaging`).
         slot_fields: ``(name, type)`` of the int/float/fixed ndarray fields
             gathered into the slot.
         bad_input: what a sample that does not decode becomes
-            (:class:`reader.pipeline.bad_input.BadInput`, ``on_error`` resolved).
+            (:class:`reader.transforms.bad_input.BadInput`, ``on_error`` resolved).
         seed: base seed of the per-batch random streams.
         rank: this loader's rank (part of the stream seed).
         cache: a :class:`reader.runtime.decoded_cache.DecodedCache` the pipeline reads
             decoded images from and keeps them in (None: decode every time).
-        sample: the sample path's plan (:class:`reader.pipeline.sample.SampleSpec`) when the
+        sample: the sample path's plan (:class:`reader.transforms.sample.SampleSpec`) when the
             loader reads annotations, varying-size images or arrays, or runs
             sample callables; None: the classification path.
     """
@@ -182,8 +182,8 @@ class BatchBuilder:
 
     def _images(self, indices, arrays, rng, valid) -> tuple:
         """The classification path: one fixed-size image per record, fused decode, by the
-        image kernel (:meth:`reader.pipeline.kernels.Kernel.decode_fixed`); a sample that
-        does not decode goes to the policy (:mod:`reader.pipeline.bad_input`)."""
+        image kernel (:meth:`reader.transforms.kernels.Kernel.decode_fixed`); a sample that
+        does not decode goes to the policy (:mod:`reader.transforms.bad_input`)."""
         spec, ds = self.spec, self.ds
         skipped = 0
         decode_s = transform_s = 0.0

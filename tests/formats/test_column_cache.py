@@ -14,7 +14,7 @@ import pytest
 from formats import DatasetWriter, Field, open_shards
 from formats.shard import column_cache, column_file, column_locks
 from formats.shard.column_cache import columns_folder, mapped_column
-from reader.order.batching import field_sizes, known_image_sizes
+from reader.batching.batching import field_sizes, known_image_sizes
 
 
 def _write(root, n=10, per_shard=4, scale=1):

@@ -59,7 +59,7 @@ def use_columns(path: str, warned: str = "", keys: int = 200) -> None:
     then the warnings: none when ``warned`` is empty, else exactly one that holds it."""
     from reader import Loader
     from reader.batching import BudgetBatches
-    from reader.order.tokens import TokenBlocks
+    from reader.batching.tokens import TokenBlocks
 
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -146,7 +146,7 @@ def too_large_to_map(path: str) -> None:
 
 def hold_open(path: str, ready: str, go: str) -> None:
     """A reader of the old dataset: map its columns, say so, wait, map them again."""
-    from reader.order.batching import field_sizes
+    from reader.batching.batching import field_sizes
 
     ds = open_shards(path)
     assert ds.index_of("k3") == 3
@@ -307,7 +307,7 @@ def delete_mid_epoch(path: str, cache: str) -> None:
     their first batch; then everything again (rebuilt)."""
     from reader import Loader
     from reader.batching import BudgetBatches
-    from reader.order.tokens import TokenBlocks
+    from reader.batching.tokens import TokenBlocks
 
     spec = BudgetBatches(64, size="field:tokens", padded=False)
     with Loader(path, batch_sampler=spec, collate={"tokens": "ragged"}, num_workers=2,

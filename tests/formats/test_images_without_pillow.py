@@ -301,9 +301,9 @@ def test_a_gif_this_opencv_cannot_decode_is_refused_naming_the_version(rng, monk
 
 def test_the_loader_reads_a_png_dataset_without_pillow(tmp_path, rng):
     import reader
-    from reader.pipeline.decode import decode_full
-    from reader.pipeline.decode import image_size as decoded_size
     from reader.transforms import CenterCrop, Resize
+    from reader.transforms.decode import decode_full
+    from reader.transforms.decode import image_size as decoded_size
 
     images = [colour(rng, 20 + i, 30 - i) for i in range(4)]
     src = tmp_path / "src" / "a"

@@ -173,8 +173,8 @@ def pack_and_decode(src: str, dst: str, report: str) -> None:
     from formats.sniff import jpeg_frame
     from packer.cli import main
     from reader.errors import DecodeError
-    from reader.pipeline.decode import decode_full
     from reader.transforms import ImagePipeline, RandomResizedCrop
+    from reader.transforms.decode import decode_full
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -22,7 +22,7 @@ import packer.work
 from formats import DatasetWriter, Field
 from formats.media import MAX_PIXELS
 from packer import PackInputError, PackOptions, UsageError, pack
-from reader.pipeline.decode import decode_full
+from reader.transforms.decode import decode_full
 from tests.helpers_jpeg import jpeg_file
 from tests.helpers_packer import jpeg, pack_fn
 from tests.helpers_paths import ROOT

@@ -8,6 +8,7 @@ import inspect
 import math
 import pickle
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +31,7 @@ from reader.options import (
     check_fields,
 )
 from reader.transforms import RandomResizedCrop
+from reader.transforms.checks import check_pipeline_options
 from tests.helpers_paths import ROOT
 
 
@@ -315,9 +317,9 @@ BAD_OPTIONS = [
     (DecodeOptions, {"image_field": 0}, TypeError, "image_field .* int 0"),
     (DecodeOptions, {"decode": "false"}, TypeError, "decode must be True or False, not str"),
     (DecodeOptions, {"check_crc": None}, TypeError, "check_crc must be True or False"),
-    (DecodeOptions, {"transform": "RandomResizedCrop(224)"}, TypeError, "transform must be a"),
-    (DecodeOptions, {"transform": [RandomResizedCrop(32), 5]}, TypeError, r"transform\[1\] .* int 5"),
-    (DecodeOptions, {"transform": RandomResizedCrop}, TypeError, "transform must be"),
+    (check_pipeline_options, {"transform": "RandomResizedCrop(224)"}, TypeError, "transform must be a"),
+    (check_pipeline_options, {"transform": [RandomResizedCrop(32), 5]}, TypeError, r"transform\[1\] .* int 5"),
+    (check_pipeline_options, {"transform": RandomResizedCrop}, TypeError, "transform must be"),
 ]
 
 
@@ -327,6 +329,20 @@ BAD_OPTIONS = [
 def test_a_wrong_option_is_refused_naming_it_and_its_value(cls, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         cls(**kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "match"), [
+    ({"transform": "RandomResizedCrop(224)"}, TypeError, "transform must be a"),
+    ({"annotations": {"boxes": "boxes"}}, TypeError, "annotations must be a reader.Annotations"),
+    ({"decoders": {"label": len}}, TypeError, "decoders must be a dict of field name -> "),
+    ({"collate": ["image"]}, TypeError, "collate must be a dict"),
+    ({"collate": {"image": "stacked"}}, ValueError, r"collate\['image'\] must be"),
+], ids=lambda v: next(iter(v)) if isinstance(v, dict) else None)
+def test_the_loader_checks_its_pipeline_keywords_at_construction(ds_path, kwargs, exc, match):
+    # The checks that need the pipeline's types (reader.transforms.checks) run when
+    # the Loader is built, as the records' own checks do, never later in a worker.
+    with pytest.raises(exc, match=match):
+        Loader(ds_path, batch_size=4, num_workers=0, **kwargs)
 
 
 def test_good_options_are_kept_and_normalized():
@@ -417,11 +433,28 @@ def test_the_top_level_exports_what_the_readme_teaches_and_nothing_internal():
     assert not set(INTERNAL) & set(vars(reader)), set(INTERNAL) & set(vars(reader))
 
 
+def test_the_readme_faces_are_subpackages_and_no_shim_repeats_their_names():
+    """``reader.transforms`` and ``reader.batching`` are the pipeline's and the order's
+    own packages (no module beside a subpackage of another name re-exports them), and
+    the GPU options are ``reader.DeviceOptions``, the one spelling besides their home."""
+    for face in ("transforms", "batching"):
+        mod = importlib.import_module(f"reader.{face}")
+        assert hasattr(mod, "__path__"), f"reader.{face} is a module, not a subpackage"
+        assert mod.__all__ and all(hasattr(mod, n) for n in mod.__all__)
+    # Read from the tree, not by importing: an editable install may map old names elsewhere.
+    package = Path(reader.__file__).parent
+    for gone in ("device.py", "transforms.py", "batching.py", "order", "pipeline"):
+        assert not (package / gone).exists(), f"reader/{gone} is back"
+    assert {"AspectRatioBatches", "BudgetBatches", "TokenBlocks"} <= set(
+        importlib.import_module("reader.batching").__all__)
+    assert reader.DeviceOptions is importlib.import_module("reader.options").DeviceOptions
+
+
 def test_every_module_path_the_readme_teaches_is_importable():
     text = README.read_text()
     lines = re.findall(r"^from (reader(?:\.\w+)*) import ([\w, ]+)$", text, re.M)
     dotted = re.findall(r"(?<![\w.])reader\.(\w+)\.([A-Z]\w*)", text)
-    assert lines and dotted  # from reader.transforms import ...; reader.device.DeviceOptions
+    assert lines  # from reader.transforms import ...; reader.batching import ...
     for module, names in lines + [(f"reader.{m}", n) for m, n in dotted]:
         mod = importlib.import_module(module)
         for name in names.replace(" ", "").split(","):

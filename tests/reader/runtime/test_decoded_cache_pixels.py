@@ -22,11 +22,10 @@ import pytest
 
 from formats import DatasetWriter, Field
 from reader import DecodedCacheOptions, Loader
-from reader.pipeline import roi
-from reader.pipeline.decode import _dct_factor, image_size
-from reader.pipeline.imaging import DecoderPipeline
 from reader.runtime.decoded_cache import DecodedCache
-from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
+from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop, roi
+from reader.transforms.decode import _dct_factor, image_size
+from reader.transforms.imaging import DecoderPipeline
 from scripts.synth import synth_image
 from tests.helpers_jpeg import encode_kind
 

@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from reader.runtime.device import DeviceOptions, normalize, require_cupy
+from reader.options import DeviceOptions
+from reader.runtime.device import normalize, require_cupy
 from reader.runtime.sinks import SlotGate
 
 

@@ -342,7 +342,7 @@ def test_real_decode_pipeline_specs(ds_path):
         b = next(iter(lo))
         assert b["image"].shape == (16, 20, 20, 3) and b["image"].any()
         # Exactly the center of the decoded image.
-        from reader.pipeline.decode import decode_full
+        from reader.transforms.decode import decode_full
 
         full = decode_full(reader.open_dataset(ds_path)[0]["image"])
         assert np.array_equal(b["image"][0], full[10:30, 14:34])

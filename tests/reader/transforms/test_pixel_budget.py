@@ -13,8 +13,8 @@ from hostile import run_case
 import formats.media
 from formats import DatasetWriter, Field
 from reader.errors import DecodeError
-from reader.pipeline import kernels
-from reader.pipeline.decode import decode_full, image_size
+from reader.transforms import kernels
+from reader.transforms.decode import decode_full, image_size
 from tests.helpers_packer import jpeg
 from tests.packer.test_pack_rare_jpegs import jpeg_bomb, png_bomb
 

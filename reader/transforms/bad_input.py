@@ -1,9 +1,11 @@
 """What a sample whose bytes do not decode becomes: the Loader's ``on_error``, decided once.
 
-``on_error`` is resolved into one :class:`BadInput` value when the options are
-checked (:class:`reader.options.DecodeOptions`), and every builder of a batch
-(the classification path of :class:`reader.runtime.worker.BatchBuilder`, the
-sample path of :class:`reader.pipeline.sample.SampleBuilder`) hands each
+``on_error`` (its values checked by :class:`reader.options.DecodeOptions`) is
+resolved into one :class:`BadInput` value when the Loader is built, and handed to
+the batch plan (:func:`reader.runtime.plan.plan_batch`) and to every builder of a
+batch. Each builder (the classification path of
+:class:`reader.runtime.worker.BatchBuilder`, the sample path of
+:class:`reader.transforms.sample.SampleBuilder`) hands each
 :class:`reader.errors.DecodeError` to :meth:`BadInput.reject`; the batch plan
 asks :meth:`BadInput.slot_specs` whether a batch carries a ``valid`` mask. No
 other code reads ``on_error`` (WebDataset's ``handlers.py`` is the model: the
@@ -25,9 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ON_ERROR", "VALID_FIELD", "BadInput"]
+__all__ = ["VALID_FIELD", "BadInput"]
 
-ON_ERROR = ("fail", "skip")
 VALID_FIELD = "valid"  # the batch's mask of samples that decoded (on_error="skip" only)
 
 

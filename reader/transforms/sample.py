@@ -12,12 +12,12 @@ sample. Per batch:
    the batch's random stream, in record order (``decode`` with step 3);
 3. each decoded field (the image, then its masks) is decoded with its plan straight
    into its region of the slot by the kernel of its kind
-   (:mod:`reader.pipeline.kernels`: for the image DCT scaling, crop, resize and flip
+   (:mod:`reader.transforms.kernels`: for the image DCT scaling, crop, resize and flip
    in one pass, as on the classification path; for a mask nearest-neighbour);
 4. each moved field (boxes, keypoints) is moved by the same plan by its kind's
    kernel; rows a filtering kernel drops (boxes cropped away) go together with the
    same rows of every per-box field (``transform``);
-5. the per-sample arrays are written padded or ragged (:mod:`reader.pipeline.collate`,
+5. the per-sample arrays are written padded or ragged (:mod:`reader.transforms.collate`,
    ``assemble``).
 
 With sample callables, step 3 decodes into arrays of their own, the callables run
@@ -88,7 +88,7 @@ class FieldDecoder:
     arrays, anything the loader does not decode itself); the Loader's ``decoders=``.
 
     The result is written into the batch slot like any array whose first dimension
-    varies (ragged by default, see :mod:`reader.pipeline.collate`), so the slot must be sized
+    varies (ragged by default, see :mod:`reader.transforms.collate`), so the slot must be sized
     for it: ``max_rows`` bounds the first dimension. The monitor counts the time as
     ``decode``.
 
@@ -119,7 +119,7 @@ class FieldDecoder:
 class SampleSpec:
     """What the sample path writes (planned once by the loader, see :mod:`reader.loader`).
 
-    Fields are named with their kind, a key of :data:`reader.pipeline.kernels.KERNELS`;
+    Fields are named with their kind, a key of :data:`reader.transforms.kernels.KERNELS`;
     the builder dispatches on it.
 
     Attributes:
@@ -162,7 +162,7 @@ class SampleBuilder:
     def __init__(self, ds, spec: SampleSpec, pipeline, bad_input: BadInput) -> None:
         self.ds = ds
         self.spec = spec
-        self.pipeline = pipeline  # reader.pipeline.imaging.DecoderPipeline
+        self.pipeline = pipeline  # reader.transforms.imaging.DecoderPipeline
         self.bad_input = bad_input  # what a sample that does not decode becomes
         self.current: int | None = None
         self._decoded_fields = [(name, KERNELS[kind], var) for name, kind, var in spec.decoded]

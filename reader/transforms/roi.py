@@ -1,6 +1,6 @@
 """Region-of-interest JPEG decode: libjpeg-turbo's TurboJPEG 3 API through ctypes.
 
-:mod:`reader.pipeline.decode` decodes only the part of a JPEG that a plan's crop
+:mod:`reader.transforms.decode` decodes only the part of a JPEG that a plan's crop
 covers (``tj3SetCroppingRegion``), at the same DCT scale as its whole-image path.
 The TurboJPEG 3 API (libjpeg-turbo 3.0 and later) is the one interface to that
 which plain ctypes can drive safely: errors come back as return codes, not as the
@@ -17,7 +17,7 @@ The library is looked up once, lazily, in this order:
 Without either, :func:`available` is False and the decoder keeps its whole-image
 path. A region's left edge must sit on the scaled iMCU grid; the region is
 otherwise free (rows are skipped with ``jpeg_skip_scanlines``). What the region
-path keeps exact and what it no longer checks: :mod:`reader.pipeline.decode`.
+path keeps exact and what it no longer checks: :mod:`reader.transforms.decode`.
 
 *Library*, chosen by measurement (decode alone, same RandomResizedCrop(224) boxes,
 120 JPEGs, CPU time on one core of a loaded machine, medians of 11 alternated

@@ -2,7 +2,7 @@
 
 Two frozen, picklable specs say how to batch; ``spec.bind(dataset, batch_size,
 options)`` reads the per-record sizes once and returns the bound batch order,
-which has the interface of :class:`reader.order.sampler.Sampler`:
+which has the interface of :class:`reader.batching.sampler.Sampler`:
 
 - :class:`AspectRatioBatches` ``(boundaries=(1.0,), sizes=None)``:
   records are grouped by aspect ratio ``width / height`` (group ``i`` holds
@@ -33,7 +33,7 @@ batches are a pure function of (seed, epoch, rank, world_size). All ranks build
 the same global list of batches, which is padded by wrapping whole batches (or
 truncated, with ``drop_last``) to a multiple of ``world_size``; batch ``i`` then
 goes to rank ``i % world_size`` (the ``r``-th contiguous run for the ``"block"``
-order), by :func:`reader.order.sampler.rank_positions`. So every rank gets the same
+order), by :func:`reader.batching.sampler.rank_positions`. So every rank gets the same
 number of batches, and resuming at batch ``k`` is exact. Budget batches vary in
 number from one epoch to the next: ask ``num_batches_in(epoch)``.
 
@@ -52,7 +52,7 @@ import numpy as np
 from formats.errors import ArgumentError, ArgumentTypeError
 from formats.shard.column_cache import mapped_column
 
-from .options import SamplerOptions
+from ..options import SamplerOptions
 from .sampler import ORDER, per_rank, rank_positions, shuffled_order
 
 __all__ = ["AspectRatioBatches", "BoundBatches", "BudgetBatches", "padding_waste"]
@@ -213,7 +213,7 @@ def _sizes_of(dataset: Any, f: Any, records: np.ndarray) -> np.ndarray:
 class BoundBatches:
     """One rank's batches of variable size; subclasses build the global list.
 
-    Members (the interface of :class:`reader.order.sampler.Sampler`): ``num_batches_in(epoch)``,
+    Members (the interface of :class:`reader.batching.sampler.Sampler`): ``num_batches_in(epoch)``,
     ``num_batches`` (where it does not depend on the epoch), ``batch(epoch, k)``,
     ``rank_indices(epoch)`` (this rank's records, batches concatenated, in delivery
     order) with ``rank_offsets(epoch)`` (where each batch starts in it, plus the end),

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from reader.batching.permutation import WindowPermutations, permute, round_keys
+from reader.batching.sampler import EpochOrder, Sampler, check_resume, rank_positions
 from reader.options import SamplerOptions
-from reader.order.permutation import WindowPermutations, permute, round_keys
-from reader.order.sampler import EpochOrder, Sampler, check_resume, rank_positions
 
 
 @pytest.mark.parametrize("n", [*range(1, 70), 255, 256, 257, 1000, 4097, 65536, 100_003])

@@ -19,7 +19,7 @@ Python). A block that crosses into the next record (or shard) is copied piece
 by piece. Everything per block (its record, shard and offset) is computed in
 numpy for a chunk of 65,536 blocks at a time; a batch is a slice of those arrays
 and one gather per shard it touches. The epoch's order is computed, never stored
-(:class:`reader.order.sampler.EpochOrder`), so an epoch starts in O(shards).
+(:class:`reader.batching.sampler.EpochOrder`), so an epoch starts in O(shards).
 
 Checksums: each record's payload is checked (CRC32C) the first time a block
 touches it in this process; a damaged record is an error naming shard, record
@@ -40,7 +40,7 @@ from formats.errors import ArgumentError
 from formats.shard.column_cache import mapped_column
 
 from ..data.dataset import open_dataset
-from .options import SamplerOptions, check_batch_size, check_int
+from ..options import SamplerOptions, check_batch_size, check_int
 from .sampler import EpochOrder, Sampler, check_epoch, check_resume, next_unseen
 
 __all__ = ["TokenBlocks"]

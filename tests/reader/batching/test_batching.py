@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import reader
 from formats import DatasetWriter, Field
+from reader.batching.batching import AspectRatioBatches, BudgetBatches, field_sizes, padding_waste
+from reader.batching.sampler import Sampler, shuffled_order
 from reader.options import SamplerOptions
-from reader.order.batching import AspectRatioBatches, BudgetBatches, field_sizes, padding_waste
-from reader.order.sampler import Sampler, shuffled_order
 from tests.helpers_paths import ROOT
 
 
@@ -245,7 +245,7 @@ def test_resume_in_a_fresh_process_gives_the_same_batches():
     code = (
         "import numpy as np, pickle, sys\n"
         "spec, opts = pickle.load(sys.stdin.buffer)\n"
-        "from tests.reader.order.test_batching import FakeDataset\n"
+        "from tests.reader.batching.test_batching import FakeDataset\n"
         "b = spec.bind(FakeDataset(300), None, opts)\n"
         "sys.stdout.write(','.join(str(b.batch(4, k).tolist()) for k in range(5, "
         "b.num_batches_in(4))))\n")

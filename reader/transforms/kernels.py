@@ -1,11 +1,11 @@
 """How one geometric :class:`Plan` applies to each kind of field: one kernel per kind.
 
 In the manner of torchvision's transforms v2: the plan is drawn once per sample
-(:mod:`reader.pipeline.transforms`), and each field of the sample is handed to the
+(:mod:`reader.transforms.transforms`), and each field of the sample is handed to the
 kernel of its kind, found in :data:`KERNELS`. The batch plan
 (:mod:`reader.runtime.plan`) says which field is of which kind (from
 :class:`reader.Annotations`, or by name and shape) and sizes the slot through the
-kernels; the per-sample code (:mod:`reader.pipeline.sample`) walks the sample's
+kernels; the per-sample code (:mod:`reader.transforms.sample`) walks the sample's
 fields and dispatches on their kind, naming none.
 
 There are two sorts of kernel:

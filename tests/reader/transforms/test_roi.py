@@ -1,6 +1,6 @@
-"""The region-of-interest JPEG decode (reader.pipeline.roi) against the whole-image path.
+"""The region-of-interest JPEG decode (reader.transforms.roi) against the whole-image path.
 
-The promise (reader/pipeline/decode.py, module docstring): byte-identical output for
+The promise (reader/transforms/decode.py, module docstring): byte-identical output for
 every plan, and the same DecodeError for truncation and for damage that libjpeg
 notices where it lies, up to the crop's last iMCU row; what libjpeg would notice
 only after that row goes unseen. Tests of the region path skip, saying why, where
@@ -20,12 +20,11 @@ from PIL import Image
 
 from formats.sniff import jpeg_dct_scalable
 from reader import DecodeError
-from reader.pipeline import decode as decode_mod
-from reader.pipeline import roi
-from reader.pipeline.decode import Decoder
-from reader.pipeline.geometry import Plan
-from reader.pipeline.imaging import DecoderPipeline
-from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop, Resize
+from reader.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop, Resize, roi
+from reader.transforms import decode as decode_mod
+from reader.transforms.decode import Decoder
+from reader.transforms.geometry import Plan
+from reader.transforms.imaging import DecoderPipeline
 from scripts.synth import make_jpeg, synth_image
 from tests.helpers_jpeg import encode_kind
 

@@ -3,7 +3,7 @@
 The specs mirror torchvision's (same names, arguments and random sampling), but
 nothing here touches pixels. :meth:`ImagePipeline.plan` folds every geometric
 spec into one :class:`Plan`: a box in *source* pixel coordinates, an output size
-and a flip flag. :mod:`reader.pipeline.decode` then decodes only as much resolution as
+and a flip flag. :mod:`reader.transforms.decode` then decodes only as much resolution as
 the box needs (libjpeg-turbo DCT scaling), resamples the box once, straight into
 the caller's output slot, and finally runs any user callables on it.
 
@@ -14,10 +14,10 @@ CenterCrop, ``Resize((h, w))``), ``ImagePipeline.output_shape`` is known before
 any image is seen; otherwise (``Resize(int)``, :class:`ResizeShortestEdge`,
 :class:`PadToMultiple`, no spec at all) each sample has its own size and the
 loader bounds it with :meth:`ImagePipeline.max_output` over the dataset's image
-sizes, then pads or concatenates the batch (:mod:`reader.pipeline.collate`).
+sizes, then pads or concatenates the batch (:mod:`reader.transforms.collate`).
 
 Annotations follow the image: the same :class:`Plan` maps boxes, keypoints and
-masks (:mod:`reader.pipeline.geometry`), so an image and its boxes can never disagree.
+masks (:mod:`reader.transforms.geometry`), so an image and its boxes can never disagree.
 
 Coordinates are continuous: pixel ``i`` covers ``[i, i + 1)``. A box may reach
 outside the image (CenterCrop larger than the image); that part is zero, as in
@@ -364,7 +364,7 @@ class UserTransform:
 @dataclass(frozen=True)
 class Normalize:
     """``(pixel / 255 - mean) / std`` as float32, for trainers that take normalized images
-    from the CPU (a GPU trainer normalizes on the device: ``reader.device.DeviceOptions``).
+    from the CPU (a GPU trainer normalizes on the device: ``reader.DeviceOptions``).
 
     Attributes:
         mean, std: per channel, on the 0..1 scale (torchvision's ImageNet values by default).
@@ -449,7 +449,7 @@ class ImagePipeline:
 
     Plain callables in ``transforms`` are wrapped in :class:`UserTransform` (they
     take and return the image). Calling the pipeline decodes through a lazily
-    built :class:`reader.pipeline.decode.Decoder` (one per process: it is dropped when the
+    built :class:`reader.transforms.decode.Decoder` (one per process: it is dropped when the
     pipeline is pickled to a worker).
 
     Args:
@@ -458,7 +458,7 @@ class ImagePipeline:
         backend: resize backend for the decoder: ``"auto"``, ``"cv2"`` or ``"pillow"``.
         roi: decode only the region of a JPEG that the crop covers (the same pixels):
             None, when the ``roi`` extra is installed; False, never (every byte of
-            the file is then checked, see :mod:`reader.pipeline.decode`); True,
+            the file is then checked, see :mod:`reader.transforms.decode`); True,
             always (ImportError where it cannot).
 
     Attributes:
@@ -589,7 +589,7 @@ class ImagePipeline:
         out: np.ndarray | None = None,
         rng: np.random.Generator | None = None,
     ) -> np.ndarray:
-        """Decode and transform one encoded image (see :meth:`reader.pipeline.decode.Decoder.decode_into`).
+        """Decode and transform one encoded image (see :meth:`reader.transforms.decode.Decoder.decode_into`).
 
         Args:
             data: Encoded image bytes.

@@ -1,4 +1,4 @@
-"""reader.transforms and reader.pipeline.decode: sampling, geometry and the fused decode path."""
+"""reader.transforms and reader.transforms.decode: sampling, geometry and the fused decode path."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import simplejpeg
 from PIL import Image
 
 from reader import DecodeError
-from reader.pipeline.decode import Decoder, decode_full, image_size
 from reader.transforms import (
     CenterCrop,
     ImagePipeline,
@@ -21,6 +20,7 @@ from reader.transforms import (
     Resize,
     UserTransform,
 )
+from reader.transforms.decode import Decoder, decode_full, image_size
 from scripts.synth import make_jpeg, synth_image
 
 
@@ -233,7 +233,7 @@ def test_decode_timed_splits_user_callables_from_the_fused_decode(jpeg):
     """User callables are the monitor's ``transform`` stage; decode + crop + flip stay ``decode``."""
     import time
 
-    from reader.pipeline.imaging import make_pipeline
+    from reader.transforms.imaging import make_pipeline
 
     def slow_invert(x):
         end = time.perf_counter() + 0.02

@@ -1,4 +1,4 @@
-"""The per-kind kernels (reader.pipeline.kernels): a new kind of annotation is one kernel
+"""The per-kind kernels (reader.transforms.kernels): a new kind of annotation is one kernel
 registered in KERNELS, with no edit to the sample path or the batch plan."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import simplejpeg
 
 from formats import DatasetWriter, Field
 from reader import Loader
-from reader.pipeline.geometry import move_keypoints
-from reader.pipeline.kernels import KERNELS, Kernel
 from reader.transforms import RandomHorizontalFlip, Resize
+from reader.transforms.geometry import move_keypoints
+from reader.transforms.kernels import KERNELS, Kernel
 
 
 class _CentersKernel(Kernel):

@@ -47,21 +47,21 @@ So ``backend="cv2"`` (the ``"auto"`` choice when OpenCV is installed) resizes wi
 INTER_LINEAR below 2x (the DCT scale has done the rest) and INTER_AREA beyond;
 Pillow remains the fallback, matching torchvision's PIL path exactly.
 
-Region of interest (``pip install 'shardpack[roi]'``, :mod:`reader.pipeline.roi`).
+Region of interest (``pip install 'shardpack[roi]'``, :mod:`reader.transforms.roi`).
 Step 2 then decodes only the rows and columns of the DCT-scaled image that the box
 covers (``tj3SetCroppingRegion``). Where the time goes decides what it saves: the
 entropy decoding is about 85% of a decode of these images and cannot start midway
 (no restart markers), so rows above the region still cost three quarters of
 decoding them and columns beside it a little; rows below it are never read. So a
 region that reaches the bottom from near the top goes the whole-image way (the
-rule: :func:`reader.pipeline.roi.region_for`), as do CMYK/YCCK files, unusual
+rule: :func:`reader.transforms.roi.region_for`), as do CMYK/YCCK files, unusual
 samplings, boxes reaching outside the image (CenterCrop's padding) and files
 without an end-of-image marker near their end.
 
 *Exact.* The output is byte-identical to the whole-image path, both backends, for
 4:2:0, 4:2:2, 4:4:4, 4:4:0, grayscale and progressive files, at every DCT scale, for
 corner, center, tiny, fractional and whole boxes, flipped or not
-(``tests/reader/pipeline/test_roi.py``). Two details make it so: a one-column margin
+(``tests/reader/transforms/test_roi.py``). Two details make it so: a one-column margin
 either side (fancy upsampling treats a region's side columns as the image's edge:
 without the margin they differ by a few levels), and an even origin (cv2's resample
 ``round()``s half to even, so an odd shift could move a box edge by one pixel).
@@ -84,7 +84,7 @@ the record's CRC32C is the real one for any change after packing, while
 ``pack-dataset`` checks a JPEG's header and end marker, not its entropy-coded data.
 ``ImagePipeline(..., roi=False)`` keeps today's checks.
 
-*Library*: :mod:`reader.pipeline.roi` says which and why (measured).
+*Library*: :mod:`reader.transforms.roi` says which and why (measured).
 
 Classification pipeline, ``python -m scripts.bench_decode --roi-only --count 300
 --rounds 9`` pinned to one core (CPU time, alternated rounds; the machine was shared,
@@ -336,7 +336,7 @@ class Decoder:
             shapes); ``pipeline.output_shape`` is the shape of ``out``.
         backend: ``"cv2"`` (OpenCV, fast), ``"pillow"`` (torchvision's exact
             antialiased bilinear) or ``"auto"`` (cv2 when installed).
-        roi: decode only the crop's region of a JPEG (:mod:`reader.pipeline.roi`):
+        roi: decode only the crop's region of a JPEG (:mod:`reader.transforms.roi`):
             None, when its library is installed; False, never (the whole image,
             as before); True, always (ImportError when it cannot). Callers pass
             the pipeline's ``roi``.

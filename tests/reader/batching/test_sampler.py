@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reader.batching.sampler import Sampler
 from reader.options import SamplerOptions
-from reader.order.sampler import Sampler
 
 
 def starts(n: int, per_shard: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""reader.order.tokens.TokenBlocks: blocks across records and shards, the sampler's guarantees."""
+"""reader.batching.tokens.TokenBlocks: blocks across records and shards, the sampler's guarantees."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from formats import DatasetWriter, Field
 from formats.errors import CorruptRecordError
-from reader.order.tokens import TokenBlocks
+from reader.batching.tokens import TokenBlocks
 
 
 def _write(root, docs, *, per_shard=3, dtype="int32", compression="none"):
@@ -263,7 +263,7 @@ def test_a_state_saved_after_the_last_batch_names_the_next_epoch(path):
 @pytest.mark.parametrize("shuffle,world", [(False, 1), ("full", 2), ("block", 3)])
 def test_plans_in_small_chunks_serve_the_same_blocks(path, monkeypatch, batch_size, shuffle,
                                                      world):
-    import reader.order.tokens as tokens
+    import reader.batching.tokens as tokens
 
     def epoch(rank):
         with TokenBlocks(path, 5, batch_size, shuffle=shuffle, seed=3, rank=rank,

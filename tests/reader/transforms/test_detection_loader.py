@@ -1,5 +1,5 @@
 """The sample path: boxes, masks and per-sample arrays that follow their image through
-the workers, padded or ragged in the slot (reader.pipeline.sample, reader.pipeline.collate, reader.pipeline.geometry)."""
+the workers, padded or ragged in the slot (reader.transforms.sample, reader.transforms.collate, reader.transforms.geometry)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import reader
 from formats import DatasetWriter, Field
 from formats.errors import CorruptRecordError
 from reader import Loader, Padded, Ragged
-from reader.pipeline.decode import decode_full
-from reader.pipeline.geometry import Plan, move_boxes
 from reader.transforms import (
     CenterCrop,
     Normalize,
@@ -26,6 +24,8 @@ from reader.transforms import (
     ResizeShortestEdge,
     SampleTransform,
 )
+from reader.transforms.decode import decode_full
+from reader.transforms.geometry import Plan, move_boxes
 
 RED = (255, 0, 0)
 
@@ -410,7 +410,7 @@ def test_backend_auto_says_why_opencv_is_missing(det_path, monkeypatch):
 
 
 def test_keypoints_move_swap_and_hide():
-    from reader.pipeline.geometry import move_keypoints
+    from reader.transforms.geometry import move_keypoints
 
     plan = Plan(box=(0.0, 0.0, 100.0, 50.0), size=(50, 100), flip=True)
     points = np.array([[[10, 5, 2], [90, 5, 2], [150, 5, 2]]], np.float32)  # left, right, outside

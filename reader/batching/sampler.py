@@ -29,7 +29,7 @@ import numpy as np
 from formats.errors import ArgumentError
 
 from ..errors import StateError
-from .options import SamplerOptions, check_int
+from ..options import SamplerOptions, check_int
 from .permutation import WindowPermutations, permute, round_keys
 
 __all__ = ["ORDER", "EpochOrder", "Sampler", "check_resume", "next_unseen", "per_rank",
@@ -46,10 +46,10 @@ class EpochOrder:
     """One epoch's record order (all ranks, before padding) as a function of position.
 
     Nothing here grows with the records: ``"full"`` is a keyed bijection on
-    ``[0, n)`` (:mod:`reader.order.permutation`); ``"block"`` keeps the shard
+    ``[0, n)`` (:mod:`reader.batching.permutation`); ``"block"`` keeps the shard
     permutation and its prefix sums (12 bytes a shard) and permutes each window of
     ``window`` positions of the shards' concatenation when it is reached
-    (:class:`~reader.order.permutation.WindowPermutations`); ``window=None``
+    (:class:`~reader.batching.permutation.WindowPermutations`); ``window=None``
     makes every shard its own window (the blocks of a token stream).
     """
 

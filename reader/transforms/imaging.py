@@ -8,7 +8,7 @@ object with those two members is used as is; it should count what it does
 after decoding (augmentations, user code) as ``transform_s``, or the monitor
 blames decoding for it. A
 :class:`reader.transforms.ImagePipeline`, or a list of transform specs and
-callables to build one from, is wrapped around a :class:`reader.pipeline.decode.Decoder`.
+callables to build one from, is wrapped around a :class:`reader.transforms.decode.Decoder`.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ def make_pipeline(transform: Any, max_pixels: int | None = None):
 
 
 class DecoderPipeline:
-    """An :class:`ImagePipeline` run by a :class:`reader.pipeline.decode.Decoder`.
+    """An :class:`ImagePipeline` run by a :class:`reader.transforms.decode.Decoder`.
 
     The decoder is built on first use, i.e. inside the worker process (it sets
     process-wide OpenCV threading and owns a scratch buffer), and is not pickled.
     Decode, crop, resize and flip are one fused step (the DCT scale does part of
     the resize), reported as ``decode_s``; the user callables that follow are
-    ``transform_s`` (see :meth:`reader.pipeline.decode.Decoder.decode_timed`).
+    ``transform_s`` (see :meth:`reader.transforms.decode.Decoder.decode_timed`).
     """
 
     def __init__(self, pipeline, backend: str = "auto", max_pixels: int | None = None) -> None:
@@ -69,7 +69,7 @@ class DecoderPipeline:
         self.__init__(state["pipeline"], state["backend"], state["max_pixels"])
 
     def decoder(self):
-        """This process's :class:`reader.pipeline.decode.Decoder` (built on first use)."""
+        """This process's :class:`reader.transforms.decode.Decoder` (built on first use)."""
         if self._decoder is None:
             self._decoder = Decoder(self.pipeline, self.backend, roi=self.pipeline.roi,
                                     max_pixels=self.max_pixels)
@@ -89,7 +89,7 @@ class DecoderPipeline:
         resamples the cached pixels (no decode); a miss decodes the whole image,
         stores it when there is room, and resamples it. The same pixels as :meth:`run`:
         a crop that the fused path decodes at another DCT scale than the cached
-        pixels' is decoded from ``view`` (:meth:`reader.pipeline.decode.Decoder.from_cache`)."""
+        pixels' is decoded from ``view`` (:meth:`reader.transforms.decode.Decoder.from_cache`)."""
         decoder = self.decoder()
         hit = cache.get(record)
         if hit is not None:

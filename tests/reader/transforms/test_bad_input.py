@@ -9,8 +9,8 @@ from helpers_reader import make_dataset
 from formats.errors import CorruptRecordError
 from reader import CenterCrop, Loader
 from reader.errors import DecodeError
-from reader.pipeline import bad_input
-from reader.pipeline.bad_input import BadInput
+from reader.transforms import bad_input
+from reader.transforms.bad_input import BadInput
 
 BAD = (3, 9)
 
@@ -22,7 +22,7 @@ def corrupt_path(tmp_path_factory):
 
 
 # The classification path (a fixed crop: reader.runtime.worker's fused decode) and the
-# sample path (no transform: images of their own sizes, reader.pipeline.sample).
+# sample path (no transform: images of their own sizes, reader.transforms.sample).
 PATHS = {"classification": [CenterCrop(16)], "sample": None}
 
 
@@ -76,8 +76,8 @@ def test_no_builder_reads_on_error_itself():
     # The classification path used to test spec.on_error and zero-fill on its own.
     import inspect
 
-    from reader.pipeline import sample
     from reader.runtime import plan, worker
+    from reader.transforms import sample
 
     for module in (worker, sample, plan):
         source = inspect.getsource(module)

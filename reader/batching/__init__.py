@@ -1,0 +1,15 @@
+"""Batching: which records make each batch, seeded, per rank and resumable.
+
+The face of the order: ``from reader.batching import AspectRatioBatches,
+BudgetBatches, TokenBlocks`` (each also on :mod:`reader`).
+The modules behind it:
+:mod:`~reader.batching.sampler` (the plain order: shuffled fully, by blocks or not at
+all, split between ranks), :mod:`~reader.batching.batching` (size-aware batches:
+aspect-ratio groups, pixel or token budgets) and :mod:`~reader.batching.tokens` (fixed
+blocks of a token stream for language models).
+"""
+
+from .batching import AspectRatioBatches, BudgetBatches
+from .tokens import TokenBlocks
+
+__all__ = ["AspectRatioBatches", "BudgetBatches", "TokenBlocks"]
