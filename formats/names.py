@@ -43,14 +43,14 @@ import unicodedata
 
 from .errors import UnsafePathError
 
-__all__ = ["MAX_PART_BYTES", "NameClaims", "check_name", "safe_name", "safe_path",
+__all__ = ["MAPPED_BYTES", "MAX_PART_BYTES", "NameClaims", "check_name", "safe_name", "safe_path",
            "unsafe_reason"]
 
 #: The longest part of a path, in bytes (``NAME_MAX``).
 MAX_PART_BYTES = 255
 #: The longest part a mapped name keeps, in bytes: room for a numbered variant
 #: (``_00001234``) and an extension within :data:`MAX_PART_BYTES`.
-_MAPPED_BYTES = 200
+MAPPED_BYTES = 200
 _EMPTY_OR_DOTS = ("", ".", "..")
 # ASCII parts are checked with one search (this runs once per shard name at open).
 _ASCII_UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")
@@ -140,7 +140,7 @@ def _cut(text: str, limit: int) -> str:
     return text if len(raw) <= limit else raw[:limit].decode("utf-8", "ignore")
 
 
-def safe_name(text: str, fallback: str, *, limit: int = _MAPPED_BYTES) -> str:
+def safe_name(text: str, fallback: str, *, limit: int = MAPPED_BYTES) -> str:
     """A single, harmless file name made from untrusted ``text`` (the module
     docstring's mapping), or ``fallback`` when nothing of it survives.
 
@@ -155,7 +155,7 @@ def safe_name(text: str, fallback: str, *, limit: int = _MAPPED_BYTES) -> str:
     return name if name not in _EMPTY_OR_DOTS else fallback
 
 
-def safe_path(text: str, fallback: str, *, limit: int = _MAPPED_BYTES) -> str:
+def safe_path(text: str, fallback: str, *, limit: int = MAPPED_BYTES) -> str:
     """A relative path of harmless parts made from untrusted ``text``: each part
     mapped as :func:`safe_name` maps it, with ``\\`` a separator too; parts that map
     to nothing (``""``, ``.``, ``..``) are dropped, never followed. ``fallback`` when

@@ -34,7 +34,6 @@ from formats.sniff import (
     image_kind,
     image_size,
     is_gray,
-    jpeg_dct_scalable,
     jpeg_frame,
     jpeg_unsupported,
     looks_complete,
@@ -172,12 +171,14 @@ def _resize(arr: np.ndarray, width: int, height: int) -> np.ndarray:
     return out[..., None] if arr.ndim == 3 and out.ndim == 2 else out
 
 
-def _resize_jpeg(data: bytes, width: int, height: int, opts: WorkOptions, gray: bool):
+def _resize_jpeg(data: bytes, width: int, height: int, opts: WorkOptions, gray: bool,
+                 scalable: bool):
     tw, th = _target(width, height, opts.max_side)
     colorspace = "GRAY" if gray else "RGB"
     # DCT scaling decodes straight to the smallest scale (n/8) at least the target size;
     # a lossless JPEG has no DCT (a scaled decode of one crashes simplejpeg): whole.
-    scale = {"min_height": th, "min_width": tw} if jpeg_dct_scalable(data) else {}
+    # ``scalable`` comes from the frame the caller read (formats.sniff.jpeg_frame).
+    scale = {"min_height": th, "min_width": tw} if scalable else {}
     arr = simplejpeg.decode_jpeg(data, colorspace, **scale)
     if arr.shape[1] != tw or arr.shape[0] != th:
         arr = _resize(arr, tw, th)
@@ -195,7 +196,7 @@ def _reads_gif() -> bool:
         return False
 
 
-def _decode(data: bytes, kind: str, width: int, height: int, gray: bool) -> np.ndarray:
+def _decode(data: bytes, kind: str, gray: bool) -> np.ndarray:
     """Every pixel of a non-JPEG image at its own depth (alpha kept unless ``gray``)."""
     import cv2
 
@@ -215,11 +216,11 @@ def _decode(data: bytes, kind: str, width: int, height: int, gray: bool) -> np.n
     return arr
 
 
-def _to_jpeg(data: bytes, kind: str, width: int, height: int, opts: WorkOptions):
+def _to_jpeg(data: bytes, kind: str, opts: WorkOptions):
     """``data`` as a JPEG at ``opts.quality``, within ``opts.max_side`` (see the notes)."""
     import cv2
 
-    arr = _decode(data, kind, width, height, gray=is_gray(data, kind))
+    arr = _decode(data, kind, gray=is_gray(data, kind))
     if arr.dtype == np.uint16:
         arr = cv2.convertScaleAbs(arr, alpha=1 / 257)  # rounds and saturates to uint8
     if arr.ndim == 3 and arr.shape[2] == 1:
@@ -239,7 +240,7 @@ def _shrink_to_png(data: bytes, kind: str, width: int, height: int, opts: WorkOp
     """A non-JPEG image over ``opts.max_side``, resized and stored as PNG (lossless)."""
     import cv2
 
-    arr = _decode(data, kind, width, height, gray=False)
+    arr = _decode(data, kind, gray=False)
     width, height = _target(width, height, opts.max_side)
     arr = _resize(arr, width, height)
     ok, buf = cv2.imencode(".png", arr, [cv2.IMWRITE_PNG_COMPRESSION, 6])
@@ -336,7 +337,8 @@ def _prepare_jpeg(data: bytes, n: int, opts: WorkOptions) -> Loaded:
     if opts.max_side is not None and max(width, height) > opts.max_side:
         try:
             data, width, height = _resize_jpeg(data, width, height, opts,
-                                               colorspace.upper() == "GRAY")
+                                               colorspace.upper() == "GRAY",
+                                               scalable=not frame.lossless)
         except ValueError as exc:
             raise _Bad("corrupt", f"JPEG does not decode ({exc})") from None
     return Loaded(data, width, height, n, header=header)
@@ -379,7 +381,7 @@ def _prepare_other(data: bytes, kind: str, n: int, opts: WorkOptions) -> Loaded:
         raise _Bad("truncated", f"{name} is shorter than its header says, or has no end marker")
     header = (width, height)
     if opts.to_jpeg:
-        data, width, height = _to_jpeg(data, kind, width, height, opts)
+        data, width, height = _to_jpeg(data, kind, opts)
     elif opts.max_side is not None and max(width, height) > opts.max_side:
         data, width, height = _shrink_to_png(data, kind, width, height, opts)
     return Loaded(data, width, height, n, header=header)

@@ -71,7 +71,7 @@ from ..bounded import (
 from ..errors import FormatError, SchemaError, UnsafePathError
 from ..fields import Field, ImageKinds, json_payload
 from ..media import IMAGE_EXTENSION, WEBDATASET_IMAGE_EXTENSIONS
-from ..names import MAX_PART_BYTES, NameClaims, safe_path, unsafe_reason
+from ..names import MAPPED_BYTES, MAX_PART_BYTES, NameClaims, safe_name, safe_path, unsafe_reason
 from ..npy import read_npy_header
 from ..sniff import GZIP_MAGIC, sniff
 from .outputs import AtomicFile, prepare_output_dir
@@ -616,7 +616,7 @@ def _key_budget(names: dict[str, str]) -> int:
         exts += [*IMAGE_EXTENSION.values(), "img"]
     longest = max((len(e.encode("utf-8")) for e in exts), default=0)
     # The dot, and room for a numbered variant (NameClaims.unique: "_00001234_2").
-    budget = min(200, MAX_PART_BYTES - 1 - _VARIANT_BYTES - longest)
+    budget = min(MAPPED_BYTES, MAX_PART_BYTES - 1 - _VARIANT_BYTES - longest)
     if budget < 16:
         raise SchemaError("webdataset sink: a field name is too long to be a tar member's "
                           "extension", found=longest,
@@ -630,7 +630,7 @@ def _tar_key(key: str, fallback: str, budget: int) -> str:
     extension), which keeps at most ``budget`` bytes."""
     path = safe_path(key, "")
     head, _, last = path.rpartition("/")
-    last = safe_path(last.split(".", 1)[0], fallback, limit=budget)
+    last = safe_name(last.split(".", 1)[0], fallback, limit=budget)  # one part, mapped already
     return f"{head}/{last}" if head else last
 
 
