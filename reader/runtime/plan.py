@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from formats import media
 from formats.errors import ArgumentError
 from formats.fields import BOXES_FIELD, BYTES_TYPES, IMAGE_TYPES, PER_BOX_NAMES
 
 from ..batching.batching import field_sizes, known_image_sizes
 from ..transforms.bad_input import BadInput
 from ..transforms.collate import Padded, VarField
+from ..transforms.decode import image_size, pixel_budget
 from ..transforms.imaging import make_pipeline
 from ..transforms.kernels import KERNELS, KernelParams
 from ..transforms.kernels import var_rows as _var_rows
@@ -161,8 +161,6 @@ def _image_sizes(ds, image: str, max_pixels: int | None) -> tuple[np.ndarray, np
         hw = np.zeros((len(ds), 2), np.int64)
     unknown = np.flatnonzero((hw <= 0).any(axis=1))
     if unknown.size:
-        from ..transforms.decode import image_size
-
         hw = np.array(hw, np.int64)  # a private copy of the shared, read-only column
 
         for r in unknown.tolist():
@@ -170,8 +168,7 @@ def _image_sizes(ds, image: str, max_pixels: int | None) -> tuple[np.ndarray, np
                 hw[r] = image_size(ds.payload(r, image), max_pixels)
             except Exception:
                 continue  # a corrupt image: the worker reports (or skips) it when read
-    budget = media.MAX_PIXELS if max_pixels is None else max_pixels
-    over = hw[:, 0].astype(np.int64) * hw[:, 1] > budget
+    over = hw[:, 0].astype(np.int64) * hw[:, 1] > pixel_budget(max_pixels)
     if over.any():  # never a slot for a pixel bomb: the worker refuses (or skips) it
         hw = np.where(over[:, None], 0, hw)
     return hw[:, 0], hw[:, 1]

@@ -269,8 +269,7 @@ class Runtime:
     def _make_decoded_cache(self, opts: DecodedCacheOptions | None,
                             plan: BatchPlan) -> DecodedCache | None:
         if opts is None or plan.sample is not None:
-            return None
-        check_decoded_cache(opts, plan)
+            return None  # refused, where it could never serve, by the Loader's check_decoded_cache
         method = self.start_method()
         return DecodedCache(opts, len(self.dataset), mp.get_context(method).Lock(),
                             named=method != "fork")

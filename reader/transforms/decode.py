@@ -138,6 +138,24 @@ def describe_bytes(data: memoryview | bytes) -> str:
     return f"{len(data)} bytes starting {head!r}"
 
 
+def pixel_budget(max_pixels: int | None) -> int:
+    """The pixel budget in force: ``max_pixels`` (the Loader's option), or
+    :data:`formats.media.MAX_PIXELS` read now when it is None."""
+    return media.MAX_PIXELS if max_pixels is None else max_pixels
+
+
+def _header_hw(data: memoryview | bytes) -> tuple[int, int] | None:
+    """``(height, width)`` from a non-JPEG image's header, or None where the bytes are
+    no image kind we know or the header does not parse (its decoder then says why)."""
+    kind = image_kind(data)
+    if kind is None:
+        return None
+    try:
+        return header_size(data, kind)
+    except ValueError:
+        return None
+
+
 def within_budget(height: int, width: int, data: memoryview | bytes,
                   max_pixels: int | None = None) -> tuple[int, int]:
     """``(height, width)``, once the header's size is within the pixel budget
@@ -150,7 +168,7 @@ def within_budget(height: int, width: int, data: memoryview | bytes,
     Raises:
         DecodeError: more pixels than the budget (the worker adds shard and record).
     """
-    budget = media.MAX_PIXELS if max_pixels is None else max_pixels
+    budget = pixel_budget(max_pixels)
     if height * width > budget:
         raise DecodeError(f"image header declares {width}x{height} = {width * height:,} "
                           f"pixels, more than the {budget:,}-pixel budget (Loader("
@@ -162,13 +180,9 @@ def within_budget(height: int, width: int, data: memoryview | bytes,
 def check_header_budget(data: memoryview | bytes, max_pixels: int | None = None) -> None:
     """:func:`within_budget` for a non-JPEG image whose header gives its size (one
     whose header does not parse is left to its decoder to refuse)."""
-    kind = image_kind(data)
-    if kind is not None:
-        try:
-            height, width = header_size(data, kind)
-        except ValueError:
-            return
-        within_budget(height, width, data, max_pixels)
+    hw = _header_hw(data)
+    if hw is not None:
+        within_budget(*hw, data, max_pixels)
 
 
 def _other_decode(data: memoryview | bytes, max_pixels: int | None = None) -> np.ndarray:
@@ -252,15 +266,10 @@ def image_size(data: memoryview | bytes, max_pixels: int | None = None) -> tuple
     (within the pixel budget ``max_pixels``, :func:`within_budget`)."""
     if _is_jpeg(data):
         return _jpeg_header(data, max_pixels)
-    kind = image_kind(data)
-    if kind is not None:
-        try:
-            height, width = header_size(data, kind)
-        except ValueError:
-            pass  # a header we cannot read: decoding says what is wrong
-        else:
-            return within_budget(height, width, data, max_pixels)
-    return _other_decode(data, max_pixels).shape[:2]
+    hw = _header_hw(data)
+    if hw is not None:
+        return within_budget(*hw, data, max_pixels)
+    return _other_decode(data, max_pixels).shape[:2]  # decoding says what is wrong
 
 
 def _dct_factor(plan: Plan) -> int:
