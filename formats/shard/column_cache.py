@@ -222,11 +222,11 @@ def _build(folder: Path, specs: dict[str, Spec],
             raise Unusable(exc) from None
         build(made)
         try:
-            for name, arr in made.items():
-                column_file.seal(temps[name], arr)
+            crcs = {name: column_file.seal(temps[name], arr) for name, arr in made.items()}
             made.clear()  # unmapped
             for name, tmp in temps.items():
                 os.replace(tmp, folder / f"{name}{SUFFIX}")
+                column_file.remember(folder / f"{name}{SUFFIX}", crcs[name])
         except OSError as exc:
             raise Unusable(exc) from None
     except BaseException:

@@ -115,13 +115,15 @@ def _chunk_crcs(body: np.ndarray) -> np.ndarray:
                        np.uint32)
 
 
-def seal(path: Path, body: np.ndarray) -> None:
-    """Write ``path``'s header for its finished ``body`` (what :func:`reserve` gave)."""
+def seal(path: Path, body: np.ndarray) -> np.ndarray:
+    """Write ``path``'s header for its finished ``body`` (what :func:`reserve` gave);
+    returns the body's chunk checksums, for :func:`remember`."""
     if isinstance(body, np.memmap):
         body.flush()
+    crcs = _chunk_crcs(body)
     head = np.zeros((), HEADER)
     head["magic"], head["ndim"], head["body"] = MAGIC, body.ndim, body.nbytes
-    head["crc"] = crc32c(_chunk_crcs(body).astype("<u4").tobytes())
+    head["crc"] = crc32c(crcs.astype("<u4").tobytes())
     head["dtype"] = body.dtype.str.encode()
     head["shape"][:body.ndim] = body.shape
     fd = os.open(path, os.O_RDWR)
@@ -129,6 +131,15 @@ def seal(path: Path, body: np.ndarray) -> None:
         os.pwrite(fd, head.tobytes(), 0)
     finally:
         os.close(fd)
+    return crcs
+
+
+def remember(path: Path, crcs: np.ndarray) -> None:
+    """Count the file just sealed (and renamed to ``path``: a rename keeps its inode and
+    mtime) as checked in this process: the builder's :func:`load` then maps it without
+    checksumming the pages it has just checksummed. Other processes check it whole."""
+    st = os.stat(path)
+    _checked[(str(path), st.st_ino, st.st_size, st.st_mtime_ns)] = crcs
 
 
 def load(path: Path, shape: tuple[int, ...], dtype) -> np.ndarray | None:
