@@ -135,6 +135,7 @@ def _inside(root: str | Path, path: Path, what: str) -> Path:
 
 def open_regular(path: str | Path, root: str | Path, *, what: str = "file",
                  error: type[ShardpackError] = FormatError,
+                 missing: type[ShardpackError] | None = None,
                  follow_symlinks: bool = False) -> tuple[int, os.stat_result]:
     """Open a dataset file for reading: ``(descriptor, fstat)``; the caller closes it.
 
@@ -144,7 +145,8 @@ def open_regular(path: str | Path, root: str | Path, *, what: str = "file",
     followed only when it resolves inside ``root`` (FORMAT.md, §8).
 
     Raises:
-        error: missing, unreadable, or not a regular file (names the file).
+        error: missing (``missing`` instead, when given), unreadable, or not a regular
+            file (names the file).
         UnsafePathError: a symlink leading out of ``root``.
         OSError: only ``EMFILE``/``ENFILE`` (the descriptor table is full), so a
             caller holding other files open can close some and retry.
@@ -162,7 +164,7 @@ def open_regular(path: str | Path, root: str | Path, *, what: str = "file",
     try:
         fd = os.open(target, flags)
     except FileNotFoundError:
-        raise error(f"{what} is missing", path=path) from None
+        raise (missing or error)(f"{what} is missing", path=path) from None
     except OSError as exc:
         if exc.errno in FD_EXHAUSTED:
             raise

@@ -73,12 +73,8 @@ def _map(path: Path, root: Path, expected_size: int, what: str,
         UnsafePathError: a symlink out of ``root`` (unless ``follow_symlinks``).
         OSError: only EMFILE/ENFILE (see :func:`formats.files.open_regular`).
     """
-    try:
-        fd, st = open_regular(path, root, what=f"{what} file", follow_symlinks=follow_symlinks)
-    except FormatError as exc:
-        if os.path.lexists(path):
-            raise
-        raise MissingFileError(exc.message, path=path) from None
+    fd, st = open_regular(path, root, what=f"{what} file", missing=MissingFileError,
+                          follow_symlinks=follow_symlinks)
     try:
         size = st.st_size
         if size != expected_size:

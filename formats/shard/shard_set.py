@@ -203,7 +203,8 @@ class ShardSet:
         shards at once, each first open asking; a stat is a few microseconds where
         reading and checksumming the manifest is tens.
         """
-        if quick and self._manifest_seen is not None and self._manifest_stat() == self._manifest_seen:
+        seen = self._manifest_stat()  # before the read, as in __init__
+        if quick and seen is not None and seen == self._manifest_seen:
             return
         raw = read_manifest_bytes(self.root, follow_symlinks=self.follow_symlinks)
         found = crc32c(raw)
@@ -212,6 +213,9 @@ class ShardSet:
                                 "reopen it", path=self.root / MANIFEST_NAME,
                                 found=f"manifest crc32c {found:08x}",
                                 expected=f"{self.manifest_crc32c:08x}")
+        # The same manifest (touched, or rewritten as it was): later quick checks pass
+        # on this stat instead of reading it again at every shard's first open.
+        self._manifest_seen = seen
 
     def close(self) -> None:
         for s in list(getattr(self, "_lru", ())):
