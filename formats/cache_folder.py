@@ -14,7 +14,7 @@ import errno
 import os
 from pathlib import Path
 
-__all__ = ["cache_trouble", "default_cache_folder"]
+__all__ = ["cache_trouble", "default_cache_folder", "free_bytes"]
 
 
 def default_cache_folder() -> Path:
@@ -46,8 +46,7 @@ def cache_trouble(folder: Path, exc: OSError | str) -> str:
                 why = f"{at} is a file, not a folder"
                 continue
             try:
-                st = os.statvfs(at)
-                free = f"{_size(st.f_bavail * st.f_frsize)} free in {at}"
+                free = f"{_size(free_bytes(at))} free in {at}"
             except OSError:
                 pass
             break
@@ -67,3 +66,13 @@ def _size(n: int) -> str:
             return f"{n:,} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
         n /= 1024
     return ""
+
+
+def free_bytes(path) -> int:
+    """Bytes an unprivileged process may still write on ``path``'s filesystem.
+
+    Raises:
+        OSError: ``path`` cannot be inspected.
+    """
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize

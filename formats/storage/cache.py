@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache_folder import cache_trouble, default_cache_folder
+from ..cache_folder import cache_trouble, default_cache_folder, free_bytes
 from ..errors import CacheError, StorageError
 from ..shard.manifest import ShardEntry
 from .location import Location
@@ -208,8 +208,7 @@ class ShardCache:
             d.mkdir(exist_ok=True)
             if not os.access(d, os.W_OK):
                 raise OSError(errno.EACCES, f"{os.strerror(errno.EACCES)}: not writable")
-            st = os.statvfs(d)
-            if st.f_bavail * st.f_frsize < ROOM_FOR_TABLES:
+            if free_bytes(d) < ROOM_FOR_TABLES:
                 raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: under "
                                             f"{ROOM_FOR_TABLES:,} bytes free")
         return d
@@ -375,10 +374,10 @@ def _download(location: Location, name: str, dest: Path, size: int, crc: int) ->
     without room for ``size`` bytes is refused before the download (not retried into
     it), and a local refusal during it names the cache folder, not the object."""
     with _refused_as(dest.parent):
-        st = os.statvfs(dest.parent)
-        if st.f_bavail * st.f_frsize < size:
+        free = free_bytes(dest.parent)
+        if free < size:
             raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {size:,} bytes to "
-                                        f"download, {st.f_bavail * st.f_frsize:,} free")
+                                        f"download, {free:,} free")
     try:
         location.download(name, dest, size=size, crc=crc)
     except StorageError as exc:
