@@ -37,7 +37,7 @@ Layering (DESIGN.md, "Layers call downward and hear upward"), from the top:
 from formats.storage.cache import CacheOptions
 from formats.version import package_version
 
-from .batching import AspectRatioBatches, BudgetBatches, TokenBlocks
+from .batching import AspectRatioBatches, BudgetBatches, Mix, TokenBlocks
 from .data.dataset import open_dataset, read_many
 from .errors import (
     DecodeError,
@@ -85,6 +85,7 @@ __all__ = [
     "Loader",
     "LoaderError",
     "LoaderTimeoutError",
+    "Mix",
     "Monitor",
     "MonitorRecordError",
     "Normalize",

@@ -31,9 +31,13 @@ from formats.errors import ArgumentError, ArgumentTypeError
 from formats.storage.cache import CacheOptions
 
 from .batching.batching import BudgetBatches
+from .batching.mix import Mix
+from .batching.mixture import MixOrder
 from .batching.sampler import Sampler, check_epoch, check_resume, next_unseen
 from .data.dataset import open_dataset
+from .data.mixed import MixedDataset
 from .errors import LoaderError
+from .ledger import Ledger, check_ledger, stable_ids
 from .monitor.monitor import resolve_monitor
 from .options import (
     DecodedCacheOptions,
@@ -81,7 +85,9 @@ class Loader:
     time: a new ``iter()`` ends the previous one.
 
     Args:
-        source: a dataset folder or an open ``ShardDataset``.
+        source: a dataset folder, an open ``ShardDataset``, or a :class:`reader.Mix` of
+            several read as one stream by weight (every batch full; its state resumes
+            at any world size or batch size, and re-plans with other weights).
         batch_size: records per batch; ``None`` (left out) is 256. A Loader always makes
             batches (torch's ``batch_size=None``, one sample at a time, has no
             equivalent: read single records with ``reader.open_dataset(path)[i]``); ``1``
@@ -146,12 +152,15 @@ class Loader:
         monitor: a :class:`reader.Monitor` (its interval, output and record), ``True``
             (a Monitor with the default settings), ``None`` (the process default set
             by ``reader.enable_monitor``; off unless enabled) or ``False`` (off).
+        ledger: ``True`` keeps a running hash of every batch's records in the state
+            dict; a path (``"ledger-{rank}.jsonl"``) also appends one line per batch
+            there, for ``inspect-shards ledger-diff`` (:mod:`reader.ledger`).
 
     Each option has this one way in; :mod:`reader.options` holds the checked records
     the order, the pipeline and the workers read.
     """
 
-    def __init__(self, source: str | Path | ShardDataset, batch_size: int | None = None, *,
+    def __init__(self, source: str | Path | ShardDataset | Mix, batch_size: int | None = None, *,
                  batch_sampler: Any = None,
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None,
@@ -167,7 +176,8 @@ class Loader:
                  timeout: float | None = None, persistent_workers: bool = False,
                  start_method: str | None = None, copy: bool = False,
                  device: str = "cpu", device_options: DeviceOptions | None = None,
-                 cache: CacheOptions | None = None, monitor: Any = None) -> None:
+                 cache: CacheOptions | None = None, monitor: Any = None,
+                 ledger: bool | str | os.PathLike = False) -> None:
         # Argument errors first, before anything is opened.
         if batch_sampler is not None and not hasattr(batch_sampler, "bind"):
             raise ArgumentTypeError("batch_sampler must be a reader.batching.AspectRatioBatches or "
@@ -193,29 +203,34 @@ class Loader:
             num_workers=num_workers, prefetch=prefetch, max_prefetch=max_prefetch,
             max_ring_bytes=max_ring_bytes, timeout=timeout, start_method=start_method,
             copy=copy, persistent_workers=persistent_workers)
+        ledger = check_ledger(ledger)
         if device not in ("cpu", "cuda"):
             raise ArgumentError(f"device must be 'cpu' or 'cuda', not {device!r}")
         if device_options is not None and device != "cuda":
             raise ArgumentError("device_options apply to device='cuda' only; this Loader has "
                              f"device={device!r}")
         check = self.decode_options.check_crc
-        self._owns_dataset = not isinstance(source, ShardDataset)
-        if self._owns_dataset:
-            self.dataset = open_dataset(source, cache=cache, check_crc=check)
-        elif source.check_crc != check:
-            # The loader's own copy (the maps are reopened, never the user's object
-            # changed), checking as this loader was told to.
-            self.dataset = shallow_copy(source)
-            self.dataset.check_crc = check
-            self._owns_dataset = True
+        if isinstance(source, Mix):
+            if batch_sampler is not None:
+                raise ArgumentError("batch_sampler with a Mix: size-aware batches of a mixture "
+                                    "are not supported yet; leave batch_sampler out")
+            parts = [_own_dataset(s, cache, check) for s in source.sources.values()]
+            self.dataset = MixedDataset(source.names, [d for d, _ in parts])
+            self._owned_parts = [d for d, owned in parts if owned]
         else:
-            self.dataset = source
+            self.dataset, owned = _own_dataset(source, cache, check)
+            self._owned_parts = [self.dataset] if owned else []
         self.device = device
         self.device_options = device_options
         if device == "cuda":
             require_cupy()  # fail here, with the install hint, not at the first batch
             self.device_options = device_options or DeviceOptions()
-        if batch_sampler is None:
+        if isinstance(source, Mix):
+            ds = self.dataset
+            self.sampler = MixOrder(ds.names, [len(d) for d in ds.parts],
+                                    [d.starts for d in ds.parts], ds.offsets, source.weights,
+                                    source.samples_per_epoch, batch_size, self.sampler_options)
+        elif batch_sampler is None:
             self.sampler = Sampler(len(self.dataset), self.dataset.starts, batch_size,
                                    self.sampler_options)
         else:
@@ -239,6 +254,11 @@ class Loader:
                 self.monitor.storage = "remote"  # a diagnosis that names the shard cache
             self.monitor.count_workers(self.runtime.worker_pids)
             self.runtime.listeners.append(_MonitorListener(self.monitor))
+        self.ledger = None
+        if ledger is not None:
+            self.ledger = Ledger(self._stable_ids, self.sampler_options.rank,
+                                 None if ledger is True else ledger)
+            self.runtime.listeners.append(self.ledger)
         self.cursor = self.runtime.cursor  # epoch, position, skipped, slowest
         self._resume = False  # load_state_dict() since the last iter(): it starts there
         self._active: weakref.ref | None = None
@@ -249,6 +269,11 @@ class Loader:
 
     def _plan_fields(self) -> None:
         ds, opts = self.dataset, self.decode_options
+        for name in (*(opts.fields or ()), opts.image_field):
+            if name in getattr(ds, "differing", ()):
+                raise ArgumentError(f"field {name!r} is not alike in every source of the "
+                                    f"mixture: {ds.differing[name]}; a mixture reads the "
+                                    "fields its sources share, stored alike")
         check_fields(opts, {f.name: f.type for f in ds.fields}, ds.root)
         self.raw = not opts.decode
         field = getattr(self.sampler, "size_field", None)
@@ -293,6 +318,13 @@ class Loader:
         if named:
             raise ArgumentError(f"{', '.join(named)} would have no effect: {why}; leave "
                              f"{'it' if len(named) == 1 else 'them'} out")
+
+    def _stable_ids(self, epoch: int, k: int):
+        """Batch ``k``'s records as the ledger's ids (:func:`reader.ledger.stable_ids`)."""
+        ds = self.dataset
+        mixed = isinstance(ds, MixedDataset)
+        return stable_ids(ds.names if mixed else None, ds.offsets if mixed else None,
+                          self.sampler.batch(epoch, k))
 
     @property
     def ring(self) -> SlotRing | None:
@@ -381,9 +413,15 @@ class Loader:
         """Where the loader is: the next unseen batch of the current (or last) loop, plus
         what the order depends on. :meth:`load_state_dict` on any Loader of the same order
         resumes there."""
-        epoch, batch = next_unseen(self.sampler, self.epoch, self.position)
-        return {"epoch": epoch, "batch": batch,
-                "num_batches": self.sampler.num_batches_in(epoch), **self.sampler.describe()}
+        if isinstance(self.sampler, MixOrder):
+            state = self.sampler.state(self.epoch, self.position)
+        else:
+            epoch, batch = next_unseen(self.sampler, self.epoch, self.position)
+            state = {"epoch": epoch, "batch": batch,
+                     "num_batches": self.sampler.num_batches_in(epoch), **self.sampler.describe()}
+        if self.ledger is not None:
+            state["ledger"] = self.ledger.state()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next ``iter()`` continue exactly at the batch after the last one
@@ -393,11 +431,32 @@ class Loader:
             StateError: ``state`` is not a state dict, or was taken with a different
                 order, batching or partitioning (a ``ValueError``).
         """
-        check_resume(self.state_dict(), state, "loader")
+        if isinstance(self.sampler, MixOrder):
+            position = self.sampler.resume(state)
+        else:
+            mine = {k: v for k, v in self.state_dict().items() if k != "ledger"}
+            check_resume(mine, {k: v for k, v in state.items() if k != "ledger"}
+                         if isinstance(state, dict) else state, "loader")
+            position = next_unseen(self.sampler, int(state["epoch"]), int(state["batch"]))
+        if self.ledger is not None:
+            self.ledger.resume(state)
         self._stop_active("load_state_dict() moved this Loader to the saved position")
-        self.epoch, self.position = next_unseen(self.sampler, int(state["epoch"]),
-                                               int(state["batch"]))
+        self.epoch, self.position = position
         self._resume = True
+
+    def plan_report(self) -> dict:
+        """A mixture's progress at the next unseen batch: per source (by name) its
+        ``weight`` (share), ``records``, ``pass`` (from 0), ``served`` and ``left`` of
+        that pass, and ``in_plan`` (False for a source a loaded state knew that this
+        mixture dropped).
+
+        Raises:
+            LoaderError: this Loader reads one dataset, not a :class:`reader.Mix`.
+        """
+        if not isinstance(self.sampler, MixOrder):
+            raise LoaderError("plan_report() describes a mixture: this Loader reads one "
+                              "dataset (pass a reader.Mix to mix several)")
+        return self.sampler.report(self.epoch, self.position)
 
     def stats(self) -> dict:
         """The monitor's figures, or a minimal dict when no monitor is attached."""
@@ -415,8 +474,10 @@ class Loader:
         self._closed = True
         self._stop_active("this Loader was closed")
         self.runtime.close()  # workers, then the ring and the decoded cache
-        if self._owns_dataset:
-            self.dataset.close()  # unmaps, and unpins a remote dataset's cached shards
+        if self.ledger is not None:
+            self.ledger.close()
+        for d in self._owned_parts:
+            d.close()  # unmaps, and unpins a remote dataset's cached shards
 
     def __enter__(self) -> Loader:
         return self
@@ -429,6 +490,19 @@ class Loader:
             self.close()
         except Exception:
             pass
+
+
+def _own_dataset(source, cache, check: bool):
+    """(the dataset a Loader reads, whether it opened it): a folder or URI is opened; a
+    given ``ShardDataset`` checking CRCs otherwise is copied (its maps reopened, the
+    user's object never changed)."""
+    if not isinstance(source, ShardDataset):
+        return open_dataset(source, cache=cache, check_crc=check), True
+    if source.check_crc != check:
+        own = shallow_copy(source)
+        own.check_crc = check
+        return own, True
+    return source, False
 
 
 class _MonitorListener:

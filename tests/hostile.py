@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["Outcome", "run_case"]
+__all__ = ["Outcome", "mount_tmpfs", "run_case", "umount"]
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -121,3 +122,18 @@ def run_case(module: str, func: str, *args, timeout: float = 5.0, label: str | N
         with open(log, "a", encoding="utf-8") as f:
             f.write(json.dumps(asdict(outcome) | {"traceback": ""}) + "\n")
     return outcome
+
+
+def mount_tmpfs(point: Path, size: str, *options: str) -> bool:
+    """Mount a tmpfs at ``point`` (True: a real full or read-only disk for the test), or
+    say why not (False: not root, or mount not permitted here)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    point.mkdir(parents=True, exist_ok=True)
+    opts = ",".join((f"size={size}", *options))
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(point)],
+                          capture_output=True).returncode == 0
+
+
+def umount(point: Path) -> None:
+    subprocess.run(["umount", str(point)], capture_output=True)

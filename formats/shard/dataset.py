@@ -152,6 +152,13 @@ class ShardDataset(ShardSet):
         s, r = self.locate(index)
         return self._ready(s, r).payload(r, self.field_index[field], self.check_crc)
 
+    def where(self, index: int, field: str) -> tuple[Path, int, int]:
+        """Where one field of one record is stored, for messages that name it: (the
+        shard's data file, the record within the shard, the field's byte offset)."""
+        s, r = self.locate(index)
+        shard = self.shard(s)
+        return shard.data_path, r, int(shard.offsets[r, self.field_index[field]])
+
     def get(self, index: int, field: str) -> Any:
         """The decoded value of one field of one record."""
         s, r = self.locate(index)

@@ -220,14 +220,10 @@ class BatchBuilder:
                     out[i] = ds.get(r, name)
 
     def _corrupt(self, index: int, exc: Exception) -> CorruptRecordError:
-        s, r = self.ds.locate(index)
-        shard = self.ds.shard(s)
-        j = self.ds.field_index[self.spec.image_field or self.ds.fields[0].name]
+        path, r, offset = self.ds.where(index, self.spec.image_field or self.ds.fields[0].name)
         return CorruptRecordError(
             f"field {self.spec.image_field!r} of dataset record {index} does not decode ({exc}); "
-            "pass on_error='skip' to skip such records",
-            path=shard.data_path, record=r, offset=int(shard.offsets[r, j]),
-        )
+            "pass on_error='skip' to skip such records", path=path, record=r, offset=offset)
 
 
 def error_message(exc: BaseException) -> tuple:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile import run_case
+from hostile import mount_tmpfs, run_case, umount
 
 from formats import DatasetWriter, Field, open_shards
 from formats.shard import column_file, column_locks
@@ -210,29 +210,15 @@ def _outside(tmp: Path, allowed: set[str]) -> list[str]:
     return sorted(p.name for p in tmp.iterdir() if p.name not in allowed)
 
 
-def _mount(point: Path, size: str, *options: str) -> bool:
-    """Mount a tmpfs at ``point`` (True), or say why not (False)."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    point.mkdir(parents=True, exist_ok=True)
-    opts = ",".join((f"size={size}", *options))
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(point)],
-                          capture_output=True).returncode == 0
-
-
-def _umount(point: Path) -> None:
-    subprocess.run(["umount", str(point)], capture_output=True)
-
-
 @pytest.fixture
 def tmpfs(tmp_path):
     """A 64 KiB tmpfs of the test's own (skipped where mount is not permitted)."""
     point = tmp_path / "mnt"
-    if not _mount(point, "64k"):
+    if not mount_tmpfs(point, "64k"):
         pytest.skip("cannot mount a tmpfs here (not root, or mount not permitted): the "
                     "simulated full disk runs instead")
     yield point
-    _umount(point)
+    umount(point)
 
 
 def _fill(point: Path, leave: int) -> None:
@@ -267,7 +253,7 @@ def test_a_simulated_full_disk_falls_back_to_memory_with_one_warning(dataset, tm
 
 def test_a_read_only_cache_falls_back_and_its_columns_still_serve(dataset, tmp_path):
     cache = tmp_path / "ro"
-    if _mount(cache, "8m"):
+    if mount_tmpfs(cache, "8m"):
         try:
             subprocess.run(["mount", "-o", "remount,ro", str(cache)], check=True)
             _run("use_columns", str(dataset), "Read-only file system", cache=cache)
@@ -278,7 +264,7 @@ def test_a_read_only_cache_falls_back_and_its_columns_still_serve(dataset, tmp_p
             _run("use_columns", str(dataset), cache=cache)
             assert _left_behind(cache) == []
         finally:
-            _umount(cache)
+            umount(cache)
     elif os.geteuid() != 0:
         cache.mkdir()
         cache.chmod(0o555)
@@ -432,9 +418,9 @@ def test_a_full_shard_cache_is_a_typed_error_leaving_nothing(dataset, tmpfs):
 
 def test_a_read_only_shard_cache_is_a_typed_error(dataset, tmp_path):
     cache = tmp_path / "ro"
-    if not _mount(cache, "1m", "ro"):
+    if not mount_tmpfs(cache, "1m", "ro"):
         pytest.skip("cannot mount a read-only tmpfs here")
     try:
         _remote_refused(dataset, cache, "Read-only file system")
     finally:
-        _umount(cache)
+        umount(cache)

@@ -1,0 +1,337 @@
+"""A mixture's order: which record of which source each rank reads, batch by batch.
+
+The job reads one *stream* of samples, positions 0, 1, 2, ... in order: step ``k``
+of a job of ``W`` ranks with batches of ``b`` takes the next ``W * b`` positions, rank
+``r`` those at ``r, r + W, ...`` among them. Position ``g`` is mapped, by pure
+functions and nothing stored:
+
+1. to a source and the sample's number within that source since the run began, by
+   the plan in force there (:class:`Plan`: the sources' weights, their counts when it
+   began, the :class:`~reader.batching.arrangement.Arrangement`);
+2. the number ``t`` of source ``s`` is position ``t % N_s`` of the source's pass
+   ``t // N_s``, each pass its own permutation (the sampler's orders, keyed by the
+   seed, the pass and the source's name);
+3. the record there, offset into the :class:`~reader.data.mixed.MixedDataset`.
+
+A state is therefore global: the next position, the epoch's bounds in positions, and
+the plan. Loaded at another world size, worker count or batch size, the job continues
+at the same position: across the job no sample is served twice and none is skipped.
+Loaded with other weights or sources, a new plan starts at that position, every
+continuing source at the count it had reached, so nothing of its pass is served
+again (a prefix of the stream serves the first samples of each source's order: see
+the arrangement's docstring).
+
+Epochs are counts of steps: ``samples_per_epoch // (W * b)`` steps, the stream going on
+across them. An epoch resumed at another step size keeps its end and has the steps
+that fit in what is left; the remainder opens the next one.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import numpy as np
+
+from formats.errors import ArgumentError
+
+from ..errors import StateError
+from ..options import SamplerOptions
+from .arrangement import Arrangement, integer_weights
+from .permutation import permute, round_keys
+from .sampler import EpochOrder
+
+__all__ = ["ORDER", "MixOrder", "Plan"]
+
+# Names how a mixture's stream is computed: a state saved under another cannot resume.
+ORDER = "mix-1"
+_PASSES = 0x70617373  # separates the sources' pass permutations from other keys
+
+
+class Plan:
+    """The weights in force from stream position ``start`` on.
+
+    Args:
+        start: the first position it decides.
+        weights: source name -> integer weight (:func:`integer_weights`).
+        taken: source name -> its samples served before ``start`` since the run began.
+        seed: keys the arrangement.
+    """
+
+    def __init__(self, start: int, weights: dict[str, int], taken: dict[str, int],
+                 seed: int) -> None:
+        self.start = int(start)
+        self.weights = dict(weights)
+        self.names = tuple(weights)
+        self.taken = np.asarray([int(taken.get(n, 0)) for n in self.names], np.int64)
+        self.arrangement = Arrangement([weights[n] for n in self.names], seed)
+
+    def counts_at(self, position: int) -> dict[str, int]:
+        """Each source's samples served before ``position`` since the run began."""
+        t = self.taken + self.arrangement.taken(position - self.start)
+        return dict(zip(self.names, t.tolist(), strict=True))
+
+    def describe(self) -> dict:
+        return {"start": self.start, "weights": dict(self.weights),
+                "taken": dict(zip(self.names, self.taken.tolist(), strict=True))}
+
+
+class MixOrder:
+    """The batch order of a Loader over a :class:`reader.Mix`: what the runtime asks of
+    any order (``batch(epoch, k)``, ``num_batches_in(epoch)``), plus the mixture's
+    state, re-planning and report.
+
+    Args:
+        names: the sources' names, as the :class:`MixedDataset` orders them.
+        sizes: records per source.
+        shard_starts: per source, its dataset's ``starts`` (the ``"block"`` order).
+        offsets: where each source's records begin in the mixed dataset.
+        weights: name -> weight as the user gave it, or None (by size).
+        samples_per_epoch: the epoch's nominal length in samples, or None (the sizes'
+            sum).
+        batch_size: records per batch and rank.
+        options: shuffle, seed, window, rank and world size (``drop_last`` must be
+            False: a mixture's batches are all full).
+    """
+
+    def __init__(self, names: tuple[str, ...], sizes: list[int], shard_starts: list,
+                 offsets: np.ndarray, weights: Mapping | None, samples_per_epoch: int | None,
+                 batch_size: int, options: SamplerOptions) -> None:
+        if options.drop_last:
+            raise ArgumentError(
+                "drop_last=True has no effect on a mixture: its batches are all full (the "
+                "stream goes on past an epoch's end, and a remainder smaller than one step "
+                "of all ranks starts the next epoch); leave it out")
+        empty = [n for n, size in zip(names, sizes, strict=True) if size == 0]
+        if empty:
+            raise ArgumentError(f"Mix: source {empty[0]!r} has no records")
+        self.names = tuple(names)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.sizes = np.asarray(sizes, np.int64)
+        self.shard_starts = [np.asarray(s, np.int64) for s in shard_starts]
+        self.offsets = np.asarray(offsets, np.int64)
+        self.options = options
+        self.batch_size = int(batch_size)
+        self.streams = np.asarray([zlib.crc32(n.encode()) for n in self.names], np.uint64)
+        raw = list(sizes) if weights is None else [weights[n] for n in self.names]
+        self.weights = dict(zip(self.names, integer_weights(raw), strict=True))
+        self.given_weights = None if weights is None else dict(weights)
+        self.step = options.world_size * self.batch_size  # stream positions per step
+        nominal = int(samples_per_epoch or int(self.sizes.sum()))
+        self.per_epoch = nominal // self.step
+        if self.per_epoch < 1:
+            raise ArgumentError(
+                f"an epoch of {nominal} samples holds no step of {options.world_size} "
+                f"rank(s) x batch_size {self.batch_size} = {self.step}; raise "
+                "Mix(samples_per_epoch=...) or lower the batch size")
+        self.epoch_samples = self.per_epoch * self.step
+        self.plans = [Plan(0, self.weights, {}, options.seed)]
+        self.carried: dict[str, dict] = {}  # sources a loaded state knew that this mix lacks
+        # Where epochs lie in the stream: epoch `first` has batches from `first_batch`,
+        # batch `first_batch` starting at `first_start`, and ends at `first_end`.
+        self.first, self.first_batch, self.first_start = 0, 0, 0
+        self.first_end = self.epoch_samples
+        self._pass_orders: OrderedDict = OrderedDict()
+        self._keys = round_keys(options.seed, _PASSES)
+        self._last: tuple | None = None
+
+    # -- the batch-order interface -----------------------------------------------------
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.batch_size
+
+    @property
+    def partition(self) -> str:
+        return "interleaved"
+
+    def __len__(self) -> int:
+        return self.num_batches_in(self.first)
+
+    def num_batches_in(self, epoch: int) -> int:
+        if epoch == self.first:
+            return self.first_batch + (self.first_end - self.first_start) // self.step
+        return self.per_epoch
+
+    def batch_start(self, epoch: int, k: int) -> int:
+        """The stream position where step ``k`` of ``epoch`` begins."""
+        if epoch == self.first:
+            return self.first_start + (k - self.first_batch) * self.step
+        after_first = self.first_start + (self.num_batches_in(self.first)
+                                          - self.first_batch) * self.step
+        return after_first + (epoch - self.first - 1) * self.epoch_samples + k * self.step
+
+    def positions(self, epoch: int, k: int) -> np.ndarray:
+        """This rank's stream positions in batch ``k`` of ``epoch``."""
+        n = self.num_batches_in(epoch)
+        if not 0 <= k < n:
+            raise IndexError(f"batch {k} out of range for an epoch of {n} batches")
+        if epoch < self.first or (epoch == self.first and k < self.first_batch):
+            raise StateError(
+                f"batch {k} of epoch {epoch} comes before the position this Loader resumed "
+                f"at (epoch {self.first}, batch {self.first_batch}) at another world size or "
+                "batch size: it is not part of this run's stream; set_epoch() to a later epoch")
+        o = self.options
+        start = self.batch_start(epoch, k) + o.rank
+        return start + o.world_size * np.arange(self.batch_size, dtype=np.int64)
+
+    def batch(self, epoch: int, k: int) -> np.ndarray:
+        """The mixed dataset's records of batch ``k`` of ``epoch`` (this rank)."""
+        if self._last is not None and self._last[0] == (epoch, k):
+            return self._last[1]
+        source, record = self.sources_of(self.positions(epoch, k))
+        out = self.offsets[source] + record
+        self._last = ((epoch, k), out)
+        return out
+
+    # -- positions -> (source, record) -------------------------------------------------
+
+    def sources_of(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source number, record within that source) of each stream position."""
+        g = np.asarray(positions, np.int64)
+        source = np.empty_like(g)
+        number = np.empty_like(g)
+        plans = self.plans
+        if len(plans) == 1 or g.min() >= plans[-1].start:
+            self._place(plans[-1], g, source, number)
+        else:
+            for i, plan in enumerate(plans):
+                end = plans[i + 1].start if i + 1 < len(plans) else None
+                sel = (g >= plan.start) & (True if end is None else g < end)
+                if sel.any():
+                    s, t = np.empty(int(sel.sum()), np.int64), np.empty(int(sel.sum()), np.int64)
+                    self._place(plan, g[sel], s, t)
+                    source[sel], number[sel] = s, t
+        return source, self._records(source, number)
+
+    def _place(self, plan: Plan, g: np.ndarray, source: np.ndarray, number: np.ndarray) -> None:
+        if g.size and g.min() < plan.start:
+            raise StateError(f"stream position {int(g.min())} precedes the first plan this "
+                             f"Loader knows (from position {plan.start})")
+        local, n = plan.arrangement(g - plan.start)
+        number[:] = plan.taken[local] + n
+        source[:] = self._plan_index(plan)[local]
+
+    def _plan_index(self, plan: Plan) -> np.ndarray:
+        idx = getattr(plan, "_index", None)
+        if idx is None:
+            idx = plan._index = np.asarray([self.index[n] for n in plan.names], np.int64)
+        return idx
+
+    def _records(self, source: np.ndarray, number: np.ndarray) -> np.ndarray:
+        """Sample ``number`` of each source (since the run began) -> its record: position
+        ``number % N`` of pass ``number // N``."""
+        size = self.sizes[source]
+        passes, pos = np.divmod(number, size)
+        mode = self.options.shuffle
+        if not mode:
+            return pos
+        if mode == "full":  # one keyed permutation per (source, pass), all in one call
+            tweak = self.streams[source] ^ (passes.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+            return permute(pos, size, self._keys, tweak=tweak)
+        out = np.empty_like(pos)
+        key = source * (1 << 40) + passes
+        for k in np.unique(key).tolist():
+            sel = key == k
+            s, p = divmod(k, 1 << 40)
+            out[sel] = self._pass_order(s, p).records(pos[sel])
+        return out
+
+    def _pass_order(self, s: int, p: int) -> EpochOrder:
+        """Pass ``p`` of source ``s`` in the ``"block"`` order (kept while recent)."""
+        hit = self._pass_orders.get((s, p))
+        if hit is None:
+            hit = EpochOrder(int(self.sizes[s]), self.shard_starts[s], self.options, p,
+                             stream=int(self.streams[s]))
+            self._pass_orders[(s, p)] = hit
+            if len(self._pass_orders) > 2 * len(self.names):
+                self._pass_orders.popitem(last=False)
+        else:
+            self._pass_orders.move_to_end((s, p))
+        return hit
+
+    # -- state -------------------------------------------------------------------------
+
+    def describe(self) -> dict:
+        o = self.options
+        return {"order": ORDER, "seed": o.seed, "shuffle": o.shuffle, "window": o.shuffle_window}
+
+    def state(self, epoch: int, k: int) -> dict:
+        """The state at batch ``k`` of ``epoch`` (the next unseen one)."""
+        if k >= self.num_batches_in(epoch):
+            epoch, k = epoch + 1, 0
+        position = self.batch_start(epoch, k)
+        end = self.first_end if epoch == self.first else self.batch_start(epoch, self.per_epoch)
+        plan = self.plans[-1]
+        counts = dict(self.carried)
+        counts.update({n: {"records": int(self.sizes[self.index[n]]), "taken": t}
+                       for n, t in plan.counts_at(position).items()})
+        return {**self.describe(), "epoch": epoch, "batch": k,
+                "epoch_start": self.batch_start(epoch, 0) if epoch != self.first
+                else self.first_start - self.first_batch * self.step,
+                "position": position, "epoch_end": end, "plan": plan.describe(),
+                "sources": counts, "world_size": self.options.world_size,
+                "batch_size": self.batch_size}
+
+    def resume(self, state: Mapping) -> tuple[int, int]:
+        """Continue at ``state``'s position (any world size and batch size), re-planning
+        if its weights or sources differ; returns the (epoch, batch) to start at."""
+        _check_state(state, self.describe())
+        epoch, position = int(state["epoch"]), int(state["position"])
+        start, end = int(state["epoch_start"]), int(state["epoch_end"])
+        if not start <= position <= end:
+            raise StateError(f"mixture state: position {position} lies outside its epoch "
+                             f"[{start}, {end}]")
+        known = state["sources"]
+        for name, rec in known.items():
+            if name in self.index and int(rec["records"]) != int(self.sizes[self.index[name]]):
+                raise StateError(
+                    f"mixture state: source {name!r} had {rec['records']} records when the "
+                    f"state was saved, this one has {int(self.sizes[self.index[name]])}: a "
+                    "different dataset under the same name cannot continue its pass")
+        plan = state["plan"]
+        if dict(plan["weights"]) == self.weights:
+            self.plans = [Plan(int(plan["start"]), self.weights, dict(plan["taken"]),
+                               self.options.seed)]
+        else:  # re-plan: every continuing source where it was
+            taken = {n: int(rec["taken"]) for n, rec in known.items()}
+            self.plans = [Plan(position, self.weights, taken, self.options.seed)]
+        self.carried = {n: dict(rec) for n, rec in known.items() if n not in self.index}
+        served = position - start
+        self.first = epoch
+        self.first_batch = served // self.step
+        self.first_start, self.first_end = position, end  # at another step size, the
+        self._last = None  # batches renumbered: as many as the served samples fill
+        return epoch, self.first_batch
+
+    def report(self, epoch: int, k: int) -> dict:
+        """Per source: its weight's share, its pass, and what of the pass is served and
+        left, at batch ``k`` of ``epoch``."""
+        state = self.state(epoch, k)
+        total = sum(self.weights.values())
+        out = {}
+        for name, rec in state["sources"].items():
+            n, t = int(rec["records"]), int(rec["taken"])
+            out[name] = {"weight": self.weights.get(name, 0) / total, "records": n,
+                         "pass": t // n, "served": t % n, "left": n - t % n,
+                         "in_plan": name in self.index}
+        return out
+
+
+def _check_state(state, mine: dict) -> None:
+    if not isinstance(state, Mapping):
+        raise StateError("mixture load_state_dict(state): state must be the dict that "
+                         f"state_dict() returned, not {type(state).__name__}")
+    if state.get("order") != ORDER:
+        what = state.get("order", "a single dataset's order")
+        raise StateError(f"mixture state: saved by {what!r}, not a mixture's {ORDER!r} order; "
+                         "a mixture resumes only from a mixture's state")
+    for key in ("epoch", "batch", "position", "epoch_start", "epoch_end", "plan", "sources"):
+        if key not in state:
+            raise StateError(f"mixture state: no {key!r}; pass the dict that state_dict() "
+                             "returned")
+    for key in ("seed", "shuffle", "window"):
+        if state.get(key) != mine[key]:
+            raise StateError(f"mixture state was saved with {key}={state.get(key)!r}, this "
+                             f"Loader has {key}={mine[key]!r}: cannot resume exactly")
