@@ -41,6 +41,7 @@ from .batching import AspectRatioBatches, BudgetBatches, Mix, TokenBlocks
 from .data.dataset import open_dataset, read_many
 from .errors import (
     DecodeError,
+    LedgerError,
     LoaderError,
     LoaderTimeoutError,
     MonitorRecordError,
@@ -82,6 +83,7 @@ __all__ = [
     "DeviceOptions",
     "FieldDecoder",
     "ImagePipeline",
+    "LedgerError",
     "Loader",
     "LoaderError",
     "LoaderTimeoutError",

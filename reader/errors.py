@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from formats.errors import ArgumentError, ShardpackError
 
-__all__ = ["DecodeError", "LoaderError", "LoaderTimeoutError", "MonitorRecordError", "RegionError",
-           "StateError", "WorkerDiedError", "WorkerError"]
+__all__ = ["DecodeError", "LedgerError", "LoaderError", "LoaderTimeoutError", "MonitorRecordError",
+           "RegionError", "StateError", "WorkerDiedError", "WorkerError"]
 
 
 class DecodeError(ShardpackError, ValueError):
@@ -80,3 +80,8 @@ class RegionError(DecodeError):
 
 class MonitorRecordError(ShardpackError, ValueError):
     """A monitor record file is missing, empty, or has a malformed line."""
+
+
+class LedgerError(ShardpackError, ValueError):
+    """A ledger file (``Loader(ledger=path)``) cannot be opened, appended to or read, is
+    not a shardpack ledger, or holds another run's steps (:mod:`reader.ledger`)."""

@@ -35,7 +35,7 @@ import numpy as np
 
 from formats.errors import ArgumentError, ArgumentTypeError
 
-from .errors import LoaderError, StateError
+from .errors import LedgerError, StateError
 
 __all__ = ["Ledger", "LedgerDifference", "diff_ledgers", "read_ledger"]
 
@@ -120,7 +120,7 @@ class Ledger:
         try:
             os.write(fd, data)  # one write per line, O_APPEND: lines never interleave
         except OSError as exc:
-            raise LoaderError(f"cannot append to the ledger {self.path} ({exc.strerror}); "
+            raise LedgerError(f"cannot append to the ledger {self.path} ({exc.strerror}); "
                               "free space or pass another ledger= path") from None
 
     def _open(self) -> int:
@@ -129,7 +129,7 @@ class Ledger:
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
                          0o644)
         except OSError as exc:
-            raise LoaderError(f"cannot open the ledger {path} ({exc.strerror})") from None
+            raise LedgerError(f"cannot open the ledger {path} ({exc.strerror})") from None
         try:
             head = os.pread(fd, 4096, 0)
             if not head:
@@ -137,11 +137,11 @@ class Ledger:
                 return fd
             first = head.split(b"\n", 1)[0]
             if _header(first) != LEDGER_FORMAT:
-                raise LoaderError(f"{path} is not a shardpack ledger (its first line is not "
+                raise LedgerError(f"{path} is not a shardpack ledger (its first line is not "
                                   f"{{\"format\": \"{LEDGER_FORMAT}\"}}): never appended to; "
                                   "pass another ledger= path")
             if not self.resumed and len(head) > len(first) + 1:
-                raise LoaderError(f"the ledger {path} already holds another run's steps and "
+                raise LedgerError(f"the ledger {path} already holds another run's steps and "
                                   "this Loader did not resume (load_state_dict): appending "
                                   "would mix two runs; pass a new ledger= path")
         except BaseException:
@@ -180,17 +180,17 @@ def read_ledger(path: str | os.PathLike) -> dict[tuple[int, int], dict]:
     """A ledger log's steps by (rank, step).
 
     Raises:
-        LoaderError: the file is not a shardpack ledger, or a line is damaged (named).
+        LedgerError: the file is not a shardpack ledger, or a line is damaged (named).
     """
     path = Path(path)
     out: dict[tuple[int, int], dict] = {}
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
-        raise LoaderError(f"cannot read the ledger {path} ({exc.strerror})") from None
+        raise LedgerError(f"cannot read the ledger {path} ({exc.strerror})") from None
     lines = text.split("\n")
     if _header(lines[0].encode()) != LEDGER_FORMAT:
-        raise LoaderError(f"{path} is not a shardpack ledger (no {LEDGER_FORMAT!r} first line)")
+        raise LedgerError(f"{path} is not a shardpack ledger (no {LEDGER_FORMAT!r} first line)")
     for no, line in enumerate(lines[1:], start=2):
         if not line:
             continue
@@ -199,7 +199,7 @@ def read_ledger(path: str | os.PathLike) -> dict[tuple[int, int], dict]:
             key = (int(doc["rank"]), int(doc["step"]))
             str(doc["hash"])
         except (ValueError, KeyError, TypeError):
-            raise LoaderError(f"{path}, line {no}: not a ledger step ({line[:80]!r})") from None
+            raise LedgerError(f"{path}, line {no}: not a ledger step ({line[:80]!r})") from None
         out[key] = doc
     return out
 

@@ -41,6 +41,7 @@ from formats.errors import (
 from packer import DestinationError, PackError, PackInputError, PackInterrupted, UsageError
 from reader.errors import (
     DecodeError,
+    LedgerError,
     LoaderError,
     LoaderTimeoutError,
     MonitorRecordError,
@@ -71,7 +72,7 @@ BASES = {
     DecodeError: (ValueError,), RegionError: (ValueError,), StateError: (ValueError,),
     LoaderError: (RuntimeError,), WorkerError: (RuntimeError,),
     WorkerDiedError: (RuntimeError,), LoaderTimeoutError: (RuntimeError,),
-    MonitorRecordError: (ValueError,),
+    MonitorRecordError: (ValueError,), LedgerError: (ValueError,),
     CacheError: (OSError,),
 }
 

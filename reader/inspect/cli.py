@@ -40,6 +40,7 @@ from ..data.dataset import open_dataset
 from .commands import (
     cmd_extract,
     cmd_info,
+    cmd_ledger_diff,
     cmd_ls,
     cmd_monitor_report,
     cmd_show,
@@ -115,6 +116,11 @@ def _conf_monitor_report(p: argparse.ArgumentParser) -> None:
                    "throughput (needs matplotlib: pip install 'shardpack[plot]')")
 
 
+def _conf_ledger_diff(p: argparse.ArgumentParser) -> None:
+    p.add_argument("other", metavar="OTHER", help="the ledger to compare with (DATASET is "
+                   "the first ledger: a file a Loader wrote with ledger=PATH)")
+
+
 #: (name, handler, configure_parser, help): one row per subcommand.
 COMMANDS: list[tuple[str, Callable[[argparse.Namespace], int],
                      Callable[[argparse.ArgumentParser], None], str]] = [
@@ -126,6 +132,9 @@ COMMANDS: list[tuple[str, Callable[[argparse.Namespace], int],
     ("stats", cmd_stats, _conf_stats, "label histogram, size and resolution distributions"),
     ("monitor-report", cmd_monitor_report, _conf_monitor_report,
      "summarize a Loader monitor record (give the .jsonl file the monitor wrote as DATASET)"),
+    ("ledger-diff", cmd_ledger_diff, _conf_ledger_diff,
+     "compare two Loader ledgers (LEDGER ledger-diff OTHER): the first step and rank "
+     "where they differ"),
 ]
 
 
@@ -163,7 +172,8 @@ def _is_command_first(argv: Sequence[str]) -> bool:
 def _fetch_remote(args: argparse.Namespace) -> None:
     """Point ``args.dst`` at the cached copy of a remote dataset, with what the command reads."""
     args.fetch_index = None  # index files are read in args.dst
-    if not is_uri(args.dst) or args.command in ("show", "extract", "monitor-report"):
+    if not is_uri(args.dst) or args.command in ("show", "extract", "monitor-report",
+                                                 "ledger-diff"):
         return  # show/extract open the remote dataset themselves: one shard is fetched
     ds = open_dataset(args.dst)
     if args.command in ("info", "stats"):

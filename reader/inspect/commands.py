@@ -43,8 +43,8 @@ from formats.shard.verify import ALL_MATCH
 
 from ..data.dataset import open_dataset
 
-__all__ = ["cmd_extract", "cmd_info", "cmd_ls", "cmd_monitor_report", "cmd_show", "cmd_stats",
-           "cmd_verify", "error", "refuse", "say"]
+__all__ = ["cmd_extract", "cmd_info", "cmd_ledger_diff", "cmd_ls", "cmd_monitor_report",
+           "cmd_show", "cmd_stats", "cmd_verify", "error", "refuse", "say"]
 
 
 def _printable(text: str, stream) -> str:
@@ -381,6 +381,35 @@ def _lengths_table(lengths: dict) -> str:
         rows.append([name, d["unit"], *figures])
     return _table(rows, ["field size", "unit", "min", "p10", "p50", "p90", "max", "mean",
                          "total"])
+
+
+# -- ledger-diff -------------------------------------------------------------------------
+
+def cmd_ledger_diff(args: argparse.Namespace) -> int:
+    """Compare two ledger logs (``Loader(ledger=path)``): 0 when they agree, 1 naming
+    the first step and rank where they differ."""
+    from ..ledger import diff_ledgers, read_ledger
+
+    a, b = args.dst, args.other
+    diff = diff_ledgers(a, b)
+    steps = read_ledger(a)
+    ranks = sorted({rank for rank, _ in steps})
+    if args.json:
+        print(json.dumps({"same": diff is None, "steps": len(steps), "ranks": ranks,
+                          "first_difference": diff}))
+        return 0 if diff is None else 1
+    if diff is None:
+        say(f"the ledgers agree: {len(steps)} steps of {len(ranks)} rank(s)")
+        return 0
+
+    def side(line) -> str:
+        if line is None:
+            return "no such step"
+        return f"epoch {line['epoch']} batch {line['batch']}, hash {line['hash']}"
+
+    say(f"first difference at step {diff['step']} of rank {diff['rank']}:\n"
+        f"  {a}: {side(diff['a'])}\n  {b}: {side(diff['b'])}")
+    return 1
 
 
 # -- monitor-report ----------------------------------------------------------------------

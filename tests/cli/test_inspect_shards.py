@@ -168,7 +168,7 @@ def test_errors_say_error_and_a_negative_count_is_a_usage_error(dataset, capsys,
 
 def test_commands_table_is_extensible():
     assert [c[0] for c in COMMANDS] == ["info", "verify", "ls", "show", "extract", "stats",
-                                       "monitor-report"]
+                                       "monitor-report", "ledger-diff"]
     assert all(callable(c[1]) and callable(c[2]) for c in COMMANDS)
 
 

@@ -11,7 +11,7 @@ import pytest
 import reader
 from formats.errors import ArgumentError, ArgumentTypeError
 from reader.batching.arrangement import Arrangement, integer_weights
-from reader.errors import LoaderError, StateError
+from reader.errors import LedgerError, LoaderError, StateError
 from reader.ledger import diff_ledgers
 from tests.helpers_paths import ROOT
 from tests.helpers_reader import CropPipeline, make_dataset
@@ -203,11 +203,11 @@ def test_ledger_log_and_diff(sources, tmp_path):
     d = diff_ledgers(a, tmp_path / "c.jsonl")
     assert d["step"] == 1 and d["rank"] == 0
     # a fresh run never appends to a ledger holding steps, nor to a file that is not one
-    with raw(mix, 10, ledger=a) as lo, pytest.raises(LoaderError, match="another run"):
+    with raw(mix, 10, ledger=a) as lo, pytest.raises(LedgerError, match="another run"):
         served(lo, 1)
     other = tmp_path / "notes.txt"
     other.write_text("mine\n")
-    with raw(mix, 10, ledger=other) as lo, pytest.raises(LoaderError, match="not a shardpack"):
+    with raw(mix, 10, ledger=other) as lo, pytest.raises(LedgerError, match="not a shardpack"):
         served(lo, 1)
     assert other.read_text() == "mine\n"
 
@@ -225,7 +225,7 @@ def small_disk(tmp_path):
 def test_ledger_read_only_disk(sources, small_disk):
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     with raw(reader.Mix(sources), 10, ledger=small_disk / "l.jsonl") as lo, \
-            pytest.raises(LoaderError, match=r"cannot open the ledger .*Read-only"):
+            pytest.raises(LedgerError, match=r"cannot open the ledger .*Read-only"):
         served(lo, 1)
 
 
@@ -236,7 +236,7 @@ def test_ledger_full_disk(sources, small_disk):
         except OSError:
             pass
     with raw(reader.Mix(sources), 10, ledger=small_disk / "l.jsonl") as lo, \
-            pytest.raises(LoaderError, match=r"ledger .*No space left"):
+            pytest.raises(LedgerError, match=r"ledger .*No space left"):
         served(lo, 60)
 
 
@@ -245,7 +245,7 @@ def test_ledger_symlink_refused(sources, tmp_path):
     target.write_text("keep\n")
     (tmp_path / "l.jsonl").symlink_to(target)
     with raw(reader.Mix(sources), 10, ledger=tmp_path / "l.jsonl") as lo, \
-            pytest.raises(LoaderError, match="cannot open the ledger"):
+            pytest.raises(LedgerError, match="cannot open the ledger"):
         served(lo, 1)
     assert target.read_text() == "keep\n"
 
@@ -291,3 +291,26 @@ def test_fields_must_agree(sources, tmp_path):
     with reader.Loader(mix, 8, transform=CropPipeline(), num_workers=0) as lo:
         batch = next(iter(lo))
         assert set(batch) >= {"image", "label"} and "key" not in batch
+
+
+def test_ledger_diff_command(sources, tmp_path, capsys):
+    from reader.inspect.cli import main
+
+    mix = reader.Mix(sources)
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        with raw(mix, 10, shuffle=True, seed=seed, ledger=tmp_path / f"{name}.jsonl") as lo:
+            served(lo, 4)
+    a, b, c = (str(tmp_path / f"{n}.jsonl") for n in "abc")
+    assert main(["ledger-diff", a, b]) == 0
+    assert "agree: 4 steps of 1 rank" in capsys.readouterr().out
+    assert main([a, "ledger-diff", c]) == 1
+    assert "first difference at step 1 of rank 0" in capsys.readouterr().out
+    assert main(["ledger-diff", a, c, "--json"]) == 1
+    import json
+    assert json.loads(capsys.readouterr().out)["first_difference"]["step"] == 1
+    (tmp_path / "junk.jsonl").write_text('{"format": "shardpack-ledger-1"}\n{"rank": 0, "st\n')
+    assert main(["ledger-diff", a, str(tmp_path / "junk.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert "junk.jsonl, line 2: not a ledger step" in err and "Traceback" not in err
+    assert main(["ledger-diff", a, str(tmp_path / "missing.jsonl")]) == 1
+    assert "cannot read the ledger" in capsys.readouterr().err
