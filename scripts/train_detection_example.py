@@ -64,7 +64,7 @@ def make_data(root: Path, train: int, held_out: int, seed: int, min_side: int,
 
 
 def loader_for(path: Path, batch_size: int, *, train: bool, short: tuple[int, ...],
-               max_size: int, seed: int, workers):
+               max_size: int, seed: int, workers, ledger=False):
     from reader import Loader
     from reader.batching import AspectRatioBatches
     from reader.transforms import PadToMultiple, RandomHorizontalFlip, ResizeShortestEdge
@@ -75,7 +75,8 @@ def loader_for(path: Path, batch_size: int, *, train: bool, short: tuple[int, ..
     else:  # held out: one size, no flip, the order as stored
         transform = [ResizeShortestEdge(max(short), max_size=max_size), PadToMultiple(32)]
     return Loader(path, batch_size, batch_sampler=AspectRatioBatches(), shuffle=train,
-                  seed=seed, drop_last=train, num_workers=workers, transform=transform)
+                  seed=seed, drop_last=train, num_workers=workers, transform=transform,
+                  ledger=ledger)
 
 
 # -- the model ---------------------------------------------------------------------------
@@ -252,7 +253,8 @@ def _train(args: argparse.Namespace, torch) -> int:
               f"{time.perf_counter() - t:.1f} s", flush=True)
     short = tuple(args.short)
     loader = loader_for(args.data / "train", args.batch_size, train=True, short=short,
-                        max_size=args.max_size, seed=args.seed, workers=args.workers)
+                        max_size=args.max_size, seed=args.seed, workers=args.workers,
+                        ledger=training.ledger_of(args))
     num_classes = len(loader.dataset.classes)
     # torch's threads wait for each other by spinning: when the Loader's workers (or
     # anything else) hold the cores they want, a step takes several times longer.

@@ -79,6 +79,7 @@ def _train(args: argparse.Namespace, torch) -> int:
                                        mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
     loader = Loader(args.data, args.batch_size, num_workers=args.workers, shuffle=True,
                     seed=args.seed, drop_last=True, device=args.device,
+                    ledger=training.ledger_of(args),
                     device_options=device_options,
                     transform=[RandomResizedCrop(args.size, scale=(0.5, 1.0)),
                                RandomHorizontalFlip()])

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
-    training.add_arguments(p, batch_size=16, log_every=50, workers=False)
+    training.add_arguments(p, batch_size=16, log_every=50, workers=False, ledger=False)
     return training.run(p, argv, NAME, _train)
 
 

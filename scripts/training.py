@@ -25,17 +25,19 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from scripts import checkpoint
 
-__all__ = ["add_arguments", "resume", "run", "train"]
+__all__ = ["add_arguments", "ledger_of", "resume", "run", "train"]
 
 
 def add_arguments(p: argparse.ArgumentParser, *, batch_size: int, log_every: int,
-                  workers: bool = True) -> None:
+                  workers: bool = True, ledger: bool = True) -> None:
     """``--batch-size``, ``--steps``, ``--workers`` (a Loader's; ``workers=False`` for a
-    reader without), the checkpoint's, ``--seed`` and ``--log-every``."""
+    reader without), the checkpoint's, ``--seed``, ``--log-every`` and ``--ledger``
+    (``ledger=False`` for a reader without one)."""
     p.add_argument("--batch-size", type=int, default=batch_size)
     p.add_argument("--steps", type=int, default=300, help="total optimizer steps")
     if workers:
@@ -44,6 +46,16 @@ def add_arguments(p: argparse.ArgumentParser, *, batch_size: int, log_every: int
     checkpoint.add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=log_every)
+    if ledger:
+        p.add_argument("--ledger", type=Path, default=None, metavar="FILE.jsonl",
+                       help="also log each batch's ledger line here (the running hash of what "
+                            "was served is printed at the end either way); compare two runs with "
+                            "inspect-shards A ledger-diff B")
+
+
+def ledger_of(args: argparse.Namespace) -> Path | bool:
+    """The reader's ``ledger=``: the ``--ledger`` file, else the running hash alone."""
+    return args.ledger if args.ledger is not None else True
 
 
 def _workers(text: str) -> int | str:
@@ -113,4 +125,7 @@ def train(args: argparse.Namespace, reader: Any, key: str, model: Any, optimizer
                     break
         if args.checkpoint is not None and saved != step:
             checkpoint.save(args.checkpoint, step, model, optimizer, key, reader)
+    ledger = getattr(reader, "ledger", None)
+    if ledger is not None:  # a resumed run ends with a straight run's hash, or data moved
+        print(f"ledger: {ledger.state()['hash']} after {ledger.steps} batches")
     return step

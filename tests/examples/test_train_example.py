@@ -27,6 +27,13 @@ def test_trains_and_resumes(tmp_path, capsys):
     assert "done: 80 steps" in second
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", first + second)]
     assert losses[-1] < losses[0]  # it learns: the colour of a square gives the class
+    # The ledger: 80 steps straight served exactly what 40, a checkpoint and 40 more did.
+    straight = common[:common.index("--checkpoint")]
+    assert main([*straight, "--steps", "80", "--workers", "0"]) == 0
+    third = capsys.readouterr().out
+    ledger = re.compile(r"ledger: ([0-9a-f]{32}) after 80 batches")
+    assert ledger.search(second) and ledger.search(third)
+    assert ledger.search(second).group(1) == ledger.search(third).group(1)
 
 
 def test_checkpoint_options_are_checked_before_anything_starts(tmp_path, capsys):
