@@ -26,7 +26,12 @@ Layering (DESIGN.md, "Layers call downward and hear upward"), from the top:
   changed) goes upward as events to its listeners (the monitor).
 * the pipeline (decode, the per-kind kernels, the bad-input policy) runs inside
   the workers, the order is a pure function of (seed, epoch, rank, world_size),
-  and both import neither the runtime nor the Loader.
+  and both import neither the runtime nor the Loader. Over several datasets
+  (:class:`Mix`) the order has a plan above the per-dataset orders
+  (:mod:`reader.batching.mixture`): one global stream whose every position maps to a
+  source and a record by pure functions, so a state names positions, not ranks, and
+  resumes at another world size; :mod:`reader.data.mixed` presents the sources to the
+  runtime as one dataset, and :mod:`reader.ledger` (a listener) hashes what was served.
 * the option records (:mod:`reader.options`: every record of the Loader's
   keywords) sit below them all and import nothing of the reader, so each layer
   takes its record from there; the checks that need a layer's types (the

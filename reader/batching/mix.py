@@ -55,6 +55,11 @@ class Mix:
             if not isinstance(name, str) or not name:
                 raise ArgumentTypeError(f"Mix(sources): a source name must be a non-empty "
                                         f"string, not {name!r}")
+            try:
+                name.encode("utf-8")  # it keys states and ledgers (JSON, hashed as UTF-8)
+            except UnicodeEncodeError:
+                raise ArgumentError(f"Mix(sources): the source name {ascii(name)} is not "
+                                    "text (it holds a lone surrogate)") from None
         self.sources = dict(sources)
         if weights is None:
             self.weights = None

@@ -119,14 +119,16 @@ class Cursor:
 
 
 def _truncated_file(ds) -> Path | None:
-    """A data or index file now shorter than the manifest says (after a worker's SIGBUS)."""
-    for e in ds.manifest.shards:
-        for name, size in ((e.data_file, e.data_bytes), (e.index_file, e.index_bytes)):
-            try:
-                if os.stat(ds.root / name).st_size < size:
-                    return ds.root / name
-            except OSError:
-                continue  # missing (a remote dataset's cache): not what the worker read
+    """A data or index file now shorter than the manifest says (after a worker's SIGBUS);
+    a mixture's sources are each looked at (:class:`reader.data.mixed.MixedDataset`)."""
+    for part in getattr(ds, "parts", (ds,)):
+        for e in part.manifest.shards:
+            for name, size in ((e.data_file, e.data_bytes), (e.index_file, e.index_bytes)):
+                try:
+                    if os.stat(part.root / name).st_size < size:
+                        return part.root / name
+                except OSError:
+                    continue  # missing (a remote dataset's cache): not what the worker read
     return None
 
 

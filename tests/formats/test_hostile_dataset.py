@@ -609,14 +609,19 @@ def test_truncated_under_a_loader_with_workers(tmp_path):
     check(outcome, names="shard-00001.rec")
 
 
-def test_a_worker_killed_by_sigbus_names_the_truncated_file(tmp_path):
-    """The race the size checks cannot close (a truncation between check and read)."""
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_worker_killed_by_sigbus_names_the_truncated_file(tmp_path, mixed):
+    """The race the size checks cannot close (a truncation between check and read); in
+    a mixture, the file of whichever source it was."""
     import signal
 
-    from reader import Loader
+    from reader import Loader, Mix
 
     root = make(tmp_path / "ds", n=400, per_shard=100)
-    loader = Loader(root, batch_size=4, num_workers=2)
+    source = root
+    if mixed:
+        source = Mix({"other": make(tmp_path / "other", n=100, per_shard=100), "ds": root})
+    loader = Loader(source, batch_size=4, num_workers=2)
     try:
         epoch = iter(loader)
         next(epoch)
