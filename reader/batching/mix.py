@@ -58,7 +58,7 @@ class Mix:
             try:
                 name.encode("utf-8")  # it keys states and ledgers (JSON, hashed as UTF-8)
             except UnicodeEncodeError:
-                raise ArgumentError(f"Mix(sources): the source name {ascii(name)} is not "
+                raise ArgumentError(f"Mix(sources): the source name {name!a} is not "
                                     "text (it holds a lone surrogate)") from None
         self.sources = dict(sources)
         if weights is None:
