@@ -47,6 +47,7 @@ __all__ = ["ORDER", "MixOrder", "Plan"]
 # Names how a mixture's stream is computed: a state saved under another cannot resume.
 ORDER = "mix-1"
 _PASSES = 0x70617373  # separates the sources' pass permutations from other keys
+_RECENT = 128  # batches kept from issue to delivery (prefetch stays below: 4 x workers)
 
 
 class Plan:
@@ -134,7 +135,7 @@ class MixOrder:
         self.first_end = self.epoch_samples
         self._pass_orders: OrderedDict = OrderedDict()
         self._keys = round_keys(options.seed, _PASSES)
-        self._last: tuple | None = None
+        self._recent: OrderedDict = OrderedDict()  # (epoch, k) -> records, see batch()
 
     # -- the batch-order interface -----------------------------------------------------
 
@@ -178,11 +179,14 @@ class MixOrder:
 
     def batch(self, epoch: int, k: int) -> np.ndarray:
         """The mixed dataset's records of batch ``k`` of ``epoch`` (this rank)."""
-        if self._last is not None and self._last[0] == (epoch, k):
-            return self._last[1]
+        hit = self._recent.get((epoch, k))
+        if hit is not None:  # asked again when delivered (main fields, the ledger)
+            return hit
         source, record = self.sources_of(self.positions(epoch, k))
         out = self.offsets[source] + record
-        self._last = ((epoch, k), out)
+        self._recent[(epoch, k)] = out
+        if len(self._recent) > _RECENT:
+            self._recent.popitem(last=False)
         return out
 
     # -- positions -> (source, record) -------------------------------------------------
@@ -302,7 +306,7 @@ class MixOrder:
         self.first = epoch
         self.first_batch = served // self.step
         self.first_start, self.first_end = position, end  # at another step size, the
-        self._last = None  # batches renumbered: as many as the served samples fill
+        self._recent.clear()  # batches renumbered: as many as the served samples fill
         return epoch, self.first_batch
 
     def report(self, epoch: int, k: int) -> dict:
