@@ -6,7 +6,9 @@ batch extends a running hash (BLAKE2b, 16 bytes) over its records' stable ids (f
 a :class:`reader.Mix`, the source's name and the record within it; else the record),
 and :meth:`reader.Loader.state_dict` carries it (``state["ledger"]``). Two runs that
 served the same batches in the same order end with the same hash, whatever their
-number of workers, or a checkpoint and a resume in between.
+number of workers, or a checkpoint and a resume in between. ``TokenBlocks(...,
+ledger=...)`` keeps the same chain over its blocks (a source's name and the block's
+number in it), updated as each batch is yielded (:meth:`Ledger.served`).
 
 With ``ledger="path/ledger-{rank}.jsonl"`` each batch also appends a line to that
 file (``{rank}`` becomes the rank, so ranks sharing a folder write apart): the
@@ -76,11 +78,16 @@ class Ledger:
     # -- the listener ------------------------------------------------------------------
 
     def on_batch(self, timing) -> None:
-        ids = self.ids_of(timing.epoch, timing.batch)
+        self.served(timing.epoch, timing.batch)
+
+    def served(self, epoch: int, batch: int) -> None:
+        """Batch ``batch`` of ``epoch`` was delivered (what a reader without a runtime,
+        :class:`reader.TokenBlocks`, calls)."""
+        ids = self.ids_of(epoch, batch)
         self.digest = hashlib.blake2b(self.digest + ids.tobytes(), digest_size=16).digest()
         self.steps += 1
         if self.path is not None:
-            self._write({"rank": self.rank, "epoch": timing.epoch, "batch": timing.batch,
+            self._write({"rank": self.rank, "epoch": epoch, "batch": batch,
                          "step": self.steps, "records": int(ids.size),
                          "hash": self.digest.hex()})
 

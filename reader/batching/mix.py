@@ -17,9 +17,10 @@ class Mix:
 
     Pass it to :class:`reader.Loader` in place of a dataset: ``Loader(Mix({"web":
     "web.shards", "code": "code.shards"}, weights={"web": 0.8, "code": 0.2}),
-    batch_size=256, shuffle=True)``. Each source keeps its own shuffled order and its
-    own pass counter: a source that runs out starts its next pass (a new permutation)
-    while the others go on. Which source feeds each sample is a pure function of the
+    batch_size=256, shuffle=True)``, or to :class:`reader.TokenBlocks` for blocks of each
+    source's token stream (every count below then counts blocks). Each source keeps its
+    own shuffled order and its own pass counter: a source that runs out starts its next
+    pass (a new permutation) while the others go on. Which source feeds each sample is a pure function of the
     seed and the sample's place in the stream, so it is the same for any number of
     workers and ranks, and a state saved at one world size, worker count or batch size
     resumes at another (:meth:`reader.Loader.load_state_dict`). A state saved with other

@@ -13,6 +13,11 @@ functions and nothing stored:
    seed, the pass and the source's name);
 3. the record there, offset into the :class:`~reader.data.mixed.MixedDataset`.
 
+The same plan orders :class:`reader.TokenBlocks` over a mixture, with *blocks* of each
+source's token stream for records (``unit="blocks"``: a source's size is its number
+of blocks, and its ``"block"`` order shuffles whole shards, then the blocks of each,
+as the blocks of one dataset are).
+
 A state is therefore global: the next position, the epoch's bounds in positions, and
 the plan. Loaded at another world size, worker count or batch size, the job continues
 at the same position: across the job no sample is served twice and none is skipped.
@@ -46,6 +51,8 @@ __all__ = ["ORDER", "MixOrder", "Plan"]
 
 # Names how a mixture's stream is computed: a state saved under another cannot resume.
 ORDER = "mix-1"
+# What a source's items are, and who reads them (named in states and messages).
+_READERS = {"records": "Loader", "blocks": "TokenBlocks"}
 _PASSES = 0x70617373  # separates the sources' pass permutations from other keys
 _RECENT = 128  # batches kept from issue to delivery (prefetch stays below: 4 x workers)
 
@@ -85,8 +92,9 @@ class MixOrder:
 
     Args:
         names: the sources' names, as the :class:`MixedDataset` orders them.
-        sizes: records per source.
-        shard_starts: per source, its dataset's ``starts`` (the ``"block"`` order).
+        sizes: records (blocks) per source.
+        shard_starts: per source, its dataset's ``starts`` (the ``"block"`` order); for
+            blocks, the first block of each shard.
         offsets: where each source's records begin in the mixed dataset.
         weights: name -> weight as the user gave it, or None (by size).
         samples_per_epoch: the epoch's nominal length in samples, or None (the sizes'
@@ -94,11 +102,17 @@ class MixOrder:
         batch_size: records per batch and rank.
         options: shuffle, seed, window, rank and world size (``drop_last`` must be
             False: a mixture's batches are all full).
+        unit: ``"records"`` (a Loader's) or ``"blocks"`` (a :class:`reader.TokenBlocks`'
+            token blocks: each shard is a window of the ``"block"`` order, and a state
+            of one unit never resumes the other).
     """
 
     def __init__(self, names: tuple[str, ...], sizes: list[int], shard_starts: list,
                  offsets: np.ndarray, weights: Mapping | None, samples_per_epoch: int | None,
-                 batch_size: int, options: SamplerOptions) -> None:
+                 batch_size: int, options: SamplerOptions, *, unit: str = "records") -> None:
+        if unit not in _READERS:
+            raise ValueError(f"unit must be one of {sorted(_READERS)}, not {unit!r}")
+        self.unit, self.reader = unit, _READERS[unit]
         if options.drop_last:
             raise ArgumentError(
                 "drop_last=True has no effect on a mixture: its batches are all full (the "
@@ -106,7 +120,7 @@ class MixOrder:
                 "of all ranks starts the next epoch); leave it out")
         empty = [n for n, size in zip(names, sizes, strict=True) if size == 0]
         if empty:
-            raise ArgumentError(f"Mix: source {empty[0]!r} has no records")
+            raise ArgumentError(f"Mix: source {empty[0]!r} has no {unit}")
         self.names = tuple(names)
         self.index = {n: i for i, n in enumerate(self.names)}
         self.sizes = np.asarray(sizes, np.int64)
@@ -163,19 +177,27 @@ class MixOrder:
                                           - self.first_batch) * self.step
         return after_first + (epoch - self.first - 1) * self.epoch_samples + k * self.step
 
-    def positions(self, epoch: int, k: int) -> np.ndarray:
-        """This rank's stream positions in batch ``k`` of ``epoch``."""
+    def positions(self, epoch: int, k: int, stop: int | None = None) -> np.ndarray:
+        """This rank's stream positions in batch ``k`` of ``epoch`` (batches ``k`` to
+        ``stop``, one after the other, when ``stop`` is given)."""
         n = self.num_batches_in(epoch)
-        if not 0 <= k < n:
-            raise IndexError(f"batch {k} out of range for an epoch of {n} batches")
+        stop = k + 1 if stop is None else stop
+        if not 0 <= k < stop <= n:
+            which = f"batch {k}" if stop == k + 1 else f"batches {k} to {stop - 1}"
+            raise IndexError(f"{which} out of range for an epoch of {n} batches")
         if epoch < self.first or (epoch == self.first and k < self.first_batch):
             raise StateError(
-                f"batch {k} of epoch {epoch} comes before the position this Loader resumed "
+                f"batch {k} of epoch {epoch} comes before the position this {self.reader} "
+                "resumed "
                 f"at (epoch {self.first}, batch {self.first_batch}) at another world size or "
                 "batch size: it is not part of this run's stream; set_epoch() to a later epoch")
         o = self.options
-        start = self.batch_start(epoch, k) + o.rank
-        return start + o.world_size * np.arange(self.batch_size, dtype=np.int64)
+        start = self.batch_start(epoch, k) + o.rank  # steps are evenly spaced in an epoch
+        within = o.world_size * np.arange(self.batch_size, dtype=np.int64)
+        if stop == k + 1:
+            return start + within
+        steps = self.step * np.arange(stop - k, dtype=np.int64)
+        return (start + steps[:, None] + within[None, :]).reshape(-1)
 
     def batch(self, epoch: int, k: int) -> np.ndarray:
         """The mixed dataset's records of batch ``k`` of ``epoch`` (this rank)."""
@@ -212,7 +234,7 @@ class MixOrder:
     def _place(self, plan: Plan, g: np.ndarray, source: np.ndarray, number: np.ndarray) -> None:
         if g.size and g.min() < plan.start:
             raise StateError(f"stream position {int(g.min())} precedes the first plan this "
-                             f"Loader knows (from position {plan.start})")
+                             f"{self.reader} knows (from position {plan.start})")
         local, n = plan.arrangement(g - plan.start)
         number[:] = plan.taken[local] + n
         source[:] = self._plan_index(plan)[local]
@@ -247,7 +269,7 @@ class MixOrder:
         hit = self._pass_orders.get((s, p))
         if hit is None:
             hit = EpochOrder(int(self.sizes[s]), self.shard_starts[s], self.options, p,
-                             stream=int(self.streams[s]))
+                             stream=int(self.streams[s]), window=self._window)
             self._pass_orders[(s, p)] = hit
             if len(self._pass_orders) > 2 * len(self.names):
                 self._pass_orders.popitem(last=False)
@@ -257,9 +279,18 @@ class MixOrder:
 
     # -- state -------------------------------------------------------------------------
 
+    @property
+    def _window(self) -> int | str | None:
+        """The ``"block"`` order's window: the options' for records, a shard for blocks."""
+        return "options" if self.unit == "records" else None
+
     def describe(self) -> dict:
         o = self.options
-        return {"order": ORDER, "seed": o.seed, "shuffle": o.shuffle, "window": o.shuffle_window}
+        window = o.shuffle_window if self.unit == "records" else None
+        out = {"order": ORDER, "seed": o.seed, "shuffle": o.shuffle, "window": window}
+        if self.unit != "records":  # a Loader's states stay as they were
+            out["unit"] = self.unit
+        return out
 
     def state(self, epoch: int, k: int) -> dict:
         """The state at batch ``k`` of ``epoch`` (the next unseen one)."""
@@ -269,7 +300,7 @@ class MixOrder:
         end = self.first_end if epoch == self.first else self.batch_start(epoch, self.per_epoch)
         plan = self.plans[-1]
         counts = dict(self.carried)
-        counts.update({n: {"records": int(self.sizes[self.index[n]]), "taken": t}
+        counts.update({n: {self.unit: int(self.sizes[self.index[n]]), "taken": t}
                        for n, t in plan.counts_at(position).items()})
         return {**self.describe(), "epoch": epoch, "batch": k,
                 "epoch_start": self.batch_start(epoch, 0) if epoch != self.first
@@ -281,7 +312,7 @@ class MixOrder:
     def resume(self, state: Mapping) -> tuple[int, int]:
         """Continue at ``state``'s position (any world size and batch size), re-planning
         if its weights or sources differ; returns the (epoch, batch) to start at."""
-        _check_state(state, self.describe())
+        _check_state(state, self.describe(), self.reader)
         epoch, position = int(state["epoch"]), int(state["position"])
         start, end = int(state["epoch_start"]), int(state["epoch_end"])
         if not start <= position <= end:
@@ -289,11 +320,11 @@ class MixOrder:
                              f"[{start}, {end}]")
         known = state["sources"]
         for name, rec in known.items():
-            if name in self.index and int(rec["records"]) != int(self.sizes[self.index[name]]):
+            if name in self.index and int(rec[self.unit]) != int(self.sizes[self.index[name]]):
                 raise StateError(
-                    f"mixture state: source {name!r} had {rec['records']} records when the "
-                    f"state was saved, this one has {int(self.sizes[self.index[name]])}: a "
-                    "different dataset under the same name cannot continue its pass")
+                    f"mixture state: source {name!r} had {rec[self.unit]} {self.unit} when "
+                    f"the state was saved, this one has {int(self.sizes[self.index[name]])}: "
+                    "a different dataset under the same name cannot continue its pass")
         plan = state["plan"]
         if dict(plan["weights"]) == self.weights:
             self.plans = [Plan(int(plan["start"]), self.weights, dict(plan["taken"]),
@@ -316,14 +347,14 @@ class MixOrder:
         total = sum(self.weights.values())
         out = {}
         for name, rec in state["sources"].items():
-            n, t = int(rec["records"]), int(rec["taken"])
-            out[name] = {"weight": self.weights.get(name, 0) / total, "records": n,
+            n, t = int(rec[self.unit]), int(rec["taken"])
+            out[name] = {"weight": self.weights.get(name, 0) / total, self.unit: n,
                          "pass": t // n, "served": t % n, "left": n - t % n,
                          "in_plan": name in self.index}
         return out
 
 
-def _check_state(state, mine: dict) -> None:
+def _check_state(state, mine: dict, reader: str) -> None:
     if not isinstance(state, Mapping):
         raise StateError("mixture load_state_dict(state): state must be the dict that "
                          f"state_dict() returned, not {type(state).__name__}")
@@ -331,6 +362,12 @@ def _check_state(state, mine: dict) -> None:
         what = state.get("order", "a single dataset's order")
         raise StateError(f"mixture state: saved by {what!r}, not a mixture's {ORDER!r} order; "
                          "a mixture resumes only from a mixture's state")
+    unit, theirs = mine.get("unit", "records"), state.get("unit", "records")
+    if theirs != unit:
+        who = _READERS.get(theirs, "reader") if isinstance(theirs, str) else "reader"
+        raise StateError(f"mixture state: saved by a {who} (its sources counted in "
+                         f"{theirs}), this {reader} mixes {unit}: it resumes only from the "
+                         f"state of a {reader}")
     for key in ("epoch", "batch", "position", "epoch_start", "epoch_end", "plan", "sources"):
         if key not in state:
             raise StateError(f"mixture state: no {key!r}; pass the dict that state_dict() "
@@ -338,4 +375,4 @@ def _check_state(state, mine: dict) -> None:
     for key in ("seed", "shuffle", "window"):
         if state.get(key) != mine[key]:
             raise StateError(f"mixture state was saved with {key}={state.get(key)!r}, this "
-                             f"Loader has {key}={mine[key]!r}: cannot resume exactly")
+                             f"{reader} has {key}={mine[key]!r}: cannot resume exactly")

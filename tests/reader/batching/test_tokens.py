@@ -197,7 +197,7 @@ def test_a_damaged_record_is_named(tmp_path, docs):
     data = next(root.glob("*.rec"))
     raw = bytearray(data.read_bytes())
     with TokenBlocks(root, 8, 4, shuffle=False) as tb:
-        j = tb._j
+        j = tb.sources[0].j
         sh = tb.dataset.shard(0)
         off = int(sh.offsets[7, j]) + 16  # record 7 (200 tokens)
     raw[off] ^= 0xFF
@@ -242,7 +242,7 @@ def test_open_shards_stay_within_max_open(tmp_path, docs):
     ds = open_shards(root, max_open=3)
     with TokenBlocks(ds, 8, 4, shuffle="full") as tb:
         for _ in tb:
-            assert len(tb._rows) <= 2  # a view holds its shard's map open
+            assert len(tb.sources[0]._rows) <= 2  # a view holds its shard's map open
 
 
 def test_a_state_saved_after_the_last_batch_names_the_next_epoch(path):
