@@ -32,11 +32,12 @@ from formats.storage.cache import CacheOptions
 
 from .batching.batching import BudgetBatches
 from .batching.mix import Mix
+from .batching.mixture import ORDER as MIX_ORDER
 from .batching.mixture import MixOrder
 from .batching.sampler import Sampler, check_epoch, check_resume, next_unseen
 from .data.dataset import open_dataset
 from .data.mixed import MixedDataset
-from .errors import LoaderError
+from .errors import LoaderError, StateError
 from .ledger import Ledger, check_ledger, stable_ids
 from .monitor.monitor import resolve_monitor
 from .options import (
@@ -434,6 +435,10 @@ class Loader:
         if isinstance(self.sampler, MixOrder):
             position = self.sampler.resume(state)
         else:
+            if isinstance(state, dict) and state.get("order") == MIX_ORDER:
+                raise StateError("loader state was saved by a Loader over a reader.Mix (of "
+                                 f"{', '.join(map(repr, state.get('sources', {})))}); this "
+                                 "Loader reads one dataset: pass the same reader.Mix")
             mine = {k: v for k, v in self.state_dict().items() if k != "ledger"}
             check_resume(mine, {k: v for k, v in state.items() if k != "ledger"}
                          if isinstance(state, dict) else state, "loader")

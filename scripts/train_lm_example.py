@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
-    training.add_arguments(p, batch_size=16, log_every=50, workers=False, ledger=False)
+    training.add_arguments(p, batch_size=16, log_every=50, workers=False)
     return training.run(p, argv, NAME, _train)
 
 
@@ -89,7 +89,7 @@ def _train(args: argparse.Namespace, torch) -> int:
             return 1
     torch.manual_seed(args.seed)
     blocks = TokenBlocks(args.data, args.block_size, args.batch_size, seed=args.seed,
-                         drop_last=True)
+                         drop_last=True, ledger=training.ledger_of(args))
     model = build_model(args.dim, args.layers, args.block_size)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     step = training.resume(args, NAME, model, opt, "blocks", blocks)

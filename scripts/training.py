@@ -34,10 +34,9 @@ __all__ = ["add_arguments", "ledger_of", "resume", "run", "train"]
 
 
 def add_arguments(p: argparse.ArgumentParser, *, batch_size: int, log_every: int,
-                  workers: bool = True, ledger: bool = True) -> None:
+                  workers: bool = True) -> None:
     """``--batch-size``, ``--steps``, ``--workers`` (a Loader's; ``workers=False`` for a
-    reader without), the checkpoint's, ``--seed``, ``--log-every`` and ``--ledger``
-    (``ledger=False`` for a reader without one)."""
+    reader without), the checkpoint's, ``--seed``, ``--log-every`` and ``--ledger``."""
     p.add_argument("--batch-size", type=int, default=batch_size)
     p.add_argument("--steps", type=int, default=300, help="total optimizer steps")
     if workers:
@@ -46,11 +45,10 @@ def add_arguments(p: argparse.ArgumentParser, *, batch_size: int, log_every: int
     checkpoint.add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=log_every)
-    if ledger:
-        p.add_argument("--ledger", type=Path, default=None, metavar="FILE.jsonl",
-                       help="also log each batch's ledger line here (the running hash of what "
-                            "was served is printed at the end either way); compare two runs with "
-                            "inspect-shards A ledger-diff B")
+    p.add_argument("--ledger", type=Path, default=None, metavar="FILE.jsonl",
+                   help="also log each batch's ledger line here (the running hash of what "
+                        "was served is printed at the end either way); compare two runs with "
+                        "inspect-shards A ledger-diff B")
 
 
 def ledger_of(args: argparse.Namespace) -> Path | bool:

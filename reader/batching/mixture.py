@@ -137,8 +137,8 @@ class MixOrder:
         self.per_epoch = nominal // self.step
         if self.per_epoch < 1:
             raise ArgumentError(
-                f"an epoch of {nominal} samples holds no step of {options.world_size} "
-                f"rank(s) x batch_size {self.batch_size} = {self.step}; raise "
+                f"an epoch of {nominal} {'samples' if unit == 'records' else unit} holds "
+                f"no step of {options.world_size} rank(s) x batch_size {self.batch_size} = {self.step}; raise "
                 "Mix(samples_per_epoch=...) or lower the batch size")
         self.epoch_samples = self.per_epoch * self.step
         self.plans = [Plan(0, self.weights, {}, options.seed)]
@@ -313,24 +313,30 @@ class MixOrder:
         """Continue at ``state``'s position (any world size and batch size), re-planning
         if its weights or sources differ; returns the (epoch, batch) to start at."""
         _check_state(state, self.describe(), self.reader)
-        epoch, position = int(state["epoch"]), int(state["position"])
-        start, end = int(state["epoch_start"]), int(state["epoch_end"])
+        try:
+            epoch, position = _count(state["epoch"]), _count(state["position"])
+            start, end = int(state["epoch_start"]), int(state["epoch_end"])
+            known = {str(n): {self.unit: _count(rec[self.unit]), "taken": _count(rec["taken"])}
+                     for n, rec in state["sources"].items()}
+            plan = state["plan"]
+            plan = {"start": _count(plan["start"]), "weights": dict(plan["weights"]),
+                    "taken": {str(n): _count(t) for n, t in plan["taken"].items()}}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StateError(f"{self.reader} mixture state is damaged ({type(exc).__name__}: "
+                             f"{exc}); pass the dict state_dict() returned") from None
         if not start <= position <= end:
             raise StateError(f"mixture state: position {position} lies outside its epoch "
                              f"[{start}, {end}]")
-        known = state["sources"]
         for name, rec in known.items():
             if name in self.index and int(rec[self.unit]) != int(self.sizes[self.index[name]]):
                 raise StateError(
                     f"mixture state: source {name!r} had {rec[self.unit]} {self.unit} when "
                     f"the state was saved, this one has {int(self.sizes[self.index[name]])}: "
                     "a different dataset under the same name cannot continue its pass")
-        plan = state["plan"]
-        if dict(plan["weights"]) == self.weights:
-            self.plans = [Plan(int(plan["start"]), self.weights, dict(plan["taken"]),
-                               self.options.seed)]
+        if plan["weights"] == self.weights:
+            self.plans = [Plan(plan["start"], self.weights, plan["taken"], self.options.seed)]
         else:  # re-plan: every continuing source where it was
-            taken = {n: int(rec["taken"]) for n, rec in known.items()}
+            taken = {n: rec["taken"] for n, rec in known.items()}
             self.plans = [Plan(position, self.weights, taken, self.options.seed)]
         self.carried = {n: dict(rec) for n, rec in known.items() if n not in self.index}
         served = position - start
@@ -352,6 +358,13 @@ class MixOrder:
                          "pass": t // n, "served": t % n, "left": n - t % n,
                          "in_plan": name in self.index}
         return out
+
+
+def _count(value) -> int:
+    """A state's count: an int >= 0 (a bool, a float or a negative one is damage)."""
+    if isinstance(value, bool) or int(value) != value or value < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return int(value)
 
 
 def _check_state(state, mine: dict, reader: str) -> None:

@@ -314,3 +314,16 @@ def test_ledger_diff_command(sources, tmp_path, capsys):
     assert "junk.jsonl, line 2: not a ledger step" in err and "Traceback" not in err
     assert main(["ledger-diff", a, str(tmp_path / "missing.jsonl")]) == 1
     assert "cannot read the ledger" in capsys.readouterr().err
+
+
+def test_damaged_or_foreign_states_are_named(sources):
+    with raw(reader.Mix(sources), 10) as lo:
+        served(lo, 2)
+        state = lo.state_dict()
+    with raw(sources["a"], 10) as single, pytest.raises(StateError, match=r"over a reader\.Mix"):
+        single.load_state_dict(state)
+    for key, value in (("position", -3), ("position", 1.5), ("sources", {"a": {"taken": 1}}),
+                       ("plan", "weights"), ("epoch", True)):
+        bad = {**state, key: value}
+        with raw(reader.Mix(sources), 10) as lo, pytest.raises(StateError):
+            lo.load_state_dict(bad)

@@ -14,7 +14,7 @@ import pytest
 import reader
 from formats import DatasetWriter, Field
 from formats.errors import ArgumentError, CorruptRecordError
-from reader.errors import LoaderError, StateError
+from reader.errors import LedgerError, LoaderError, StateError
 from reader.ledger import diff_ledgers
 from tests.helpers_paths import ROOT
 
@@ -255,13 +255,13 @@ def test_ledger_log_of_a_resumed_run_matches_a_straight_one(sources, tmp_path):
         take(tb, 8)
     assert diff_ledgers(tmp_path / "a-1.jsonl", tmp_path / "c-1.jsonl")["step"] == 1
     with reader.TokenBlocks(mix, BLOCK, 4, ledger=tmp_path / "a-{rank}.jsonl", **kw) as tb, \
-            pytest.raises(LoaderError, match="another run"):
+            pytest.raises(LedgerError, match="another run"):
         take(tb, 1)  # a fresh run never appends to a ledger holding steps
     target = tmp_path / "elsewhere.txt"
     target.write_text("keep\n")
     (tmp_path / "l-1.jsonl").symlink_to(target)
     with reader.TokenBlocks(mix, BLOCK, 4, ledger=tmp_path / "l-{rank}.jsonl", **kw) as tb, \
-            pytest.raises(LoaderError, match="cannot open the ledger"):
+            pytest.raises(LedgerError, match="cannot open the ledger"):
         take(tb, 1)
     assert target.read_text() == "keep\n"
 
