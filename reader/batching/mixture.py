@@ -6,7 +6,7 @@ of a job of ``W`` ranks with batches of ``b`` takes the next ``W * b`` positions
 functions and nothing stored:
 
 1. to a source and the sample's number within that source since the run began, by
-   the plan in force there (:class:`Plan`: the sources' weights, their counts when it
+   the plan in force there (:class:`MixPlan`: the sources' weights, their counts when it
    began, the :class:`~reader.batching.arrangement.Arrangement`);
 2. the number ``t`` of source ``s`` is position ``t % N_s`` of the source's pass
    ``t // N_s``, each pass its own permutation (the sampler's orders, keyed by the
@@ -47,7 +47,7 @@ from .arrangement import Arrangement, integer_weights
 from .permutation import permute, round_keys
 from .sampler import EpochOrder
 
-__all__ = ["ORDER", "MixOrder", "Plan"]
+__all__ = ["ORDER", "MixOrder", "MixPlan"]
 
 # Names how a mixture's stream is computed: a state saved under another cannot resume.
 ORDER = "mix-1"
@@ -57,12 +57,13 @@ _PASSES = 0x70617373  # separates the sources' pass permutations from other keys
 _RECENT = 128  # batches kept from issue to delivery (prefetch stays below: 4 x workers)
 
 
-class Plan:
+class MixPlan:
     """The weights in force from stream position ``start`` on.
 
     Args:
         start: the first position it decides.
-        weights: source name -> integer weight (:func:`integer_weights`).
+        weights: source name -> integer weight (:func:`integer_weights`), in the
+            mixture's order of sources.
         taken: source name -> its samples served before ``start`` since the run began.
         seed: keys the arrangement.
     """
@@ -131,7 +132,6 @@ class MixOrder:
         self.streams = np.asarray([zlib.crc32(n.encode()) for n in self.names], np.uint64)
         raw = list(sizes) if weights is None else [weights[n] for n in self.names]
         self.weights = dict(zip(self.names, integer_weights(raw), strict=True))
-        self.given_weights = None if weights is None else dict(weights)
         self.step = options.world_size * self.batch_size  # stream positions per step
         nominal = int(samples_per_epoch or int(self.sizes.sum()))
         self.per_epoch = nominal // self.step
@@ -141,7 +141,7 @@ class MixOrder:
                 f"no step of {options.world_size} rank(s) x batch_size {self.batch_size} = {self.step}; raise "
                 "Mix(samples_per_epoch=...) or lower the batch size")
         self.epoch_samples = self.per_epoch * self.step
-        self.plans = [Plan(0, self.weights, {}, options.seed)]
+        self.plan = MixPlan(0, self.weights, {}, options.seed)
         self.carried: dict[str, dict] = {}  # sources a loaded state knew that this mix lacks
         # Where epochs lie in the stream: epoch `first` has batches from `first_batch`,
         # batch `first_batch` starting at `first_start`, and ends at `first_end`.
@@ -214,36 +214,15 @@ class MixOrder:
     # -- positions -> (source, record) -------------------------------------------------
 
     def sources_of(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(source number, record within that source) of each stream position."""
+        """(source number, record within that source) of each stream position (each at
+        or after the plan's start: a loaded state's position)."""
         g = np.asarray(positions, np.int64)
-        source = np.empty_like(g)
-        number = np.empty_like(g)
-        plans = self.plans
-        if len(plans) == 1 or g.min() >= plans[-1].start:
-            self._place(plans[-1], g, source, number)
-        else:
-            for i, plan in enumerate(plans):
-                end = plans[i + 1].start if i + 1 < len(plans) else None
-                sel = (g >= plan.start) & (True if end is None else g < end)
-                if sel.any():
-                    s, t = np.empty(int(sel.sum()), np.int64), np.empty(int(sel.sum()), np.int64)
-                    self._place(plan, g[sel], s, t)
-                    source[sel], number[sel] = s, t
-        return source, self._records(source, number)
-
-    def _place(self, plan: Plan, g: np.ndarray, source: np.ndarray, number: np.ndarray) -> None:
+        plan = self.plan
         if g.size and g.min() < plan.start:
-            raise StateError(f"stream position {int(g.min())} precedes the first plan this "
-                             f"{self.reader} knows (from position {plan.start})")
-        local, n = plan.arrangement(g - plan.start)
-        number[:] = plan.taken[local] + n
-        source[:] = self._plan_index(plan)[local]
-
-    def _plan_index(self, plan: Plan) -> np.ndarray:
-        idx = getattr(plan, "_index", None)
-        if idx is None:
-            idx = plan._index = np.asarray([self.index[n] for n in plan.names], np.int64)
-        return idx
+            raise StateError(f"stream position {int(g.min())} precedes the plan this "
+                             f"{self.reader} resumed with (from position {plan.start})")
+        source, n = plan.arrangement(g - plan.start)  # the plan's sources are the mix's
+        return source, self._records(source, plan.taken[source] + n)
 
     def _records(self, source: np.ndarray, number: np.ndarray) -> np.ndarray:
         """Sample ``number`` of each source (since the run began) -> its record: position
@@ -298,7 +277,7 @@ class MixOrder:
             epoch, k = epoch + 1, 0
         position = self.batch_start(epoch, k)
         end = self.first_end if epoch == self.first else self.batch_start(epoch, self.per_epoch)
-        plan = self.plans[-1]
+        plan = self.plan
         counts = dict(self.carried)
         counts.update({n: {self.unit: int(self.sizes[self.index[n]]), "taken": t}
                        for n, t in plan.counts_at(position).items()})
@@ -334,10 +313,10 @@ class MixOrder:
                     f"the state was saved, this one has {int(self.sizes[self.index[name]])}: "
                     "a different dataset under the same name cannot continue its pass")
         if plan["weights"] == self.weights:
-            self.plans = [Plan(plan["start"], self.weights, plan["taken"], self.options.seed)]
+            self.plan = MixPlan(plan["start"], self.weights, plan["taken"], self.options.seed)
         else:  # re-plan: every continuing source where it was
             taken = {n: rec["taken"] for n, rec in known.items()}
-            self.plans = [Plan(position, self.weights, taken, self.options.seed)]
+            self.plan = MixPlan(position, self.weights, taken, self.options.seed)
         self.carried = {n: dict(rec) for n, rec in known.items() if n not in self.index}
         served = position - start
         self.first = epoch
