@@ -227,6 +227,14 @@ class BatchBuilder:
         valid = arrays.get(VALID_FIELD)
         if valid is not None:
             valid[:n] = True
+        # The reads that only check and gather come first: a record that fails its
+        # checksum there is found (and, under on_error="replace", replaced) before any
+        # image of its batch is decoded.
+        self._scalars(indices, arrays)
+        if spec.main_fields and spec.bad_input.replaces and self.ds.check_crc:
+            for name in spec.main_fields:  # their checksums, here, where a bad one is replaced
+                self.ds.payloads(indices, name)
+        gather_s = time.perf_counter() - t_start
         shapes: dict = {}
         if spec.image_field is not None or self._sample is not None:
             if self._sample is not None:
@@ -239,14 +247,9 @@ class BatchBuilder:
         else:
             io_s = decode_s = transform_s = assemble_s = 0.0
             nbytes = skipped = 0
-        t = time.perf_counter()
-        self._scalars(indices, arrays)
-        if spec.main_fields and spec.bad_input.replaces and self.ds.check_crc:
-            for name in spec.main_fields:  # their checksums, here, where a bad one is replaced
-                self.ds.payloads(indices, name)
         done_at = time.perf_counter()
         timing = WorkerTiming(io_s=io_s, decode_s=decode_s, transform_s=transform_s,
-                              assemble_s=assemble_s + done_at - t, busy_s=done_at - t_start,
+                              assemble_s=assemble_s + gather_s, busy_s=done_at - t_start,
                               bytes=nbytes, records=n, skipped=skipped, done_at=done_at)
         return timing, shapes
 
