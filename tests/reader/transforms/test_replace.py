@@ -363,3 +363,17 @@ def test_the_sample_path_replaces_through_the_same_policy(det_path, transform, m
     with Loader(det_path, 4, num_workers=2, **kw) as lo:
         assert same(batches, list(lo))
         assert lo.quarantine == quarantine
+
+
+def test_the_torch_batch_dataset_serves_the_same_replaced_batches(damaged):
+    pytest.importorskip("torch")
+    from reader.torch_adapter import TorchBatchDataset
+
+    batches, lo = epoch_of(damaged, 0, shuffle=True, seed=6)
+    items = TorchBatchDataset(lo)
+    items.set_epoch(0)  # the epoch read above (the loader has moved on to the next)
+    for k, b in enumerate(batches):
+        item = items[k]
+        assert np.array_equal(item["image"].numpy(), b["image"])
+        assert item["label"].tolist() == b["label"].tolist() and item["key"] == list(b["key"])
+    lo.close()
