@@ -100,11 +100,23 @@ class Ledger:
         return {"hash": self.digest.hex(), "steps": self.steps}
 
     def resume(self, state: Any) -> None:
-        """Continue the chain ``state["ledger"]`` (a state saved without one starts it)."""
-        saved = state.get("ledger") if isinstance(state, dict) else None
+        """Continue the chain ``state["ledger"]`` (a state saved without one starts it).
+
+        Raises:
+            StateError: ``state["ledger"]`` is not what :meth:`state` returns (checked
+                before anything changes: :meth:`parse` first, to check a whole state).
+        """
+        saved = self.parse(state)
         self.resumed = True
+        if saved is not None:
+            self.digest, self.steps = saved
+
+    @staticmethod
+    def parse(state: Any) -> tuple[bytes, int] | None:
+        """``state["ledger"]`` as (hash, steps), or None where the state has none."""
+        saved = state.get("ledger") if isinstance(state, dict) else None
         if saved is None:
-            return
+            return None
         try:
             digest = bytes.fromhex(saved["hash"])
             steps = int(saved["steps"])
@@ -113,7 +125,7 @@ class Ledger:
                              f"{saved!r}") from None
         if len(digest) != 16 or steps < 0:
             raise StateError(f"state['ledger'] holds no 16-byte hash and step count: {saved!r}")
-        self.digest, self.steps = digest, steps
+        return digest, steps
 
     # -- the log -----------------------------------------------------------------------
 

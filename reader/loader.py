@@ -57,7 +57,7 @@ from .runtime.runtime import Runtime, check_decoded_cache
 from .runtime.slots import SlotRing
 from .runtime.timing import BatchTiming
 from .runtime.worker import BatchSpec
-from .transforms.bad_input import BadInput
+from .transforms.bad_input import BadInput, Quarantine
 from .transforms.checks import check_pipeline_options
 
 __all__ = ["Loader"]
@@ -124,9 +124,20 @@ class Loader:
         image_field: the field to decode (default: the first jpeg/image field).
         decode: ``False`` for raw-bytes mode (in-process, no workers; bytes fields as
             zero-copy memoryviews).
-        on_error: ``"fail"`` raises on a corrupt image naming shard and record;
+        on_error: what a damaged record becomes (:mod:`reader.transforms.bad_input`).
+            ``"fail"`` raises on a corrupt image naming shard and record;
             ``"skip"`` zero-fills it, marks it False in the batch's ``valid`` mask
-            and counts it (``loader.skipped``).
+            and counts it (``loader.skipped``); ``"replace"`` serves in its place a
+            record of the same source (of the same ``Mix`` source), drawn as a pure
+            function of (seed, the bad record, attempt), for an image that does not
+            decode and for any field that fails its checksum: batches keep their
+            size, ``valid`` stays all True, and the batches are the same whatever the
+            number of workers or resumes. ``loader.quarantine`` lists the replaced
+            records as ``(source, record, replacement)`` (source: the ``Mix``
+            source's name, else None), ``loader.replaced`` counts the replaced
+            samples; the state dict carries both (``state["quarantine"]``). A
+            record whose :data:`~reader.transforms.bad_input.REPLACE_ATTEMPTS`
+            replacements are all bad fails its batch, naming every record tried.
         check_crc: verify every field's CRC32C as it is read (default; False skips it).
         decoded_cache: keep decoded images in shared memory for later epochs
             (:class:`reader.DecodedCacheOptions`; the seed's ``CacheDataset``).
@@ -199,7 +210,7 @@ class Loader:
             on_error=on_error, check_crc=check_crc, decoded_cache=decoded_cache,
             annotations=annotations, collate=collate, decoders=decoders, max_pixels=max_pixels)
         # on_error resolved once: the policy the plan and every builder of a batch call.
-        self.bad_input = BadInput(self.decode_options.on_error)
+        self.bad_input = BadInput(self.decode_options.on_error, self.sampler_options.seed)
         self.worker_options = WorkerOptions(
             num_workers=num_workers, prefetch=prefetch, max_prefetch=max_prefetch,
             max_ring_bytes=max_ring_bytes, timeout=timeout, start_method=start_method,
@@ -288,14 +299,14 @@ class Loader:
         check_decoded_cache(opts.decoded_cache, plan)
         self.spec = BatchSpec(plan.image, plan.pipeline, plan.slot_fields, self.bad_input,
                               self.sampler_options.seed, self.sampler_options.rank,
-                              None, plan.sample)
+                              None, plan.sample, plan.main_fields)
         self.layout = plan.layout
 
     def _refuse_idle_options(self) -> None:
         """Options this loader would accept and never use: refused, naming why."""
         w, d = self.worker_options, self.decode_options
         if self.raw:
-            idle = {"transform": d.transform is not None, "on_error": self.bad_input.skips,
+            idle = {"transform": d.transform is not None, "on_error": self.bad_input.tolerant,
                     "annotations": d.annotations is not None, "collate": bool(d.collate),
                     "decoders": bool(d.decoders),
                     "num_workers": w.num_workers not in ("auto", 0),
@@ -390,6 +401,19 @@ class Loader:
     skipped = property(lambda self: self.cursor.skipped,
                        lambda self, v: setattr(self.cursor, "skipped", v))
 
+    @property
+    def replaced(self) -> int:
+        """Samples replaced so far (``on_error="replace"``), all epochs and resumes."""
+        return self.cursor.quarantine.replaced
+
+    @property
+    def quarantine(self) -> list[tuple[str | None, int, int]]:
+        """The records replaced so far (``on_error="replace"``), each once, in the order
+        served: ``(source, record, replacement)``, numbered within the source (the
+        ``Mix`` source's name, else None); at most
+        :data:`~reader.transforms.bad_input.QUARANTINE_MAX` are listed."""
+        return self.cursor.quarantine.entries
+
     def _stop_active(self, why: str | None = None) -> None:
         """End the running iterator; if it had batches left, its next ``next()``
         raises ``RuntimeError(why)`` instead of quietly ending the epoch."""
@@ -422,6 +446,8 @@ class Loader:
                      "num_batches": self.sampler.num_batches_in(epoch), **self.sampler.describe()}
         if self.ledger is not None:
             state["ledger"] = self.ledger.state()
+        if self.bad_input.replaces:
+            state["quarantine"] = self.cursor.quarantine.state()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -432,6 +458,12 @@ class Loader:
             StateError: ``state`` is not a state dict, or was taken with a different
                 order, batching or partitioning (a ``ValueError``).
         """
+        kept = ("ledger", "quarantine")  # what the loader carries beside the order's position
+        # Everything checked before anything changes: a refused state leaves the loader as it was.
+        quarantine = Quarantine.from_state(state.get("quarantine")
+                                           if isinstance(state, dict) else None)
+        if self.ledger is not None:
+            Ledger.parse(state)
         if isinstance(self.sampler, MixOrder):
             position = self.sampler.resume(state)
         else:
@@ -439,12 +471,13 @@ class Loader:
                 raise StateError("loader state was saved by a Loader over a reader.Mix (of "
                                  f"{', '.join(map(repr, state.get('sources', {})))}); this "
                                  "Loader reads one dataset: pass the same reader.Mix")
-            mine = {k: v for k, v in self.state_dict().items() if k != "ledger"}
-            check_resume(mine, {k: v for k, v in state.items() if k != "ledger"}
+            mine = {k: v for k, v in self.state_dict().items() if k not in kept}
+            check_resume(mine, {k: v for k, v in state.items() if k not in kept}
                          if isinstance(state, dict) else state, "loader")
             position = next_unseen(self.sampler, int(state["epoch"]), int(state["batch"]))
         if self.ledger is not None:
             self.ledger.resume(state)
+        self.cursor.quarantine = quarantine
         self._stop_active("load_state_dict() moved this Loader to the saved position")
         self.epoch, self.position = position
         self._resume = True
@@ -468,7 +501,7 @@ class Loader:
         if self.monitor is not None:
             return self.monitor.stats()
         return {"epoch": self.epoch, "batch": self.position, "skipped": self.skipped,
-                "num_workers": self.num_workers}
+                "replaced": self.replaced, "num_workers": self.num_workers}
 
     # -- lifetime ----------------------------------------------------------------------
 

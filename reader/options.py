@@ -44,7 +44,7 @@ __all__ = ["DecodeOptions", "DecodedCacheOptions", "DeviceOptions", "SamplerOpti
            "WorkerOptions", "check_batch_size", "check_fields", "resolve_num_workers"]
 
 SHUFFLE_MODES = (False, "block", "full")
-ON_ERROR = ("fail", "skip")  # on_error's values; reader.transforms.bad_input acts on them
+ON_ERROR = ("fail", "skip", "replace")  # on_error's values; reader.transforms.bad_input acts on them
 # The Loader's default bound of the ring (WorkerOptions.max_ring_bytes): a ring this
 # size that cannot hold one batch gives way to one batch in flight instead of failing
 # (reader.runtime.runtime).
@@ -207,9 +207,12 @@ class DecodeOptions:
         fields: fields to return (default: all).
         on_error: ``"fail"`` raises on a corrupt image, naming shard and record;
             ``"skip"`` zero-fills the sample, marks it False in the batch's
-            ``valid`` mask (a bool array, present only in this mode) and counts it.
-            Resolved once, when the batch is planned, into the one policy every
-            builder calls (:class:`reader.transforms.bad_input.BadInput`).
+            ``valid`` mask (a bool array, present in this mode and ``"replace"``) and
+            counts it; ``"replace"`` puts a record of the same source, drawn as a pure
+            function of the seed and the bad record, in its place (also for a record
+            that fails its checksum), so batches and resumes stay exact. Resolved
+            once, when the batch is planned, into the one policy every builder calls
+            (:class:`reader.transforms.bad_input.BadInput`).
         check_crc: verify the CRC32C of every field of every record read (images,
             labels, keys), so a damaged record is an error naming shard and record,
             never a wrong value. On by default: CRC32C runs at tens of GB/s, far
@@ -227,7 +230,7 @@ class DecodeOptions:
             by default images are padded and arrays ragged.
         max_pixels: the pixel budget: an image (or mask) whose header declares more
             pixels is refused before anything is allocated, a ``CorruptRecordError``
-            naming shard and record (or skipped, with ``on_error="skip"``). None:
+            naming shard and record (or skipped or replaced, with ``on_error``). None:
             :data:`formats.media.MAX_PIXELS` (2^28, what ``pack-dataset`` admits by
             default); raise it to read a dataset packed with ``--max-pixels N``. The
             budget is the reader's to set, never the dataset's.

@@ -160,7 +160,9 @@ class TorchBatchDataset:
     """Map-style dataset of whole batches of ``loader`` (for ``DataLoader(batch_size=None)``).
 
     Item ``k`` is batch ``k`` of the loader's current epoch, as owned tensors.
-    Built in the calling process; ``set_epoch`` changes the epoch.
+    Built in the calling process; ``set_epoch`` changes the epoch. Under
+    ``on_error="replace"`` an item is the batch the Loader serves, replacements in
+    place, but no quarantine is kept (items are built wherever the DataLoader asks).
     """
 
     def __init__(self, loader, *, channels_first: bool = False, dtype: Any = None) -> None:
@@ -188,8 +190,13 @@ class TorchBatchDataset:
             self._builder = BatchBuilder(lo.dataset, lo.spec)
         indices = lo.sampler.batch(self.epoch, k)
         arrays = {f.name: np.empty(f.shape, f.dtype) for f in lo.layout.fields}
-        _, shapes = self._builder.build(indices, arrays, batch_rng(lo.spec, self.epoch, k))
+        _, shapes, replaced = self._builder.build(indices, arrays,
+                                                  batch_rng(lo.spec, self.epoch, k))
         batch = assemble(arrays, lo.plan.fixed, lo.plan.var_fields, shapes, len(indices))
+        if replaced:  # on_error="replace": the main-process fields are the replacements' too
+            indices = indices.copy()
+            for p, _, replacement in replaced:
+                indices[p] = replacement
         if lo.main_fields:
             extra = main_fields(lo.dataset, lo.main_fields, indices)
             batch.update({name: [bytes(x) if isinstance(x, memoryview) else x for x in v]

@@ -162,7 +162,7 @@ def _build(job: tuple[Path, int, int, int]) -> dict:
         start = time.perf_counter()
         for k in ks:
             indices = lo.sampler.batch(epoch, k)
-            _, shapes = builder.build(indices, arrays, batch_rng(lo.spec, epoch, k))
+            _, shapes, _ = builder.build(indices, arrays, batch_rng(lo.spec, epoch, k))
             batch = assemble(arrays, lo.plan.fixed, lo.plan.var_fields, shapes, len(indices))
             if lo.main_fields:  # the Loader reads these in its own process, per batch
                 batch.update(main_fields(lo.dataset, lo.main_fields, indices))

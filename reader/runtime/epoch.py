@@ -57,7 +57,7 @@ import pickle
 import queue
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +67,7 @@ from formats.fields import BYTES_TYPES
 
 from ..data.dataset import main_fields
 from ..errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
+from ..transforms.bad_input import Quarantine
 from ..transforms.collate import assemble
 from .proc import describe, process_state
 from .timing import BatchTiming, batch_timing
@@ -100,6 +101,8 @@ class Cursor:
         position: the next batch of ``epoch`` to deliver in the running (or last) loop;
             the loader moves it when a new loop starts (``Loader._start_loop``).
         skipped: records skipped so far (``on_error="skip"``), all epochs.
+        quarantine: the records replaced so far (``on_error="replace"``), all epochs, and
+            their count (:class:`reader.transforms.bad_input.Quarantine`).
         slowest: the longest issue-to-done time of a batch so far, all epochs (s):
             what a late batch is measured against.
     """
@@ -107,6 +110,7 @@ class Cursor:
     epoch: int = 0
     position: int = 0
     skipped: int = 0
+    quarantine: Quarantine = field(default_factory=Quarantine)
     slowest: float = 0.0
 
     def delivered(self, epoch: int, k: int) -> None:
@@ -321,16 +325,17 @@ class Epoch:
         rt = self.rt
         slot = self.slot_of[k]
         try:
-            t, shapes = self.builder.build(rt.order.batch(self.epoch, k),
-                                           self.ring.slot_view(slot),
-                                           batch_rng(rt.spec, self.epoch, k))
+            t, shapes, replaced = self.builder.build(rt.order.batch(self.epoch, k),
+                                                     self.ring.slot_view(slot),
+                                                     batch_rng(rt.spec, self.epoch, k))
         except ShardpackError:
             raise
         except Exception as exc:
             raise WorkerError(f"in-process batch {k} failed on record {self.builder.current}: "
                               f"{type(exc).__name__}: {exc}", record=self.builder.current,
                               exc_type=type(exc).__qualname__) from exc
-        return BatchDone(batch=k, slot=slot, worker=-1, pid=os.getpid(), timing=t, shapes=shapes)
+        return BatchDone(batch=k, slot=slot, worker=-1, pid=os.getpid(), timing=t, shapes=shapes,
+                         replaced=replaced)
 
     def _wait_for(self, k: int):
         timeout = self.rt.options.timeout
@@ -448,9 +453,14 @@ class Epoch:
         nrec = t.records
         batch = assemble(self.ring.slot_view(slot), plan.fixed, plan.var_fields,
                          msg.shapes, nrec)
+        if msg.replaced:
+            served = rt.order.batch(self.epoch, k).copy()
+            for p, record, replacement in msg.replaced:
+                served[p] = replacement
+                cursor.quarantine.add(rt.dataset, record, replacement)
         if plan.main_fields:
             batch.update(main_fields(rt.dataset, plan.main_fields,
-                                     rt.order.batch(self.epoch, k)))
+                                     served if msg.replaced else rt.order.batch(self.epoch, k)))
         if t.skipped:
             cursor.skipped += t.skipped
         timing = None

@@ -54,7 +54,11 @@ class Task(NamedTuple):
 
 class BatchDone(NamedTuple):
     """A batch is in its slot. ``shapes``: the shape of each varying-size field's
-    array in the slot (:mod:`reader.transforms.collate`), empty when there are none."""
+    array in the slot (:mod:`reader.transforms.collate`), empty when there are none.
+    ``replaced``: ``(position, record, replacement)`` of each bad record the builder
+    replaced (``on_error="replace"``, :mod:`reader.transforms.bad_input`), by position;
+    the main process reads the batch's main-process fields from the replacements and
+    records them in the quarantine."""
 
     batch: int
     slot: int
@@ -62,6 +66,7 @@ class BatchDone(NamedTuple):
     pid: int
     timing: WorkerTiming
     shapes: dict
+    replaced: tuple = ()
 
 
 class BatchFailed(NamedTuple):
@@ -103,6 +108,9 @@ class BatchSpec:
         sample: the sample path's plan (:class:`reader.transforms.sample.SampleSpec`) when the
             loader reads annotations, varying-size images or arrays, or runs
             sample callables; None: the classification path.
+        main_fields: the fields the main process reads (``BatchPlan.main_fields``): under
+            ``on_error="replace"`` the builder checks their checksums too, so a record
+            damaged there is replaced with the rest of it rather than failing at delivery.
     """
 
     image_field: str | None
@@ -113,6 +121,7 @@ class BatchSpec:
     rank: int
     cache: Any = None
     sample: Any = None
+    main_fields: tuple[str, ...] = ()
 
 
 def batch_rng(spec: BatchSpec, epoch: int, batch: int) -> np.random.Generator:
@@ -121,7 +130,7 @@ def batch_rng(spec: BatchSpec, epoch: int, batch: int) -> np.random.Generator:
 
 
 class BatchBuilder:
-    """Fills slot arrays for given record indices; returns ``(timing, shapes)``.
+    """Fills slot arrays for given record indices; returns ``(timing, shapes, replaced)``.
 
     ``current`` is the global index of the record being worked on, so a failure
     can name it.
@@ -135,6 +144,14 @@ class BatchBuilder:
         self._sample = None
         if spec.sample is not None:
             self._sample = SampleBuilder(ds, spec.sample, spec.pipeline, spec.bad_input)
+        # Every field a batch reads (the worker's and the main process's): a damaged
+        # record is one whose read of any of them fails (on_error="replace").
+        s = spec.sample
+        names = [spec.image_field, *(n for n, _ in spec.slot_fields), *spec.main_fields]
+        if s is not None:
+            names += [*(n for n, _, _ in s.decoded), *(f.name for f in s.arrays),
+                      *(n for n, _ in s.decoders)]
+        self._read_fields = tuple(dict.fromkeys(n for n in names if n is not None))
 
     @property
     def current(self) -> int | None:
@@ -149,34 +166,90 @@ class BatchBuilder:
             self._sample.current = value
 
     def build(self, indices: np.ndarray, arrays: dict[str, np.ndarray],
-              rng: np.random.Generator) -> tuple[WorkerTiming, dict]:
+              rng: np.random.Generator) -> tuple[WorkerTiming, dict, tuple]:
+        """Build the batch of records ``indices`` into ``arrays`` with the batch's random
+        stream ``rng``; returns ``(timing, shapes, replaced)`` (``replaced``: see
+        :class:`BatchDone`)."""
+        policy = self.spec.bad_input
+        try:
+            if policy.replaces:
+                return self._build_replacing(indices, arrays, rng)
+            return (*self._build(indices, arrays, rng), ())
+        except DecodeError as exc:
+            # A DecodeError the policy let through (on_error="fail") names its record.
+            raise self._corrupt(self.current, exc) from None
+
+    def _build_replacing(self, indices, arrays, rng) -> tuple[WorkerTiming, dict, tuple]:
+        """``on_error="replace"``: build; while some records were bad (marked in the
+        ``valid`` mask, or failing a read), put their replacements in their places
+        (:meth:`reader.transforms.bad_input.BadInput.substitutes`) and build the batch
+        again from the same random stream, as its order would with them in place."""
+        t0 = time.perf_counter()
+        start = rng.bit_generator.state
+        valid = arrays.get(VALID_FIELD)
+        served, subs = indices, None
+        while True:
+            try:
+                timing, shapes = self._build(served, arrays, rng)
+                bad = np.flatnonzero(~valid[:len(served)]) if valid is not None else ()
+            except CorruptRecordError:  # a read failed its checksum (or its decode)
+                bad = self._damaged(served)
+                if not len(bad):
+                    raise  # not a record's damage: as under on_error="fail"
+            if not len(bad):
+                break
+            if subs is None:
+                subs = self.spec.bad_input.substitutes(self.ds, indices)
+            served = subs.replace(bad)
+            rng.bit_generator.state = start
+        if subs is None:
+            return timing, shapes, ()
+        # The rounds that found bad records are the batch's time too.
+        return timing._replace(busy_s=time.perf_counter() - t0), shapes, subs.replaced()
+
+    def _damaged(self, indices: np.ndarray) -> list[int]:
+        """Positions of the batch whose record fails a read of a field the batch reads
+        (its checksum, or the dataset's decode of the field), record by record."""
+        bad = []
+        for i, r in enumerate(indices.tolist()):
+            for name in self._read_fields:
+                try:
+                    self.ds.get(r, name)
+                except CorruptRecordError:
+                    bad.append(i)
+                    break
+        return bad
+
+    def _build(self, indices, arrays, rng) -> tuple[WorkerTiming, dict]:
         t_start = time.perf_counter()
         spec = self.spec
         n = len(indices)
         valid = arrays.get(VALID_FIELD)
         if valid is not None:
             valid[:n] = True
+        # The reads that only check and gather come first: a record that fails its
+        # checksum there is found (and, under on_error="replace", replaced) before any
+        # image of its batch is decoded.
+        self._scalars(indices, arrays)
+        if spec.main_fields and spec.bad_input.replaces and self.ds.check_crc:
+            for name in spec.main_fields:  # their checksums, here, where a bad one is replaced
+                self.ds.payloads(indices, name)
+        gather_s = time.perf_counter() - t_start
         shapes: dict = {}
         if spec.image_field is not None or self._sample is not None:
-            # A DecodeError the policy let through (on_error="fail") names its record.
-            try:
-                if self._sample is not None:
-                    io_s, decode_s, transform_s, assemble_s, nbytes, skipped, shapes = \
-                        self._sample.build(indices, arrays, rng, valid)
-                else:
-                    io_s, decode_s, transform_s, nbytes, skipped = self._images(
-                        indices, arrays, rng, valid)
-                    assemble_s = 0.0
-            except DecodeError as exc:
-                raise self._corrupt(self.current, exc) from None
+            if self._sample is not None:
+                io_s, decode_s, transform_s, assemble_s, nbytes, skipped, shapes = \
+                    self._sample.build(indices, arrays, rng, valid)
+            else:
+                io_s, decode_s, transform_s, nbytes, skipped = self._images(
+                    indices, arrays, rng, valid)
+                assemble_s = 0.0
         else:
             io_s = decode_s = transform_s = assemble_s = 0.0
             nbytes = skipped = 0
-        t = time.perf_counter()
-        self._scalars(indices, arrays)
         done_at = time.perf_counter()
         timing = WorkerTiming(io_s=io_s, decode_s=decode_s, transform_s=transform_s,
-                              assemble_s=assemble_s + done_at - t, busy_s=done_at - t_start,
+                              assemble_s=assemble_s + gather_s, busy_s=done_at - t_start,
                               bytes=nbytes, records=n, skipped=skipped, done_at=done_at)
         return timing, shapes
 
@@ -223,7 +296,8 @@ class BatchBuilder:
         path, r, offset = self.ds.where(index, self.spec.image_field or self.ds.fields[0].name)
         return CorruptRecordError(
             f"field {self.spec.image_field!r} of dataset record {index} does not decode ({exc}); "
-            "pass on_error='skip' to skip such records", path=path, record=r, offset=offset)
+            "pass on_error='skip' to skip such records or on_error='replace' to replace them",
+            path=path, record=r, offset=offset)
 
 
 def error_message(exc: BaseException) -> tuple:
@@ -271,8 +345,8 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
             if doing is not None:
                 doing.value = k
             try:
-                timing, shapes = builder.build(task.indices, ring.slot_view(slot),
-                                               batch_rng(spec, task.epoch, k))
+                timing, shapes, replaced = builder.build(task.indices, ring.slot_view(slot),
+                                                         batch_rng(spec, task.epoch, k))
             except Exception as exc:
                 done_q.put(BatchFailed(batch=k, slot=slot, worker=worker_id, pid=pid,
                                        record=builder.current, error=error_message(exc),
@@ -283,7 +357,7 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
                 if doing is not None:
                     doing.value = -1
             done_q.put(BatchDone(batch=k, slot=slot, worker=worker_id, pid=pid, timing=timing,
-                                 shapes=shapes))
+                                 shapes=shapes, replaced=replaced))
     except KeyboardInterrupt:
         pass
     finally:

@@ -76,10 +76,11 @@ def test_no_builder_reads_on_error_itself():
     # The classification path used to test spec.on_error and zero-fill on its own.
     import inspect
 
-    from reader.runtime import plan, worker
+    from reader.runtime import epoch, plan, worker
     from reader.transforms import sample
 
-    for module in (worker, sample, plan):
+    for module in (worker, sample, plan, epoch):
         source = inspect.getsource(module)
-        assert '== "skip"' not in source and '!= "skip"' not in source, module.__name__
+        for value in ("fail", "skip", "replace"):
+            assert f'== "{value}"' not in source and f'!= "{value}"' not in source, module.__name__
         assert ".on_error" not in source, module.__name__
