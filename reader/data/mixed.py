@@ -4,12 +4,15 @@ is record ``offsets[s] + r`` here, and its shard ``k`` shard ``shard_offsets[s] 
 It offers what the workers and the main process read a batch with (``payloads``,
 ``scalars``, ``values``, ``get``, ``where``, ``fields``), each call split by source and
 put back in the batch's order; nothing is copied. Its fields are those every source
-has with the same type, encoding and shape; the others are named in :attr:`differing`
-so an error can say which source disagrees.
+has with the same type, encoding and shape, where image types agree as ``image`` (a
+``jpeg`` field of one source and a ``png`` or ``image`` one of another: the decoder
+reads each payload's own format); the others are named in :attr:`differing` so an
+error can say which source disagrees.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from formats.errors import RecordIndexError
-from formats.fields import Field
+from formats.fields import IMAGE_TYPES, Field
 
 __all__ = ["MixedDataset"]
 
@@ -163,8 +166,12 @@ def _common_fields(names: tuple[str, ...], parts: list) -> tuple[tuple[Field, ..
     common, differing = [], {}
     everywhere = [{f.name: f for f in d.fields} for d in parts]
     for f in first:
-        why = [_unlike(f, names[0], mine.get(f.name), n)
-               for n, mine in zip(names[1:], everywhere[1:], strict=True)]
+        others = [mine.get(f.name) for mine in everywhere[1:]]
+        if f.type in IMAGE_TYPES and all(o is not None and o.type in IMAGE_TYPES for o in others):
+            if any(o.type != f.type for o in others):
+                f = replace(f, type="image")  # each payload decodes by its own format
+            others = [replace(o, type=f.type) for o in others]
+        why = [_unlike(f, names[0], o, n) for n, o in zip(names[1:], others, strict=True)]
         why = [w for w in why if w]
         if why:
             differing[f.name] = "; ".join(why)

@@ -327,3 +327,32 @@ def test_damaged_or_foreign_states_are_named(sources):
         bad = {**state, key: value}
         with raw(reader.Mix(sources), 10) as lo, pytest.raises(StateError):
             lo.load_state_dict(bad)
+
+
+def test_image_fields_of_other_formats_mix_as_image(sources, tmp_path):
+    """A jpeg field of one source and a png one of another: each payload decodes by its
+    own format, so they agree as ``image``; a field of another kind does not."""
+    from formats import DatasetWriter, Field
+    from reader.transforms import CenterCrop
+    from tests.helpers_packer import png
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "png"
+    with DatasetWriter(root, [Field("image", "png"), Field("label", "int")],
+                       records_per_shard=20, shard_size=None, durable=False) as w:
+        for i in range(40):
+            w.write({"image": png(rng, 40, 36), "label": 1000 + i})
+    mix = reader.Mix({"a": sources["a"], "p": str(root)}, weights={"a": 1, "p": 1})
+    with reader.Loader(mix, 16, transform=[CenterCrop(32)], num_workers=0, shuffle=True) as lo:
+        assert lo.dataset.fields[0].type == "image"
+        batch = next(iter(lo))
+    assert batch["image"].shape == (16, 32, 32, 3)
+    assert (batch["label"] >= 1000).any() and (batch["label"] < 1000).any()
+    text = tmp_path / "text"
+    with DatasetWriter(text, [Field("image", "str"), Field("label", "int")],
+                       records_per_shard=20, shard_size=None, durable=False) as w:
+        for i in range(20):
+            w.write({"image": "not an image", "label": i})
+    with pytest.raises(ArgumentError, match="stores 'image' as jpeg, source 't' as str"):
+        reader.Loader(reader.Mix({"a": sources["a"], "t": str(text)}), 8, num_workers=0,
+                      fields=("image", "label"))
