@@ -19,6 +19,10 @@ ledger: a file that is not one is never appended to, and a run that does not
 resume (no ``load_state_dict``) refuses a ledger file that already holds steps,
 since it would mix two runs.
 
+It hashes the records the order planned for each batch; with ``on_error="replace"`` a
+damaged one was served as its replacement, which the state's quarantine records (the
+plan and the quarantine together say what was served, and both are deterministic).
+
 The hash is updated when the runtime reports the batch delivered (a listener), so
 a batch delivered and then lost to an exception before the loop received it is
 counted: the ledger then shows it served twice, which is what the trainer saw.
