@@ -621,6 +621,9 @@ def peers(args) -> None:
     dirs: dict[str, list[str]] = {}
     why: dict[str, str] = {}
     for system, fmt in fmt_dirs.items():
+        if write.python(fmt) is None:  # no peers' virtualenv: the Runner says so
+            why[system] = write(fmt)["skipped"]
+            continue
         out = []
         for src in srcs.values():
             dst = args.data / f"plan-{fmt}-{src.name}"
@@ -723,6 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(SECTIONS),
                    help=f"sections to run, comma-separated ({', '.join(SECTIONS)})")
     args = p.parse_args(argv)
+    args.peers_python = args.peers_python or None  # an empty $SHARDPACK_PEERS_PYTHON: none
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         p.error(f"--only: no section {', '.join(sorted(unknown))}; one of {', '.join(SECTIONS)}")
