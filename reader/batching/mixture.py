@@ -54,6 +54,7 @@ ORDER = "mix-1"
 # What a source's items are, and who reads them (named in states and messages).
 _READERS = {"records": "Loader", "blocks": "TokenBlocks"}
 _PASSES = 0x70617373  # separates the sources' pass permutations from other keys
+_WINDOW_BUDGET = 1 << 22  # window-permutation elements all kept pass orders share
 _RECENT = 128  # batches kept from issue to delivery (prefetch stays below: 4 x workers)
 
 
@@ -247,8 +248,11 @@ class MixOrder:
         """Pass ``p`` of source ``s`` in the ``"block"`` order (kept while recent)."""
         hit = self._pass_orders.get((s, p))
         if hit is None:
+            # The pass orders kept share one budget of window permutations: a single
+            # dataset's (32 MB), not one each (10 sources would hold 640 MB).
             hit = EpochOrder(int(self.sizes[s]), self.shard_starts[s], self.options, p,
-                             stream=int(self.streams[s]), window=self._window)
+                             stream=int(self.streams[s]), window=self._window,
+                             cache=_WINDOW_BUDGET // (2 * len(self.names)))
             self._pass_orders[(s, p)] = hit
             if len(self._pass_orders) > 2 * len(self.names):
                 self._pass_orders.popitem(last=False)

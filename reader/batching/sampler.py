@@ -50,11 +50,14 @@ class EpochOrder:
     permutation and its prefix sums (12 bytes a shard) and permutes each window of
     ``window`` positions of the shards' concatenation when it is reached
     (:class:`~reader.batching.permutation.WindowPermutations`); ``window=None``
-    makes every shard its own window (the blocks of a token stream).
+    makes every shard its own window (the blocks of a token stream). ``cache`` bounds
+    the windows' permutations kept (elements: 8 bytes each), so several orders alive
+    at once (a mixture's sources) can share one budget.
     """
 
     def __init__(self, num_records: int, shard_starts: np.ndarray, options: SamplerOptions,
-                 epoch: int, *, stream: int = 0, window: int | str | None = "options") -> None:
+                 epoch: int, *, stream: int = 0, window: int | str | None = "options",
+                 cache: int = 1 << 22) -> None:
         self.num_records = n = int(num_records)
         self.mode = options.shuffle or None
         self.window = options.shuffle_window if window == "options" else window
@@ -63,7 +66,7 @@ class EpochOrder:
         if self.mode == "full":
             self.keys = round_keys(options.seed, epoch, stream)
             return
-        self.windows = WindowPermutations(options.seed, epoch, stream, _WINDOWS)
+        self.windows = WindowPermutations(options.seed, epoch, stream, _WINDOWS, cache=cache)
         starts = np.asarray(shard_starts, np.int64)
         rng = np.random.default_rng([options.seed, int(epoch), stream])
         count = len(starts) - 1

@@ -356,3 +356,20 @@ def test_image_fields_of_other_formats_mix_as_image(sources, tmp_path):
     with pytest.raises(ArgumentError, match="stores 'image' as jpeg, source 't' as str"):
         reader.Loader(reader.Mix({"a": sources["a"], "t": str(text)}), 8, num_workers=0,
                       fields=("image", "label"))
+
+
+@pytest.mark.parametrize("weights", [[0.5, 0.3, 0.15, 0.05], [3, 1], [1] * 10])
+def test_every_rank_gets_each_source_in_proportion_batch_by_batch(weights):
+    """A rank's strided positions land on random slots: per-batch counts spread as random
+    draws would (a structured shuffle once put 126 batches of 32,000 beyond 4 sd)."""
+    a = Arrangement(integer_weights(weights), seed=11)
+    src, _ = a(np.arange(1 << 19))
+    w = np.asarray(weights, float) / sum(weights)
+    world, b, beyond, batches = 8, 256, 0, 0
+    for r in range(world):
+        mine = src[r::world]
+        for k in range(len(mine) // b):
+            c = np.bincount(mine[k * b:(k + 1) * b], minlength=len(w))
+            beyond += (np.abs(c - b * w) > 4 * np.sqrt(b * w * (1 - w))).any()
+            batches += 1
+    assert beyond <= max(2, batches // 500)  # random draws: about 1 in 16,000 per source
