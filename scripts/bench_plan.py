@@ -136,8 +136,8 @@ def batch_costs(mode: str, world: int, batches: int = 2000) -> dict:
     # Each part on a fresh order, so that it pays what it paid inside ``total`` (its
     # caches cold: the blocks' layouts, the windows' permutations).
     positions = [order.positions(0, k) for k in ks]
-    placed = [order.plans[-1].arrangement(p) for p in positions]
-    arrangement = scale_order(mode, world)().plans[-1].arrangement
+    placed = [order.plan.arrangement(p) for p in positions]
+    arrangement = scale_order(mode, world)().plan.arrangement
     arrange = _mean_us(arrangement, positions)
     # The sources' orders: (source, number since the run began) -> record, the half of
     # MixOrder.sources_of that is not the arrangement.
