@@ -78,6 +78,11 @@ BLOCK = 1 << BLOCK_SHIFT
 # each shard it touches, so its first batches read every shard without a map.
 SPARSE_RECORDS = 32
 SPARSE_READ = 4
+# Until mapped, each file is read a page at a time and keeps its last PAGES_KEPT pages
+# (at most 32 KiB a shard): a record's fields lie side by side in the data file and its
+# index entries in three rows, and a batch reads them one field at a time.
+PAGE = 4096
+PAGES_KEPT = 4
 
 
 def _pread(fd: int, n: int, at: int, path: Path) -> bytes:
@@ -124,7 +129,13 @@ def _map(fd: int, path: Path, size: int, what: str) -> mmap.mmap:
     return mm
 
 
-def _check_magic(path: Path, raw: bytes, header: np.ndarray, magic: bytes, what: str) -> None:
+def _header(raw: bytes, dtype: np.dtype) -> dict:
+    """A file's header as Python values by field name (one conversion, not one numpy
+    scalar per field read: a full shuffle's batch opens hundreds of shards)."""
+    return dict(zip(dtype.names, np.frombuffer(raw, dtype, 1)[0].item(), strict=True))
+
+
+def _check_magic(path: str, raw: bytes, header: dict, magic: bytes, what: str) -> None:
     if raw[:8] != magic:
         raise FormatError(f"not a shardpack {what} file (bad magic)", path=path, offset=0,
                           found=raw[:8], expected=magic)
@@ -151,15 +162,17 @@ class _ShardFile:
     process with threads, waits for an RCU grace period (5-13 ms measured here).
     """
 
-    __slots__ = ("closed", "fd", "follow_symlinks", "path", "root", "size", "what", "_seen")
+    __slots__ = ("_pages", "_seen", "closed", "fd", "follow_symlinks", "path", "root", "size",
+                 "what")
 
-    def __init__(self, path: Path, root: Path, size: int, what: str,
+    def __init__(self, path: str, root: Path, size: int, what: str,
                  follow_symlinks: bool) -> None:
         self.path, self.root, self.size, self.what = path, root, size, what
         self.follow_symlinks = follow_symlinks
         self.fd = -1
         self.closed = False
         self._seen: tuple[int, int, int, int] | None = None
+        self._pages: dict[int, bytes] = {}  # the last PAGES_KEPT pages read, by offset
 
     def open(self) -> tuple[int, bytes]:
         """Open the file, which must be regular and exactly :attr:`size` bytes: (its
@@ -220,12 +233,24 @@ class _ShardFile:
         self.fd = fd
         return fd
 
-    def read(self, n: int, at: int) -> bytes:
-        """``n`` bytes from byte ``at`` (see :func:`_pread`)."""
-        return _pread(self.descriptor(), n, at, self.path)
+    def read(self, n: int, at: int) -> memoryview:
+        """``n`` bytes from byte ``at`` (see :func:`_pread`), through the pages kept
+        when they lie in one page."""
+        page = at - at % PAGE
+        if at + n > page + PAGE:
+            return memoryview(_pread(self.descriptor(), n, at, self.path))
+        raw = self._pages.get(page)
+        if raw is None:
+            raw = _pread(self.descriptor(), min(PAGE, self.size - page), page, self.path)
+            if len(self._pages) >= PAGES_KEPT:
+                del self._pages[next(iter(self._pages))]
+            self._pages[page] = raw
+        if at + n > page + len(raw):  # past the size checked at open: a bad entry's span
+            return memoryview(_pread(self.descriptor(), n, at, self.path))  # refused there
+        return memoryview(raw)[at - page : at - page + n]
 
     def __getitem__(self, span: slice) -> memoryview:
-        return memoryview(self.read(span.stop - span.start, span.start))
+        return self.read(span.stop - span.start, span.start)
 
     def release(self) -> None:
         """Close the descriptor until the next read."""
@@ -237,6 +262,7 @@ class _ShardFile:
         """Close the descriptor for good (the shard is mapped or closed)."""
         self.release()
         self.closed = True
+        self._pages = {}
 
 
 class ShardReader:
@@ -260,9 +286,10 @@ class ShardReader:
     def __init__(self, root: Path, entry: ShardEntry, num_fields: int, alignment: int, *,
                  follow_symlinks: bool = False, mapped: bool = True) -> None:
         self.entry = entry
-        root = root if isinstance(root, Path) else Path(root)  # reopened often: no needless Path
-        self.data_path = root / entry.data_file
-        self.index_path = root / entry.index_file
+        # Names as text: a full shuffle opens hundreds of shards per batch, and a Path
+        # costs microseconds to build and again to pass to each system call.
+        index_name = os.path.join(root, entry.index_file)
+        data_name = os.path.join(root, entry.data_file)
         self.offsets = self.lengths = self.crcs = self.data = self.view = None
         self._index_mm = self._data_mm = None
         self.mapped = False
@@ -270,13 +297,11 @@ class ShardReader:
         *sections, expected_index = index_sections(entry.records, num_fields)
         if entry.index_bytes != expected_index:
             raise FormatError("index size recorded in the manifest does not fit its record count",
-                              path=self.index_path, found=entry.index_bytes, expected=expected_index)
+                              path=index_name, found=entry.index_bytes, expected=expected_index)
         self._sections = sections[:3]  # where the offsets, lengths and crcs tables start
         # The files, read with pread until mapped (then closed: the maps hold their own).
-        self._index_file = _ShardFile(self.index_path, root, expected_index, "index",
-                                      follow_symlinks)
-        self._data_file = _ShardFile(self.data_path, root, entry.data_bytes, "data",
-                                     follow_symlinks)
+        self._index_file = _ShardFile(index_name, root, expected_index, "index", follow_symlinks)
+        self._data_file = _ShardFile(data_name, root, entry.data_bytes, "data", follow_symlinks)
         try:
             self._open(entry, num_fields, alignment)
             if mapped:
@@ -295,20 +320,20 @@ class ShardReader:
         self.identity = (data_mtime, index_mtime)
 
         # Headers are read from copies: a refused shard leaves no view pinning its maps.
-        ih = np.frombuffer(index_head, INDEX_HEADER, 1)[0]
-        _check_magic(self.index_path, index_head, ih, INDEX_MAGIC, "index")
+        ih = _header(index_head, INDEX_HEADER)
+        _check_magic(self._index_file.path, index_head, ih, INDEX_MAGIC, "index")
         if crc32c(index_head[:INDEX_HEADER_CRC_SPAN]) != int(ih["header_crc32c"]):
-            raise FormatError("index header checksum mismatch", path=self.index_path, offset=44)
+            raise FormatError("index header checksum mismatch", path=self._index_file.path, offset=44)
         for key, expected in (("record_count", entry.records), ("num_fields", num_fields),
                               ("alignment", alignment), ("data_size", entry.data_bytes)):
             if int(ih[key]) != expected:
                 raise FormatError(f"index header {key} disagrees with the manifest",
-                                  path=self.index_path, found=int(ih[key]), expected=expected)
-        dh = np.frombuffer(data_head, DATA_HEADER, 1)[0]
-        _check_magic(self.data_path, data_head, dh, DATA_MAGIC, "data")
+                                  path=self._index_file.path, found=int(ih[key]), expected=expected)
+        dh = _header(data_head, DATA_HEADER)
+        _check_magic(self._data_file.path, data_head, dh, DATA_MAGIC, "data")
         if int(dh["alignment"]) != alignment:
             raise FormatError("data header alignment disagrees with the manifest",
-                              path=self.data_path, offset=16, found=int(dh["alignment"]),
+                              path=self._data_file.path, offset=16, found=int(dh["alignment"]),
                               expected=alignment)
 
         n = entry.records
@@ -332,6 +357,14 @@ class ShardReader:
         self._sparse_left = SPARSE_RECORDS
         self._rows: dict[int, tuple] = {}
 
+    @property
+    def data_path(self) -> Path:
+        return Path(self._data_file.path)
+
+    @property
+    def index_path(self) -> Path:
+        return Path(self._index_file.path)
+
     def map(self) -> None:
         """Map both files (through descriptors checked to be of the files opened, so the
         files mapped are the ones checked at open, whatever was renamed since), then
@@ -346,10 +379,10 @@ class ShardReader:
         if self.mapped:
             return
         if self._index_mm is None:
-            self._index_mm = _map(self._index_file.descriptor(), self.index_path,
+            self._index_mm = _map(self._index_file.descriptor(), self._index_file.path,
                                   self._index_size, "index")
         if self._data_mm is None:
-            self._data_mm = _map(self._data_file.descriptor(), self.data_path,
+            self._data_mm = _map(self._data_file.descriptor(), self._data_file.path,
                                  self._data_size, "data")
         self._index_file.close()
         self._data_file.close()
@@ -426,21 +459,35 @@ class ShardReader:
                 np.array([r[2][field] for r in rows], np.uint32) if crcs else None)
 
     def _read_row(self, record: int) -> tuple[list, list, list]:
-        """One index row, read with ``pread`` (three small reads) and kept until mapped
-        (at most :data:`SPARSE_RECORDS` rows: the reads before the map)."""
+        """One index row, read with ``pread``, checked (:meth:`_check_entries`) and kept
+        until mapped (at most :data:`SPARSE_RECORDS` rows: the reads before the map)."""
         row = self._rows.get(record)
         if row is None:
             f = self.num_fields
             cell = record * f
+            lo = max(cell - 1, 0)  # with the entry before, which the first is compared with
             offsets_at, lengths_at, crcs_at = self._sections
             read = self._index_file.read
-            row = (list(struct.unpack(f"<{f}Q", read(8 * f, offsets_at + 8 * cell))),
-                   list(struct.unpack(f"<{f}Q", read(8 * f, lengths_at + 8 * cell))),
+            n = cell + f - lo
+            starts = struct.unpack(f"<{n}Q", read(8 * n, offsets_at + 8 * lo))
+            lengths = struct.unpack(f"<{n}Q", read(8 * n, lengths_at + 8 * lo))
+            self._check_entries(lo, starts, lengths)
+            row = (list(starts[cell - lo :]), list(lengths[cell - lo :]),
                    list(struct.unpack(f"<{f}I", read(4 * f, crcs_at + 4 * cell))))
             if len(self._rows) >= SPARSE_RECORDS:
                 self._rows.clear()
             self._rows[record] = row
         return row
+
+    def _check_entries(self, lo: int, starts: tuple, lengths: tuple) -> None:
+        """:meth:`_check_span`'s rules for the few flat entries from ``lo`` (Python ints,
+        one by one: a row and the entry before it cost less so than in numpy)."""
+        size, alignment = self.entry.data_bytes, self.alignment
+        end = HEADER_SIZE
+        for k, (o, n) in enumerate(zip(starts, lengths, strict=True)):
+            if o < end or o > size or n > size or o % alignment or o + n > size:
+                self._refuse(lo + k, o, n)
+            end = o + n
 
     def words(self, dtype: np.dtype) -> np.ndarray:
         """The data file (mapped) as 8-byte words of ``dtype`` (``<i8``/``<f8``), for
@@ -456,8 +503,8 @@ class ShardReader:
         fields: 8-aligned, inside the file)."""
         if self.mapped:
             return self.words(dtype)[offsets >> 3]
-        view = self.view
-        return np.frombuffer(b"".join([view[o : o + 8] for o in offsets.tolist()]), dtype)
+        read = self._data_file.read
+        return np.frombuffer(b"".join([read(8, o) for o in offsets.tolist()]), dtype)
 
     def validate(self, records=None) -> None:
         """Check index entries against the data file, in numpy; raise on the first bad one.
@@ -466,13 +513,20 @@ class ShardReader:
         at or after the end of the entry before it (FORMAT.md). With ``records`` (an
         int or an integer array of record numbers in this shard), only the blocks of
         :data:`BLOCK` records they lie in are checked, each once per open shard;
-        without, the whole index. A record is sliced only after its block passed.
+        without, the whole index. A record is sliced only after its block passed. A
+        shard not mapped checks only the entries of ``records`` (and the entry before
+        each), as it reads them (:meth:`_read_row`): a few records of a few hundred
+        shards, where a block's check costs some 20 us in numpy.
 
         Raises:
             FormatError: an entry is out of bounds, misaligned or overlapping (names
                 the index file, the record and the field).
         """
         if self.validated:
+            return
+        if not self.mapped and records is not None:  # each record's own entries
+            for r in [records] if isinstance(records, (int, np.integer)) else records.tolist():
+                self._read_row(int(r))
             return
         if records is None:
             self._check_span(0, None)

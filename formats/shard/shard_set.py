@@ -212,7 +212,8 @@ class ShardSet:
 
     def _manifest_stat(self) -> tuple[int, int, int, int] | None:
         try:
-            st = os.stat(self.root / MANIFEST_NAME)
+            # Joined as text: asked at each lazily opened shard's first open.
+            st = os.stat(os.path.join(self.root, MANIFEST_NAME))
         except OSError:
             return None
         return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
