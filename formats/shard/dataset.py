@@ -313,19 +313,23 @@ class ShardDataset(ShardSet):
         offsets = np.empty(shard.shape, np.uint64)
         lengths = np.empty(shard.shape, np.uint64)
         crcs = np.empty(shard.shape, np.uint32) if crcs else None
-        for k, pos in self._groups(shard):
-            loc = local[pos]
-            s = self._ready(k, loc)
-            starts, lengths[pos], stored = s.entries(loc, j, crcs is not None)
-            offsets[pos] = starts
-            if crcs is not None:
-                crcs[pos] = stored
-            if out is not None:
-                view = s.view  # slices of a map's outlive close(), holding the map
-                where = range(len(loc)) if type(pos) is slice else pos.tolist()  # one shard
-                for p, o, e in zip(where, starts.tolist(), (starts + lengths[pos]).tolist(),
-                                   strict=True):
-                    out[p] = view[o:e]
+        opened: list[int] = []
+        try:
+            for k, pos in self._groups(shard):
+                loc = local[pos]
+                s = self._ready(k, loc, opened)
+                starts, lengths[pos], stored = s.entries(loc, j, crcs is not None)
+                offsets[pos] = starts
+                if crcs is not None:
+                    crcs[pos] = stored
+                if out is not None:
+                    view = s.view  # slices of a map's outlive close(), holding the map
+                    where = range(len(loc)) if type(pos) is slice else pos.tolist()  # one shard
+                    for p, o, e in zip(where, starts.tolist(),
+                                       (starts + lengths[pos]).tolist(), strict=True):
+                        out[p] = view[o:e]
+        finally:
+            self._check_opened(opened)
         return shard, local, offsets, lengths, crcs
 
     def _check_many(self, found: np.ndarray, stored: np.ndarray, shard, local, j: int,
@@ -373,16 +377,20 @@ class ShardDataset(ShardSet):
     def _payloads_copying(self, shard, local, groups, j: int) -> list[memoryview]:
         out: list = [None] * shard.size
         copy = len(groups) - self.max_open  # the shards closed again within this batch
-        for g, (k, pos) in enumerate(groups):
-            loc = local[pos]
-            s = self._ready(k, loc)
-            starts, lengths, _ = s.entries(loc, j)
-            view = s.view
-            for p, r, o, e in zip(pos.tolist(), loc.tolist(), starts.tolist(),
-                                  (starts + lengths).tolist(), strict=True):
-                out[p] = memoryview(view[o:e].tobytes()) if g < copy else view[o:e]
-                if self.check_crc:
-                    s.check(r, j, out[p])
+        opened: list[int] = []
+        try:
+            for g, (k, pos) in enumerate(groups):
+                loc = local[pos]
+                s = self._ready(k, loc, opened)
+                starts, lengths, _ = s.entries(loc, j)
+                view = s.view
+                for p, r, o, e in zip(pos.tolist(), loc.tolist(), starts.tolist(),
+                                      (starts + lengths).tolist(), strict=True):
+                    out[p] = memoryview(view[o:e].tobytes()) if g < copy else view[o:e]
+                    if self.check_crc:
+                        s.check(r, j, out[p])
+        finally:
+            self._check_opened(opened)
         return out
 
     def scalars(self, indices, field: str) -> np.ndarray:
@@ -400,15 +408,19 @@ class ShardDataset(ShardSet):
         out = np.empty(shard.shape, dt)
         lengths = np.empty(shard.shape, np.uint64)
         crcs = np.empty(shard.shape, np.uint32) if self.check_crc else None
-        for k, pos in self._groups(shard):
-            loc = local[pos]
-            s = self._ready(k, loc)
-            offsets, lengths[pos], stored = s.entries(loc, j, crcs is not None)
-            # These records' offsets were validated to lie in the file (their blocks'
-            # entries, by _ready): a wrong length is found below.
-            out[pos] = s.words_at(offsets, dt)
-            if crcs is not None:
-                crcs[pos] = stored
+        opened: list[int] = []
+        try:
+            for k, pos in self._groups(shard):
+                loc = local[pos]
+                s = self._ready(k, loc, opened)
+                offsets, lengths[pos], stored = s.entries(loc, j, crcs is not None)
+                # These records' offsets were validated to lie in the file (their blocks'
+                # entries, by _ready): a wrong length is found below.
+                out[pos] = s.words_at(offsets, dt)
+                if crcs is not None:
+                    crcs[pos] = stored
+        finally:
+            self._check_opened(opened)
         if crcs is not None:  # the 8 payload bytes are the word's: checked in numpy
             self._check_many(crc32c_words(out), crcs, shard, local, j,
                              lambda i: out[i : i + 1].tobytes())

@@ -129,10 +129,36 @@ def _map(fd: int, path: Path, size: int, what: str) -> mmap.mmap:
     return mm
 
 
-def _header(raw: bytes, dtype: np.dtype) -> dict:
-    """A file's header as Python values by field name (one conversion, not one numpy
-    scalar per field read: a full shuffle's batch opens hundreds of shards)."""
-    return dict(zip(dtype.names, np.frombuffer(raw, dtype, 1)[0].item(), strict=True))
+_UNSIGNED = {1: "B", 2: "H", 4: "I", 8: "Q"}  # struct's codes, by size
+
+
+def _unpacker(dtype: np.dtype) -> tuple[struct.Struct, tuple[str, ...]]:
+    """A header dtype of :mod:`formats.shard.layout` (unsigned little-endian integers,
+    byte strings and reserved bytes) as a ``struct`` format and the names it yields:
+    the layout stays declared once, and a full shuffle's batch parses hundreds of
+    headers (numpy's record scalar costs microseconds a field)."""
+    codes, names = ["<"], []
+    for name in dtype.names:
+        sub = dtype.fields[name][0]
+        if sub.kind == "V":
+            codes.append(f"{sub.itemsize}x")  # reserved: skipped
+            continue
+        assert sub.kind in "uS", dtype
+        codes.append(f"{sub.itemsize}s" if sub.kind == "S" else _UNSIGNED[sub.itemsize])
+        names.append(name)
+    unpacker = struct.Struct("".join(codes))
+    assert unpacker.size == dtype.itemsize, dtype
+    return unpacker, tuple(names)
+
+
+_INDEX_HEADER = _unpacker(INDEX_HEADER)
+_DATA_HEADER = _unpacker(DATA_HEADER)
+
+
+def _header(raw: bytes, layout: tuple[struct.Struct, tuple[str, ...]]) -> dict:
+    """A file's header as Python values by field name (:func:`_unpacker`'s layout)."""
+    unpacker, names = layout
+    return dict(zip(names, unpacker.unpack(raw), strict=True))
 
 
 def _check_magic(path: str, raw: bytes, header: dict, magic: bytes, what: str) -> None:
@@ -288,8 +314,8 @@ class ShardReader:
         self.entry = entry
         # Names as text: a full shuffle opens hundreds of shards per batch, and a Path
         # costs microseconds to build and again to pass to each system call.
-        index_name = os.path.join(root, entry.index_file)
-        data_name = os.path.join(root, entry.data_file)
+        index_name = f"{root}{os.sep}{entry.index_file}"
+        data_name = f"{root}{os.sep}{entry.data_file}"
         self.offsets = self.lengths = self.crcs = self.data = self.view = None
         self._index_mm = self._data_mm = None
         self.mapped = False
@@ -320,7 +346,7 @@ class ShardReader:
         self.identity = (data_mtime, index_mtime)
 
         # Headers are read from copies: a refused shard leaves no view pinning its maps.
-        ih = _header(index_head, INDEX_HEADER)
+        ih = _header(index_head, _INDEX_HEADER)
         _check_magic(self._index_file.path, index_head, ih, INDEX_MAGIC, "index")
         if crc32c(index_head[:INDEX_HEADER_CRC_SPAN]) != int(ih["header_crc32c"]):
             raise FormatError("index header checksum mismatch", path=self._index_file.path, offset=44)
@@ -329,7 +355,7 @@ class ShardReader:
             if int(ih[key]) != expected:
                 raise FormatError(f"index header {key} disagrees with the manifest",
                                   path=self._index_file.path, found=int(ih[key]), expected=expected)
-        dh = _header(data_head, DATA_HEADER)
+        dh = _header(data_head, _DATA_HEADER)
         _check_magic(self._data_file.path, data_head, dh, DATA_MAGIC, "data")
         if int(dh["alignment"]) != alignment:
             raise FormatError("data header alignment disagrees with the manifest",

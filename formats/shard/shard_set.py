@@ -131,19 +131,23 @@ class ShardSet:
                 "records are still referenced stays open; raise 'ulimit -n' or drop views",
                 path=self.root / self.manifest.shards[s].data_file) from None
 
-    def _open_shard(self, s: int) -> ShardReader:
-        """Open shard ``s``, closing the least recently used shards first."""
+    def _open_shard(self, s: int, opened: list[int] | None = None) -> ShardReader:
+        """Open shard ``s``, closing the least recently used shards first (``opened``:
+        see :meth:`_check_opened`)."""
         self._trim(self.max_open - 1)
         reader = self._with_descriptors(lambda: self._map_shard(s), s)
         known = self._identity[s]
         if known is None and self._lazy:
             # A shard first opened after the dataset was (see _open_all): the manifest
             # must still be the one this object was opened on.
-            try:
-                self._check_unreplaced(quick=True)
-            except BaseException:
-                reader.close()
-                raise
+            if opened is not None:
+                opened.append(s)  # checked once for the whole batch, after its opens
+            else:
+                try:
+                    self._check_unreplaced(quick=True)
+                except BaseException:
+                    reader.close()
+                    raise
         if known is None or not self._same_files:
             self._identity[s] = reader.identity
         elif known != reader.identity:
@@ -167,15 +171,33 @@ class ShardSet:
         while len(self._lru) > limit:
             self._close_shard(next(iter(self._lru)))
 
-    def _ready(self, s: int, records=None) -> ShardReader:
+    def _check_opened(self, opened: list[int]) -> None:
+        """The manifest check (:meth:`_check_unreplaced`, quick) of the shards a batch,
+        read shard by shard, opened for the first time: once for the batch, after all
+        its opens (a full shuffle's batch opens hundreds), so a dataset replaced while
+        the batch was read is still refused. Those shards are then closed and
+        forgotten, and the records read from them, never returned, go with them."""
+        if not opened:
+            return
+        try:
+            self._check_unreplaced(quick=True)
+        except BaseException:
+            for s in opened:
+                if self._shards[s] is not None:
+                    self._close_shard(s)
+                self._identity[s] = None
+            raise
+
+    def _ready(self, s: int, records=None, opened: list[int] | None = None) -> ShardReader:
         """Shard ``s`` open, mapped unless ``records`` (its record numbers: an int or an
         array) are few enough to read without (:meth:`ShardReader.sparse`), its files
         still their full size, and the index entries of ``records`` validated, or all of
         them without (see :meth:`ShardReader.validate`: a block's entries once per open
-        shard)."""
+        shard). A batch read shard by shard passes ``opened`` (a list), then calls
+        :meth:`_check_opened` with it, whatever happened."""
         reader = self._shards[s]
         if reader is None:
-            reader = self._open_shard(s)
+            reader = self._open_shard(s, opened)
         elif self._bounded:
             self._lru.move_to_end(s)
         if reader is not self._last:

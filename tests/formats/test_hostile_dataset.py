@@ -954,3 +954,25 @@ def test_a_file_truncated_between_unmapped_reads_is_refused(two_big_shards, tmp_
     outcome = hostile("truncate_unmapped", str(root), name, label=f"unmapped: {name} truncated")
     check(outcome, names=name)
     assert "truncated" in outcome.message
+
+
+def test_a_dataset_replaced_during_a_batch_is_refused_and_its_shards_forgotten(
+        pristine, tmp_path, monkeypatch):
+    # A batch checks the manifest once, after opening its shards (ShardSet._check_opened).
+    monkeypatch.setattr("formats.shard.shard_set.EAGER_SHARDS", 0)
+    root = hostile_copy(pristine, tmp_path)
+    with open_shards(root) as ds:
+        real_ready = ds._ready
+
+        def ready(s, records=None, opened=None):
+            reader = real_ready(s, records, opened)
+            if s == 0:
+                _swap_in_new_dataset(root)  # shards 1 and 2 are then the new dataset's
+            return reader
+
+        ds._ready = ready
+        with pytest.raises(ManifestError, match="replaced since it was opened"):
+            ds.scalars(np.arange(len(ds)), "label")
+        assert not any(ds.shards) and not any(ds._identity)
+        with pytest.raises(ManifestError, match="replaced since it was opened"):
+            ds.payloads([0], "data")
