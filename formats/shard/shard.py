@@ -78,9 +78,9 @@ BLOCK = 1 << BLOCK_SHIFT
 # each shard it touches, so its first batches read every shard without a map.
 SPARSE_RECORDS = 32
 SPARSE_READ = 4
-# Until mapped, each file is read a page at a time and keeps its last PAGES_KEPT pages
-# (at most 32 KiB a shard): a record's fields lie side by side in the data file and its
-# index entries in three rows, and a batch reads them one field at a time.
+# Until mapped, the data file is read a page at a time and keeps its last PAGES_KEPT
+# pages (16 KiB a shard): a record's fields lie side by side, and a batch reads them one
+# field at a time (its index rows are kept whole: ShardReader._read_row).
 PAGE = 4096
 PAGES_KEPT = 4
 
@@ -259,9 +259,12 @@ class _ShardFile:
         self.fd = fd
         return fd
 
+    def pread(self, n: int, at: int) -> bytes:
+        """``n`` bytes from byte ``at`` (see :func:`_pread`)."""
+        return _pread(self.descriptor(), n, at, self.path)
+
     def read(self, n: int, at: int) -> memoryview:
-        """``n`` bytes from byte ``at`` (see :func:`_pread`), through the pages kept
-        when they lie in one page."""
+        """:meth:`pread` through the pages kept, when the bytes lie in one page."""
         page = at - at % PAGE
         if at + n > page + PAGE:
             return memoryview(_pread(self.descriptor(), n, at, self.path))
@@ -493,7 +496,7 @@ class ShardReader:
             cell = record * f
             lo = max(cell - 1, 0)  # with the entry before, which the first is compared with
             offsets_at, lengths_at, crcs_at = self._sections
-            read = self._index_file.read
+            read = self._index_file.pread
             n = cell + f - lo
             starts = struct.unpack(f"<{n}Q", read(8 * n, offsets_at + 8 * lo))
             lengths = struct.unpack(f"<{n}Q", read(8 * n, lengths_at + 8 * lo))
@@ -591,7 +594,7 @@ class ShardReader:
         cells = self.entry.records * self.num_fields
         n = max((cells if hi is None else min(hi, cells)) - lo, 0)
         offsets_at, lengths_at, _ = self._sections
-        read = self._index_file.read
+        read = self._index_file.pread
         return (np.frombuffer(read(8 * n, offsets_at + 8 * lo), "<u8"),
                 np.frombuffer(read(8 * n, lengths_at + 8 * lo), "<u8"))
 

@@ -905,8 +905,8 @@ def test_a_batch_over_many_unmapped_shards_holds_two_descriptors(tmp_path, monke
     with open_shards(root) as ds:
         real_ready = ds._ready
 
-        def ready(s, records=None):
-            reader = real_ready(s, records)
+        def ready(s, *args):
+            reader = real_ready(s, *args)
             seen.append(descriptors_into(root))
             return reader
 
