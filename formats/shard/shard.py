@@ -42,6 +42,7 @@ import contextlib
 import mmap
 import os
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -72,11 +73,13 @@ BLOCK = 1 << BLOCK_SHIFT
 
 # A shard opened unmapped reads up to SPARSE_RECORDS records (counted per read, so a
 # record read for two fields counts twice) with pread, at most SPARSE_READ at once,
-# then maps its files: a pread per payload and three per index row cost about what
-# a map and its first page faults do after a few dozen, and a map serves a whole
-# epoch at a gather per batch. A full shuffle's batch holds one or two records of
-# each shard it touches, so its first batches read every shard without a map.
-SPARSE_RECORDS = 32
+# then maps its files. A full shuffle's batch holds one or two records of each shard
+# it touches, so its first batch reads every shard without a map; a map serves the
+# rest of the epoch (its page faults and block checks are paid once per page and
+# block). Measured over a raw full shuffle of 300 shards, the first 201 batches took
+# as long in all as when every shard was mapped at once with 16 (3% more over the
+# 200 after the first with 32, which keep shards unmapped for longer).
+SPARSE_RECORDS = 16
 SPARSE_READ = 4
 # Until mapped, the data file is read a page at a time and keeps its last PAGES_KEPT
 # pages (16 KiB a shard): a record's fields lie side by side, and a batch reads them one
@@ -186,19 +189,22 @@ class _ShardFile:
     shards: holding two descriptors for each would grow the process's descriptor
     table past 64, 128 and 256 entries within the batch, and each growth, in a
     process with threads, waits for an RCU grace period (5-13 ms measured here).
+    A lock keeps a read and a release of the descriptor apart: a descriptor closed
+    under a read in another thread could be reused by a file opened meanwhile.
     """
 
-    __slots__ = ("_pages", "_seen", "closed", "fd", "follow_symlinks", "path", "root", "size",
-                 "what")
+    __slots__ = ("_lock", "_pages", "_seen", "closed", "fd", "follow_symlinks", "path", "root",
+                 "size", "what")
 
     def __init__(self, path: str, root: Path, size: int, what: str,
                  follow_symlinks: bool) -> None:
+        self.fd = -1
         self.path, self.root, self.size, self.what = path, root, size, what
         self.follow_symlinks = follow_symlinks
-        self.fd = -1
         self.closed = False
         self._seen: tuple[int, int, int, int] | None = None
         self._pages: dict[int, bytes] = {}  # the last PAGES_KEPT pages read, by offset
+        self._lock = threading.Lock()
 
     def open(self) -> tuple[int, bytes]:
         """Open the file, which must be regular and exactly :attr:`size` bytes: (its
@@ -229,8 +235,8 @@ class _ShardFile:
         self._seen = (st.st_dev, st.st_ino, size, st.st_mtime_ns)
         return st.st_mtime_ns, _pread(fd, HEADER_SIZE, 0, self.path)
 
-    def descriptor(self) -> int:
-        """The open descriptor, the file reopened if it was released.
+    def _descriptor(self) -> int:
+        """The open descriptor, the file reopened if it was released (under the lock).
 
         Raises:
             FormatError: the shard was closed or mapped since, or the file is no
@@ -261,37 +267,53 @@ class _ShardFile:
 
     def pread(self, n: int, at: int) -> bytes:
         """``n`` bytes from byte ``at`` (see :func:`_pread`)."""
-        return _pread(self.descriptor(), n, at, self.path)
+        with self._lock:
+            return _pread(self._descriptor(), n, at, self.path)
 
     def read(self, n: int, at: int) -> memoryview:
         """:meth:`pread` through the pages kept, when the bytes lie in one page."""
         page = at - at % PAGE
-        if at + n > page + PAGE:
-            return memoryview(_pread(self.descriptor(), n, at, self.path))
-        raw = self._pages.get(page)
-        if raw is None:
-            raw = _pread(self.descriptor(), min(PAGE, self.size - page), page, self.path)
-            if len(self._pages) >= PAGES_KEPT:
-                del self._pages[next(iter(self._pages))]
-            self._pages[page] = raw
-        if at + n > page + len(raw):  # past the size checked at open: a bad entry's span
-            return memoryview(_pread(self.descriptor(), n, at, self.path))  # refused there
+        with self._lock:
+            if at + n > page + PAGE:
+                return memoryview(_pread(self._descriptor(), n, at, self.path))
+            raw = self._pages.get(page)
+            if raw is None:
+                raw = _pread(self._descriptor(), min(PAGE, self.size - page), page, self.path)
+                if len(self._pages) >= PAGES_KEPT:
+                    del self._pages[next(iter(self._pages))]
+                self._pages[page] = raw
+            if at + n > page + len(raw):  # past the size checked at open: a bad entry's
+                return memoryview(_pread(self._descriptor(), n, at, self.path))  # refused
         return memoryview(raw)[at - page : at - page + n]
+
+    def map(self) -> mmap.mmap:
+        """The whole file mapped (see :func:`_map`), through a descriptor checked to be
+        of the file first opened."""
+        with self._lock:
+            return _map(self._descriptor(), self.path, self.size, self.what)
 
     def __getitem__(self, span: slice) -> memoryview:
         return self.read(span.stop - span.start, span.start)
 
     def release(self) -> None:
         """Close the descriptor until the next read."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        with self._lock:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
 
     def close(self) -> None:
         """Close the descriptor for good (the shard is mapped or closed)."""
         self.release()
         self.closed = True
         self._pages = {}
+
+    def __del__(self) -> None:
+        # A reader dropped unclosed (two threads opening one shard at once: ShardSet
+        # keeps one) gives its descriptor back with it, as a map would.
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
 
 
 class ShardReader:
@@ -352,7 +374,8 @@ class ShardReader:
         ih = _header(index_head, _INDEX_HEADER)
         _check_magic(self._index_file.path, index_head, ih, INDEX_MAGIC, "index")
         if crc32c(index_head[:INDEX_HEADER_CRC_SPAN]) != int(ih["header_crc32c"]):
-            raise FormatError("index header checksum mismatch", path=self._index_file.path, offset=44)
+            raise FormatError("index header checksum mismatch", path=self._index_file.path,
+                              offset=44)
         for key, expected in (("record_count", entry.records), ("num_fields", num_fields),
                               ("alignment", alignment), ("data_size", entry.data_bytes)):
             if int(ih[key]) != expected:
@@ -408,11 +431,9 @@ class ShardReader:
         if self.mapped:
             return
         if self._index_mm is None:
-            self._index_mm = _map(self._index_file.descriptor(), self._index_file.path,
-                                  self._index_size, "index")
+            self._index_mm = self._index_file.map()
         if self._data_mm is None:
-            self._data_mm = _map(self._data_file.descriptor(), self._data_file.path,
-                                 self._data_size, "data")
+            self._data_mm = self._data_file.map()
         self._index_file.close()
         self._data_file.close()
         n, cells = self.entry.records, self.entry.records * self.num_fields

@@ -976,3 +976,17 @@ def test_a_dataset_replaced_during_a_batch_is_refused_and_its_shards_forgotten(
         assert not any(ds.shards) and not any(ds._identity)
         with pytest.raises(ManifestError, match="replaced since it was opened"):
             ds.payloads([0], "data")
+
+
+def test_unmapped_shards_read_from_many_threads_read_right(tmp_path, monkeypatch):
+    # Threads release each other's descriptors (ShardSet._ready): a read never uses one
+    # closed, or reused by a file opened meanwhile, under it (_ShardFile's lock).
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr("formats.shard.shard_set.EAGER_SHARDS", 10)
+    root = make(tmp_path / "ds", n=400, per_shard=4)
+    order = np.random.default_rng(5).permutation(400).tolist()
+    with open_shards(root) as ds, ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: (bytes(ds[i]["data"]), ds.get(i, "key")), order))
+        assert not any(s.mapped for s in ds.shards)
+    assert got == [(bytes([i % 251]) * (64 + i), f"k{i}") for i in order]
