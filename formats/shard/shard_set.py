@@ -1,15 +1,16 @@
 """The shards of a dataset a process has open: at most ``max_open``, each checked
 before it is read.
 
-An open shard holds two descriptors (its files', or its maps'), so a process keeps at most
-``max_open`` shards open, least recently used first out; by default their
-descriptors take half the process's limit (:func:`default_max_open`), so a
-dataset of any number of shards opens under any ``ulimit -n`` and the other
-half is left to the rest of the program. A shard closed that way is reopened on
-its next use and must then be the same files as before (their mtimes are
-kept): a dataset replaced under its path is refused, never read half old, half
-new. A worker that unpickles a dataset checks that the manifest is still the
-one the parent opened (its CRC32C).
+An open shard holds at most two descriptors (its maps', or, not mapped yet, its
+files' while it is read), so a process keeps at most ``max_open`` shards open,
+least recently used first out; by default their descriptors take half the
+process's limit (:func:`default_max_open`), so a dataset of any number of shards
+opens under any ``ulimit -n`` and the other half is left to the rest of the
+program. A shard closed that way is reopened on its next use and must then be
+the same files as before (their mtimes are kept): a dataset replaced under its
+path is refused, never read half old, half new. A worker that unpickles a
+dataset checks that the manifest is still the one the parent opened (its
+CRC32C).
 
 Every read goes through :meth:`ShardSet._ready`, which maps a shard opened on
 first use once its reads are more than a few records (:meth:`ShardReader.sparse`)
@@ -234,7 +235,7 @@ class ShardSet:
 
     def _manifest_stat(self) -> tuple[int, int, int, int] | None:
         try:
-            # Joined as text: asked at each lazily opened shard's first open.
+            # Joined as text: asked at each shard's first open, or a batch's (_check_opened).
             st = os.stat(os.path.join(self.root, MANIFEST_NAME))
         except OSError:
             return None
