@@ -13,7 +13,7 @@ A shard opened on first use (``mapped=False``: a dataset of many shards, whose
 first full-shuffle batch opens a batch's worth of them) reads its first few
 records with ``pread`` (:data:`SPARSE_RECORDS`, a few at a time): on a virtual
 machine a map costs 20-45 us and each page's first touch in it a fault of 25-30
-us, where a ``pread`` of a page costs 1-2 us. Between reads its descriptors are
+us, where a ``pread`` of a page costs about 1 us. Between reads its descriptors are
 closed (:meth:`ShardReader.release`) and reopened on demand, each checked to be
 the file first opened (:class:`_ShardFile`). A read of more records at once, or
 one past that budget, maps both files, so what is mapped is the pair of files
