@@ -17,8 +17,10 @@ us, where a ``pread`` of a page costs about 1 us. Between reads its descriptors 
 closed (:meth:`ShardReader.release`) and reopened on demand, each checked to be
 the file first opened (:class:`_ShardFile`). A read of more records at once, or
 one past that budget, maps both files, so what is mapped is the pair of files
-checked at open whatever was renamed since; block checks and record checks done
-before carry over (the files are the same; a dataset is never written in place).
+checked at open whatever was renamed since. Until then it checks the index
+entries of each record it reads, one by one, not their block (a numpy check of a
+block costs some 20 us); once mapped, blocks as above. Records whose CRC32C was
+checked stay checked (the files are the same; a dataset is never written in place).
 
 A file that shrinks while it is mapped is the one thing those checks cannot
 cover: touching a page past its new end raises SIGBUS, which kills the process
