@@ -17,6 +17,9 @@ __all__ = ["atomic_write_bytes", "check_plain_name", "describe_mode", "fsync_dir
 # The descriptor table is full: callers that keep files open close some and retry,
 # so these pass through open_regular as OSError instead of becoming a typed error.
 FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+# What an O_NOFOLLOW open of a symlink fails with (FreeBSD says EMLINK).
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NOFOLLOW_REFUSED = (errno.ELOOP, errno.EMLINK)
 
 
 def try_lock(path: Path) -> int | None:
@@ -117,6 +120,13 @@ def describe_mode(mode: int) -> str:
     return "not a regular file"
 
 
+def _is_link(path: str | Path) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False  # the open reports it, with the same reason
+
+
 def _inside(root: str | Path, path: Path, what: str) -> Path:
     """Where the symlink ``path`` leads, refused unless that is inside ``root``.
 
@@ -151,24 +161,28 @@ def open_regular(path: str | Path, root: str | Path, *, what: str = "file",
         OSError: only ``EMFILE``/``ENFILE`` (the descriptor table is full), so a
             caller holding other files open can close some and retry.
     """
-    target = path
     flags = os.O_RDONLY | os.O_NONBLOCK
+    target = path
     if not follow_symlinks:
-        try:
-            is_link = stat.S_ISLNK(os.lstat(path).st_mode)
-        except OSError:
-            is_link = False  # the open below reports it, with the same reason
-        target = _inside(root, path, what) if is_link else path
-        # A name that becomes a link between the check and the open fails (ELOOP).
-        flags |= getattr(os, "O_NOFOLLOW", 0)
+        flags |= _O_NOFOLLOW
+        if not _O_NOFOLLOW and _is_link(path):  # no O_NOFOLLOW to find out: look first
+            target = _inside(root, path, what)
     try:
-        fd = os.open(target, flags)
+        try:
+            fd = os.open(target, flags)
+        except OSError as exc:
+            # A symlink fails an O_NOFOLLOW open and is looked at only then: a dataset's
+            # files are opened by the hundred, and are almost never links.
+            if not (flags & _O_NOFOLLOW and exc.errno in _NOFOLLOW_REFUSED and _is_link(path)):
+                raise
+            # A name that becomes a link again between the check and the open fails.
+            fd = os.open(_inside(root, path, what), flags)
     except FileNotFoundError:
         raise (missing or error)(f"{what} is missing", path=path) from None
     except OSError as exc:
         if exc.errno in FD_EXHAUSTED:
             raise
-        if exc.errno == errno.ELOOP:
+        if exc.errno in _NOFOLLOW_REFUSED:
             raise UnsafePathError(f"{what} became a symlink while being opened", path=path) from None
         raise error(f"cannot open {what} ({exc.strerror})", path=path) from None
     try:

@@ -148,7 +148,8 @@ class ShardDataset(ShardSet):
         return s, index - starts[s]
 
     def payload(self, index: int, field: str) -> memoryview:
-        """The stored bytes of one field (zero-copy; compressed if the field is)."""
+        """The stored bytes of one field (zero-copy once its shard is mapped; compressed
+        if the field is)."""
         s, r = self.locate(index)
         return self._ready(s, r).payload(r, self.field_index[field], self.check_crc)
 
@@ -206,12 +207,11 @@ class ShardDataset(ShardSet):
         # the views handed out are the mapping's bytes, which no later check could vouch
         # for better than the first.
         checked = shard.checked
-        crcs = (shard.crcs[r].tolist()
-                if self.check_crc and not checked[r >> 3] >> (r & 7) & 1 else None)
+        starts, lengths, crcs = shard.row(
+            r, crcs=self.check_crc and not checked[r >> 3] >> (r & 7) & 1)
         j = 0
         try:
-            for j, (o, n) in enumerate(zip(shard.offsets[r].tolist(), shard.lengths[r].tolist(),
-                                           strict=True)):
+            for j, (o, n) in enumerate(zip(starts, lengths, strict=True)):
                 payload = view[o : o + n]
                 if crcs is not None and crc32c(payload) != crcs[j]:
                     shard.check(r, j, payload)  # raises, naming shard, record and offset
@@ -274,7 +274,7 @@ class ShardDataset(ShardSet):
         shard = self._shards[s] if s < len(self._shards) else None
         path = (shard.data_path if shard is not None
                 else self.root / self.manifest.shards[s].data_file)
-        offset = int(shard.offsets[r, j]) if shard is not None else None
+        offset = shard.row(r)[0][j] if shard is not None else None
         return type(exc)(exc.message, path=path, record=r, offset=offset, found=exc.found,
                          expected=exc.expected)
 
@@ -311,23 +311,32 @@ class ShardDataset(ShardSet):
         firsts = ordered[bounds[:-1]].tolist()
         return [(k, order[a:b]) for k, a, b in zip(firsts, bounds, bounds[1:])]  # noqa: B905
 
-    def _gather(self, indices, j: int, views: dict | None = None, crcs: bool = False):
+    def _gather(self, indices, j: int, out: list | None = None, crcs: bool = False):
         """(shard numbers, records within shards, offsets, lengths, stored CRCs or None)
-        of field ``j`` (the CRCs when ``crcs``); with ``views``, also each shard's data
-        as a memoryview, by shard number."""
+        of field ``j`` (the CRCs when ``crcs``); with ``out`` (a list as long as the
+        batch), also each record's payload, sliced while its shard is the one read (a
+        shard not mapped holds its files open only then: ShardSet._ready)."""
         shard, local = self.locate_many(indices)
         offsets = np.empty(shard.shape, np.uint64)
         lengths = np.empty(shard.shape, np.uint64)
         crcs = np.empty(shard.shape, np.uint32) if crcs else None
-        for k, pos in self._groups(shard):
-            loc = local[pos]
-            s = self._ready(k, loc)
-            offsets[pos] = s.offsets[loc, j]
-            lengths[pos] = s.lengths[loc, j]
-            if crcs is not None:
-                crcs[pos] = s.crcs[loc, j]
-            if views is not None:
-                views[k] = s.view  # slices of it outlive close(), holding the map
+        opened: list[int] = []
+        try:
+            for k, pos in self._groups(shard):
+                loc = local[pos]
+                s = self._ready(k, loc, opened)
+                starts, lengths[pos], stored = s.entries(loc, j, crcs is not None)
+                offsets[pos] = starts
+                if crcs is not None:
+                    crcs[pos] = stored
+                if out is not None:
+                    view = s.view  # slices of a map's outlive close(), holding the map
+                    where = range(len(loc)) if type(pos) is slice else pos.tolist()  # one shard
+                    for p, o, e in zip(where, starts.tolist(),
+                                       (starts + lengths[pos]).tolist(), strict=True):
+                        out[p] = view[o:e]
+        finally:
+            self._check_opened(opened)
         return shard, local, offsets, lengths, crcs
 
     def _check_many(self, found: np.ndarray, stored: np.ndarray, shard, local, j: int,
@@ -349,9 +358,11 @@ class ShardDataset(ShardSet):
     def payloads(self, indices, field: str) -> list[memoryview]:
         """Zero-copy stored bytes of one field for many records.
 
-        Only a batch spanning more shards than this process keeps open is not all
-        zero-copy: the records of its shards closed before it ends are copied, or
-        each of their maps, held by its views, would keep a descriptor open.
+        Two kinds of records are copied instead: those of a shard opened on first use
+        and not mapped yet (its first few records are read with ``pread``; see
+        :mod:`formats.shard.shard`), and in a batch spanning more shards than this
+        process keeps open, those of its shards closed before it ends, or each of
+        their maps, held by its views, would keep a descriptor open.
         """
         j = self.field_index[field]
         if self._bounded:
@@ -359,12 +370,9 @@ class ShardDataset(ShardSet):
             groups = self._groups(shard)
             if len(groups) > self.max_open:
                 return self._payloads_copying(shard, local, groups, j)
-        views: dict[int, memoryview] = {}
-        shard, local, offsets, lengths, crcs = self._gather(indices, j, views, self.check_crc)
-        out = [
-            views[s][o:e]
-            for s, o, e in zip(shard.tolist(), offsets.tolist(), (offsets + lengths).tolist(), strict=True)
-        ]
+        idx = record_indices(indices)
+        out: list = [None] * idx.size
+        shard, local, _, _, crcs = self._gather(idx, j, out, self.check_crc)
         if crcs is not None:  # one pass in C over the batch, one numpy compare
             self._check_many(crc32c_many(out), crcs, shard, local, j, out.__getitem__)
         return out
@@ -376,16 +384,20 @@ class ShardDataset(ShardSet):
     def _payloads_copying(self, shard, local, groups, j: int) -> list[memoryview]:
         out: list = [None] * shard.size
         copy = len(groups) - self.max_open  # the shards closed again within this batch
-        for g, (k, pos) in enumerate(groups):
-            loc = local[pos]
-            s = self._ready(k, loc)
-            starts = s.offsets[loc, j]
-            view = s.view
-            for p, r, o, e in zip(pos.tolist(), loc.tolist(), starts.tolist(),
-                                  (starts + s.lengths[loc, j]).tolist(), strict=True):
-                out[p] = memoryview(view[o:e].tobytes()) if g < copy else view[o:e]
-                if self.check_crc:
-                    s.check(r, j, out[p])
+        opened: list[int] = []
+        try:
+            for g, (k, pos) in enumerate(groups):
+                loc = local[pos]
+                s = self._ready(k, loc, opened)
+                starts, lengths, _ = s.entries(loc, j)
+                view = s.view
+                for p, r, o, e in zip(pos.tolist(), loc.tolist(), starts.tolist(),
+                                      (starts + lengths).tolist(), strict=True):
+                    out[p] = memoryview(view[o:e].tobytes()) if g < copy else view[o:e]
+                    if self.check_crc:
+                        s.check(r, j, out[p])
+        finally:
+            self._check_opened(opened)
         return out
 
     def scalars(self, indices, field: str) -> np.ndarray:
@@ -403,16 +415,19 @@ class ShardDataset(ShardSet):
         out = np.empty(shard.shape, dt)
         lengths = np.empty(shard.shape, np.uint64)
         crcs = np.empty(shard.shape, np.uint32) if self.check_crc else None
-        for k, pos in self._groups(shard):
-            loc = local[pos]
-            s = self._ready(k, loc)
-            offsets = s.offsets[loc, j]
-            lengths[pos] = s.lengths[loc, j]
-            # These records' offsets were validated to lie in the file (their blocks'
-            # entries, by _ready): a wrong length is found below.
-            out[pos] = s.words(dt)[offsets >> 3]
-            if crcs is not None:
-                crcs[pos] = s.crcs[loc, j]
+        opened: list[int] = []
+        try:
+            for k, pos in self._groups(shard):
+                loc = local[pos]
+                s = self._ready(k, loc, opened)
+                offsets, lengths[pos], stored = s.entries(loc, j, crcs is not None)
+                # These records' offsets were validated to lie in the file (their blocks'
+                # entries, by _ready): a wrong length is found below.
+                out[pos] = s.words_at(offsets, dt)
+                if crcs is not None:
+                    crcs[pos] = stored
+        finally:
+            self._check_opened(opened)
         if crcs is not None:  # the 8 payload bytes are the word's: checked in numpy
             self._check_many(crc32c_words(out), crcs, shard, local, j,
                              lambda i: out[i : i + 1].tobytes())

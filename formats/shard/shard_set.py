@@ -1,19 +1,21 @@
 """The shards of a dataset a process has open: at most ``max_open``, each checked
 before it is read.
 
-An open shard holds two descriptors (its maps'), so a process keeps at most
-``max_open`` shards open, least recently used first out; by default their
-descriptors take half the process's limit (:func:`default_max_open`), so a
-dataset of any number of shards opens under any ``ulimit -n`` and the other
-half is left to the rest of the program. A shard closed that way is reopened on
-its next use and must then be the same files as before (their mtimes are
-kept): a dataset replaced under its path is refused, never read half old, half
-new. A worker that unpickles a dataset checks that the manifest is still the
-one the parent opened (its CRC32C).
+An open shard holds at most two descriptors (its maps', or, not mapped yet, its
+files' while it is read), so a process keeps at most ``max_open`` shards open,
+least recently used first out; by default their descriptors take half the
+process's limit (:func:`default_max_open`), so a dataset of any number of shards
+opens under any ``ulimit -n`` and the other half is left to the rest of the
+program. A shard closed that way is reopened on its next use and must then be
+the same files as before (their mtimes are kept): a dataset replaced under its
+path is refused, never read half old, half new. A worker that unpickles a
+dataset checks that the manifest is still the one the parent opened (its
+CRC32C).
 
-Every read goes through :meth:`ShardSet._ready`, which checks first that the
-shard's files have not shrunk since they were mapped
-(:meth:`ShardReader.check_size`; once per shard per batch, once per single
+Every read goes through :meth:`ShardSet._ready`, which maps a shard opened on
+first use once its reads are more than a few records (:meth:`ShardReader.sparse`)
+and checks first that a mapped shard's files have not shrunk since they were
+mapped (:meth:`ShardReader.check_size`; once per shard per batch, once per single
 record), so a file truncated under a reader is a typed error, not SIGBUS.
 """
 
@@ -87,6 +89,7 @@ class ShardSet:
 
     def _forget_shards(self) -> None:
         self._shards: list[ShardReader | None] = [None] * len(self.manifest.shards)
+        self._last: ShardReader | None = None  # the shard read last (see _ready)
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._bounded = self.max_open < len(self._shards)
         self._lazy = self._bounded or len(self._shards) > EAGER_SHARDS
@@ -101,38 +104,51 @@ class ShardSet:
                 self._open_shard(s)
 
     def _map_shard(self, s: int) -> ShardReader:
+        """Open shard ``s``: mapped at once when the dataset opens every shard, else
+        mapped later, when its reads are no longer a few records (the module docstring
+        of :mod:`formats.shard.shard`)."""
         m = self.manifest
         return ShardReader(self.root, m.shards[s], len(m.fields), m.alignment,
-                           follow_symlinks=self.follow_symlinks)
+                           follow_symlinks=self.follow_symlinks, mapped=not self._lazy)
 
-    def _open_shard(self, s: int) -> ShardReader:
-        """Map shard ``s``, closing the least recently used shards first."""
-        self._trim(self.max_open - 1)
+    def _with_descriptors(self, action, s: int, keep: int = 0):
+        """``action()``; when the descriptor table is full, again after closing every
+        open shard but the ``keep`` most recently used (the table is full of something
+        else: give back what we hold)."""
         try:
-            reader = self._map_shard(s)
+            return action()
         except OSError as exc:
             if exc.errno not in FD_EXHAUSTED:
                 raise
-            self._trim(0)  # the table is full of something else: give back all we hold
-            try:
-                reader = self._map_shard(s)
-            except OSError as again:
-                if again.errno not in FD_EXHAUSTED:
-                    raise
-                raise FormatError(
-                    f"cannot open shard ({again.strerror}): this process keeps at most "
-                    f"{self.max_open} shards open, two descriptors each, and a shard whose "
-                    "records are still referenced stays open; raise 'ulimit -n' or drop views",
-                    path=self.root / self.manifest.shards[s].data_file) from None
+        self._trim(keep)
+        try:
+            return action()
+        except OSError as again:
+            if again.errno not in FD_EXHAUSTED:
+                raise
+            raise FormatError(
+                f"cannot open shard ({again.strerror}): this process keeps at most "
+                f"{self.max_open} shards open, two descriptors each, and a shard whose "
+                "records are still referenced stays open; raise 'ulimit -n' or drop views",
+                path=self.root / self.manifest.shards[s].data_file) from None
+
+    def _open_shard(self, s: int, opened: list[int] | None = None) -> ShardReader:
+        """Open shard ``s``, closing the least recently used shards first (``opened``:
+        see :meth:`_check_opened`)."""
+        self._trim(self.max_open - 1)
+        reader = self._with_descriptors(lambda: self._map_shard(s), s)
         known = self._identity[s]
         if known is None and self._lazy:
             # A shard first opened after the dataset was (see _open_all): the manifest
             # must still be the one this object was opened on.
-            try:
-                self._check_unreplaced(quick=True)
-            except BaseException:
-                reader.close()
-                raise
+            if opened is not None:
+                opened.append(s)  # checked once for the whole batch, after its opens
+            else:
+                try:
+                    self._check_unreplaced(quick=True)
+                except BaseException:
+                    reader.close()
+                    raise
         if known is None or not self._same_files:
             self._identity[s] = reader.identity
         elif known != reader.identity:
@@ -147,6 +163,8 @@ class ShardSet:
     def _close_shard(self, s: int) -> None:
         del self._lru[s]
         reader, self._shards[s] = self._shards[s], None
+        if reader is self._last:
+            self._last = None
         reader.close()  # views still held by a caller keep their map alive
 
     def _trim(self, limit: int) -> None:
@@ -154,30 +172,59 @@ class ShardSet:
         while len(self._lru) > limit:
             self._close_shard(next(iter(self._lru)))
 
-    def _ready(self, s: int, records=None) -> ShardReader:
-        """Shard ``s`` open, its files still their full size, and the index entries of
-        ``records`` (its record numbers: an int or an array) validated, or all of them
-        without (see :meth:`ShardReader.validate`: a block's entries once per mapping)."""
+    def _check_opened(self, opened: list[int]) -> None:
+        """The manifest check (:meth:`_check_unreplaced`, quick) of the shards a batch,
+        read shard by shard, opened for the first time: once for the batch, after all
+        its opens (a full shuffle's batch opens hundreds), so a dataset replaced while
+        the batch was read is still refused. Those shards are then closed and
+        forgotten, and the records read from them, never returned, go with them."""
+        if not opened:
+            return
+        try:
+            self._check_unreplaced(quick=True)
+        except BaseException:
+            for s in opened:
+                if self._shards[s] is not None:
+                    self._close_shard(s)
+                self._identity[s] = None
+            raise
+
+    def _ready(self, s: int, records=None, opened: list[int] | None = None) -> ShardReader:
+        """Shard ``s`` open, mapped unless ``records`` (its record numbers: an int or an
+        array) are few enough to read without (:meth:`ShardReader.sparse`), its files
+        still their full size, and the index entries of ``records`` validated, or all of
+        them without (see :meth:`ShardReader.validate`: a block's entries once per open
+        shard). A batch read shard by shard passes ``opened`` (a list), then calls
+        :meth:`_check_opened` with it, whatever happened."""
         reader = self._shards[s]
         if reader is None:
-            reader = self._open_shard(s)
+            reader = self._open_shard(s, opened)
         elif self._bounded:
             self._lru.move_to_end(s)
+        if reader is not self._last:
+            # A shard not mapped holds its descriptors only while it is read: a batch
+            # over hundreds of shards holds two at a time (ShardReader.release).
+            if self._last is not None:
+                self._last.release()
+            self._last = reader
+        if not reader.mapped and not reader.sparse(records):
+            self._lru.move_to_end(s)  # the one kept should the descriptor table be full
+            self._with_descriptors(reader.map, s, keep=1)
         reader.check_size()  # on every read path: the one guard against SIGBUS
         if not reader.validated:
             reader.validate(records)
         return reader
 
     def shard(self, s: int) -> ShardReader:
-        """The reader of shard ``s`` (opened if it is not, and checked, its whole index
-        validated; see :meth:`_ready`)."""
+        """The reader of shard ``s`` (opened if it is not, mapped and checked, its whole
+        index validated; see :meth:`_ready`)."""
         return self._ready(s)
 
     # -- pickling: worker processes reopen the maps ----------------------------------
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for key in ("_shards", "_lru"):
+        for key in ("_shards", "_lru", "_last"):
             state.pop(key, None)
         return state
 
@@ -188,7 +235,8 @@ class ShardSet:
 
     def _manifest_stat(self) -> tuple[int, int, int, int] | None:
         try:
-            st = os.stat(self.root / MANIFEST_NAME)
+            # Joined as text: asked at each shard's first open, or a batch's (_check_opened).
+            st = os.stat(os.path.join(self.root, MANIFEST_NAME))
         except OSError:
             return None
         return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns

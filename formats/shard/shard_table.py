@@ -122,9 +122,12 @@ class ShardTable(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
-        i = range(len(self))[i]  # IndexError, negative indices
-        return ShardEntry(self._names[i].as_py(), *(int(getattr(self, c)[i])
-                                                    for c in _COUNTS + _CRCS))
+        if type(i) is not int or not 0 <= i < len(self.records):  # else asked by the hundred
+            i = range(len(self))[i]  # IndexError, negative indices
+        return ShardEntry(self._names[i].as_py(), int(self.records[i]), int(self.data_bytes[i]),
+                          int(self.index_bytes[i]), int(self.meta_bytes[i]),
+                          int(self.data_crc32c[i]), int(self.index_crc32c[i]),
+                          int(self.meta_crc32c[i]))
 
     def __iter__(self) -> Iterator[ShardEntry]:
         names = self._names.to_pylist()

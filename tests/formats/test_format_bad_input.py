@@ -38,10 +38,12 @@ def make(root, n=20, per_shard=8):
     return root
 
 
-def read_all(root, check_crc=True):
+def read_all(root, check_crc=True, max_open=None):
     """Every field of every record, the scalars batched, the metadata table. By type, not
-    name: a mutated manifest may rename a field (a valid manifest all the same)."""
-    with open_shards(root, check_crc=check_crc) as ds:
+    name: a mutated manifest may rename a field (a valid manifest all the same). With
+    ``max_open`` below the shards, each shard is opened on first use and its records
+    read one by one before it is mapped."""
+    with open_shards(root, check_crc=check_crc, max_open=max_open) as ds:
         for i in range(len(ds)):
             for value in ds[i].values():
                 if isinstance(value, memoryview):
@@ -375,6 +377,23 @@ def test_fuzz_mutated_files(tmp_path_factory, pristine, which, edits, truncate):
 
     _only_our_errors(lambda: read_all(root))
     _only_our_errors(lambda: formats.verify_dataset(root))
+
+
+@given(which=st.sampled_from(["shard-00000.rec", "shard-00000.idx"]),
+       edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=8),
+       truncate=st.none() | st.integers(0, 10**6))
+def test_fuzz_mutated_files_read_unmapped(tmp_path_factory, three_shards, which, edits, truncate):
+    root = tmp_path_factory.mktemp("mut")
+    shutil.copytree(three_shards, root, dirs_exist_ok=True)
+    f = root / which
+    data = bytearray(f.read_bytes())
+    for pos, val in edits:
+        data[pos % len(data)] = val
+    if truncate is not None:
+        data = data[: truncate % (len(data) + 1)]
+    f.write_bytes(data)
+
+    _only_our_errors(lambda: read_all(root, max_open=1))
 
 
 def test_bit_flip_in_a_scalar_caught_by_batched_reads(tmp_path):

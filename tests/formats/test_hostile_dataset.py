@@ -32,7 +32,7 @@ from formats.checksum import crc32c, format_crc
 from formats.errors import FormatError, ManifestError, ShardpackError, UnsafePathError
 from formats.shard.layout import index_sections
 from formats.shard.manifest import MAX_MANIFEST_BYTES
-from formats.shard.shard import BLOCK
+from formats.shard.shard import BLOCK, SPARSE_READ, SPARSE_RECORDS
 from formats.shard.shard_writer import META_SCHEMA
 from tests.helpers_manifest import (
     edit_manifest,
@@ -675,8 +675,11 @@ def test_an_open_shard_holds_two_descriptors_and_at_most_max_open_stay_open(pris
         assert sum(s is not None for s in ds.shards) == 0
         for i in range(len(ds)):
             ds[i]
-        assert descriptors_into(pristine) == 4
+        # Read a record at a time, they are not mapped: only the shard read last holds
+        # its two files open (ShardSet._ready releases the others' until their next read).
+        assert descriptors_into(pristine) == 2
         assert sum(s is not None for s in ds.shards) == 2
+        assert not any(s.mapped for s in ds.shards if s is not None)
         views = ds.payloads(np.arange(len(ds)), "data")  # a batch over more shards than max_open
         assert descriptors_into(pristine) == 4  # the first shard's records were copied
         assert [bytes(v[:1]) for v in views[::8]] == [bytes([i]) for i in (0, 8, 16)]
@@ -736,10 +739,10 @@ def damage_entry(root: Path, record: int, field: int, *, offset=None, length=Non
     return "shard-00000.idx"
 
 
-def read_lazily(path: str, how: str, index: int) -> None:
+def read_lazily(path: str, how: str, index: int, max_open: int = 0) -> None:
     """Read sound records of block 0 first (they pass: their block is sound), then
-    ``index`` the way ``how`` says."""
-    with open_shards(path, check_crc=True) as ds:
+    ``index`` the way ``how`` says (``max_open``: opened on first use, read unmapped)."""
+    with open_shards(path, check_crc=True, max_open=max_open or None) as ds:
         assert bytes(ds[0]["data"]) == bytes([0]) * 64
         ds.payloads([1, 2], "data")
         ds.scalars([3], "label")
@@ -818,3 +821,177 @@ def test_a_sound_index_validated_block_by_block_ends_validated(one_big_shard):
         assert ds.shards[0].validated
         assert [bytes(v[:1]) for v in ds.payloads(np.arange(LAZY_RECORDS), "data")] == [
             bytes([i % 251]) for i in range(LAZY_RECORDS)]
+
+
+# -- a shard read before it is mapped (issue 36) ---------------------------------------------
+#
+# A dataset of many shards (here: more than max_open) opens each on first use and reads its
+# first few records with pread, holding its files open only while it is read: the same
+# records, the same checks, the same typed errors as through a map.
+
+def read_all_unmapped(path: str) -> None:
+    """:func:`read_all`, each shard opened on first use and read record by record, unmapped."""
+    with open_shards(path, check_crc=True, max_open=1) as ds:
+        for i in range(len(ds)):
+            bytes(ds[i]["data"])
+            ds.get(i, "doc")
+        assert not any(s.mapped for s in ds.shards if s is not None)
+        everything = np.arange(len(ds))
+        ds.scalars(everything, "label")
+        ds.payloads(everything, "data")
+
+
+@pytest.mark.parametrize(("label", "build", "case", "args"),
+                         [h for h in HOSTILE if h[2] == "read_all" and not h[3]],
+                         ids=[h[0] for h in HOSTILE if h[2] == "read_all" and not h[3]])
+def test_hostile_dataset_read_unmapped_gives_a_typed_error(pristine, tmp_path, label, build,
+                                                           case, args):
+    root = hostile_copy(pristine, tmp_path)
+    names = build(root)
+    check(hostile("read_all_unmapped", str(root), label=f"unmapped: {label}"), names=names)
+
+
+def test_a_sound_dataset_reads_unmapped(pristine):
+    check(hostile("read_all_unmapped", str(pristine), label="unmapped: sound"), "ok")
+
+
+@pytest.fixture(scope="module")
+def two_big_shards(tmp_path_factory) -> Path:
+    return make(tmp_path_factory.mktemp("unmapped") / "ds", n=2 * LAZY_RECORDS,
+                per_shard=LAZY_RECORDS)
+
+
+@pytest.mark.parametrize(("label", "damage", "how", "index", "names"), LAZY,
+                         ids=[c[0] for c in LAZY])
+def test_a_damaged_entry_read_unmapped_is_named(two_big_shards, tmp_path, label, damage, how,
+                                                index, names):
+    root = hostile_copy(two_big_shards, tmp_path)
+    damage_entry(root, **damage)
+    outcome = hostile("read_lazily", str(root), how, index, 1, label=f"unmapped: {label}")
+    record, field = names
+    check(outcome, names="shard-00000.idx")
+    assert f"record {record}" in outcome.message, str(outcome)
+    assert f"index entry for field {field}" in outcome.message, str(outcome)
+
+
+def test_unmapped_reads_are_the_mapped_ones_and_map_past_the_budget(two_big_shards):
+    picks = [0, 5, BLOCK + 3, LAZY_RECORDS - 1, LAZY_RECORDS, LAZY_RECORDS + 7]
+    with open_shards(two_big_shards) as mapped, open_shards(two_big_shards, max_open=1) as ds:
+        for i in picks:
+            assert bytes(ds[i]["data"]) == bytes(mapped[i]["data"])
+            assert ds.get(i, "doc") == mapped.get(i, "doc")
+            assert bytes(ds.payload(i, "key")) == bytes(mapped.payload(i, "key"))
+        for a, b in zip(ds.spans(picks, "data"), mapped.spans(picks, "data"), strict=True):
+            assert a.tolist() == b.tolist()
+        assert ds.scalars(picks, "label").tolist() == mapped.scalars(picks, "label").tolist()
+        assert ds.values(picks, "key") == mapped.values(picks, "key")
+        shard = ds.shards[1]
+        assert shard is not None and not shard.mapped and not shard.validated
+        assert not shard._blocks.any()  # an unmapped shard checks the entries it reads
+        # A read of more records at once maps the shard; what it checked carries over.
+        many = np.arange(LAZY_RECORDS, LAZY_RECORDS + SPARSE_READ + 1)
+        assert [bytes(v) for v in ds.payloads(many, "data")] == [
+            bytes(v) for v in mapped.payloads(many, "data")]
+        assert shard.mapped and ds.shards[1] is shard
+        # So does a read past the budget, one record at a time.
+        ds.payloads([0], "data")
+        first = ds.shards[0]
+        for n in range(SPARSE_RECORDS):
+            assert not first.mapped, n
+            assert bytes(ds[n % LAZY_RECORDS]["data"]) == bytes(mapped[n % LAZY_RECORDS]["data"])
+        assert first.mapped
+
+
+def test_a_batch_over_many_unmapped_shards_holds_two_descriptors(tmp_path, monkeypatch):
+    # 100 shards, each opened on first use (as a dataset of more than EAGER_SHARDS is).
+    monkeypatch.setattr("formats.shard.shard_set.EAGER_SHARDS", 10)
+    root = make(tmp_path / "ds", n=200, per_shard=2)
+    seen = []
+    with open_shards(root) as ds:
+        real_ready = ds._ready
+
+        def ready(s, *args):
+            reader = real_ready(s, *args)
+            seen.append(descriptors_into(root))
+            return reader
+
+        ds._ready = ready
+        assert [bytes(v[:1]) for v in ds.payloads(np.arange(0, 200, 2), "data")] == [
+            bytes([i % 251]) for i in range(0, 200, 2)]
+        assert ds.scalars(np.arange(1, 200, 2), "label").tolist() == [
+            i % 3 for i in range(1, 200, 2)]
+        assert not any(s.mapped for s in ds.shards) and all(ds.shards)
+    assert len(seen) == 200 and max(seen) <= 2
+    assert descriptors_into(root) == 0
+
+
+def read_replaced_unmapped(path: str) -> None:
+    """Read a record of shard 0 unmapped, another shard (which releases shard 0's files),
+    swap a new dataset in, then read another record of shard 0."""
+    from formats.shard import shard_set
+
+    shard_set.EAGER_SHARDS = 0  # each shard opened on first use, none closed (max_open)
+    with open_shards(path) as ds:
+        ds[0]
+        ds[len(ds) - 1]
+        _swap_in_new_dataset(Path(path))
+        ds[LAZY_RECORDS - 1]  # another page of the same files: reopened, and checked
+
+
+def truncate_unmapped(path: str, name: str) -> None:
+    """Read a record of shard 0 unmapped, truncate one of its files, read another."""
+    with open_shards(path, max_open=1) as ds:
+        ds[0]
+        os.truncate(Path(path) / name, 100)
+        bytes(ds[LAZY_RECORDS - 1]["data"])
+
+
+def test_a_dataset_replaced_between_unmapped_reads_is_refused(two_big_shards, tmp_path):
+    root = hostile_copy(two_big_shards, tmp_path)
+    outcome = hostile("read_replaced_unmapped", str(root), label="unmapped: replaced")
+    check(outcome, names="shard-00000")
+    assert "was replaced since it was opened" in outcome.message
+
+
+@pytest.mark.parametrize("name", ["shard-00000.rec", "shard-00000.idx"])
+def test_a_file_truncated_between_unmapped_reads_is_refused(two_big_shards, tmp_path, name):
+    root = hostile_copy(two_big_shards, tmp_path)
+    outcome = hostile("truncate_unmapped", str(root), name, label=f"unmapped: {name} truncated")
+    check(outcome, names=name)
+    assert "truncated" in outcome.message
+
+
+def test_a_dataset_replaced_during_a_batch_is_refused_and_its_shards_forgotten(
+        pristine, tmp_path, monkeypatch):
+    # A batch checks the manifest once, after opening its shards (ShardSet._check_opened).
+    monkeypatch.setattr("formats.shard.shard_set.EAGER_SHARDS", 0)
+    root = hostile_copy(pristine, tmp_path)
+    with open_shards(root) as ds:
+        real_ready = ds._ready
+
+        def ready(s, records=None, opened=None):
+            reader = real_ready(s, records, opened)
+            if s == 0:
+                _swap_in_new_dataset(root)  # shards 1 and 2 are then the new dataset's
+            return reader
+
+        ds._ready = ready
+        with pytest.raises(ManifestError, match="replaced since it was opened"):
+            ds.scalars(np.arange(len(ds)), "label")
+        assert not any(ds.shards) and not any(ds._identity)
+        with pytest.raises(ManifestError, match="replaced since it was opened"):
+            ds.payloads([0], "data")
+
+
+def test_unmapped_shards_read_from_many_threads_read_right(tmp_path, monkeypatch):
+    # Threads release each other's descriptors (ShardSet._ready): a read never uses one
+    # closed, or reused by a file opened meanwhile, under it (_ShardFile's lock).
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr("formats.shard.shard_set.EAGER_SHARDS", 10)
+    root = make(tmp_path / "ds", n=400, per_shard=4)
+    order = np.random.default_rng(5).permutation(400).tolist()
+    with open_shards(root) as ds, ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: (bytes(ds[i]["data"]), ds.get(i, "key")), order))
+        assert not any(s.mapped for s in ds.shards)
+    assert got == [(bytes([i % 251]) * (64 + i), f"k{i}") for i in order]
