@@ -157,8 +157,8 @@ class ShardDataset(ShardSet):
         """Where one field of one record is stored, for messages that name it: (the
         shard's data file, the record within the shard, the field's byte offset)."""
         s, r = self.locate(index)
-        shard = self.shard(s)
-        return shard.data_path, r, int(shard.offsets[r, self.field_index[field]])
+        shard = self._ready(s, r)
+        return shard.data_path, r, int(shard.row(r)[0][self.field_index[field]])
 
     def get(self, index: int, field: str) -> Any:
         """The decoded value of one field of one record."""
