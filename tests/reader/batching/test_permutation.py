@@ -162,3 +162,14 @@ def test_pairs_in_small_windows_land_uniformly(w):
     expected = windows / (w * (w - 1))
     df = w * (w - 1) - 1
     assert ((cells - expected) ** 2 / expected).sum() / df < 1 + 5 * np.sqrt(2 / df)
+
+
+@pytest.mark.parametrize("n", [4000, 50, 7])
+def test_scalar_and_per_element_domains_are_one_function(n):
+    """A mixture takes the scalar path for a batch of one source and pass, the
+    per-element one otherwise: both must give the same permutation."""
+    keys = round_keys(1, 2)
+    p = np.arange(0, n, 3)
+    scalar = permute(p, n, keys, tweak=np.uint64(12345))
+    each = permute(p, np.full(p.size, n), keys, tweak=np.full(p.size, 12345, np.uint64))
+    assert (scalar == each).all()
