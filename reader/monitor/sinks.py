@@ -314,6 +314,9 @@ class PrometheusSink:
             (``"host:9091"``) after each report, from a thread of the sink's own;
             a failed push raises at the next report (logged once, counted).
         job: the Pushgateway's job label.
+        grouping_key: the push's other labels. A push replaces everything pushed
+            before under the same job and key, so each process pushing to one job
+            needs a key of its own (``{"rank": "3"}``).
 
     Raises:
         MonitorSinkError: the port is in use or cannot be bound (named).
@@ -322,7 +325,8 @@ class PrometheusSink:
     """
 
     def __init__(self, port: int | None = None, *, addr: str = "0.0.0.0",
-                 pushgateway: str | None = None, job: str = "shardpack") -> None:  # fmt: skip
+                 pushgateway: str | None = None, job: str = "shardpack",
+                 grouping_key: dict[str, str] | None = None) -> None:  # fmt: skip
         if (port is None) == (pushgateway is None):
             raise ArgumentError("PrometheusSink: pass port= (serve /metrics) or pushgateway= "
                                 "(push after each report), exactly one")
@@ -343,6 +347,7 @@ class PrometheusSink:
         self._cause = pc.Info("shardpack_diagnosis_cause", "what within the verdict is to blame",
                               ["loader"], registry=self.registry)
         self.pushgateway, self.job = pushgateway, job
+        self.grouping_key = dict(grouping_key or {})
         self._server = self._thread = None
         self._push_error: BaseException | None = None
         self._wake = threading.Event()
@@ -396,7 +401,7 @@ class PrometheusSink:
             closing = self._closed  # close() wakes it for a last push of the final figures
             try:
                 self._pc.push_to_gateway(self.pushgateway, job=self.job, registry=self.registry,
-                                         timeout=10)
+                                         grouping_key=self.grouping_key, timeout=10)
             except Exception as exc:
                 self._push_error = exc
             if closing:

@@ -413,10 +413,12 @@ def test_prometheus_push_sends_the_figures_from_its_own_thread(prometheus, caplo
     server = http.server.HTTPServer(("127.0.0.1", 0), Gateway)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        sink = PrometheusSink(pushgateway=f"127.0.0.1:{server.server_port}", job="train-job")
+        sink = PrometheusSink(pushgateway=f"127.0.0.1:{server.server_port}", job="train-job",
+                              grouping_key={"rank": "3"})
         mon, seen = run_monitor([sink], intervals=2)
         sink.close()  # a last push, then the thread ends
-        assert Gateway.pushed and all(p == "/metrics/job/train-job" for p, _ in Gateway.pushed)
+        assert Gateway.pushed
+        assert all(p == "/metrics/job/train-job/rank/3" for p, _ in Gateway.pushed), Gateway.pushed
         fams = families(Gateway.pushed[-1][1])
         assert sample(fams, "shardpack_samples_per_s", loader="train") == pytest.approx(
             seen[-1]["current"]["samples_per_s"])
