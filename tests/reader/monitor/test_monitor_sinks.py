@@ -18,6 +18,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 import urllib.request
 from typing import ClassVar
 
@@ -444,14 +445,28 @@ def test_prometheus_push_sends_the_figures_from_its_own_thread(prometheus, caplo
 # -- Weights & Biases --------------------------------------------------------------------
 
 
-def wandb_history(run_dir) -> list[dict]:
-    """The history rows of an offline run, read from its transaction log (``run-*.wandb``:
-    LevelDB-log framing, 32 KiB blocks, records of ``wandb_internal_pb2.Record``)."""
+def wandb_history(run_dir, rows: int, timeout: float = 20.0) -> list[dict]:
+    """The history rows of an offline run, read from its transaction log, once it holds
+    ``rows`` of them: ``wandb.finish()`` (0.31) can return before W&B's service process
+    has written the log out (seen: 7 bytes at the return, whole a second later)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = _wandb_log(run_dir)
+        if len(found) >= rows or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def _wandb_log(run_dir) -> list[dict]:
+    """The history records of ``run-*.wandb`` (LevelDB-log framing: a 7-byte header,
+    32 KiB blocks of fragments; each record a ``wandb_internal_pb2.Record``)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
     with open(path, "rb") as f:
         data = f.read()
+    if len(data) < 7:
+        return []
     assert data[:4] == b":W&B", data[:7]
     pos, block, buf, rows = 7, 32768, b"", []
     while pos + 7 <= len(data):
@@ -498,7 +513,7 @@ def test_wandb_offline_history_holds_the_figures_on_the_interval_axis(wandb_run)
     wandb.finish()
     assert summary["shardpack/train/samples_per_s"] == pytest.approx(
         seen[-1]["current"]["samples_per_s"])
-    rows = [r for r in wandb_history(run_dir) if "shardpack/train/interval" in r]
+    rows = [r for r in wandb_history(run_dir, 3) if "shardpack/train/interval" in r]
     assert [r["shardpack/train/interval"] for r in rows] == [1, 2, 3]
     for row, rec in zip(rows, seen, strict=True):
         for key in KEYS:
@@ -524,7 +539,7 @@ def test_wandb_steps_follow_the_trainers_step(wandb_run):
         step["n"] += 10
     run_dir = wandb_run.settings.sync_dir
     wandb.finish()
-    rows = wandb_history(run_dir)
+    rows = wandb_history(run_dir, 3)
     # The figures share the trainer's rows: one row per step with both.
     assert [(r["_step"], "loss" in r, "shardpack/samples_per_s" in r) for r in rows] == [
         (10, True, True), (20, True, True), (30, True, True)]
