@@ -20,7 +20,7 @@ from __future__ import annotations
 from formats.errors import ArgumentError, ShardpackError
 
 __all__ = ["DecodeError", "LedgerError", "LoaderError", "LoaderTimeoutError", "MonitorRecordError",
-           "RegionError", "StateError", "WorkerDiedError", "WorkerError"]
+           "MonitorSinkError", "RegionError", "StateError", "WorkerDiedError", "WorkerError"]
 
 
 class DecodeError(ShardpackError, ValueError):
@@ -80,6 +80,13 @@ class RegionError(DecodeError):
 
 class MonitorRecordError(ShardpackError, ValueError):
     """A monitor record file is missing, empty, or has a malformed line."""
+
+
+class MonitorSinkError(ShardpackError, OSError):
+    """A monitor's metric sink cannot start or write: its port is in use, its log folder
+    cannot be created or written, no W&B run is active (:mod:`reader.monitor.sinks`).
+    An ``OSError``, as the failure underneath mostly is; the message names the port or
+    folder."""
 
 
 class LedgerError(ShardpackError, ValueError):

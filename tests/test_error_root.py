@@ -45,6 +45,7 @@ from reader.errors import (
     LoaderError,
     LoaderTimeoutError,
     MonitorRecordError,
+    MonitorSinkError,
     RegionError,
     StateError,
     WorkerDiedError,
@@ -73,6 +74,7 @@ BASES = {
     LoaderError: (RuntimeError,), WorkerError: (RuntimeError,),
     WorkerDiedError: (RuntimeError,), LoaderTimeoutError: (RuntimeError,),
     MonitorRecordError: (ValueError,), LedgerError: (ValueError,),
+    MonitorSinkError: (OSError,),
     CacheError: (OSError,),
 }
 

@@ -3,11 +3,14 @@
 :mod:`~reader.monitor.monitor` (the :class:`~reader.monitor.monitor.Monitor` fed one
 timing per batch, its periodic report and records, and ``enable_monitor``),
 :mod:`~reader.monitor.diagnosis` (the verdict: which stage bounds the loader, and
-the fix) and :mod:`~reader.monitor.report` (the metric table, and ``monitor-report``
-over recorded runs).
+the fix), :mod:`~reader.monitor.report` (the metric table, and ``monitor-report``
+over recorded runs) and :mod:`~reader.monitor.sinks` (where each interval's figures
+go: JSONL, TensorBoard, Weights & Biases, Prometheus).
 """
 
 from .diagnosis import Thresholds
 from .monitor import Monitor, disable_monitor, enable_monitor
+from .sinks import JsonlSink, PrometheusSink, TensorBoardSink, WandbSink
 
-__all__ = ["Monitor", "Thresholds", "disable_monitor", "enable_monitor"]
+__all__ = ["JsonlSink", "Monitor", "PrometheusSink", "TensorBoardSink", "Thresholds", "WandbSink",
+           "disable_monitor", "enable_monitor"]

@@ -32,6 +32,15 @@ and half of a CPU-bound one average to a sync-bound one.)
 Figures: wall time runs from the consumer's first ``next()``.
 ``queue_wait_pct`` is the share of wall time the consumer spent inside
 ``next()`` (blocked on a batch, or building it when there are no workers).
+``data_readiness_pct`` is the share of ``next()`` calls that found their batch
+already built (SPDL's "data readiness"; 0 without workers, where ``next()``
+builds it). Read ``queue_wait_pct`` first: it is what the loader costs the
+training loop (time lost). Readiness says how that loss is spread:
+readiness near 100 with a high wait means rare long stalls (a slow shard,
+a download, a pause: look at ``load_latency_max_ms``); readiness near 0 means
+the trainer waits at nearly every step, if only briefly, so the loader is at
+its throughput limit and any slowdown of it slows training (more workers, a
+cheaper decode). Low wait with low readiness is a balanced pipeline with no margin.
 Stage shares (``io``, ``decode``, ``transform``, ``assemble``) are of the
 workers' busy time; ``decode`` is the fused decode + crop + resize + flip,
 ``transform`` what runs after it (user callables). ``worker_busy_pct`` is busy
@@ -42,6 +51,12 @@ storage rate while reading), ``mb_per_s``/``samples_per_s`` are over wall time.
 process with its child processes (the workers), every other process, and
 idle; they come from ``/proc`` (see :class:`ProcCpu`) and are None without it.
 
+Sinks: each report's record (the dict a JSONL line holds) is handed to every
+sink of ``sinks=`` (TensorBoard, W&B, Prometheus; :mod:`reader.monitor.sinks`
+states the protocol) and, for ``record=``, to a ``JsonlSink`` first: one path
+for every destination. A sink that raises is logged once by name and counted
+in ``stats()["sink_errors"]``; the loader goes on.
+
 Switching on: ``reader.enable_monitor(interval=5)`` for every Loader created
 afterwards in the process (they call :func:`resolve_monitor`), or
 ``Loader(..., monitor=reader.Monitor(5))`` for one.
@@ -49,7 +64,6 @@ afterwards in the process (they call :func:`resolve_monitor`), or
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -64,6 +78,9 @@ from formats.errors import ArgumentError, ArgumentTypeError
 from ..runtime.proc import CpuTicks, ProcCpu
 from .diagnosis import Diagnosis, Thresholds, diagnose
 from .report import format_table
+from .sinks import JsonlSink, check_sinks, sink_name
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Diagnosis",
@@ -89,7 +106,7 @@ class _Totals:
 
     __slots__ = (
         "assemble", "batches", "busy", "bytes", "decode", "h2d", "h2d_batches", "h2d_bytes",
-        "io", "latency", "prefetch", "samples", "skipped", "transform", "wait",
+        "io", "latency", "prefetch", "ready", "samples", "skipped", "transform", "wait",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -162,6 +179,7 @@ def _figures(
         busy_ms=_ratio(t.busy, n, 1e3),
         read_mb_s=_ratio(t.bytes, t.io, 1e-6),
         queue_wait_pct=_ratio(t.wait, wall, 100.0),  # share of wall time inside next()
+        data_readiness_pct=_ratio(t.ready, n, 100.0),  # share of next() calls served at once
         # In-process (0 workers) the main process is the one builder.
         # A batch is counted when delivered, so a short interval can hold more busy
         # time than its wall time; the share is capped at 100%.
@@ -209,6 +227,8 @@ class MonitorConfig:
         thresholds: the report's and the diagnosis' limits.
         window: intervals that must agree on a new verdict before it is shown
             (1: each interval's own verdict).
+        sinks: where else each interval's record goes (see
+            :mod:`reader.monitor.sinks`); shared by every Monitor built.
     """
 
     interval: float = 5.0
@@ -216,17 +236,19 @@ class MonitorConfig:
     record: str | os.PathLike | None = None
     thresholds: Thresholds = field(default_factory=Thresholds)
     window: int = 2
+    sinks: tuple = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.interval, (int, float)) or not self.interval > 0:
             raise ArgumentError(f"monitor interval: expected seconds > 0, found {self.interval!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ArgumentError(f"monitor window: expected intervals >= 1, found {self.window!r}")
+        object.__setattr__(self, "sinks", check_sinks(self.sinks))
 
     def build(self, num_workers: int | None = None, name: str | None = None) -> Monitor:
         """A Monitor with these settings."""
         return Monitor(self.interval, output=self.output, record=self.record,
-                       thresholds=self.thresholds, window=self.window,
+                       thresholds=self.thresholds, window=self.window, sinks=self.sinks,
                        num_workers=num_workers, name=name)  # fmt: skip
 
 
@@ -242,6 +264,8 @@ class Monitor:
         record: see :class:`MonitorConfig`.
         thresholds: see :class:`MonitorConfig`.
         window: see :class:`MonitorConfig`.
+        sinks: see :class:`MonitorConfig`: callables handed each interval's
+            record (:mod:`reader.monitor.sinks`).
         num_workers: the loader's worker count (busy share is relative to it);
             when None, the number of distinct worker ids >= 0 seen so far
             (id -1 means built in the main process).
@@ -259,12 +283,17 @@ class Monitor:
         record: str | os.PathLike | None = None,
         thresholds: Thresholds | None = None,
         window: int = 2,
+        sinks: Iterable[Callable[[dict], Any]] = (),
         num_workers: int | None = None,
         name: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         cpu: Callable[[], CpuTicks | None] | None = PROC_CPU,
     ) -> None:
-        self.config = MonitorConfig(interval, output, record, thresholds or Thresholds(), window)
+        self.config = MonitorConfig(interval, output, record, thresholds or Thresholds(), window,
+                                    sinks)  # fmt: skip
+        # record= is one more sink, first: every destination takes one path (_send).
+        self._sinks = ((JsonlSink(record),) if record is not None else ()) + self.config.sinks
+        self._sink_errors: dict[str, int] = {}  # sink name -> failed calls
         self.num_workers = num_workers
         self.name = name
         # "remote": the loader reads through the shard cache (set by the Loader), so
@@ -322,6 +351,7 @@ class Monitor:
         t.latency += timing.latency_s
         t.prefetch += timing.prefetch
         t.skipped += timing.skipped
+        t.ready += timing.ready
         if timing.h2d_s is not None:
             t.h2d += timing.h2d_s
             t.h2d_bytes += timing.h2d_bytes or 0
@@ -363,12 +393,13 @@ class Monitor:
 
         Returns:
             ``{"name", "interval_s", "window", "elapsed_s", "reports", "current",
-            "mean", "diagnosis", "interval_diagnosis", "thresholds"}``.
+            "mean", "diagnosis", "interval_diagnosis", "thresholds", "sink_errors"}``.
             ``current`` is the last reported interval (the interval in progress
             before the first report); ``mean`` covers the whole run up to now.
             ``diagnosis`` is the verdict shown, ``{"kind", "message", "cause"}``
             (see the module docstring: it changes only when ``window``
             intervals agree); ``interval_diagnosis`` is ``current``'s own.
+            ``sink_errors`` counts failed calls by sink name (see ``sinks``).
         """
         now = self._clock()
         cpu = self._read_cpu()
@@ -393,6 +424,7 @@ class Monitor:
             "diagnosis": verdict.to_dict(),
             "interval_diagnosis": own.to_dict(),
             "thresholds": asdict(self.config.thresholds),
+            "sink_errors": dict(self._sink_errors),
         }
 
     def _settled(self) -> bool:
@@ -445,10 +477,24 @@ class Monitor:
         if notes:
             text += "".join(f"\n  changed: {n}" for n in notes)
         _emit_text(self.config.output, text)
-        if self.config.record is not None:
-            line = {"time": time.time(), "interval": self.reports, **stats, "notes": notes}
-            with open(self.config.record, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(line, sort_keys=True) + "\n")
+        if self._sinks:
+            self._send({"time": time.time(), "interval": self.reports, **stats, "notes": notes})
+
+    def _send(self, record: dict[str, Any]) -> None:
+        """Hand one interval's record to every sink; one that raises is logged (its first
+        failure) and counted, and never stops the loader (the sink protocol, step 3)."""
+        for sink in self._sinks:
+            try:
+                sink(record)
+            except Exception as exc:
+                name = sink_name(sink)
+                failed = self._sink_errors.get(name, 0)
+                self._sink_errors[name] = failed + 1
+                if not failed:
+                    log.warning("monitor%s: sink %s failed (%s: %s); the loader goes on, and "
+                                "the sink's failures are counted in stats()['sink_errors']",
+                                f" {self.name}" if self.name else "", name,
+                                type(exc).__name__, exc)  # fmt: skip
 
 
 # The process-wide default, set only by an explicit enable_monitor() call.
@@ -463,6 +509,7 @@ def enable_monitor(
     record: str | os.PathLike | None = None,
     thresholds: Thresholds | None = None,
     window: int = 2,
+    sinks: Iterable[Callable[[dict], Any]] = (),
 ) -> MonitorConfig:
     """Monitor every Loader created from now on in this process.
 
@@ -473,6 +520,10 @@ def enable_monitor(
         record: a JSONL file to append one line per interval to.
         thresholds: limits for the report and the diagnosis.
         window: intervals that must agree on a new verdict before it is shown.
+        sinks: metric sinks (``reader.monitor.TensorBoardSink("runs/x")``,
+            ``WandbSink()``, ``PrometheusSink(9100)``, or any callable taking a
+            record), built once and shared by every Loader's monitor; each
+            loader's figures are told apart by its name (``loader-1``, ...).
 
     Returns:
         The configuration now in force.
@@ -482,7 +533,8 @@ def enable_monitor(
         raise ArgumentTypeError("enable_monitor takes the settings of the monitors it will make "
                         "(interval=5, output=..., record=...), not a Monitor: pass a Monitor "
                         "to one Loader as monitor=...")
-    _default = MonitorConfig(interval, output, record, thresholds or Thresholds(), window)
+    _default = MonitorConfig(interval, output, record, thresholds or Thresholds(), window,
+                             sinks)  # fmt: skip
     return _default
 
 

@@ -63,6 +63,8 @@ METRICS = (
     Metric("load_latency_max_ms", "{:.1f}", None, "", "longest such time"),
     Metric("queue_wait_pct", "{:.1f}", "max_queue_wait_pct", "<",
            "share of wall time the consumer waits inside next()"),
+    Metric("data_readiness_pct", "{:.1f}", None, "",
+           "share of next() calls that found their batch already built"),
     Metric("worker_busy_pct", "{:.1f}", None, "", "workers' busy time over workers x wall time"),
     Metric("io_share_pct", "{:.1f}", "max_io_share_pct", "<",
            "reading (paging in record bytes), share of worker busy time"),

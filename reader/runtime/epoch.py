@@ -468,8 +468,10 @@ class Epoch:
         if latency > cursor.slowest:
             cursor.slowest = latency
         if rt.listeners:
+            # ready: finished before this next() began (same clock, see timing.py).
             timing = batch_timing(t, batch=k, epoch=self.epoch, worker=msg.worker, wait_s=waited,
-                                  latency_s=latency if latency > 0.0 else 0.0, prefetch=in_flight)
+                                  latency_s=latency if latency > 0.0 else 0.0, prefetch=in_flight,
+                                  ready=t.done_at <= t_call)
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)

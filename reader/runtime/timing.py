@@ -82,6 +82,10 @@ class BatchTiming:
         prefetch: batches in flight (issued, not yet consumed) when it was requested.
         h2d_s: host-to-device copy time (``device="cuda"`` only, else None).
         h2d_bytes: bytes copied to the device (``device="cuda"`` only, else None).
+        ready: the batch was finished before ``next()`` was called (its builder's
+            ``done_at`` precedes the call), so the consumer found it waiting: the
+            monitor's ``data_readiness_pct`` (SPDL's "data readiness"). Never for a
+            batch built inside ``next()`` (``num_workers=0``, raw mode).
     """
 
     batch: int
@@ -101,12 +105,14 @@ class BatchTiming:
     prefetch: int
     h2d_s: float | None = None
     h2d_bytes: int | None = None
+    ready: bool = False
 
 
 def batch_timing(t: WorkerTiming, *, batch: int, epoch: int, worker: int, wait_s: float,
-                 latency_s: float, prefetch: int) -> BatchTiming:
+                 latency_s: float, prefetch: int, ready: bool = False) -> BatchTiming:
     """The monitor's record of one batch: the worker's figures and the main process's."""
     return BatchTiming(batch=batch, epoch=epoch, worker=worker, records=t.records, bytes=t.bytes,
                        skipped=t.skipped, io_s=t.io_s, decode_s=t.decode_s,
                        transform_s=t.transform_s, assemble_s=t.assemble_s, busy_s=t.busy_s,
-                       wait_s=wait_s, latency_s=latency_s, next_s=0.0, prefetch=prefetch)
+                       wait_s=wait_s, latency_s=latency_s, next_s=0.0, prefetch=prefetch,
+                       ready=ready)
