@@ -89,6 +89,62 @@ def test_the_resample_is_opencvs_filter_within_one_level(rng, src, dst):
     assert np.array_equal(resample_reference(img, dst, flip=True), got[:, ::-1])
 
 
+_HOST_SHIM = """#include <math.h>
+#define __global__
+struct D { int x, y, z; };
+static D blockIdx, blockDim, threadIdx;
+static inline int min(int a, int b) { return a < b ? a : b; }
+"""
+_HOST_GRID = """
+extern "C" void launch(const unsigned long long* src, const int* sh, const int* sw,
+        const long long* pitch, const int* dst_row, const unsigned char* flip,
+        unsigned char* out, int OH, int OW, int n) {
+    blockDim.x = 128;
+    for (int z = 0; z < n; z++) for (int y = 0; y < OH; y++)
+        for (int bx = 0; bx < (OW + 127) / 128; bx++) for (int t = 0; t < 128; t++) {
+            blockIdx.x = bx; blockIdx.y = y; blockIdx.z = z; threadIdx.x = t;
+            kern(src, sh, sw, pitch, dst_row, flip, out, OH, OW, n);
+        }
+}
+"""
+
+
+def test_the_kernel_source_run_on_the_host_matches_its_definition(tmp_path, rng):
+    """The CUDA source itself, compiled as C++ with the grid as loops (no GPU here):
+    pitch, destination row, flip and both filters as resample_reference defines them."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from reader.transforms.resample import RESAMPLE_CUDA
+
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("needs a C++ compiler (g++ or clang++) to run the kernel source on the host")
+    src = tmp_path / "kernel.cpp"
+    body = RESAMPLE_CUDA.replace('extern "C" __global__ void shardpack_resample(',
+                                 "static void kern(")
+    src.write_text(_HOST_SHIM + body + _HOST_GRID)
+    lib = tmp_path / "kernel.so"
+    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True,
+                   capture_output=True)
+    launch = ctypes.CDLL(str(lib)).launch
+    cases = [((97, 131), (32, 32)), ((30, 20), (48, 40)), ((64, 64), (48, 48)),
+             ((200, 150), (24, 24))]
+    for (h, w), (oh, ow) in cases:
+        full = rng.integers(0, 256, (h + 5, w + 7, 3), dtype=np.uint8)
+        crop = full[2:2 + h, 3:3 + w]  # strided: its pitch is the full row
+        out = np.zeros((2, oh, ow, 3), np.uint8)
+        arrays = [np.array([crop.__array_interface__["data"][0]], np.uint64),
+                  np.array([h], np.int32), np.array([w], np.int32),
+                  np.array([crop.strides[0]], np.int64), np.array([1], np.int32),
+                  np.array([1], np.uint8), out]
+        launch(*[a.ctypes.data_as(ctypes.c_void_p) for a in arrays], oh, ow, 1)
+        diff = np.abs(out[1].astype(int) - resample_reference(crop, (oh, ow), True))
+        assert diff.max() <= 1, ((h, w), (oh, ow), diff.max())  # float32 against float64
+        assert not out[0].any()  # only its destination row is written
+
+
 # -- the split controller --------------------------------------------------------------------
 
 def test_the_optimal_share_finishes_both_sides_together():
