@@ -84,7 +84,8 @@ def resample_reference(src: np.ndarray, size: tuple[int, int], flip: bool) -> np
     h, w = src.shape[:2]
     area = uses_area((h, w), size)
     wy, wx = _weights(h, size[0], area), _weights(w, size[1], area)
-    out = np.einsum("oh,hwc,pw->opc", wy, src.astype(np.float64), wx)
+    rows = np.tensordot(wy, src.astype(np.float64), axes=(1, 0))  # [oh, w, 3]
+    out = np.tensordot(rows, wx, axes=(1, 1)).transpose(0, 2, 1)  # [oh, ow, 3]
     out = np.clip(np.rint(out), 0, 255).astype(np.uint8)
     return out[:, ::-1].copy() if flip else out
 
