@@ -52,6 +52,7 @@ from .options import (
 )
 from .runtime.autoscale import ScaleChange
 from .runtime.device import check_layout, require_cupy
+from .runtime.gpu_decode import resolve_decode_device, with_gpu_fields
 from .runtime.plan import plan_batch
 from .runtime.runtime import Runtime, check_decoded_cache
 from .runtime.slots import SlotRing
@@ -219,8 +220,11 @@ class Loader:
         if device not in ("cpu", "cuda"):
             raise ArgumentError(f"device must be 'cpu' or 'cuda', not {device!r}")
         if device_options is not None and device != "cuda":
+            why = (" (decode_device='cuda' decodes into the GPU's batch: there is none on a "
+                   "CPU loader)" if getattr(device_options, "decode_device", None) == "cuda"
+                   else "")
             raise ArgumentError("device_options apply to device='cuda' only; this Loader has "
-                             f"device={device!r}")
+                             f"device={device!r}{why}")
         check = self.decode_options.check_crc
         if isinstance(source, Mix):
             if batch_sampler is not None:
@@ -250,14 +254,26 @@ class Loader:
         self.batch_size = self.sampler.max_batch_size  # the slots hold the largest batch
         self._plan_fields()
         self._refuse_idle_options()
+        gpu_decode = False
         if device == "cuda" and not self.raw:
             check_layout(self.plan, self.device_options)
+            gpu_decode = resolve_decode_device(self.device_options, self.plan,
+                                               self.decode_options, self.bad_input)
+            if gpu_decode:
+                self.plan = with_gpu_fields(self.plan, self.dataset)
+                self.layout = self.plan.layout
+        elif device == "cuda" and self.device_options.decode_device == "cuda":
+            raise ArgumentError("decode_device='cuda' would have no effect: decode=False reads "
+                                "raw bytes, nothing is decoded")
+        #: Whether JPEGs are decoded on the GPU (DeviceOptions.decode_device, resolved).
+        self.gpu_decode = gpu_decode
         self.runtime = Runtime(
             self.dataset, self.sampler, self.plan, self.spec, self.fields, self.worker_options,
             num_workers=resolve_num_workers(self.worker_options.num_workers),
             auto=self.worker_options.num_workers == "auto", raw=self.raw,
             device_options=self.device_options if device == "cuda" else None,
-            rank=self.sampler_options.rank, decoded_cache=self.decode_options.decoded_cache)
+            rank=self.sampler_options.rank, decoded_cache=self.decode_options.decoded_cache,
+            gpu_decode=gpu_decode, tolerant=self.bad_input.tolerant)
         self.spec = self.runtime.spec  # with the runtime's decoded cache
         self.decoded_cache = self.runtime.decoded_cache
         self.monitor = resolve_monitor(monitor, num_workers=self.num_workers)

@@ -410,6 +410,21 @@ class DeviceOptions:
             (fail if registration fails) or ``staging``.
         device_id: the GPU; default: ``LOCAL_RANK`` from the environment, else the
             loader's rank modulo the GPU count.
+        decode_device: where JPEGs are decoded (:mod:`reader.runtime.gpu_decode`):
+            ``"cpu"`` in the workers, as always; ``"cuda"`` on this GPU through
+            nvImageCodec (``pip install 'shardpack[gpu-decode]'``), each batch split
+            between the GPU and the CPU workers by measured rates (``gpu_share``);
+            refused, saying why, where the GPU path cannot make the same batch (a
+            pipeline other than fixed-size geometry and flips, detection annotations,
+            a decoded cache, ``on_error="replace"``). ``"auto"`` (the default): ``"cuda"``
+            where nvImageCodec imports and the pipeline qualifies, else ``"cpu"``,
+            decided once when the Loader is built. These options exist only with
+            ``device="cuda"``: a CPU loader has no device to decode on.
+        gpu_share: the fraction of each batch decoded on the GPU: None (default) lets
+            the runtime choose it from the measured rates of the two sides
+            (:mod:`reader.runtime.split`); a number in [0, 1] fixes it (1.0: the GPU
+            alone; 0.0 measures the CPU side through the same slot layout). Only with
+            ``decode_device`` ``"cuda"`` or ``"auto"``.
     """
 
     dtype: str = "float16"
@@ -419,8 +434,21 @@ class DeviceOptions:
     output: str = "cupy"
     pinning: str = "auto"
     device_id: int | None = None
+    decode_device: str = "auto"
+    gpu_share: float | None = None
 
     def __post_init__(self) -> None:
+        check_choice("decode_device", self.decode_device, ("cpu", "cuda", "auto"))
+        if self.gpu_share is not None:
+            g = self.gpu_share
+            if isinstance(g, (bool, np.bool_)) or not isinstance(g, numbers.Real) \
+                    or math.isnan(g) or not 0.0 <= g <= 1.0:
+                raise ArgumentError(f"gpu_share must be a number in [0, 1] or None (measured), "
+                                    f"not {g!r}")
+            if self.decode_device == "cpu":
+                raise ArgumentError(f"gpu_share={g} would have no effect: decode_device='cpu' "
+                                    "decodes every image in the workers")
+            set_field(self, "gpu_share", float(g))
         if self.dtype not in ("float16", "float32", "uint8"):
             raise ArgumentError(f"dtype must be float16, float32 or uint8, not {self.dtype!r}")
         if self.layout not in ("NCHW", "NHWC"):

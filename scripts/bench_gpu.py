@@ -17,7 +17,13 @@ Steps, each timed, an error in one recorded and the next still run:
   pipeline  decode + RandomResizedCrop 224 + flip to the GPU (float16 NCHW, normalized
          there) ÷ the same pipeline to the CPU, workers = cores, median of alternated
          rounds; target >= 0.9 (the device adds no bottleneck);
-  dali   DALI's GPU pipeline on the same JPEGs, when ``nvidia.dali`` imports.
+  dali   DALI's GPU pipeline on the same JPEGs, when ``nvidia.dali`` imports;
+  gpu_decode  nvImageCodec's own batch decode, our GPU-decode pipeline, the hybrid and
+         the CPU pipeline, alternated, and the pixels against the CPU path
+         (scripts/bench_gpu_decode.py: targets >= 0.85 of nvImageCodec, hybrid >= 0.9 of
+         the sum and >= 2x the CPU pipeline), when nvImageCodec imports;
+  cpu_scaling  bare processes doing decode + crop + flip against the Loader at 1, 4, 8
+         and N workers (target >= 0.9).
 
 Run: ``python -m scripts.bench_gpu [--images 32768] [--workers N] [--out FILE]``
 (scripts/gpu_requirements.py says what gpu_check.sh installs first).
@@ -42,8 +48,9 @@ from reader.transforms import CenterCrop, RandomResizedCrop
 from scripts import harness as h
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_TESTS = ["tests/reader/runtime/test_device.py"]
+GPU_TESTS = ["tests/reader/runtime/test_device.py", "tests/reader/runtime/test_gpu_decode.py"]
 H2D_TARGET, PIPELINE_TARGET = 0.8, 0.9
+STEPS = ("tests", "h2d", "epoch", "pipeline", "dali", "gpu_decode", "cpu_scaling")
 
 
 # -- the probe and the tests ----------------------------------------------------------------
@@ -325,6 +332,27 @@ def table(r: dict) -> str:
         d = r["dali"]
         rows.append((f"DALI {d['version']} GPU pipeline, {d['threads']} threads", f"{d['img_s']:.0f} img/s",
                      f"ours {ours / d['img_s']:.2f}x" if ours else "", ""))
+    if not unmeasured("gpu_decode", "GPU decode (nvImageCodec)"):
+        g = r["gpu_decode"]
+        med = {k: h.median(v) for k, v in g["img_s"].items()}
+        rows += [("nvImageCodec's own batch decode", f"{med['own']:.0f} img/s", "1.00", ""),
+                 ("our GPU-decode pipeline", f"{med['gpu']:.0f} img/s", f"{g['gpu_over_own']:.2f}",
+                  f">= 0.85 {verdict(g['met']['gpu_over_own'])}"),
+                 ("CPU pipeline (decode_device='cpu')", f"{med['cpu']:.0f} img/s", "", ""),
+                 ("hybrid ÷ (GPU + CPU alone)", f"{med['hybrid']:.0f} img/s",
+                  f"{g['hybrid_over_sum']:.2f}", f">= 0.9 {verdict(g['met']['hybrid_over_sum'])}"),
+                 ("hybrid ÷ CPU pipeline", "", f"{g['hybrid_over_cpu']:.2f}",
+                  f">= 2 {verdict(g['met']['hybrid_over_cpu'])}"),
+                 ("pixels |GPU - CPU| mean per channel", str(g["pixels"]["mean_abs_diff"]),
+                  f"max {g['pixels']['max_abs_diff']}", "")]
+    if not unmeasured("cpu_scaling", "CPU scaling"):
+        c = r["cpu_scaling"]
+        rows.append((f"{c['bare_processes']} bare processes (decode+crop+flip)",
+                     f"{h.median(c['bare_img_s']):.0f} img/s", "1.00", ""))
+        rows += [(f"Loader, {n} workers", f"{h.median(v):.0f} img/s",
+                  f"{c['per_worker_img_s'][n]:.0f}/worker", "") for n, v in c["loader_img_s"].items()]
+        rows.append(("Loader ÷ bare processes", "", f"{c['loader_over_bare']:.2f}",
+                     f">= 0.9 {verdict(c['met'])}"))
     table = h.Table(h.Col("measure"), h.Col("value"), h.Col("÷ limit"), h.Col("target"))
     return "\n".join([table.render(rows), *notes])
 
@@ -340,7 +368,13 @@ def main(argv=None) -> int:
     h.add_workers(ap, os.cpu_count())
     ap.add_argument("--rounds", type=int, default=3, help="alternated rounds of the pipeline ratio")
     ap.add_argument("--step-ms", type=float, default=60.0, help="the consumer's simulated step")
+    ap.add_argument("--only", help="comma-separated steps to run after the probe (tests, h2d, "
+                    "epoch, pipeline, dali, gpu_decode, cpu_scaling; default: all): e.g. "
+                    "--only tests,gpu_decode,cpu_scaling fits a short device lease")
     args = ap.parse_args(argv)
+    steps = STEPS if args.only is None else tuple(x.strip() for x in args.only.split(","))
+    if set(steps) - set(STEPS):
+        ap.error(f"--only: unknown steps {sorted(set(steps) - set(STEPS))}; known: {', '.join(STEPS)}")
     if min(args.images, args.batch, args.workers, args.rounds) < 1 or args.step_ms < 0:
         ap.error("--images, --batch, --workers and --rounds must be at least 1, --step-ms not negative")
     out = args.out or args.data / "gpu_check.json"
@@ -369,22 +403,45 @@ def main(argv=None) -> int:
                         "runtime": cp.cuda.runtime.runtimeGetVersion()}
     print(f"device: {report['device']['name']} (cupy {report['device']['cupy']}, driver "
           f"{report['device']['driver']}), {args.workers} workers, batch {args.batch}", file=sys.stderr)
-    step(report, "tests", run_tests, "gpu", args.data)
+    if "tests" in steps:
+        step(report, "tests", run_tests, "gpu", args.data)
     data = step(report, "data", make_data, args.data, args.images, args.workers)
     if "error" not in data:
         src, ds = Path(data["jpegs"]), Path(data["shards"])
-        step(report, "h2d", h2d, ds, args.batch, args.workers)
-        step(report, "epoch", check_epoch, ds, args.batch, args.workers, args.step_ms)
-        step(report, "pipeline", pipeline, ds, args.batch, args.workers, args.rounds)
-        step(report, "dali", dali, src, args.batch, args.workers)
+        if "h2d" in steps:
+            step(report, "h2d", h2d, ds, args.batch, args.workers)
+        if "epoch" in steps:
+            step(report, "epoch", check_epoch, ds, args.batch, args.workers, args.step_ms)
+        if "pipeline" in steps:
+            step(report, "pipeline", pipeline, ds, args.batch, args.workers, args.rounds)
+        if "dali" in steps:
+            step(report, "dali", dali, src, args.batch, args.workers)
+        from scripts import bench_gpu_decode as gd
+
+        try:
+            from reader.runtime.gpu_decode import require_nvimgcodec
+
+            require_nvimgcodec()
+        except ImportError as exc:
+            report["gpu_decode"] = {"skipped": f"{exc}; put the nvidia_nvimgcodec_cu12 and "
+                                               "nvidia_nvjpeg_cu12 wheels in --wheels DIR"}
+        else:
+            if "gpu_decode" in steps:
+                step(report, "gpu_decode", gd.gpu_decode, ds, src, args.batch, args.workers,
+                     args.rounds)
+        if "cpu_scaling" in steps:
+            step(report, "cpu_scaling", gd.cpu_scaling, ds, args.batch, args.workers,
+                 args.rounds)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     h.write_json(out, report)
     print(table(report))
     print(f"{report['seconds']:.0f} s; every figure in {out}")
-    t = report["tests"]
-    broken = [k for k in ("tests", "data", "h2d", "epoch", "pipeline", "dali")
+    t = report.get("tests", {"exit": 0})
+    broken = [k for k in ("tests", "data", "h2d", "epoch", "pipeline", "dali", "gpu_decode",
+                          "cpu_scaling")
               if "error" in report.get(k, {})]
-    return 1 if broken or t.get("failed") or t.get("exit") != 0 or not report.get("epoch", {}).get("ok") else 0
+    epoch_ok = report.get("epoch", {}).get("ok", "epoch" not in steps)
+    return 1 if broken or t.get("failed") or t.get("exit") != 0 or not epoch_ok else 0
 
 
 if __name__ == "__main__":

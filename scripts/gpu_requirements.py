@@ -2,7 +2,9 @@
 
 pyproject.toml is the one list: its core dependencies, its ``gpu`` extra and the test
 runner of its ``dev`` extra (pytest, hypothesis), then the newest wheel DIR holds of each
-optional package the check uses when it imports (DALI for CUDA 12 or 13, a CUDA torch).
+optional package the check uses when it imports (DALI for CUDA 12 or 13, a CUDA torch,
+nvImageCodec with nvJPEG for the GPU decode: the ``gpu-decode`` extra, installed from DIR
+when its wheels are there, since DIR may not hold them all).
 Standard library only: it runs before anything is installed.
 
 Run: ``python -m scripts.gpu_requirements [DIR]``
@@ -15,7 +17,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Installed from DIR when DIR holds them (wheel file-name prefixes).
-OPTIONAL_WHEELS = ("nvidia_dali_cuda120-", "nvidia_dali_cuda130-", "torch-")
+OPTIONAL_WHEELS = ("nvidia_dali_cuda120-", "nvidia_dali_cuda130-", "torch-",
+                   # the gpu-decode extra (nvImageCodec and the nvJPEG it loads): ~36 MB
+                   "nvidia_nvimgcodec_cu12-", "nvidia_nvjpeg_cu12-")
 TEST_RUNNER = ("pytest", "hypothesis")
 
 

@@ -124,3 +124,32 @@ cuda = types.SimpleNamespace(
     get_current_stream=lambda: _current, get_elapsed_time=lambda a, b: 1.0,
     alloc_pinned_memory=lambda n: bytearray(n))
 ElementwiseKernel = _elementwise_kernel
+
+
+def _resample_kernel(ptr, sh, sw, pitch, rows, flips, out, oh, ow, n):
+    """reader.transforms.resample.RESAMPLE_CUDA, run as its numpy definition: each
+    "device pointer" is a host address here (the stand-in's images live in host memory)."""
+    from reader.transforms.resample import resample_reference
+
+    for k in range(int(n)):
+        h, w, p = int(sh[k]), int(sw[k]), int(pitch[k])
+        raw = (ctypes.c_uint8 * (p * (h - 1) + w * 3)).from_address(int(ptr[k]))
+        src = np.lib.stride_tricks.as_strided(np.frombuffer(raw, np.uint8), (h, w, 3), (p, 3, 1))
+        out[int(rows[k])] = resample_reference(src, (int(oh), int(ow)), bool(flips[k]))
+
+
+raw_kernels = {"shardpack_resample": _resample_kernel}
+launches: list[tuple] = []  # (name, grid, block) of each RawKernel launch
+
+
+class RawKernel:
+    def __init__(self, code, name):
+        self.name = name
+        self.run = raw_kernels[name]
+
+    def __call__(self, grid, block, args):
+        launches.append((self.name, grid, block))
+        self.run(*args)
+
+
+_Stream.ptr = 0

@@ -314,9 +314,10 @@ class Epoch:
             self.slot_of[k] = slot
             self.issued_at[k] = time.perf_counter()
             if self.builder is None:
-                self.task_q.put(Task(batch=k, slot=slot, epoch=self.epoch,
-                                     indices=order.batch(self.epoch, k),
-                                     generation=self.generation))
+                indices = order.batch(self.epoch, k)
+                gpu = self.rt.split.count(len(indices)) if self.rt.split is not None else 0
+                self.task_q.put(Task(batch=k, slot=slot, epoch=self.epoch, indices=indices,
+                                     generation=self.generation, gpu=gpu))
             self.next_issue += 1
         if self.prefetch is not None:
             self.prefetch.advance(self.next_issue)
@@ -324,10 +325,11 @@ class Epoch:
     def _build_here(self, k: int) -> BatchDone:
         rt = self.rt
         slot = self.slot_of[k]
+        indices = rt.order.batch(self.epoch, k)
+        gpu = rt.split.count(len(indices)) if rt.split is not None else 0
         try:
-            t, shapes, replaced = self.builder.build(rt.order.batch(self.epoch, k),
-                                                     self.ring.slot_view(slot),
-                                                     batch_rng(rt.spec, self.epoch, k))
+            t, shapes, replaced = self.builder.build(indices, self.ring.slot_view(slot),
+                                                     batch_rng(rt.spec, self.epoch, k), gpu)
         except ShardpackError:
             raise
         except Exception as exc:
@@ -475,6 +477,8 @@ class Epoch:
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)
+        if rt.split is not None:
+            self._split(t, timing)
         self._adapt(waited)
         if rt.scaler is not None and self.pool is not None:
             self._scale(t_call, waited, t.busy_s)
@@ -487,6 +491,16 @@ class Epoch:
         # with the call, and state_dict() still names it as unseen.
         cursor.delivered(self.epoch, k)
         return batch
+
+    def _split(self, t, timing) -> None:
+        """Feed the split controller this batch's two rates (:mod:`reader.runtime.split`)."""
+        split = self.rt.split
+        gpu_n, gpu_s = self.sink.gpu.last
+        share = split.observe(t.records - t.gpu_records - t.skipped, t.decode_s + t.transform_s,
+                              max(self.rt.num_workers, 1), gpu_n, gpu_s)
+        if timing is not None:
+            timing.gpu_share, timing.cpu_img_s, timing.gpu_img_s = (share, split.cpu_rate,
+                                                                    split.gpu_rate)
 
     def _adapt(self, waited: float) -> None:
         """``prefetch="auto"``: deepen when the consumer waited, shallow after a calm run."""

@@ -40,6 +40,7 @@ from .epoch import Cursor, Epoch, RawEpoch
 from .plan import BatchPlan
 from .sinks import CpuSink, CudaSink, cuda_state
 from .slots import SlotRing
+from .split import SplitController
 from .timing import BatchTiming
 from .worker import BatchSpec, WorkerPool
 
@@ -84,13 +85,17 @@ class Runtime:
         device_options: the GPU sink's options, or None for the CPU sink.
         rank: this loader's rank (picks the GPU).
         decoded_cache: keep decoded images for later epochs, or None.
+        gpu_decode: ``decode_device`` resolved to ``"cuda"`` (:mod:`~reader.runtime.gpu_decode`):
+            each batch is split between the GPU and the workers (:mod:`~reader.runtime.split`).
+        tolerant: ``on_error="skip"``: a record the GPU cannot decode is skipped.
     """
 
     def __init__(self, dataset: ShardDataset, order: Order, plan: BatchPlan, spec: BatchSpec,
                  fields: tuple[str, ...], options: WorkerOptions, *, num_workers: int,
                  auto: bool = False, raw: bool = False,
                  device_options: DeviceOptions | None = None, rank: int = 0,
-                 decoded_cache: DecodedCacheOptions | None = None) -> None:
+                 decoded_cache: DecodedCacheOptions | None = None,
+                 gpu_decode: bool = False, tolerant: bool = False) -> None:
         self.dataset = dataset
         self.order = order
         self.plan = plan
@@ -111,6 +116,11 @@ class Runtime:
         self.ring: SlotRing | None = None  # created with the first epoch that needs it
         self.pool: WorkerPool | None = None  # persistent_workers only
         self.cuda = None  # the GPU state (sinks.cuda_state), made with the first CUDA epoch
+        # decode_device resolved to "cuda": each batch split by the controller, and
+        # whether a record the GPU cannot decode is skipped (on_error="skip").
+        self.split = (SplitController(fixed=device_options.gpu_share)
+                      if gpu_decode else None)
+        self.tolerant = tolerant
         self.closed = False
         self._t0 = time.monotonic()
 
@@ -173,7 +183,8 @@ class Runtime:
             return CpuSink(copy=self.options.copy)
         if self.cuda is None:
             self.cuda = cuda_state(self.device_options, self.rank)
-        return CudaSink(self.cuda, self.plan.image)
+        gpu = self.cuda.gpu_stage(self.tolerant) if self.split is not None else None
+        return CudaSink(self.cuda, self.plan.image, gpu)
 
     def depths(self, hold: int) -> tuple[int, int, int]:
         """(lowest, starting, highest) batches in flight; the ring has highest + hold slots."""

@@ -170,9 +170,20 @@ class _CudaState:
             self.kernel = cp.ElementwiseKernel(
                 "raw uint8 x, raw float32 mean, raw float32 inv_std, int32 H, int32 W, int32 C, "
                 "bool nchw", "T y", _KERNEL_SRC, "shardpack_normalize")
+        self.gpu = None  # the GPU decode stage (gpu_stage), made once when asked for
         self.registered = None  # (address, nbytes) of the page-locked ring
         self.mode = None  # "register" or "staging"
         self.staging = None
+
+    def gpu_stage(self, tolerant: bool):
+        """The GPU decode stage (:mod:`reader.runtime.gpu_decode`), made on first use."""
+        if self.gpu is None:
+            from .gpu_decode import GpuDecodeStage, require_nvimgcodec
+
+            with self.device:
+                self.gpu = GpuDecodeStage(self.cp, require_nvimgcodec(), self.device_id,
+                                          self.stream, tolerant)
+        return self.gpu
 
     def prepare(self, ring) -> None:
         """Page-lock ``ring`` (once per ring), or set up staging buffers."""
@@ -206,9 +217,11 @@ class CudaSink:
 
     hold = 2  # the slot being copied, and the one before it (its copy may still run)
 
-    def __init__(self, state: _CudaState, image_field: str | None) -> None:
+    def __init__(self, state: _CudaState, image_field: str | None, gpu=None) -> None:
         self.state = state
         self.image_field = image_field  # the field converted and normalized on the GPU
+        # The GPU decode of the batch's staged records (reader.runtime.gpu_decode), or None.
+        self.gpu = gpu
         self.ring = None
         self.gate = SlotGate(limit=self.hold)
         self._timings: deque = deque()
@@ -231,9 +244,12 @@ class CudaSink:
             base = st.staging.ctypes.data
         out = {}
         nbytes = 0
+        share = self.gpu.take(batch) if self.gpu is not None else None
         with st.device, st.stream:
             start = cp.cuda.Event()
             start.record(st.stream)
+            # Before the copies: a record that does not decode zeroes its host row.
+            decoded = self.gpu.decode(share, batch, self.image_field) if share else None
             device_arrays = {}
             for f in ring.layout.fields:
                 view = batch.get(f.name)
@@ -247,6 +263,10 @@ class CudaSink:
                 dev.data.copy_from_host_async(base + f.offset, view.nbytes, st.stream)
                 device_arrays[f.name] = dev
                 nbytes += view.nbytes
+            if self.gpu is not None:
+                # After the copies (the staged rows' host bytes are stale; the kernel
+                # overwrites them), before the gate: the slot's bytes are read by then.
+                self.gpu.resample(decoded or ((), (), None, 0.0), device_arrays[self.image_field])
             copied = cp.cuda.Event()
             copied.record(st.stream)
             self.gate.add(slot, copied)
@@ -268,6 +288,8 @@ class CudaSink:
                 out[name] = value  # host-side fields (strings, JSON, bytes)
         self._timings.append((start, copied, nbytes))
         timing = self._attach_h2d(timing)
+        if timing is not None and self.gpu is not None:
+            timing.gpu_records, timing.gpu_decode_s = self.gpu.last
         consumer = self._consumer_stream()
         consumer.wait_event(ready)
         if opts.output == "torch":

@@ -42,6 +42,7 @@ class WorkerTiming(NamedTuple):
     records: int
     skipped: int
     done_at: float
+    gpu_records: int = 0  # records staged for the GPU decode (reader.runtime.gpu_decode)
 
 
 @dataclass(slots=True)
@@ -86,6 +87,11 @@ class BatchTiming:
             ``done_at`` precedes the call), so the consumer found it waiting: the
             monitor's ``data_readiness_pct`` (SPDL's "data readiness"). Never for a
             batch built inside ``next()`` (``num_workers=0``, raw mode).
+        gpu_records: records of the batch the GPU decoded (``decode_device="cuda"``
+            only, else None); the workers decoded ``records - gpu_records``.
+        gpu_decode_s: the GPU stage's time for them (decode call and resample).
+        gpu_share: the GPU's share of the next batches (:mod:`reader.runtime.split`);
+            with ``cpu_img_s`` and ``gpu_img_s``, the rates it was chosen from.
     """
 
     batch: int
@@ -106,6 +112,11 @@ class BatchTiming:
     h2d_s: float | None = None
     h2d_bytes: int | None = None
     ready: bool = False
+    gpu_records: int | None = None
+    gpu_decode_s: float | None = None
+    gpu_share: float | None = None
+    cpu_img_s: float | None = None
+    gpu_img_s: float | None = None
 
 
 def batch_timing(t: WorkerTiming, *, batch: int, epoch: int, worker: int, wait_s: float,

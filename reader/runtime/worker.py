@@ -31,6 +31,8 @@ from ..errors import DecodeError
 from ..transforms.bad_input import VALID_FIELD, BadInput
 from ..transforms.kernels import KERNELS
 from ..transforms.sample import SampleBuilder
+from .gpu_decode import PLAN as GPU_PLAN
+from .gpu_decode import stage_for_gpu
 from .leases import own_fork
 from .timing import WorkerTiming
 
@@ -50,6 +52,7 @@ class Task(NamedTuple):
     epoch: int
     indices: np.ndarray
     generation: int
+    gpu: int = 0  # records 0..gpu-1 staged for the GPU decode (reader.runtime.gpu_decode)
 
 
 class BatchDone(NamedTuple):
@@ -166,15 +169,15 @@ class BatchBuilder:
             self._sample.current = value
 
     def build(self, indices: np.ndarray, arrays: dict[str, np.ndarray],
-              rng: np.random.Generator) -> tuple[WorkerTiming, dict, tuple]:
+              rng: np.random.Generator, gpu: int = 0) -> tuple[WorkerTiming, dict, tuple]:
         """Build the batch of records ``indices`` into ``arrays`` with the batch's random
-        stream ``rng``; returns ``(timing, shapes, replaced)`` (``replaced``: see
-        :class:`BatchDone`)."""
+        stream ``rng``, staging its first ``gpu`` records for the GPU decode; returns
+        ``(timing, shapes, replaced)`` (``replaced``: see :class:`BatchDone`)."""
         policy = self.spec.bad_input
         try:
             if policy.replaces:
                 return self._build_replacing(indices, arrays, rng)
-            return (*self._build(indices, arrays, rng), ())
+            return (*self._build(indices, arrays, rng, gpu), ())
         except DecodeError as exc:
             # A DecodeError the policy let through (on_error="fail") names its record.
             raise self._corrupt(self.current, exc) from None
@@ -220,7 +223,7 @@ class BatchBuilder:
                     break
         return bad
 
-    def _build(self, indices, arrays, rng) -> tuple[WorkerTiming, dict]:
+    def _build(self, indices, arrays, rng, gpu: int = 0) -> tuple[WorkerTiming, dict]:
         t_start = time.perf_counter()
         spec = self.spec
         n = len(indices)
@@ -236,13 +239,14 @@ class BatchBuilder:
                 self.ds.payloads(indices, name)
         gather_s = time.perf_counter() - t_start
         shapes: dict = {}
+        staged = 0
         if spec.image_field is not None or self._sample is not None:
             if self._sample is not None:
                 io_s, decode_s, transform_s, assemble_s, nbytes, skipped, shapes = \
                     self._sample.build(indices, arrays, rng, valid)
             else:
-                io_s, decode_s, transform_s, nbytes, skipped = self._images(
-                    indices, arrays, rng, valid)
+                io_s, decode_s, transform_s, nbytes, skipped, staged = self._images(
+                    indices, arrays, rng, valid, gpu)
                 assemble_s = 0.0
         else:
             io_s = decode_s = transform_s = assemble_s = 0.0
@@ -250,27 +254,45 @@ class BatchBuilder:
         done_at = time.perf_counter()
         timing = WorkerTiming(io_s=io_s, decode_s=decode_s, transform_s=transform_s,
                               assemble_s=assemble_s + gather_s, busy_s=done_at - t_start,
-                              bytes=nbytes, records=n, skipped=skipped, done_at=done_at)
+                              bytes=nbytes, records=n, skipped=skipped, done_at=done_at,
+                              gpu_records=staged)
         return timing, shapes
 
-    def _images(self, indices, arrays, rng, valid) -> tuple:
+    def _images(self, indices, arrays, rng, valid, gpu: int = 0) -> tuple:
         """The classification path: one fixed-size image per record, fused decode, by the
         image kernel (:meth:`reader.transforms.kernels.Kernel.decode_fixed`); a sample that
-        does not decode goes to the policy (:mod:`reader.transforms.bad_input`)."""
+        does not decode goes to the policy (:mod:`reader.transforms.bad_input`). The
+        first ``gpu`` records are staged for the GPU decode instead where they can be
+        (:func:`reader.runtime.gpu_decode.stage_for_gpu`; staging counts as io)."""
         spec, ds = self.spec, self.ds
-        skipped = 0
+        skipped = staged = 0
         decode_s = transform_s = 0.0
         views = ds.payloads(indices, spec.image_field)
         t = time.perf_counter()
         nbytes = page_in(views)
         io_s = time.perf_counter() - t
         images = arrays[spec.image_field]
+        if gpu:
+            arrays[GPU_PLAN][:len(indices), 0] = 0  # no row staged until staged (slots are reused)
         decode, pipeline, cache, policy = (self._image.decode_fixed, spec.pipeline, spec.cache,
                                            spec.bad_input)
         idx = indices.tolist()
         for i, v in enumerate(views):
             self._current = idx[i]
             try:
+                if i < gpu:
+                    t = time.perf_counter()
+                    how = stage_for_gpu(pipeline, v, i, idx[i], arrays, rng,
+                                        pipeline.max_pixels)
+                    io_s += time.perf_counter() - t
+                    if how is None:
+                        staged += 1
+                        continue
+                    if how:  # a plan drawn, decoded here
+                        t = time.perf_counter()
+                        pipeline.decoder().decode_plan(v, *how, images[i], rng)
+                        decode_s += time.perf_counter() - t
+                        continue
                 d, tr = decode(pipeline, v, images[i], rng, cache, idx[i])
             except DecodeError as exc:
                 policy.reject(exc, valid, i)
@@ -280,7 +302,7 @@ class BatchBuilder:
             decode_s += d
             transform_s += tr
         self._current = None
-        return io_s, decode_s, transform_s, nbytes, skipped
+        return io_s, decode_s, transform_s, nbytes, skipped, staged
 
     def _scalars(self, indices, arrays) -> None:
         ds = self.ds
@@ -346,7 +368,7 @@ def worker_loop(worker_id: int, ds, ring, spec: BatchSpec, task_q, done_q, done_
                 doing.value = k
             try:
                 timing, shapes, replaced = builder.build(task.indices, ring.slot_view(slot),
-                                                         batch_rng(spec, task.epoch, k))
+                                                         batch_rng(spec, task.epoch, k), task.gpu)
             except Exception as exc:
                 done_q.put(BatchFailed(batch=k, slot=slot, worker=worker_id, pid=pid,
                                        record=builder.current, error=error_message(exc),

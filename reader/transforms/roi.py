@@ -43,6 +43,36 @@ compiled extension, and a compiler). So the library is the ``turbojpeg`` wheel's
 libturbojpeg (CPython 3.10-3.13, x86-64 Linux): libjpeg-turbo 2.1.92, the 3.0 beta,
 8% slower than simplejpeg's 3.1.2 and crashing on a cropped lossless decode, which
 :meth:`RegionDecoder.header` therefore refuses.
+
+*Its home* (issue 38, decided): it stays behind the optional ``roi`` extra, looked up
+as above, with the whole-image path as the fallback; no binding of our own yet.
+The facts weighed:
+
+* licence: the code we load is libjpeg-turbo's, whose licence is the IJG licence,
+  the Modified (3-clause) BSD licence and the zlib licence (libjpeg-turbo's
+  LICENSE.md), all permissive. What is missing is the wrapper's paperwork: the
+  ``turbojpeg`` 0.0.2 wheel (github.com/Dobatymo/turbojpeg-python, one author)
+  declares no licence in its metadata and ships no licence file, so a
+  redistributor of that wheel cannot show the notices libjpeg-turbo's BSD and IJG
+  terms ask for. We never redistribute it (users ``pip install`` it) and never
+  import its module, so the risk stays with an opt-in extra, not with shardpack;
+* upkeep: it bundles the 3.0 *beta* (2.1.92) and its last release is 0.0.2: a
+  reason not to make it a core dependency, not to drop the measured 1.23x;
+* the alternatives, none of which offers the region decode: PyTurboJPEG (MIT,
+  maintained) binds a libturbojpeg it does not ship and offers only a lossless
+  crop (0.59x above); simplejpeg (MIT, libjpeg-turbo 3.1.2 linked in) exposes the
+  DCT scale (``min_height``/``min_width``) but no crop; a binding of our own over
+  a licence-clear libturbojpeg 3.x (conda-forge's ``libjpeg-turbo``, "IJG AND
+  BSD-3-Clause AND Zlib"; Fedora's) is what step 2 of the lookup above already
+  does, through ``find_library``, wherever such a library is installed; building
+  and shipping our own wheel of libjpeg-turbo is upkeep this gain (0.82 against
+  0.96 ms an image) does not yet pay for;
+* on a GPU host the region decode moves to nvImageCodec
+  (:mod:`reader.runtime.gpu_decode`, its own ``gpu-decode`` extra), so this one
+  matters for CPU-only hosts.
+
+Revisit when a maintained wheel ships libturbojpeg 3.x with its licence files
+(then it goes first in the lookup), or when the 3.0 beta fails us.
 """
 
 from __future__ import annotations

@@ -1,0 +1,182 @@
+"""The GPU decode's figures (issue 38), measured by scripts/bench_gpu.py on a lent GPU.
+
+Two steps, each a dict for the JSON report:
+
+``gpu_decode(ds, jpegs, batch, workers, rounds)``
+    (a) nvImageCodec's own batch decode of the same JPEGs (whole images, batches of
+    ``batch``, bytes in memory): the decoder's limit; (b) our GPU-decode pipeline
+    (``decode_device="cuda", gpu_share=1``: region decode, resize, flip, normalize to
+    float16 NCHW); (c) the hybrid (``gpu_share`` measured); (d) the CPU pipeline
+    (``decode_device="cpu"``), all to the GPU, alternated rounds, medians. Targets:
+    b/a >= 0.85; c/(b + d) >= 0.9 and c/d >= 2. And the pixels: GPU-decoded
+    batches against the CPU path on the same crops, mean and max absolute difference
+    per channel (uint8).
+``cpu_scaling(ds, batch, workers, rounds)``
+    the CPU's own scaling: ``workers`` bare processes doing decode + RandomResizedCrop
+    224 + flip (no Loader), and the Loader (to the CPU) at 1, 4, 8 and ``workers``
+    workers; target: Loader ÷ bare >= 0.9 at ``workers`` (is 400 img/s a worker the
+    host's cores or our Loader?).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import numpy as np
+
+import reader
+from reader.options import DeviceOptions
+from reader.runtime.device import require_cupy
+from scripts import harness as h
+
+OWN_TARGET, HYBRID_SUM_TARGET, HYBRID_CPU_TARGET, SCALING_TARGET = 0.85, 0.9, 2.0, 0.9
+
+
+def nvimgcodec_rate(files: list[Path], batch: int, seconds: float = 10.0) -> float:
+    """Images/s of nvImageCodec's batched decode alone (whole images, to device)."""
+    from reader.runtime.gpu_decode import require_nvimgcodec
+
+    nv = require_nvimgcodec()
+    cp = require_cupy()
+    dec = nv.Decoder()
+    params = nv.DecodeParams(apply_exif_orientation=False)
+    data = [np.frombuffer(p.read_bytes(), np.uint8) for p in files]
+    batches = [[nv.CodeStream(d) for d in data[i:i + batch]]
+               for i in range(0, len(data) - batch + 1, batch)]
+    dec.decode(batches[0], params=params)  # warm up (allocations, handles)
+    cp.cuda.runtime.deviceSynchronize()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for b in batches:
+            dec.decode(b, params=params)
+            n += len(b)
+    cp.cuda.runtime.deviceSynchronize()
+    return n / (time.perf_counter() - t0)
+
+
+def timed_images(loader, seconds: float, sync=lambda: None) -> float:
+    """Images/s of ``loader`` over about ``seconds`` (epochs repeat as needed), the clock
+    started after one batch per worker (start-up is not the steady rate)."""
+    n, t0, warm = 0, None, max(loader.num_workers, 1)
+    while True:
+        for b in loader:
+            if t0 is None:
+                warm -= 1
+                if warm <= 0:
+                    sync()
+                    t0 = time.perf_counter()
+                continue
+            n += len(b["label"])
+            if time.perf_counter() - t0 >= seconds:
+                sync()
+                return n / (time.perf_counter() - t0)
+
+
+def loader_rate(ds, batch, workers, decode_device, gpu_share=None, seconds=8.0) -> dict:
+    """Images/s to the GPU over about ``seconds``; the clock stops once the last batch is done."""
+    cp = require_cupy()
+    opts = DeviceOptions(decode_device=decode_device, gpu_share=gpu_share)
+    shares = []
+    with reader.Loader(ds, batch, num_workers=workers, shuffle="block", seed=0,
+                       transform=h.rrc_flip(), device="cuda", device_options=opts) as lo:
+        if decode_device != "cpu" and not lo.gpu_decode:
+            raise RuntimeError("decode_device='cuda' did not resolve to the GPU decode")
+
+        best = timed_images(lo, seconds, cp.cuda.get_current_stream().synchronize)
+        if lo.runtime.split is not None:
+            shares.append(lo.runtime.split.share)
+    return {"img_s": best, "share": shares[-1] if shares else None}
+
+
+def pixels(ds, batch: int, compare: int = 4) -> dict:
+    """Mean and max |GPU - CPU| per channel over the first ``compare`` batches (uint8 HWC)."""
+    cp = require_cupy()
+    raw = dict(dtype="uint8", layout="NHWC")
+    with reader.Loader(ds, batch, num_workers=2, seed=0, transform=h.rrc_flip(),
+                       copy=True) as cpu:
+        want = [b["image"] for _, b in zip(range(compare), cpu, strict=False)]
+    opts = DeviceOptions(decode_device="cuda", gpu_share=1.0, **raw)
+    with reader.Loader(ds, batch, num_workers=2, seed=0, transform=h.rrc_flip(),
+                       device="cuda", device_options=opts) as gpu:
+        got = [cp.asnumpy(b["image"]) for _, b in zip(range(compare), gpu, strict=False)]
+    diff = np.concatenate([np.abs(g.astype(np.int16) - w).reshape(-1, 3)
+                           for g, w in zip(got, want, strict=True)])
+    return {"mean_abs_diff": diff.mean(axis=0).round(3).tolist(),
+            "max_abs_diff": diff.max(axis=0).tolist(), "images": int(diff.shape[0] // 224 // 224)}
+
+
+def gpu_decode(ds: Path, jpegs: Path, batch: int, workers: int, rounds: int) -> dict:
+    files = sorted(jpegs.rglob("*.jpg"))
+    figures: dict[str, list[float]] = {"own": [], "gpu": [], "hybrid": [], "cpu": []}
+    shares: list[float] = []
+
+    def one(case, _r):
+        if case == "own":
+            figures["own"].append(nvimgcodec_rate(files, batch))
+        elif case == "gpu":
+            figures["gpu"].append(loader_rate(ds, batch, workers, "cuda", 1.0)["img_s"])
+        elif case == "hybrid":
+            r = loader_rate(ds, batch, workers, "cuda")
+            figures["hybrid"].append(r["img_s"])
+            shares.append(r["share"])
+        else:
+            figures["cpu"].append(loader_rate(ds, batch, workers, "cpu")["img_s"])
+
+    h.rounds(("own", "gpu", "hybrid", "cpu"), rounds, one)
+    own_ratio = h.paired_ratio(figures["gpu"], figures["own"])
+    sums = [g + c for g, c in zip(figures["gpu"], figures["cpu"], strict=True)]
+    sum_ratio = h.paired_ratio(figures["hybrid"], sums)
+    cpu_ratio = h.paired_ratio(figures["hybrid"], figures["cpu"])
+    return {"workers": workers, "img_s": figures, "hybrid_share": shares,
+            "gpu_over_own": own_ratio, "hybrid_over_sum": sum_ratio,
+            "hybrid_over_cpu": cpu_ratio, "pixels": pixels(ds, batch),
+            "met": {"gpu_over_own": own_ratio >= OWN_TARGET,
+                    "hybrid_over_sum": sum_ratio >= HYBRID_SUM_TARGET,
+                    "hybrid_over_cpu": cpu_ratio >= HYBRID_CPU_TARGET}}
+
+
+def _bare(args) -> int:
+    """One bare process: decode + RandomResizedCrop 224 + flip of its share, no Loader."""
+    path, lo, hi, seconds = args
+    ds = reader.open_dataset(path)
+    decode = h.rrc_flip_decoder()
+    rng = np.random.default_rng(lo)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for r in range(lo, hi):
+            decode(ds.payload(r, "image"), rng)
+            n += 1
+    return n
+
+
+def bare_rate(ds: Path, processes: int, seconds: float = 8.0) -> float:
+    total = len(reader.open_dataset(ds))
+    cut = np.linspace(0, total, processes + 1).astype(int)
+    t0 = time.perf_counter()
+    with mp.get_context("fork").Pool(processes) as pool:
+        n = sum(pool.map(_bare, [(str(ds), int(cut[i]), int(cut[i + 1]), seconds)
+                                 for i in range(processes)]))
+    return n / (time.perf_counter() - t0)
+
+
+def cpu_scaling(ds: Path, batch: int, workers: int, rounds: int) -> dict:
+    counts = sorted({1, 4, 8, workers} & set(range(1, workers + 1)))
+    loader: dict[int, list[float]] = {n: [] for n in counts}
+    bare: list[float] = []
+
+    def one(case, _r):
+        if case == "bare":
+            bare.append(bare_rate(ds, workers))
+            return
+        with reader.Loader(ds, batch, num_workers=case, shuffle="block", seed=0,
+                           transform=h.rrc_flip()) as lo:
+            loader[case].append(timed_images(lo, 8.0))
+
+    h.rounds(("bare", *counts), rounds, one)
+    ratio = h.paired_ratio(loader[workers], bare)
+    return {"bare_processes": workers, "bare_img_s": bare,
+            "loader_img_s": {str(n): v for n, v in loader.items()},
+            "per_worker_img_s": {str(n): h.median(v) / n for n, v in loader.items()},
+            "loader_over_bare": ratio, "target": SCALING_TARGET, "met": ratio >= SCALING_TARGET}

@@ -1,0 +1,66 @@
+"""A stand-in for the part of nvImageCodec (``nvidia.nvimgcodec``) that
+reader/runtime/gpu_decode.py uses: decodes with simplejpeg on the CPU, the region
+cut from the whole image, and returns "device" images that are fake-cupy arrays
+(tests/fake_cupy.py) with a ``__cuda_array_interface__``. It records every region it
+was asked for, so tests can compare them with the CPU path's plans.
+
+(nvImageCodec's own CPU backend cannot stand in: on a machine without a GPU even a
+CPU_ONLY decoder fails with "CUDA Runtime failure '#35'", issue 38.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simplejpeg
+
+regions: list[tuple[int, int, int, int]] = []  # (y0, x0, y1, x1) of every decode
+fail: set[bytes] = set()  # payloads whose decode returns None, as nvImageCodec does
+
+
+class Region:
+    def __init__(self, start_y, start_x, end_y, end_x):
+        self.box = (int(start_y), int(start_x), int(end_y), int(end_x))
+
+
+class CodeStream:
+    def __init__(self, data, region=None):
+        self.data = bytes(np.asarray(data, np.uint8))
+        self.region = region
+
+    def get_sub_code_stream(self, image_idx=0, region=None):
+        return CodeStream(np.frombuffer(self.data, np.uint8), region)
+
+
+class DecodeParams:
+    def __init__(self, apply_exif_orientation=True, **kw):
+        self.apply_exif_orientation = apply_exif_orientation
+
+
+class Image:
+    def __init__(self, array):
+        self.array = array
+
+    @property
+    def __cuda_array_interface__(self):
+        face = self.array.__array_interface__
+        return {"shape": self.array.shape, "typestr": "|u1", "data": face["data"],
+                "strides": self.array.strides, "version": 3}
+
+
+class Decoder:
+    def __init__(self, device_id=-1, **kw):
+        self.device_id = device_id
+
+    def decode(self, srcs, params=None, cuda_stream=0, **kw):
+        out = []
+        for cs in srcs:
+            if cs.data in fail:
+                out.append(None)
+                continue
+            image = simplejpeg.decode_jpeg(cs.data, colorspace="RGB")
+            if cs.region is not None:
+                y0, x0, y1, x1 = cs.region.box
+                regions.append(cs.region.box)
+                image = image[y0:y1, x0:x1]  # a strided view: its pitch is the whole row
+            out.append(Image(image))
+        return out
