@@ -8,7 +8,12 @@ Two measurements:
 2. End to end, when ``reader.Loader`` exists: the same Loader over the same
    dataset, epochs alternating monitor off / on, best epoch of each.
 
-Usage: ``python scripts/bench_monitor.py [--records N] [--samples S] [--workers W]``
+With ``--trace``: the timeline's cost too (``Monitor(trace=...)``, reader/monitor/trace.py):
+``on_batch`` with the trace on, the formatting of one batch and one write of a full
+ring; and end to end a third side, the monitor with the trace, alternated with the
+other two (the paired ratio trace/off is the issue's target, >= 0.97).
+
+Usage: ``python scripts/bench_monitor.py [--records N] [--samples S] [--workers W] [--trace]``
 """
 
 from __future__ import annotations
@@ -54,6 +59,33 @@ def bench_on_batch(calls: int = 200_000, interval: float = 0.05) -> dict[str, fl
     return out
 
 
+def bench_trace(root: str, calls: int = 200_000) -> dict[str, float]:
+    """The timeline's costs: seconds per ``on_batch`` with the trace on (no report), per
+    batch formatted (once, at a write), and per write of a full ring."""
+    from reader.monitor.trace import TRACE_BATCHES, Trace
+
+    timings = [_timing(i) for i in range(1024)]
+    path = os.path.join(root, "trace.json")
+
+    def feed(mon: Monitor) -> None:
+        for i in range(calls):
+            mon.on_batch(timings[i & 1023])
+
+    hot = min(h.timed(feed, Monitor(1e9, output=False, num_workers=2, cpu=None, trace=path))
+              for _ in range(3)) / calls  # fmt: skip
+    tr = Trace(path, every=1e9)
+    fmt, write = [], []
+    for _ in range(3):
+        for i in range(TRACE_BATCHES):
+            t = timings[i & 1023]
+            t.done_at = time.perf_counter()
+            tr.on_batch(t)
+        fmt.append(h.timed(tr._format_pending) / TRACE_BATCHES)
+        write.append(h.timed(tr.write))
+    return {"on_batch, trace on (hot path)": hot, "formatting one batch (once)": min(fmt),
+            f"one write of {TRACE_BATCHES:,} batches ({os.path.getsize(path) / 1e6:.1f} MB)": min(write)}
+
+
 def bench_proc_cpu(reads: int = 2000) -> float | None:
     """Seconds per :class:`ProcCpu` read (one per report), or None without ``/proc``."""
     cpu = ProcCpu()
@@ -96,8 +128,10 @@ def _consume(batch: dict, buf: np.ndarray | None) -> int:
 
 
 def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw: bool,
-                 copy_out: bool = False, min_s: float = 0.5) -> dict[str, list[float]]:  # fmt: skip
-    """Throughput (samples/s) of the same Loader with the monitor off and on.
+                 copy_out: bool = False, min_s: float = 0.5,
+                 trace: str | None = None) -> dict[str, list[float]]:  # fmt: skip
+    """Throughput (samples/s) of the same Loader with the monitor off and on (and, with
+    ``trace`` a file path, on with the timeline written there).
 
     Each sample runs whole epochs until at least ``min_s`` seconds have passed;
     samples alternate off/on (and which goes first) so drift hits both alike.
@@ -112,22 +146,26 @@ def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw:
         from reader.transforms import CenterCrop
 
         kwargs["transform"] = [CenterCrop(224)]
-    rates: dict[str, list[float]] = {"off": [], "on": []}
+    modes = ("off", "on", "trace") if trace else ("off", "on")
+    rates: dict[str, list[float]] = {m: [] for m in modes}
     # Main-process CPU seconds per batch: the monitor's whole cost lands there, and
     # unlike wall time it barely moves when other processes compete for the cores.
-    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
     buf = np.empty(batch_size * 512 * 1024, np.uint8) if copy_out else None
     loaders = {
         "off": reader.Loader(path, monitor=False, **kwargs),
         "on": reader.Loader(path, monitor=_Monitor(5.0, output=False, num_workers=workers), **kwargs),
     }
+    if trace:
+        loaders["trace"] = reader.Loader(path, monitor=_Monitor(
+            5.0, output=False, num_workers=workers, trace=trace), **kwargs)
     try:
         for loader in loaders.values():  # warm the page cache and the code paths
             for _batch in loader:
                 pass
         del _batch  # a batch held outside the timed loops would be a lease kept for good
         for i in range(samples):
-            for mode in h.rotated(("off", "on"), i):
+            for mode in h.rotated(modes, i):
                 loader = loaders[mode]
                 n = batches = 0
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -143,6 +181,8 @@ def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw:
     finally:
         for loader in loaders.values():
             loader.close()
+            if loader.monitor is not None:
+                loader.monitor.close()  # the trace's last write, while its folder exists
     return {"rates": rates, "cpu": cpu}
 
 
@@ -152,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--trace", action="store_true",
+                        help="also measure the timeline (Monitor(trace=...)): its costs, and "
+                             "a third side end to end")
     args = parser.parse_args(argv)
 
     costs = bench_on_batch()
@@ -165,6 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(cost_table.line("/proc CPU read (once per report)", f"{proc * 1e6:.2f}")
               + f"  = {proc / 5.0:.1e} of a 5 s interval")
+    if args.trace:
+        from reader.monitor.trace import WRITE_EVERY_S
+
+        with tempfile.TemporaryDirectory() as root:
+            costs_trace = bench_trace(root)
+        print()
+        print(f"trace costs (writes every {WRITE_EVERY_S:g} s at the reports, and at close)")
+        h.Table(h.Col("case", 50), h.Col("us", 12, ">"), sep="").print(
+            [(label, f"{s * 1e6:.2f}") for label, s in costs_trace.items()])
     print()
     print("on_batch cost vs realistic batch times (1 - cost/batch time = throughput ratio bound)")
     h.Table(h.Col("batch", 44), h.Col("batch ms", 10, ">"), h.Col("ratio", 10, ">"),
@@ -187,17 +239,24 @@ def main(argv: list[str] | None = None) -> int:
             (True, False, "raw bytes (decode=False), consumer idle (worst case)"),
         ):
             res = bench_loader(path, samples=args.samples, workers=args.workers,
-                               batch_size=args.batch_size, raw=raw, copy_out=copy_out)  # fmt: skip
+                               batch_size=args.batch_size, raw=raw, copy_out=copy_out,
+                               trace=os.path.join(root, "trace.json") if args.trace else None)
             off, on = res["rates"]["off"], res["rates"]["on"]
             print()
             print(f"Loader, {mode}, {args.records} records, batch {args.batch_size}, "
                   f"{args.workers} workers, {args.samples} samples each")  # fmt: skip
             h.Table(h.Col("monitor", 10), h.Col("best/s", 12, ">"), h.Col("median/s", 12, ">"),
                     sep="").print([(side, f"{max(r):.0f}", f"{h.median(r):.0f}")
-                                   for side, r in (("off", off), ("on", on))])
+                                   for side, r in res["rates"].items()])
             ratio_best = max(on) / max(off)
             ratio_med = h.median(on) / h.median(off)
             print(f"ratio on/off: best {ratio_best:.3f}, median {ratio_med:.3f} (limit >= 0.98)")
+            if args.trace:
+                tr = res["rates"]["trace"]
+                print(f"ratio trace/off: best {max(tr) / max(off):.3f}, paired median "
+                      f"{h.paired_ratio(tr, off):.3f} (limit >= 0.97); trace/on: paired median "
+                      f"{h.paired_ratio(tr, on):.3f}; main-process CPU per batch with the "
+                      f"trace: +{(h.median(res['cpu']['trace']) - h.median(res['cpu']['off'])) * 1e6:.1f} us")
             cpu_off = h.median(res["cpu"]["off"])
             extra = h.median(res["cpu"]["on"]) - cpu_off
             batch_s = args.batch_size / h.median(off)

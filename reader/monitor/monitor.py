@@ -501,7 +501,6 @@ class Monitor:
             with open(self.config.record, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(line, sort_keys=True) + "\n")
 
-
     def _share(self, stats: dict[str, Any]) -> str | None:
         """The report's timeline marker and trace write, and its exchange with the other
         ranks: adds ``rank`` (and on rank 0 ``ranks``) to ``stats``; returns rank 0's

@@ -309,7 +309,10 @@ class Trace:
         ends[tid] = done
         if t.h2d_s is not None:
             self._tracks.add(H2D)
-            self._span(out, H2D, "H2D copy", wait_end, wait_end + int(t.h2d_s * 1e6),
+            # Copies run one after another on the copy stream: a copy drawn before the
+            # last one ended starts when it ends, with its own duration.
+            at = max(wait_end, ends.get(H2D, 0))
+            self._span(out, H2D, "H2D copy", at, at + int(t.h2d_s * 1e6),
                        f',"args":{{"bytes":{t.h2d_bytes or 0}}}')
         return call, ",\n".join(out)
 

@@ -26,7 +26,7 @@ import pytest
 import reader
 from formats.errors import ArgumentError
 from reader import Monitor
-from reader.monitor.trace import BUILDER, MAIN, WORKER0, Trace
+from reader.monitor.trace import BUILDER, H2D, MAIN, WORKER0, Trace
 from tests.helpers_monitor import HEALTHY, FakeClock, feed, timing
 from tests.helpers_reader import CropPipeline, make_dataset
 from tests.hostile import mount_tmpfs, umount
@@ -160,6 +160,25 @@ def test_batches_built_in_the_main_process_sit_inside_their_wait(dataset, tmp_pa
     assert len(waits) == len(builds) == n
     for w, b in zip(waits, builds, strict=True):
         assert w["ts"] <= b["ts"] and b["ts"] + b["dur"] <= w["ts"] + w["dur"] + 1, (w, b)
+
+
+def test_device_copies_get_their_own_track(dataset, tmp_path, monkeypatch):
+    from tests import fake_cupy  # numpy standing in for cupy: every copy "takes" 1 ms
+
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    path = tmp_path / "trace.json"
+    mon = Monitor(0.1, output=False, cpu=None, trace=path)
+    with reader.Loader(dataset, 16, num_workers=1, transform=CropPipeline(), device="cuda",
+                       monitor=mon) as loader:  # fmt: skip
+        n = sum(1 for _ in loader)
+    mon.close()
+    doc = read_trace(path)
+    tracks = check_chrome_trace(doc)
+    copies = tracks[(os.getpid(), H2D)]
+    assert len(copies) == n and {e["name"] for e in copies} == {"H2D copy"}
+    assert all(e["dur"] == 1000 and e["args"]["bytes"] > 0 for e in copies)
+    names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert names[H2D] == "main: H2D copy"
 
 
 def test_notes_and_verdict_changes_are_markers(tmp_path):
