@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from formats.errors import ArgumentError
+from formats.errors import ArgumentError, ArgumentTypeError
 
 from ..options import SamplerOptions
 
@@ -161,9 +161,9 @@ class RankFolder:
 
     def __init__(self, folder: str | os.PathLike, *,
                  clock: Callable[[], float] = time.time) -> None:  # fmt: skip
-        self.folder = os.fspath(folder)
+        self.folder = os.fspath(folder) if isinstance(folder, (str, os.PathLike)) else None
         if not isinstance(self.folder, str) or not self.folder:
-            raise ArgumentError(f"monitor ranks: expected a folder path, found {folder!r}")
+            raise ArgumentTypeError(f"monitor ranks: expected a folder path, found {folder!r}")
         if os.path.exists(self.folder) and not os.path.isdir(self.folder):
             raise ArgumentError(f"monitor ranks {self.folder}: exists and is not a folder")
         try:

@@ -32,10 +32,10 @@ every process of the machine, so a worker's span and the main process's ``next()
 share one time axis (``reader.runtime.timing``); timestamps are whole microseconds of
 that clock, so traces of several loaders (or ranks on one machine) line up.
 
-Bound: a ring of the last :data:`TRACE_BATCHES` batches (about 1 KB of JSON each,
-about 11 MB in all), whatever the run's length or the batch rate: a count, not a
-time span, so the file's size does not depend on how fast batches come; and the
-last :data:`TRACE_MARKERS` markers inside the batches' span.
+Bound: a ring of the last :data:`TRACE_BATCHES` batches (about 850 bytes of JSON
+each, so under 10 MB in all), whatever the run's length or the batch rate: a count,
+not a time span, so the file's size does not depend on how fast batches come; and
+the last :data:`TRACE_MARKERS` markers inside the batches' span.
 
 Cost: ``on_batch`` appends one tuple to a deque (a fraction of a microsecond). A
 batch is formatted once, when a write first includes it, and its text is kept in
@@ -69,7 +69,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from formats.errors import ArgumentError
+from formats.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["TRACE_BATCHES", "TRACE_MARKERS", "WRITE_EVERY_S", "Trace", "check_trace_path"]
 
@@ -93,9 +93,9 @@ def check_trace_path(path: str | os.PathLike) -> str:
     Refused: a folder, a symlink (the file is replaced, never written through a link),
     a path whose folder is missing or is not a folder.
     """
-    text = os.fspath(path)
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
     if not isinstance(text, str) or not text:
-        raise ArgumentError(f"monitor trace: expected a file path, found {path!r}")
+        raise ArgumentTypeError(f"monitor trace: expected a file path, found {path!r}")
     try:
         st = os.lstat(text)
     except FileNotFoundError:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import reader
-from formats.errors import ArgumentError
+from formats.errors import ArgumentError, ArgumentTypeError
 from reader import Monitor
 from reader.monitor.trace import BUILDER, H2D, MAIN, WORKER0, Trace
 from tests.helpers_monitor import HEALTHY, FakeClock, feed, timing
@@ -275,6 +275,13 @@ def test_paths_that_are_not_a_trace_file_are_refused(tmp_path, make):
     with pytest.raises(ArgumentError, match=r"monitor trace .*(not a file|symlink|does not exist)"):
         Monitor(trace=path)
     assert victim.read_text() == "keep me"
+
+
+def test_a_trace_or_ranks_path_of_the_wrong_type_is_refused():
+    with pytest.raises(ArgumentTypeError, match="monitor trace: expected a file path, found 5"):
+        Monitor(trace=5)
+    with pytest.raises(ArgumentTypeError, match="monitor ranks: expected a folder path"):
+        Monitor(ranks=b"/tmp")
 
 
 def test_a_symlink_put_in_place_later_is_not_written_through(tmp_path, caplog):
