@@ -281,6 +281,7 @@ class Loader:
             if hasattr(self.dataset, "cache"):
                 self.monitor.storage = "remote"  # a diagnosis that names the shard cache
             self.monitor.count_workers(self.runtime.worker_pids)
+            self.monitor.set_rank(self.sampler_options.rank, self.sampler_options.world_size)
             self.runtime.listeners.append(_MonitorListener(self.monitor))
         self.ledger = None
         if ledger is not None:

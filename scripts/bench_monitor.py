@@ -11,10 +11,14 @@ Three measurements:
    interval.
 3. End to end: the same Loader over the same dataset, rounds alternating monitor
    off / on (default settings) / on with every sink at a report every 0.5 s (ten
-   times the default rate, a Prometheus scrape every second), the median of the
-   rounds' ratios; the sinks' side also gives its data readiness.
+   times the default rate, a Prometheus scrape every second) and the timeline
+   (``trace=``), the median of the rounds' ratios (the issue's target: >= 0.97); the
+   sinks' side also gives its data readiness.
 
-Usage: ``python -m scripts.bench_monitor [--records N] [--samples S] [--workers W]``
+With ``--trace``: the timeline's own costs too: ``on_batch`` with the trace on, the
+formatting of one batch and one write of a full ring.
+
+Usage: ``python -m scripts.bench_monitor [--records N] [--samples S] [--workers W] [--trace]``
 """
 
 from __future__ import annotations
@@ -60,6 +64,33 @@ def bench_on_batch(calls: int = 200_000, interval: float = 0.05) -> dict[str, fl
         out[label] = min(h.timed(feed, Monitor(ival, output=False, record=os.devnull,
                                                num_workers=2)) for _ in range(3)) / calls
     return out
+
+
+def bench_trace(root: str, calls: int = 200_000) -> dict[str, float]:
+    """The timeline's costs: seconds per ``on_batch`` with the trace on (no report), per
+    batch formatted (once, at a write), and per write of a full ring."""
+    from reader.monitor.trace import TRACE_BATCHES, Trace
+
+    timings = [_timing(i) for i in range(1024)]
+    path = os.path.join(root, "trace.json")
+
+    def feed(mon: Monitor) -> None:
+        for i in range(calls):
+            mon.on_batch(timings[i & 1023])
+
+    hot = min(h.timed(feed, Monitor(1e9, output=False, num_workers=2, cpu=None, trace=path))
+              for _ in range(3)) / calls  # fmt: skip
+    tr = Trace(path, every=1e9)
+    fmt, write = [], []
+    for _ in range(3):
+        for i in range(TRACE_BATCHES):
+            t = timings[i & 1023]
+            t.done_at = time.perf_counter()
+            tr.on_batch(t)
+        fmt.append(h.timed(tr._format_pending) / TRACE_BATCHES)
+        write.append(h.timed(tr.write))
+    return {"on_batch, trace on (hot path)": hot, "formatting one batch (once)": min(fmt),
+            f"one write of {TRACE_BATCHES:,} batches ({os.path.getsize(path) / 1e6:.1f} MB)": min(write)}
 
 
 def bench_proc_cpu(reads: int = 2000) -> float | None:
@@ -178,13 +209,14 @@ def _consume(batch: dict, buf: np.ndarray | None) -> int:
 
 def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw: bool,
                  copy_out: bool = False, min_s: float = 0.5, sinks: list | None = None,
-                 sink_interval: float = 0.5) -> dict[str, Any]:  # fmt: skip
+                 sink_interval: float = 0.5, trace: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Throughput (samples/s) of the same Loader with the monitor off and on.
 
     Each sample runs whole epochs until at least ``min_s`` seconds have passed;
     samples rotate the cases (and which goes first) so drift hits all alike. With
     ``sinks``, a third case: a monitor reporting every ``sink_interval`` seconds to
-    them (its stats are returned as ``"sinks_stats"``).
+    them, and keeping the timeline in ``trace`` when given (its stats are returned as
+    ``"sinks_stats"``): the issue's "every sink and the trace on".
     """
     import reader
     from reader import Monitor as _Monitor
@@ -208,7 +240,8 @@ def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw:
     }
     if sinks is not None:
         loaders["sinks"] = reader.Loader(path, monitor=_Monitor(
-            sink_interval, output=False, num_workers=workers, sinks=sinks, name="bench"), **kwargs)
+            sink_interval, output=False, num_workers=workers, sinks=sinks, name="bench",
+            trace=trace), **kwargs)
     try:
         for loader in loaders.values():  # warm the page cache and the code paths
             for _batch in loader:
@@ -232,6 +265,8 @@ def bench_loader(path: str, *, samples: int, workers: int, batch_size: int, raw:
     finally:
         for loader in loaders.values():
             loader.close()
+            if loader.monitor is not None:
+                loader.monitor.close()  # the trace's last write, while its folder exists
     return {"rates": rates, "cpu": cpu, "sinks_stats": stats}
 
 
@@ -241,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--trace", action="store_true",
+                        help="also measure the timeline (Monitor(trace=...)): its costs, and "
+                             "a third side end to end")
     args = parser.parse_args(argv)
 
     costs = bench_on_batch()
@@ -254,6 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(cost_table.line("/proc CPU read (once per report)", f"{proc * 1e6:.2f}")
               + f"  = {proc / 5.0:.1e} of a 5 s interval")
+    if args.trace:
+        from reader.monitor.trace import WRITE_EVERY_S
+
+        with tempfile.TemporaryDirectory() as root:
+            costs_trace = bench_trace(root)
+        print()
+        print(f"trace costs (writes every {WRITE_EVERY_S:g} s at the reports, and at close)")
+        h.Table(h.Col("case", 50), h.Col("us", 12, ">"), sep="").print(
+            [(label, f"{s * 1e6:.2f}") for label, s in costs_trace.items()])
     print()
     print("on_batch cost vs realistic batch times (1 - cost/batch time = throughput ratio bound)")
     h.Table(h.Col("batch", 44), h.Col("batch ms", 10, ">"), h.Col("ratio", 10, ">"),
@@ -289,7 +336,8 @@ def loader_rows(args, root: str, sinks: Sinks) -> None:
     ):
         res = bench_loader(path, samples=args.samples, workers=args.workers,
                            batch_size=args.batch_size, raw=raw, copy_out=copy_out,
-                           sinks=sinks.sinks)  # fmt: skip
+                           sinks=sinks.sinks,
+                           trace=os.path.join(root, "trace.json"))  # fmt: skip
         off, on, sunk = res["rates"]["off"], res["rates"]["on"], res["rates"]["sinks"]
         print()
         print(f"Loader, {mode}, {args.records} records, batch {args.batch_size}, "
@@ -302,7 +350,7 @@ def loader_rows(args, root: str, sinks: Sinks) -> None:
         print(f"ratio on/off: best {ratio_best:.3f}, median {ratio_med:.3f}, median of the "
               f"rounds' ratios {h.paired_ratio(on, off):.3f} (limit >= 0.98)")
         st = res["sinks_stats"]
-        print(f"ratio sinks/off ({sinks.names()}, a report every 0.5 s): best "
+        print(f"ratio sinks/off ({sinks.names()} and the trace, a report every 0.5 s): best "
               f"{max(sunk) / max(off):.3f}, median {h.median(sunk) / h.median(off):.3f}, "
               f"median of the rounds' ratios {h.paired_ratio(sunk, off):.3f} (limit >= 0.97); "
               f"{st['reports']} reports, sink errors {st['sink_errors'] or 'none'}, "

@@ -112,6 +112,8 @@ def _conf_stats(p: argparse.ArgumentParser) -> None:
 
 
 def _conf_monitor_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("more", nargs="*", metavar="FILE", help="more ranks' record files (or "
+                   "folders of them): each summarized, and the slowest rank named")
     p.add_argument("--plot", metavar="FILE.png", help="draw a timeline of stage times and "
                    "throughput (needs matplotlib: pip install 'shardpack[plot]')")
 
@@ -131,7 +133,8 @@ COMMANDS: list[tuple[str, Callable[[argparse.Namespace], int],
     ("extract", cmd_extract, _conf_extract, "write one field of one record to a file"),
     ("stats", cmd_stats, _conf_stats, "label histogram, size and resolution distributions"),
     ("monitor-report", cmd_monitor_report, _conf_monitor_report,
-     "summarize a Loader monitor record (give the .jsonl file the monitor wrote as DATASET)"),
+     "summarize a Loader monitor record (give the .jsonl file the monitor wrote as DATASET; "
+     "several ranks' files, or a folder of them, are compared)"),
     ("ledger-diff", cmd_ledger_diff, _conf_ledger_diff,
      "compare two Loader ledgers (LEDGER ledger-diff OTHER): the first step and rank "
      "where they differ"),

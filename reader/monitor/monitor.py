@@ -60,6 +60,14 @@ in ``stats()["sink_errors"]``; the loader goes on.
 Switching on: ``reader.enable_monitor(interval=5)`` for every Loader created
 afterwards in the process (they call :func:`resolve_monitor`), or
 ``Loader(..., monitor=reader.Monitor(5))`` for one.
+
+A timeline and the other ranks (one Monitor, one Loader): ``trace="trace.json"``
+keeps the last batches' spans, worker by worker, and writes them as a Chrome trace
+for Perfetto or ``chrome://tracing`` (:mod:`reader.monitor.trace`);
+``ranks="/shared/run1"``, a folder every rank can reach, has each rank leave its
+figures there at each report and rank 0's report name the slowest rank
+(:mod:`reader.monitor.ranks`). Neither ever stops training: a write that fails logs
+one warning and that output stops.
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -77,8 +86,10 @@ from formats.errors import ArgumentError, ArgumentTypeError
 
 from ..runtime.proc import CpuTicks, ProcCpu
 from .diagnosis import Diagnosis, Thresholds, diagnose
+from .ranks import RankFolder
 from .report import format_table
 from .sinks import JsonlSink, check_sinks, sink_name
+from .trace import Trace
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +284,16 @@ class Monitor:
         clock: seconds, monotonic; replaceable for tests.
         cpu: returns cumulative :class:`CpuTicks` (or None when unknown), read
             at the start and at each report; None leaves the CPU figures out.
+        trace: a file to write the timeline of the last batches to, as a Chrome
+            trace (:mod:`reader.monitor.trace`); replaced at reports (at most every
+            10 s), at :meth:`flush`, :meth:`close` and exit.
+        ranks: a folder shared by every rank (:mod:`reader.monitor.ranks`): each
+            rank writes its figures there at each report, and rank 0's report
+            names the slowest rank. The rank and world size are the Loader's.
+
+    Raises:
+        ArgumentError: a bad interval or window; a trace path that is a folder or
+            a symlink, or cannot be written; a ranks path that is not a folder.
     """
 
     def __init__(
@@ -288,6 +309,8 @@ class Monitor:
         name: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         cpu: Callable[[], CpuTicks | None] | None = PROC_CPU,
+        trace: str | os.PathLike | None = None,
+        ranks: str | os.PathLike | None = None,
     ) -> None:
         self.config = MonitorConfig(interval, output, record, thresholds or Thresholds(), window,
                                     sinks)  # fmt: skip
@@ -314,6 +337,12 @@ class Monitor:
         self._verdict: Diagnosis | None = None  # the verdict shown
         self._notes: list[str] = []  # what the loader changed since the last report
         self.reports = 0
+        # The timeline and the other ranks (reader.monitor.trace, reader.monitor.ranks).
+        self.trace = Trace(trace, name=name) if trace is not None else None
+        self.ranks = RankFolder(ranks) if ranks is not None else None
+        self._shown_kind: str | None = None  # the verdict last marked on the timeline
+        if self.trace is not None:
+            weakref.finalize(self, self.trace.close)  # the last write, at exit at the latest
 
     def count_workers(self, pids: Callable[[], Iterable[int]]) -> None:
         """Count these processes (a Loader's workers) as the loader's CPU use, instead of
@@ -326,9 +355,26 @@ class Monitor:
         """Something the loader changed (e.g. its worker count, and why): shown under
         the next report's table and recorded with it."""
         self._notes.append(text)
+        if self.trace is not None:
+            self.trace.mark(text, "note")
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        """This process's rank and the job's world size (the Loader calls this)."""
+        if self.ranks is not None:
+            self.ranks.set_rank(rank, world_size)
+        if self.trace is not None:
+            self.trace.rank = rank
+
+    def close(self) -> None:
+        """Report the interval in progress and write the trace a last time."""
+        self.flush()
+        if self.trace is not None:
+            self.trace.close()
 
     def on_batch(self, timing: Any) -> None:
         """Add one delivered batch's ``BatchTiming``; report if an interval has passed."""
+        if self.trace is not None:
+            self.trace.on_batch(timing)
         now = self._clock()
         # Time the consumer spent inside next(): blocked on the queue, or building
         # the batch itself when there are no workers (then wait_s is 0).
@@ -456,6 +502,8 @@ class Monitor:
         """Report the interval in progress now, if it holds any batch (e.g. at epoch end)."""
         if self._mark is not None and self._total.batches > self._mark.totals.batches:
             self._report(self._clock())
+        if self.trace is not None:
+            self.trace.write()
 
     def _report(self, now: float) -> None:
         cpu = self._read_cpu()
@@ -473,9 +521,12 @@ class Monitor:
         self._next = now + self.config.interval
         self.reports += 1
         notes, self._notes = self._notes, []
+        shared = self._share(stats)
         text = format_table(stats, self.config.thresholds)
         if notes:
             text += "".join(f"\n  changed: {n}" for n in notes)
+        if shared is not None:
+            text += "\n" + shared
         _emit_text(self.config.output, text)
         if self._sinks:
             self._send({"time": time.time(), "interval": self.reports, **stats, "notes": notes})
@@ -495,6 +546,25 @@ class Monitor:
                                 "the sink's failures are counted in stats()['sink_errors']",
                                 f" {self.name}" if self.name else "", name,
                                 type(exc).__name__, exc)  # fmt: skip
+
+    def _share(self, stats: dict[str, Any]) -> str | None:
+        """The report's timeline marker and trace write, and its exchange with the other
+        ranks: adds ``rank`` (and on rank 0 ``ranks``) to ``stats``; returns rank 0's
+        line about the slowest rank, or None."""
+        if self.trace is not None:
+            kind = stats["diagnosis"]["kind"]
+            if kind != self._shown_kind:
+                self._shown_kind = kind
+                self.trace.mark(f"verdict: {stats['diagnosis']['message']}", "diagnosis")
+            self.trace.tick()
+        if self.ranks is None:
+            return None
+        compared = self.ranks.exchange(stats)
+        stats["rank"] = self.ranks.rank
+        if compared is None:
+            return None
+        stats["ranks"] = compared
+        return compared["message"]
 
 
 # The process-wide default, set only by an explicit enable_monitor() call.

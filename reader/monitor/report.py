@@ -6,8 +6,15 @@ A record file holds one JSON object per line, one per reported interval, as
 written by :class:`reader.monitor.monitor.Monitor` with ``record=``. Several loaders (or
 runs) may append to one file; lines carry the loader ``name``.
 
-``inspect-shards monitor-report FILE [--plot out.png] [--json]`` is wired to
-:func:`monitor_report_command`; :func:`main` is the same as a standalone entry.
+Several ranks' files (each rank's ``record=``; every record of a monitor with
+``ranks=`` carries its ``rank``), or a folder of ``.jsonl`` files, are summarized
+file by file with a line naming the slowest rank (by loader capacity, the rule of
+:mod:`reader.monitor.ranks`), and drawn as one verdict strip per rank under the
+ranks' samples/s, waiting share and loader capacity on one wall-clock axis
+(:func:`ranks_figure`).
+
+``inspect-shards monitor-report FILE [FILE ...] [--plot out.png] [--json]`` is wired
+to :func:`monitor_report_command`; :func:`main` is the same as a standalone entry.
 """
 
 from __future__ import annotations
@@ -21,18 +28,24 @@ from typing import Any, NamedTuple
 
 from ..errors import MonitorRecordError
 from .diagnosis import Thresholds
+from .ranks import compare, loader_capacity
 
 __all__ = [
     "METRICS",
     "Metric",
     "MonitorRecordError",
     "add_monitor_report_arguments",
+    "format_ranks",
     "format_summary",
     "format_table",
     "load_records",
     "main",
     "monitor_report_command",
+    "plot_ranks",
     "plot_records",
+    "ranks_figure",
+    "record_files",
+    "summarize_ranks",
     "summarize_records",
     "timeline_figure",
 ]
@@ -387,6 +400,156 @@ def plot_records(path: str | os.PathLike, png: str | os.PathLike) -> None:
     fig.savefig(png, dpi=100)
 
 
+def record_files(paths: list[str | os.PathLike]) -> list[str]:
+    """The record files ``paths`` name: each a file, or a folder standing for its
+    ``*.jsonl`` files (sorted by name).
+
+    Raises:
+        MonitorRecordError: a folder holds no ``.jsonl`` file, or a path does not exist.
+    """
+    out: list[str] = []
+    for path in paths:
+        text = os.fspath(path)
+        if os.path.isdir(text):
+            found = sorted(os.path.join(text, n) for n in os.listdir(text) if n.endswith(".jsonl"))
+            if not found:
+                raise MonitorRecordError("no .jsonl monitor record file in the folder", path=text)
+            out.extend(found)
+        else:
+            out.append(text)
+    return out
+
+
+def _rank_of(records: list[dict[str, Any]], position: int) -> int:
+    """The rank a file's records carry (a monitor with ``ranks=``), else its position."""
+    ranks = {r["rank"] for r in records if isinstance(r.get("rank"), int)}
+    return ranks.pop() if len(ranks) == 1 else position
+
+
+def _load_ranks(paths: list[str]) -> list[tuple[int, str, list[dict[str, Any]]]]:
+    runs = [(path, load_records(path)) for path in paths]
+    return sorted(((_rank_of(recs, i), path, recs) for i, (path, recs) in enumerate(runs)),
+                  key=lambda run: run[0])  # fmt: skip
+
+
+def summarize_ranks(paths: list[str | os.PathLike]) -> dict[str, Any]:
+    """Summarize several ranks' record files and name the slowest rank.
+
+    Args:
+        paths: record files, or folders of them (:func:`record_files`).
+
+    Returns:
+        ``{"ranks": [summary of each file (:func:`summarize_records`) with its
+        ``rank`` and ``loader_samples_per_s``], "comparison": the comparison of
+        :func:`reader.monitor.ranks.compare` over the whole runs}``.
+
+    Raises:
+        MonitorRecordError: see :func:`load_records`.
+    """
+    summaries, entries = [], {}
+    for rank, path, records in _load_ranks(record_files(paths)):
+        summary = _summary(records, path)
+        currents = [r["current"] for r in records]
+        batches = sum(c.get("batches") or 0 for c in currents)
+        whole = {
+            "batches": batches,
+            "samples": summary["samples"],
+            "num_workers": currents[-1].get("num_workers"),
+            "busy_ms": (sum((c.get("busy_ms") or 0.0) * (c.get("batches") or 0) for c in currents)
+                        / batches) if batches else None,
+            "samples_per_s": summary["figures"]["samples_per_s"]["mean"]
+            if summary["figures"]["samples_per_s"] else None,
+            "queue_wait_pct": summary["figures"]["queue_wait_pct"]["mean"]
+            if summary["figures"]["queue_wait_pct"] else None,
+        }  # fmt: skip
+        summary.update(rank=rank, loader_samples_per_s=loader_capacity(whole))
+        summaries.append(summary)
+        entries[rank] = {"figures": whole, "diagnosis": {
+            "kind": summary["bottleneck"], "cause": summary["bottleneck_cause"],
+            "message": summary["bottleneck_message"]}}  # fmt: skip
+    world = max(max(entries) + 1, len(entries))
+    return {"ranks": summaries, "comparison": compare(entries, world)}
+
+
+def format_ranks(summary: dict[str, Any]) -> str:
+    """Render :func:`summarize_ranks` output: each file's summary, then the comparison."""
+    parts = [f"rank {s['rank']}: " + format_summary(s) for s in summary["ranks"]]
+    rows = [f"{'rank':>5}{'loader/s':>11}{'samples/s':>11}{'wait %':>8}  bottleneck"]
+    for s in summary["ranks"]:
+        cap = s["loader_samples_per_s"]
+        rate, wait = s["figures"]["samples_per_s"], s["figures"]["queue_wait_pct"]
+        rows.append(f"{s['rank']:>5}{'n/a' if cap is None else format(cap, '.0f'):>11}"
+                    f"{'n/a' if rate is None else format(rate['mean'], '.0f'):>11}"
+                    f"{'n/a' if wait is None else format(wait['mean'], '.1f'):>8}"
+                    f"  {_bottleneck_text(s)}")  # fmt: skip
+    return "\n\n".join(parts) + "\n\n" + "\n".join(rows) + "\n" + summary["comparison"]["message"]
+
+
+def ranks_figure(paths: list[str | os.PathLike]):
+    """A matplotlib Figure of several ranks' records on one wall-clock axis.
+
+    Panels: samples/s, the share of time waiting in ``next()`` and the loader
+    capacity (:func:`reader.monitor.ranks.loader_capacity`), one line per rank;
+    then one strip per rank coloured by each interval's verdict. The title names
+    the slowest rank.
+
+    Args:
+        paths: record files, or folders of them.
+
+    Raises:
+        ImportError: matplotlib is not installed (with an install hint).
+        MonitorRecordError: see :func:`load_records`.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError(
+            "plotting monitor records needs matplotlib: pip install 'shardpack[plot]'"
+        ) from exc
+    runs = _load_ranks(record_files(paths))
+    compared = summarize_ranks([path for _, path, _ in runs])["comparison"]
+    t0 = min((r.get("time") or 0.0) - (r["current"].get("wall_s") or 0.0)
+             for _, _, recs in runs for r in recs)  # fmt: skip
+    fig = Figure(figsize=(11, 5 + 0.45 * len(runs)), layout="constrained")
+    axes = fig.subplots(3 + len(runs), 1, sharex=True,
+                        gridspec_kw={"height_ratios": [2.5, 2, 2] + [0.5] * len(runs)})
+    rate, waits, capacity, strips = axes[0], axes[1], axes[2], axes[3:]
+    seen: dict[str, Any] = {}
+    for (rank, _path, recs), strip in zip(runs, strips, strict=True):
+        t = [(r.get("time") or 0.0) - t0 for r in recs]
+        rate.plot(t, [r["current"].get("samples_per_s") or 0.0 for r in recs], label=f"rank {rank}")
+        waits.plot(t, [r["current"].get("queue_wait_pct") or 0.0 for r in recs],
+                   label=f"rank {rank}")  # fmt: skip
+        capacity.plot(t, [loader_capacity(r["current"]) or 0.0 for r in recs],
+                      label=f"rank {rank}")  # fmt: skip
+        for r, end in zip(recs, t, strict=True):
+            kind = (r.get("diagnosis") or {}).get("kind", "unknown")
+            wall = r["current"].get("wall_s") or 0.0
+            bar = strip.broken_barh([(end - wall, wall)], (0, 1),
+                                    color=_KIND_COLOURS.get(kind, "grey"))  # fmt: skip
+            seen.setdefault(kind, bar)
+        strip.set_yticks([])
+        strip.set_ylabel(f"rank {rank}", rotation=0, ha="right", va="center")
+    rate.set_ylabel("samples/s")
+    waits.set_ylabel("queue_wait_pct")
+    waits.set_ylim(0, 105)
+    capacity.set_ylabel("loader samples/s")
+    strips[-1].set_xlabel("seconds (wall clock)")
+    for ax in (rate, waits, capacity):
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                  fontsize="small")  # fmt: skip
+        ax.grid(alpha=0.3)
+    strips[0].legend(list(seen.values()), list(seen), loc="upper left",
+                     bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize="small", ncols=2)
+    fig.suptitle(f"shardpack monitor: {len(runs)} ranks\n{compared['message']}", fontsize="medium")
+    return fig
+
+
+def plot_ranks(paths: list[str | os.PathLike], png: str | os.PathLike) -> None:
+    """Draw :func:`ranks_figure` as a PNG."""
+    ranks_figure(paths).savefig(png, dpi=100)
+
+
 def add_monitor_report_arguments(
     parser: argparse.ArgumentParser, *, file: bool = True, json_flag: bool = True
 ) -> None:
@@ -399,7 +562,8 @@ def add_monitor_report_arguments(
         json_flag: add ``--json`` (False when a parent parser provides it).
     """
     if file:
-        parser.add_argument("file", help="a monitor JSONL record file (Loader monitor record=)")
+        parser.add_argument("file", nargs="+", help="monitor JSONL record files (Loader monitor "
+                            "record=), or folders of them: several ranks' files are compared")
     parser.add_argument("--plot", metavar="PNG", help="also draw a timeline PNG (needs "
                         "matplotlib: pip install 'shardpack[plot]')")
     if json_flag:
@@ -407,31 +571,42 @@ def add_monitor_report_arguments(
 
 
 def monitor_report_command(args: argparse.Namespace) -> int:
-    """CLI handler: print the summary of ``args.file`` (or ``args.dst``); returns the exit status.
+    """CLI handler: print the summary of ``args.file`` (or ``args.dst`` and ``args.more``);
+    returns the exit status.
+
+    One file: its summary (and timeline). Several, or a folder: each rank's summary
+    and the slowest rank (and one strip per rank).
 
     Exit status 0 on success, 1 for an unreadable or malformed file or a
     missing matplotlib (message on stderr).
     """
-    path = getattr(args, "file", None) or args.dst
+    given = getattr(args, "file", None) or [args.dst, *(getattr(args, "more", None) or [])]
     plot = getattr(args, "plot", None)
     try:
-        summary = summarize_records(path)
-        if plot:
-            plot_records(path, plot)
+        paths = record_files(given if isinstance(given, list) else [given])
+        if len(paths) == 1:
+            summary = summarize_records(paths[0])
+            if plot:
+                plot_records(paths[0], plot)
+        else:
+            summary = summarize_ranks(paths)
+            if plot:
+                plot_ranks(paths, plot)
     except (MonitorRecordError, ImportError, OSError) as exc:
         sys.stderr.write(f"monitor-report: {exc}\n")
         return 1
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     else:
-        sys.stdout.write(format_summary(summary) + "\n")
+        text = format_summary(summary) if len(paths) == 1 else format_ranks(summary)
+        sys.stdout.write(text + "\n")
         if plot:
             sys.stdout.write(f"timeline written to {plot}\n")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reader.monitor.report FILE [--plot PNG] [--json]``."""
+    """``python -m reader.monitor.report FILE [FILE ...] [--plot PNG] [--json]``."""
     parser = argparse.ArgumentParser(
         prog="monitor-report", description="Summarize a shardpack monitor record file."
     )

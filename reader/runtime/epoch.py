@@ -293,7 +293,7 @@ class Epoch:
                     waited = time.perf_counter() - t_wait
             if isinstance(msg, BatchFailed):
                 self._raise_worker_error(msg)
-            return self._deliver(k, msg, t_call, waited, in_flight)
+            return self._deliver(k, msg, t_call, t_wait, waited, in_flight)
         except StopIteration:
             raise
         except BaseException:
@@ -446,7 +446,7 @@ class Epoch:
                           worker=wid, pid=pid, record=record, exc_type=type_name, traceback=tb)
         raise err from exc
 
-    def _deliver(self, k: int, msg: BatchDone, t_call: float, waited: float,
+    def _deliver(self, k: int, msg: BatchDone, t_call: float, t_wait: float, waited: float,
                  in_flight: int) -> dict:
         slot, t = msg.slot, msg.timing
         rt = self.rt
@@ -473,7 +473,7 @@ class Epoch:
             # ready: finished before this next() began (same clock, see timing.py).
             timing = batch_timing(t, batch=k, epoch=self.epoch, worker=msg.worker, wait_s=waited,
                                   latency_s=latency if latency > 0.0 else 0.0, prefetch=in_flight,
-                                  ready=t.done_at <= t_call)
+                                  ready=t.done_at <= t_call, wait_at=t_wait)
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)

@@ -13,8 +13,10 @@ and the loader and a device sink fill in ``next_s`` and ``h2d_*`` in place
 before the monitor sees it. Treat it as read-only once ``on_batch`` has it.
 
 Clocks: every time stamp is ``time.perf_counter()``, which on Linux is
-``CLOCK_MONOTONIC`` (system-wide), so a worker's ``done_at`` and the main
-process's issue time are comparable.
+``CLOCK_MONOTONIC`` (system-wide: the same clock in every process, whatever the
+start method), so a worker's ``done_at`` and the main process's issue time are
+comparable, and the monitor's timeline (:mod:`reader.monitor.trace`) draws both
+on one time axis.
 """
 
 from __future__ import annotations
@@ -92,6 +94,15 @@ class BatchTiming:
         gpu_decode_s: the GPU stage's time for them (decode call and resample).
         gpu_share: the GPU's share of the next batches (:mod:`reader.runtime.split`);
             with ``cpu_img_s`` and ``gpu_img_s``, the rates it was chosen from.
+
+    Time stamps (``time.perf_counter()``, one clock in every process; 0.0 when
+    not known), for the timeline:
+
+    Attributes:
+        done_at: when the builder finished the batch; it ran from
+            ``done_at - busy_s``.
+        wait_at: when ``next()`` began waiting for this batch (after handing back
+            slots and issuing requests).
     """
 
     batch: int
@@ -117,13 +128,16 @@ class BatchTiming:
     gpu_share: float | None = None
     cpu_img_s: float | None = None
     gpu_img_s: float | None = None
+    done_at: float = 0.0
+    wait_at: float = 0.0
 
 
 def batch_timing(t: WorkerTiming, *, batch: int, epoch: int, worker: int, wait_s: float,
-                 latency_s: float, prefetch: int, ready: bool = False) -> BatchTiming:
+                 latency_s: float, prefetch: int, ready: bool = False,
+                 wait_at: float = 0.0) -> BatchTiming:
     """The monitor's record of one batch: the worker's figures and the main process's."""
     return BatchTiming(batch=batch, epoch=epoch, worker=worker, records=t.records, bytes=t.bytes,
                        skipped=t.skipped, io_s=t.io_s, decode_s=t.decode_s,
                        transform_s=t.transform_s, assemble_s=t.assemble_s, busy_s=t.busy_s,
                        wait_s=wait_s, latency_s=latency_s, next_s=0.0, prefetch=prefetch,
-                       ready=ready)
+                       ready=ready, done_at=t.done_at, wait_at=wait_at)
