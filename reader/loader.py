@@ -529,6 +529,8 @@ class Loader:
         self._closed = True
         self._stop_active("this Loader was closed")
         self.runtime.close()  # workers, then the ring and the decoded cache
+        if self.monitor is not None:
+            self.monitor.flush()  # the interval in progress reported, the trace written
         if self.ledger is not None:
             self.ledger.close()
         for d in self._owned_parts:
