@@ -29,6 +29,19 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KiB tmpfs of the test's own: a real full or read-only disk (remount it
+    ``ro``), skipped where this machine does not let a test mount one (not root)."""
+    from hostile import mount_tmpfs, umount
+
+    point = tmp_path / "mnt"
+    if not mount_tmpfs(point, "64k"):
+        pytest.skip("cannot mount a tmpfs here (not root, or mount not permitted)")
+    yield point
+    umount(point)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """One local Ray cluster for a module (starting Ray costs seconds); modules that

@@ -363,12 +363,7 @@ def timeline_figure(records: list[dict[str, Any]], path: str | os.PathLike = "")
                      label="load_latency_max_ms")  # fmt: skip
     latency.set_ylabel("ms")
     seen: dict[str, Any] = {}
-    for r, end in zip(records, t, strict=True):
-        kind = (r.get("diagnosis") or {}).get("kind", "unknown")
-        wall = r["current"].get("wall_s") or 0.0
-        bar = strip.broken_barh([(end - wall, wall)], (0, 1),
-                                color=_KIND_COLOURS.get(kind, "grey"))  # fmt: skip
-        seen.setdefault(kind, bar)
+    _verdict_strip(strip, records, t, seen)
     strip.set_yticks([])
     strip.set_ylabel("verdict", rotation=0, ha="right", va="center")
     strip.set_xlabel("seconds")
@@ -383,6 +378,17 @@ def timeline_figure(records: list[dict[str, Any]], path: str | os.PathLike = "")
     fig.suptitle(f"shardpack monitor: {name}{loaders}\nbottleneck: {_bottleneck_text(summary)}",
                  fontsize="medium")  # fmt: skip
     return fig
+
+
+def _verdict_strip(strip, records: list[dict], t: list[float], seen: dict[str, Any]) -> None:
+    """One bar per interval on ``strip``, coloured by its verdict, ending at its time;
+    ``seen`` collects a bar per verdict for the legend."""
+    for r, end in zip(records, t, strict=True):
+        kind = (r.get("diagnosis") or {}).get("kind", "unknown")
+        wall = r["current"].get("wall_s") or 0.0
+        bar = strip.broken_barh([(end - wall, wall)], (0, 1),
+                                color=_KIND_COLOURS.get(kind, "grey"))  # fmt: skip
+        seen.setdefault(kind, bar)
 
 
 def plot_records(path: str | os.PathLike, png: str | os.PathLike) -> None:
@@ -522,12 +528,7 @@ def ranks_figure(paths: list[str | os.PathLike]):
                    label=f"rank {rank}")  # fmt: skip
         capacity.plot(t, [loader_capacity(r["current"]) or 0.0 for r in recs],
                       label=f"rank {rank}")  # fmt: skip
-        for r, end in zip(recs, t, strict=True):
-            kind = (r.get("diagnosis") or {}).get("kind", "unknown")
-            wall = r["current"].get("wall_s") or 0.0
-            bar = strip.broken_barh([(end - wall, wall)], (0, 1),
-                                    color=_KIND_COLOURS.get(kind, "grey"))  # fmt: skip
-            seen.setdefault(kind, bar)
+        _verdict_strip(strip, recs, t, seen)
         strip.set_yticks([])
         strip.set_ylabel(f"rank {rank}", rotation=0, ha="right", va="center")
     rate.set_ylabel("samples/s")

@@ -15,7 +15,6 @@ from reader.errors import LedgerError, LoaderError, StateError
 from reader.ledger import diff_ledgers
 from tests.helpers_paths import ROOT
 from tests.helpers_reader import CropPipeline, make_dataset
-from tests.hostile import mount_tmpfs, umount
 
 SIZES = {"a": 300, "b": 200, "c": 100}
 
@@ -211,15 +210,6 @@ def test_ledger_log_and_diff(sources, tmp_path):
         served(lo, 1)
     assert other.read_text() == "mine\n"
 
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 64 KiB tmpfs (a real full or read-only disk), where this machine allows it."""
-    point = tmp_path / "mnt"
-    if not mount_tmpfs(point, "64k"):
-        pytest.skip("cannot mount a tmpfs here (not root, or mount not permitted)")
-    yield point
-    umount(point)
 
 
 def test_ledger_read_only_disk(sources, small_disk):

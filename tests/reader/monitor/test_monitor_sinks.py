@@ -261,14 +261,6 @@ def test_tensorboard_into_a_writer_of_your_own(tmp_path, writer):
     assert len(scalars["loss"]) == 2 and len(scalars["shardpack/train/samples_per_s"]) == 2
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    point = tmp_path / "mnt"
-    if not mount_tmpfs(point, "64k"):
-        pytest.skip("cannot mount a tmpfs here (not root, or mount not permitted)")
-    yield point
-    umount(point)
-
 
 def test_tensorboard_on_a_read_only_disk_fails_where_it_is_made(small_disk, writer):
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)

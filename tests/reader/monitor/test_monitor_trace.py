@@ -311,14 +311,6 @@ def test_a_planted_temporary_symlink_is_not_followed(tmp_path):
     check_chrome_trace(read_trace(path))
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    point = tmp_path / "disk"
-    if not mount_tmpfs(point, "64k"):
-        pytest.skip("needs root and mount for a real full disk")
-    yield point
-    umount(point)
-
 
 def test_a_read_only_folder_is_refused_when_the_monitor_is_made(tmp_path):
     point = tmp_path / "ro"
