@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(("(d) classification Loader / (cores x 1-core rate)",
                  f"{h.median([a for a, _ in cls]):.0f} img/s",
                  f"{h.median([c for _, c in cls]):.0f} img/s", [a / c for a, c in cls],
-                 "no regression (BENCHMARKS.md: 0.82)"))
+                 "no regression (BENCHMARKS.md, Classification pipeline: 0.76)"))
     rows.append(("(e) assemble / worker busy time (monitor)",
                  f"{h.median([g['assemble_share'] for g in grouped]):.1%}", "",
                  [g["assemble_share"] for g in grouped], "<= 0.05"))

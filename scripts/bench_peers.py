@@ -323,7 +323,7 @@ def pipeline(fmt: str, root: Path, workers: int) -> int:
 
 # -- DALI's own CPU pipelines (the peers' virtualenv) --------------------------------------
 
-#: DALI's settings, as measured best on the CPU (BENCHMARKS.md, "DALI (CPU pipelines)",
+#: DALI's settings, as measured best on the CPU (scripts/results/HISTORY.md, "DALI (CPU pipelines)",
 #: says what else was tried); ``--dali KEY=VALUE`` overrides one. Pipeline keywords:
 #: ``prefetch_queue_depth``, ``exec_dynamic`` (DALI 2's executor), ``exec_pipelined``,
 #: ``exec_async``, ``bytes_per_sample``, ``set_affinity``, ``concurrency``; the rest choose ops:
