@@ -1,0 +1,81 @@
+"""MkDocs hook: the reference pages that are generated from the code, so they cannot drift.
+
+A page holds a marker and the hook replaces it at build time:
+
+- ``<!-- cli: pack-dataset -->`` / ``<!-- cli: inspect-shards -->``: the ``--help`` of the
+  command and of each of its subcommands, from the argparse parsers themselves;
+- ``<!-- errors -->``: one table per package face of its public error classes, their
+  standard bases (what an ``except`` clause of the standard library catches) and the
+  first line of their docstrings, read from the classes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import re
+
+MARKER = re.compile(r"<!-- (cli: [\w-]+|errors) -->")
+
+
+def _help(parser: argparse.ArgumentParser) -> str:
+    # A fixed width: the page must not depend on the terminal that built it.
+    os.environ["COLUMNS"] = "100"
+    return parser.format_help()
+
+
+def cli_markdown(command: str) -> str:
+    """``--help`` of ``command`` and of each of its subcommands, as fenced text blocks."""
+    if command == "pack-dataset":
+        from packer.cli import build_parser
+        parsers = [("pack-dataset", build_parser())]
+    elif command == "inspect-shards":
+        from reader.inspect.cli import build_parser
+        top = build_parser()
+        parsers = [("inspect-shards", top)]
+        for action in top._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += [(f"inspect-shards DATASET {name}", sub)
+                            for name, sub in action.choices.items()]
+    else:
+        raise ValueError(f"no command line named {command!r} (pack-dataset, inspect-shards)")
+    out = []
+    for title, parser in parsers:
+        heading = "##" if " " not in title else "###"
+        out += [f"{heading} `{title}`", "", "```text", _help(parser).rstrip(), "```", ""]
+    return "\n".join(out)
+
+
+def errors_markdown() -> str:
+    """A table per package face: each public error, its standard bases, what it means."""
+    import formats
+    import packer
+    import reader
+
+    out = []
+    for face in (formats, packer, reader):
+        rows = []
+        for name in face.__all__:
+            obj = getattr(face, name)
+            if not (isinstance(obj, type) and issubclass(obj, BaseException)):
+                continue
+            ours = [b.__name__ for b in obj.__mro__[1:]
+                    if b.__module__.split(".")[0] in ("formats", "packer", "reader")]
+            std = [b.__name__ for b in obj.__mro__[1:]
+                   if b.__module__ == "builtins" and b not in (Exception, BaseException, object)]
+            doc = (inspect.getdoc(obj) or "").split("\n\n")[0].replace("\n", " ").replace("|", "\\|")
+            rows.append(f"| `{face.__name__}.{name}` | {', '.join(f'`{b}`' for b in ours) or '—'}"
+                        f" | {', '.join(f'`{b}`' for b in std) or '—'} | {doc} |")
+        out += [f"## `{face.__name__}`", "",
+                "| error | shardpack bases | standard bases (what catches it) | meaning |",
+                "| --- | --- | --- | --- |", *rows, ""]
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    """Replace each marker with what it names."""
+    def render(m: re.Match) -> str:
+        what = m.group(1)
+        return errors_markdown() if what == "errors" else cli_markdown(what.split(": ")[1])
+    return MARKER.sub(render, markdown)
