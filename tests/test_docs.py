@@ -5,6 +5,9 @@ A guide's ```python blocks run in order, as one script, in a temporary folder th
 the small data the guides name (``pets/``, an image folder; ``pets.shards``, it packed;
 ``docs/``, text files; ``coco/``, a synthetic COCO detection set). A block that needs what
 the tests cannot have (a GPU, S3, torch, Ray) is preceded by ``<!-- skip: REASON -->``.
+A ```console block preceded by ``<!-- run -->`` runs too: each ``$ `` command, in bash,
+after the Python blocks, and must exit 0 (``pack-dataset`` and ``inspect-shards`` are
+this checkout's).
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
+CONSOLE = re.compile(r"<!-- run -->\n```console\n(?P<code>.*?)```", re.S)
+SHELL = f"""set -e
+pack-dataset() {{ {sys.executable} -c 'import sys; from packer.cli import main; sys.exit(main())' "$@"; }}
+inspect-shards() {{ {sys.executable} -c 'import sys; from reader.inspect.cli import main; sys.exit(main())' "$@"; }}
+"""
 BLOCK = re.compile(r"(?:<!-- skip: (?P<skip>[^>]*?) -->\n)?```python\n(?P<code>.*?)```", re.S)
 
 
@@ -97,7 +105,9 @@ def test_the_python_blocks_of_each_guide_run(guide, data, tmp_path):
     runnable = [m.group("code") for m in blocks if m.group("skip") is None]
     skipped = [m.group("skip") for m in blocks if m.group("skip") is not None]
     assert all(reason.strip() for reason in skipped), f"{guide.name}: a skip without a reason"
-    if not runnable:
+    commands = [re.sub(r"\\\n\s*", "", line[2:]) for m in CONSOLE.finditer(guide.read_text())
+                for line in re.split(r"\n(?=\$ )", m.group("code")) if line.startswith("$ ")]
+    if not runnable and not commands:
         pytest.skip(f"{guide.name}: no block runs here ({'; '.join(skipped) or 'no code'})")
     work = tmp_path / "work"
     subprocess.run(["cp", "-a", str(data), str(work)], check=True)
@@ -107,3 +117,8 @@ def test_the_python_blocks_of_each_guide_run(guide, data, tmp_path):
     run = subprocess.run([sys.executable, str(script)], cwd=work, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"{guide.name}:\n{script.read_text()}\n{run.stdout}{run.stderr}"
+    if commands:
+        shell = SHELL + "\n".join(c.split("\n")[0] for c in commands)
+        run = subprocess.run(["bash", "-c", shell], cwd=work, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, f"{guide.name}:\n{shell}\n{run.stdout}{run.stderr}"
