@@ -78,6 +78,14 @@ def test_every_guide_is_short_and_in_the_nav():
         assert f"guides/{guide.name}" in nav, f"{guide.name} is not in mkdocs.yml's nav"
 
 
+def test_the_readme_is_a_landing_page_linking_into_the_guides():
+    text = (ROOT / "README.md").read_text()
+    assert text.count("\n") <= 200
+    for target in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (ROOT / target).exists(), target
+    assert "bash dev.sh demo" in text and "bash dev.sh test" in text and "BENCHMARKS.md" in text
+
+
 def _data(folder: Path) -> None:
     """The small data the guides' examples read and write."""
     sys.path.insert(0, str(ROOT))
