@@ -17,6 +17,7 @@ import os
 import re
 
 MARKER = re.compile(r"<!-- (cli: [\w-]+|errors) -->")
+ROLE = re.compile(r":(?:class|meth|func|mod|data|attr|exc):(`[^`]+`)")
 
 
 def _help(parser: argparse.ArgumentParser) -> str:
@@ -65,6 +66,7 @@ def errors_markdown() -> str:
             std = [b.__name__ for b in obj.__mro__[1:]
                    if b.__module__ == "builtins" and b not in (Exception, BaseException, object)]
             doc = (inspect.getdoc(obj) or "").split("\n\n")[0].replace("\n", " ").replace("|", "\\|")
+            doc = ROLE.sub(r"\1", doc).replace("``", "`")  # reST roles and literals, as Markdown
             rows.append(f"| `{face.__name__}.{name}` | {', '.join(f'`{b}`' for b in ours) or '—'}"
                         f" | {', '.join(f'`{b}`' for b in std) or '—'} | {doc} |")
         out += [f"## `{face.__name__}`", "",
@@ -79,3 +81,12 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         what = m.group(1)
         return errors_markdown() if what == "errors" else cli_markdown(what.split(": ")[1])
     return MARKER.sub(render, markdown)
+
+
+HTML_ROLE = re.compile(r":(?:class|meth|func|mod|data|attr|exc|obj):(?=<code>)")
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """The docstrings mark names with reST roles (``:class:`X```, as STYLE.md's Google
+    style allows): show the name as code, without the role's prefix."""
+    return HTML_ROLE.sub("", html)
