@@ -16,6 +16,7 @@ import importlib
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,12 +35,13 @@ BLOCK = re.compile(r"(?:<!-- skip: (?P<skip>[^>]*?) -->\n)?```python\n(?P<code>.
 
 def test_the_site_builds_strict(tmp_path):
     """A broken link, a missing page, a reference to a name that does not exist or a
-    docstring that names a parameter the signature lacks fails the build."""
+    docstring that names a parameter the signature lacks fails the build. (Never ``-q``:
+    mkdocs then drops the warnings that --strict counts, and a broken link passes.)"""
     pytest.importorskip("mkdocs", reason="the docs extra is not installed")
     pytest.importorskip("mkdocstrings", reason="the docs extra is not installed")
     pytest.importorskip("material", reason="the docs extra is not installed")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                           "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -55,6 +57,28 @@ def test_the_site_builds_strict(tmp_path):
     assert "manifest.json" in (site / "reference" / "format" / "index.html").read_text()
     for guide in GUIDES:
         assert (site / "guides" / guide.stem / "index.html").exists(), guide.name
+    assert not (site / "hooks.py").exists()  # the build's own code is not a page
+
+
+@pytest.mark.parametrize("fault, named", [("[gone](guides/no-such-guide.md)", "no-such-guide.md"),
+                                          ("::: reader.NoSuchName", "NoSuchName")])
+def test_a_broken_link_or_a_missing_name_fails_the_build(tmp_path, fault, named):
+    """The strictness the site's test relies on: a copy of the docs with a link to no page,
+    or an API reference to a name that does not exist, does not build, naming it."""
+    pytest.importorskip("mkdocstrings", reason="the docs extra is not installed")
+    pytest.importorskip("material", reason="the docs extra is not installed")
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "docs", copy / "docs")
+    for name in ("mkdocs.yml", "FORMAT.md", "BENCHMARKS.md"):
+        shutil.copy(ROOT / name, copy / name)
+    with open(copy / "docs" / "index.md", "a") as f:
+        f.write(f"\n{fault}\n")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
+                          "-d", str(tmp_path / "site")],
+                         cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    assert named in run.stdout + run.stderr
 
 
 @pytest.mark.parametrize("face", ["reader", "formats", "packer"])
