@@ -68,7 +68,7 @@ case "${1:-}" in
         ;;
     docs)
         setup
-        install docs ".[docs]"
+        fresh dev || install docs ".[docs]"   # the test environment holds the docs tools too
         shift
         NO_MKDOCS_2_WARNING=1 "$VENV/bin/python" -m mkdocs serve "$@"
         ;;

@@ -6,7 +6,12 @@ A page holds a marker and the hook replaces it at build time:
   command and of each of its subcommands, from the argparse parsers themselves;
 - ``<!-- errors -->``: one table per package face of its public error classes, their
   standard bases (what an ``except`` clause of the standard library catches) and the
-  first line of their docstrings, read from the classes.
+  first line of their docstrings, read from the classes;
+- ``<!-- include: FORMAT.md -->``: a document of the repository's root, included whole
+  (one copy of each fact), its links to other files of the repository made site links
+  (``FORMAT.md``, ``BENCHMARKS.md``) or code (``scripts/bench.py``), since the site holds
+  only ``docs/``. A link to a file that does not exist is left as it is, and fails the
+  strict build.
 """
 
 from __future__ import annotations
@@ -15,8 +20,15 @@ import argparse
 import inspect
 import os
 import re
+from pathlib import Path
 
-MARKER = re.compile(r"<!-- (cli: [\w-]+|errors) -->")
+ROOT = Path(__file__).resolve().parents[1]
+# The root documents the site shows, and their pages (relative to docs/).
+PAGES = {"FORMAT.md": "reference/format.md", "BENCHMARKS.md": "benchmarks.md",
+         "README.md": "index.md"}
+LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s#]+)(#[^)\s]*)?\)")
+
+MARKER = re.compile(r"<!-- (cli: [\w-]+|errors|include: [\w.-]+) -->")
 ROLE = re.compile(r":(?:class|meth|func|mod|data|attr|exc):(`[^`]+`)")
 
 
@@ -75,11 +87,29 @@ def errors_markdown() -> str:
     return "\n".join(out)
 
 
+def include_markdown(name: str, page_path: str) -> str:
+    """The root document ``name``, its relative links pointed at the site's pages."""
+    depth = page_path.count("/")  # the page's folder, relative to docs/
+
+    def link(m: re.Match) -> str:
+        text, target, anchor = m.group(1), m.group(2), m.group(3) or ""
+        if "://" in target or target.startswith("mailto:") or not (ROOT / target).exists():
+            return m.group(0)
+        if target in PAGES:
+            return f"[{text}]({'../' * depth}{PAGES[target]}{anchor})"
+        return text if text.strip("`") == target else f"{text} (`{target}`)"
+    return LINK.sub(link, (ROOT / name).read_text())
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     """Replace each marker with what it names."""
     def render(m: re.Match) -> str:
-        what = m.group(1)
-        return errors_markdown() if what == "errors" else cli_markdown(what.split(": ")[1])
+        kind, _, arg = m.group(1).partition(": ")
+        if kind == "errors":
+            return errors_markdown()
+        if kind == "include":
+            return include_markdown(arg, page.file.src_uri)
+        return cli_markdown(arg)
     return MARKER.sub(render, markdown)
 
 

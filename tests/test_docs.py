@@ -13,6 +13,7 @@ this checkout's).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -55,6 +56,7 @@ def test_the_site_builds_strict(tmp_path):
     assert "load_state_dict" in api and "open_dataset" in api
     assert ":class:<code>" not in api  # reST roles are shown as the names they mark
     assert "manifest.json" in (site / "reference" / "format" / "index.html").read_text()
+    assert "scripts" in (site / "benchmarks" / "index.html").read_text()
     for guide in GUIDES:
         assert (site / "guides" / guide.stem / "index.html").exists(), guide.name
     assert not (site / "hooks.py").exists()  # the build's own code is not a page
@@ -155,3 +157,25 @@ def test_the_python_blocks_of_each_guide_run(guide, data, tmp_path):
         run = subprocess.run(["bash", "-c", shell], cwd=work, env=env, capture_output=True,
                              text=True, timeout=300)
         assert run.returncode == 0, f"{guide.name}:\n{shell}\n{run.stdout}{run.stderr}"
+
+
+def test_an_included_root_document_links_into_the_site(tmp_path, monkeypatch):
+    """FORMAT.md and BENCHMARKS.md link to each other and to scripts/ as files of the
+    repository; on the site those become pages and code, and a link to a file that does
+    not exist stays a link, so the strict build names it."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "bench.py").write_text("")
+    (tmp_path / "FORMAT.md").write_text("# spec\n")
+    (tmp_path / "BENCHMARKS.md").write_text(
+        "[the spec](FORMAT.md#1-goals), [bench](scripts/bench.py), "
+        "[`scripts/bench.py`](scripts/bench.py), [gone](scripts/gone.py), "
+        "[site](https://example.org/x.md)\n")
+    monkeypatch.setattr(hooks, "ROOT", tmp_path)
+    assert hooks.include_markdown("BENCHMARKS.md", "benchmarks.md") == (
+        "[the spec](reference/format.md#1-goals), bench (`scripts/bench.py`), "
+        "`scripts/bench.py`, [gone](scripts/gone.py), [site](https://example.org/x.md)\n")
+    assert hooks.include_markdown("BENCHMARKS.md", "reference/x.md").startswith(
+        "[the spec](../reference/format.md#1-goals)")
