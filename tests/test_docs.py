@@ -3,7 +3,7 @@ Python block of the guides runs.
 
 A guide's ```python blocks run in order, as one script, in a temporary folder that holds
 the small data the guides name (``pets/``, an image folder; ``pets.shards``, it packed;
-``docs/``, text files; ``coco/``, a synthetic COCO detection set). A block that needs what
+``texts/``, text files; ``coco/``, a synthetic COCO detection set). A block that needs what
 the tests cannot have (a GPU, S3, torch, Ray) is preceded by ``<!-- skip: REASON -->``.
 A ```console block preceded by ``<!-- run -->`` runs too: each ``$ `` command, in bash,
 after the Python blocks, and must exit 0 (``pack-dataset`` and ``inspect-shards`` are
@@ -121,9 +121,9 @@ def _data(folder: Path) -> None:
 
     make_image_folder(folder / "pets", 2, 6, min_side=64, max_side=96)
     pack(folder / "pets", folder / "pets.shards", PackOptions(durable=False))
-    (folder / "docs").mkdir()
+    (folder / "texts").mkdir()
     for i in range(6):
-        (folder / "docs" / f"doc{i}.txt").write_text(f"document {i} " * (i + 3))
+        (folder / "texts" / f"doc{i}.txt").write_text(f"document {i} " * (i + 3))
     coco_detection(folder / "coco", 8, min_side=64, max_side=96, max_objects=3)
 
 
@@ -134,10 +134,23 @@ def data(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("guide", GUIDES, ids=[g.stem for g in GUIDES])
+# What the README's two short examples leave to the reader: their inputs, the checkpoint
+# and the step of a training loop.
+README_PRELUDE = """import glob
+paths = sorted(glob.glob("texts/*.txt"))
+checkpoint, epochs = {}, 1
+def train_step(images, labels):
+    assert images.shape[1:] == (224, 224, 3) and len(labels) == len(images)
+"""
+
+
+@pytest.mark.parametrize("guide", [*GUIDES, ROOT / "README.md"],
+                         ids=[*(g.stem for g in GUIDES), "README"])
 def test_the_python_blocks_of_each_guide_run(guide, data, tmp_path):
     blocks = list(BLOCK.finditer(guide.read_text()))
     runnable = [m.group("code") for m in blocks if m.group("skip") is None]
+    if guide.name == "README.md":
+        runnable = [README_PRELUDE, *runnable]
     skipped = [m.group("skip") for m in blocks if m.group("skip") is not None]
     assert all(reason.strip() for reason in skipped), f"{guide.name}: a skip without a reason"
     commands = [re.sub(r"\\\n\s*", "", line[2:]) for m in CONSOLE.finditer(guide.read_text())
