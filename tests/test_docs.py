@@ -55,6 +55,10 @@ def test_the_site_builds_strict(tmp_path):
     api = (site / "reference" / "reader" / "index.html").read_text()
     assert "load_state_dict" in api and "open_dataset" in api
     assert ":class:<code>" not in api  # reST roles are shown as the names they mark
+    for face in ("reader", "formats", "packer"):  # every public name has its entry
+        page = (site / "reference" / face / "index.html").read_text()
+        shown = set(re.findall(rf'id="{face}\.(\w+)"', page))
+        assert set(importlib.import_module(face).__all__) <= shown, face
     assert "manifest.json" in (site / "reference" / "format" / "index.html").read_text()
     assert "scripts" in (site / "benchmarks" / "index.html").read_text()
     for guide in GUIDES:
