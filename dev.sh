@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The README's two commands: `bash dev.sh demo` and `bash dev.sh test`.
+# The README's two commands: `bash dev.sh demo` and `bash dev.sh test`; and
+# `bash dev.sh docs`, which serves the documentation site (mkdocs.yml) on 127.0.0.1:8000.
 # Each sets itself up from scratch on a machine that has only python3 and pip, in one
 # virtual environment (.venv, or $SHARDPACK_VENV) with shardpack installed (editable):
 # the demo needs only the core dependencies; the tests add the dev and ray extras
-# (about 1.3 GB) and, where a wheel exists, the roi extra (2 MB) to the same
+# (about 1.4 GB, the docs site's tools included) and, where a wheel exists, the roi extra (2 MB) to the same
 # environment, so a later demo reuses it as it is.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -65,8 +66,14 @@ case "${1:-}" in
         "$VENV/bin/ruff" check .
         "$VENV/bin/python" -m pytest -q "$@"
         ;;
+    docs)
+        setup
+        fresh dev || install docs ".[docs]"   # the test environment holds the docs tools too
+        shift
+        NO_MKDOCS_2_WARNING=1 "$VENV/bin/python" -m mkdocs serve "$@"
+        ;;
     *)
-        echo "usage: bash dev.sh demo|test [args...]" >&2
+        echo "usage: bash dev.sh demo|test|docs [args...]" >&2
         exit 2
         ;;
 esac

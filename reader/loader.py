@@ -109,8 +109,9 @@ class Loader:
         drop_last: ``True`` drops the tail so every rank gets ``len // world_size``
             records and no partial batch; ``False`` wraps to the epoch's start (as
             torch's ``DistributedSampler``) and yields the last partial batch.
-        rank, world_size: distributed partitioning; ``None`` reads ``$RANK`` and
-            ``$WORLD_SIZE`` (torchrun sets them), else 0 and 1.
+        rank: this process's rank for distributed partitioning; ``None`` reads
+            ``$RANK`` (torchrun sets it), else 0.
+        world_size: the number of ranks; ``None`` reads ``$WORLD_SIZE``, else 1.
         shuffle_window: records per window of ``shuffle="block"`` (refused with any
             other order, where it would do nothing).
         transform: the image pipeline (:mod:`reader.transforms`), a list of transform

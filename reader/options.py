@@ -404,7 +404,8 @@ class DeviceOptions:
         dtype: image dtype on the GPU: ``float16``, ``float32`` or ``uint8`` (no
             normalization; images always travel as uint8, 4x less than float32).
         layout: ``NCHW`` or ``NHWC``.
-        mean, std: per-channel normalization on the 0..255 scale (``(x - mean) / std``).
+        mean: per-channel mean on the 0..255 scale (``(x - mean) / std``).
+        std: per-channel standard deviation on the 0..255 scale.
         output: ``cupy`` arrays, or ``torch`` tensors through DLPack (zero-copy).
         pinning: ``auto`` (register the ring, fall back to staging), ``register``
             (fail if registration fails) or ``staging``.

@@ -49,13 +49,14 @@ def test_library_code_never_imports_scripts():
 
 
 def test_every_install_hint_names_an_extra_that_exists():
-    """`pip install 'shardpack[X]'` in the library, the scripts or the README names an extra
+    """`pip install 'shardpack[X]'` in the library, the scripts, the README or the docs names an extra
     of pyproject.toml; plots (matplotlib) have theirs."""
     import re
 
     extras = PYPROJECT["project"]["optional-dependencies"]
     files = [p for d in (*LIBRARY, "scripts") for p in sorted((ROOT / d).rglob("*.py"))]
-    named = {(str(p.relative_to(ROOT)), m) for p in [*files, ROOT / "README.md"]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    named = {(str(p.relative_to(ROOT)), m) for p in [*files, *pages]
              for m in re.findall(r"shardpack\[([\w-]+)\]", p.read_text())}
     assert {m for _, m in named} >= {"plot", "ray", "gpu"}
     assert [(f, m) for f, m in sorted(named) if m not in extras] == []

@@ -84,8 +84,11 @@ class TokenBlocks:
             a chunk, the same way): a batch is one gather from one shard (from one
             shard of each source in it, over a mixture). ``"full"``: one permutation of
             all blocks (of each source's, over a mixture). ``False``: in order.
-        seed, drop_last, rank, world_size: as for :class:`reader.Loader` (over a mixture
-            every batch is full and ``drop_last`` is refused).
+        seed: as for :class:`reader.Loader`.
+        drop_last: as for :class:`reader.Loader` (refused over a mixture, where every
+            batch is full).
+        rank: as for :class:`reader.Loader`.
+        world_size: as for :class:`reader.Loader`.
         check_crc: verify each record's checksum the first time it is read.
         ledger: ``True`` keeps a running hash of every batch's blocks (a source's name
             and the block's number in it) in the state dict; a path

@@ -434,10 +434,11 @@ def test_file_uris_are_local_paths_for_src_and_dst(tmp_path, monkeypatch):
     assert not (tmp_path / "file:").exists()
 
 
-def _readme_block(start: str) -> list[str]:
-    """The lines the README shows after the console line ``start``, up to the next ``$``."""
+def _readme_block(start: str, page: str = "README.md") -> list[str]:
+    """The lines ``page`` (the README, or a guide) shows after the console line ``start``,
+    up to the next ``$``."""
 
-    lines = (ROOT / "README.md").read_text().splitlines()
+    lines = (ROOT / page).read_text().splitlines()
     i = lines.index(start) + 1
     block = []
     while not lines[i].startswith(("$", "```")):
@@ -468,9 +469,10 @@ def test_the_readme_shows_the_summary_table_and_the_files_as_they_are(tmp_path, 
     assert main([str(tmp_path / "pets.shards"), str(tmp_path / "pets-wds"), "--to",
                  "webdataset"]) == 0
     ours = capsys.readouterr().out.splitlines()
-    shown = _readme_block("$ pack-dataset pets.shards pets-wds --to webdataset")
+    shown = _readme_block("$ pack-dataset pets.shards pets-wds --to webdataset",
+                          "docs/guides/converting.md")
     assert shown[0] == "..." and all(line in ours for line in shown[1:] if "files out" in line)
     assert set(_rows(shown[1:])) <= {(label, col) for label, col in _rows(ours)}
     listed = sorted(p.name for p in (tmp_path / "pets-wds").iterdir()
                     if not p.name.startswith("."))
-    assert _readme_block("$ ls pets-wds") == ["  ".join(listed)]
+    assert _readme_block("$ ls pets-wds", "docs/guides/converting.md") == ["  ".join(listed)]
