@@ -33,11 +33,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zlib
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from formats.errors import ArgumentError, ArgumentTypeError
 
@@ -47,18 +44,6 @@ __all__ = ["Ledger", "LedgerDifference", "diff_ledgers", "read_ledger"]
 
 LEDGER_FORMAT = "shardpack-ledger-1"
 _START = bytes(16)  # the running hash of nothing served yet
-
-
-def stable_ids(names: tuple[str, ...] | None, offsets: np.ndarray | None, ids: np.ndarray
-               ) -> np.ndarray:
-    """A batch's records as ids that do not depend on the mixture's other sources:
-    ``crc32(name) << 40 | record`` for a mixture's sources, the record otherwise."""
-    ids = np.asarray(ids, np.int64)
-    if names is None:
-        return ids.astype(np.uint64)
-    src = np.searchsorted(offsets, ids, side="right") - 1
-    tags = np.asarray([zlib.crc32(n.encode()) for n in names], np.uint64) << np.uint64(40)
-    return tags[src] | (ids - offsets[src]).astype(np.uint64)
 
 
 class Ledger:

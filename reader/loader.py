@@ -26,6 +26,8 @@ from copy import copy as shallow_copy
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from formats import ShardDataset
 from formats.errors import ArgumentError, ArgumentTypeError
 from formats.storage.cache import CacheOptions
@@ -38,7 +40,7 @@ from .batching.sampler import Sampler, check_epoch, check_resume, next_unseen
 from .data.dataset import open_dataset
 from .data.mixed import MixedDataset
 from .errors import LoaderError, StateError
-from .ledger import Ledger, check_ledger, stable_ids
+from .ledger import Ledger, check_ledger
 from .monitor.monitor import resolve_monitor
 from .options import (
     DecodedCacheOptions,
@@ -350,11 +352,12 @@ class Loader:
                              f"{'it' if len(named) == 1 else 'them'} out")
 
     def _stable_ids(self, epoch: int, k: int):
-        """Batch ``k``'s records as the ledger's ids (:func:`reader.ledger.stable_ids`)."""
-        ds = self.dataset
-        mixed = isinstance(ds, MixedDataset)
-        return stable_ids(ds.names if mixed else None, ds.offsets if mixed else None,
-                          self.sampler.batch(epoch, k))
+        """Batch ``k``'s records as the ledger's ids: a mixture's say which source
+        (:meth:`reader.batching.mixture.MixOrder.ledger_ids`), a dataset's are its records."""
+        ids = self.sampler.batch(epoch, k)
+        if isinstance(self.sampler, MixOrder):
+            return self.sampler.ledger_ids(ids)
+        return np.asarray(ids, np.int64).astype(np.uint64)
 
     @property
     def ring(self) -> SlotRing | None:

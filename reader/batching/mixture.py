@@ -213,6 +213,14 @@ class MixOrder:
             self._recent.popitem(last=False)
         return out
 
+    def ledger_ids(self, ids: np.ndarray) -> np.ndarray:
+        """The ledger's ids of the mixed dataset's records ``ids`` (:mod:`reader.ledger`):
+        ``stream << 40 | record``, the source's stream (the CRC32 of its name) and the
+        record within it, so they do not depend on the mixture's other sources."""
+        ids = np.asarray(ids, np.int64)
+        src = np.searchsorted(self.offsets, ids, side="right") - 1
+        return (self.streams[src] << np.uint64(40)) | (ids - self.offsets[src]).astype(np.uint64)
+
     # -- positions -> (source, record) -------------------------------------------------
 
     def sources_of(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

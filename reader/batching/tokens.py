@@ -45,7 +45,7 @@ from formats.errors import ArgumentError
 
 from ..data.dataset import open_dataset
 from ..errors import LoaderError, StateError
-from ..ledger import Ledger, check_ledger, stable_ids
+from ..ledger import Ledger, check_ledger
 from ..options import SamplerOptions, check_batch_size, check_int
 from .mix import Mix
 from .mixture import ORDER as MIX_ORDER
@@ -391,14 +391,15 @@ class TokenBlocks:
         return self.sampler.report(self.epoch, self.position)
 
     def _ledger_ids(self, epoch: int, k: int) -> np.ndarray:
-        """Batch ``k``'s blocks as the ledger's ids (:func:`reader.ledger.stable_ids`):
-        read from the chunk's plan, which the batch was just served from."""
+        """Batch ``k``'s blocks as the ledger's ids (a mixture's say which source:
+        :meth:`MixOrder.ledger_ids`), read from the chunk's plan, which the batch was
+        just served from."""
         b = self.batch_size or 1
         base, plan = self._chunk(epoch, k * b)
         ids = plan.ids[k * b - base:(k + 1) * b - base]
         if self.names is None:
-            return stable_ids(None, None, ids)
-        return stable_ids(self.names, self._set.block_off, ids)
+            return np.asarray(ids, np.int64).astype(np.uint64)
+        return self.sampler.ledger_ids(ids)
 
     def close(self) -> None:
         self._end_loop("this TokenBlocks was closed")
