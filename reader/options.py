@@ -65,6 +65,13 @@ def check_int(name: str, value: Any, minimum: int | None = None, extra: str = ""
     return value
 
 
+def check_count(value: Any, what: str = "a state's count") -> int:
+    """``value`` as an int >= 0, for a saved state's counts (a bool, a float or a
+    negative one is damage: :func:`check_int`'s errors, which the state's reader turns
+    into a ``StateError``)."""
+    return check_int(what, value, 0)
+
+
 def check_int_or_auto(name: str, value: Any, minimum: int) -> int | str:
     if isinstance(value, str):
         if value == "auto":

@@ -42,7 +42,7 @@ import numpy as np
 from formats.errors import ArgumentError
 
 from ..errors import StateError
-from ..options import SamplerOptions
+from ..options import SamplerOptions, check_count
 from .arrangement import Arrangement, integer_weights
 from .permutation import permute, round_keys
 from .sampler import EpochOrder
@@ -308,13 +308,13 @@ class MixOrder:
         if its weights or sources differ; returns the (epoch, batch) to start at."""
         _check_state(state, self.describe(), self.reader)
         try:
-            epoch, position = _count(state["epoch"]), _count(state["position"])
+            epoch, position = check_count(state["epoch"]), check_count(state["position"])
             start, end = int(state["epoch_start"]), int(state["epoch_end"])
-            known = {str(n): {self.unit: _count(rec[self.unit]), "taken": _count(rec["taken"])}
+            known = {str(n): {self.unit: check_count(rec[self.unit]), "taken": check_count(rec["taken"])}
                      for n, rec in state["sources"].items()}
             plan = state["plan"]
-            plan = {"start": _count(plan["start"]), "weights": dict(plan["weights"]),
-                    "taken": {str(n): _count(t) for n, t in plan["taken"].items()}}
+            plan = {"start": check_count(plan["start"]), "weights": dict(plan["weights"]),
+                    "taken": {str(n): check_count(t) for n, t in plan["taken"].items()}}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StateError(f"{self.reader} mixture state is damaged ({type(exc).__name__}: "
                              f"{exc}); pass the dict state_dict() returned") from None
@@ -352,13 +352,6 @@ class MixOrder:
                          "pass": t // n, "served": t % n, "left": n - t % n,
                          "in_plan": name in self.index}
         return out
-
-
-def _count(value) -> int:
-    """A state's count: an int >= 0 (a bool, a float or a negative one is damage)."""
-    if isinstance(value, bool) or int(value) != value or value < 0:
-        raise ValueError(f"{value!r} is not a count")
-    return int(value)
 
 
 def _check_state(state, mine: dict, reader: str) -> None:

@@ -70,6 +70,7 @@ from formats.errors import CorruptRecordError
 
 from ..data.mixed import MixedDataset
 from ..errors import StateError
+from ..options import check_count
 
 __all__ = ["QUARANTINE_MAX", "REPLACE_ATTEMPTS", "VALID_FIELD", "BadInput", "Quarantine",
            "Substitutes"]
@@ -259,11 +260,11 @@ class Quarantine:
         try:
             if not isinstance(state, Mapping):
                 raise TypeError(type(state).__name__)
-            q.replaced = _count(state["replaced"])
+            q.replaced = check_count(state["replaced"])
             for source, record, replacement in state["records"]:
                 if source is not None and not isinstance(source, str):
                     raise TypeError(f"source {source!r}")
-                q._entries[(source, _count(record))] = _count(replacement)
+                q._entries[(source, check_count(record))] = check_count(replacement)
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"state['quarantine'] must be what state_dict() saved, "
                              f"{{'records': [[source, record, replacement], ...], 'replaced': "
@@ -272,12 +273,6 @@ class Quarantine:
             raise StateError(f"state['quarantine'] lists {len(q._entries)} records, more than "
                              f"the {QUARANTINE_MAX} a quarantine holds")
         return q
-
-
-def _count(v) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-        raise ValueError(f"{v!r} is not an int >= 0")
-    return int(v)
 
 
 def _source(ds, index: int) -> tuple[int, int, str | None]:
