@@ -57,10 +57,19 @@ def fsync_dir(path: str | Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Write ``data`` to a temporary name, then rename it over ``path``."""
+    """Write ``data`` to a temporary name, then rename it over ``path``: a reader (or a
+    crash) sees the old file or the new one, never half of one. The temporary file is
+    this process's (:func:`temp_name`): one left by an earlier write of this process
+    that could not finish is removed, and it is created new, never through a symlink
+    planted at its name."""
+    path = Path(path)
     tmp = temp_name(path)
     try:
-        with open(tmp, "wb") as f:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     0o644)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             if durable:
                 f.flush()

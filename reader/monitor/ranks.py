@@ -45,9 +45,11 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from formats.errors import ArgumentError, ArgumentTypeError
+from formats.files import atomic_write_bytes
 
 from ..options import SamplerOptions
 
@@ -222,21 +224,9 @@ class RankFolder:
 
     def _write(self, mine: dict[str, Any]) -> None:
         path = os.path.join(self.folder, rank_file(self.rank))
-        tmp = os.path.join(self.folder, f".{rank_file(self.rank)}.{os.getpid()}.tmp")
         try:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    fh.write(json.dumps(mine, sort_keys=True))
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            atomic_write_bytes(Path(path), json.dumps(mine, sort_keys=True).encode(),
+                               durable=False)
         except OSError as exc:
             self.stopped = exc.strerror or str(exc)
             log.warning("monitor ranks %s: cannot write %s (%s); this rank stops sharing its "

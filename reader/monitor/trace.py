@@ -67,9 +67,11 @@ import stat
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from formats.errors import ArgumentError, ArgumentTypeError
+from formats.files import atomic_write_bytes
 
 __all__ = ["TRACE_BATCHES", "TRACE_MARKERS", "WRITE_EVERY_S", "Trace", "check_trace_path"]
 
@@ -191,21 +193,10 @@ class Trace:
         self._format_pending()
         self._written_at = self._clock()
         text = self._document()
-        folder, base = os.path.split(os.path.abspath(self.path))
-        tmp = os.path.join(folder, f".{base}.{self._pid}.tmp")
         st = os.lstat(self.path) if os.path.lexists(self.path) else None
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise OSError(0, "it is no longer a file (a folder or a symlink took its place)")
-        if os.path.lexists(tmp):
-            os.unlink(tmp)  # our own, left by a write this process could not finish
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(tmp, self.path)
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
+        atomic_write_bytes(Path(self.path), text.encode("utf-8"), durable=False)
 
     def close(self) -> None:
         """Write the trace a last time (idempotent; later batches are not kept)."""
@@ -329,15 +320,16 @@ def _track_name(tid: int) -> str:
 
 def _remove_orphans(path: str) -> None:
     """Remove the temporary files of writes to ``path`` whose process died mid-write
-    (``.<name>.<pid>.tmp`` with no process ``pid``): a crash leaves no litter for good."""
+    (:func:`formats.files.temp_name`'s ``.<name>.tmp-<pid>`` with no process ``pid``): a
+    crash leaves no litter for good."""
     folder, base = os.path.split(os.path.abspath(path))
-    prefix = f".{base}."
+    prefix = f".{base}.tmp-"
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
-        pid = name[len(prefix):-4] if name.startswith(prefix) and name.endswith(".tmp") else ""
+        pid = name[len(prefix):] if name.startswith(prefix) else ""
         if pid.isdigit() and not _alive(int(pid)):
             _unlink_quietly(os.path.join(folder, name))
 

@@ -25,6 +25,7 @@ import pytest
 
 import reader
 from formats.errors import ArgumentError, ArgumentTypeError
+from formats.files import temp_name
 from reader import Monitor
 from reader.monitor.trace import BUILDER, H2D, MAIN, WORKER0, Trace
 from tests.helpers_monitor import HEALTHY, FakeClock, feed, timing
@@ -255,10 +256,10 @@ def test_a_crash_mid_write_leaves_the_last_complete_file(tmp_path):
     doc = read_trace(path)  # whole, and the one before the crash
     check_chrome_trace(doc)
     assert doc["otherData"]["batches_kept"] == 50
-    litter = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    litter = [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name]
     assert len(litter) == 1, litter  # the dead process's half-written temporary file...
     Trace(path)  # ...which the next trace of that path removes (its process is gone)
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
 
 
 @pytest.mark.parametrize("make", ["folder", "symlink", "missing-folder"])
@@ -303,7 +304,7 @@ def test_a_planted_temporary_symlink_is_not_followed(tmp_path):
     path = tmp_path / "trace.json"
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
-    (tmp_path / f".trace.json.{os.getpid()}.tmp").symlink_to(victim)
+    temp_name(path).symlink_to(victim)  # where this process writes before renaming
     tr = Trace(path, every=0.0)
     tr.on_batch(timing(HEALTHY, 0, 0))
     assert tr.write()
