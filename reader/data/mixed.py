@@ -152,11 +152,6 @@ class MixedDataset:
     def _type(self, field: str) -> str:
         return self.fields[self.field_index[field]].type
 
-    # -- lifetime ---------------------------------------------------------------------
-
-    def close(self) -> None:
-        for d in self.parts:
-            d.close()
 
 
 def _common_fields(names: tuple[str, ...], parts: list) -> tuple[tuple[Field, ...], dict]:
