@@ -153,7 +153,6 @@ class MixedDataset:
         return self.fields[self.field_index[field]].type
 
 
-
 def _common_fields(names: tuple[str, ...], parts: list) -> tuple[tuple[Field, ...], dict]:
     """The fields every source has alike (in the first source's order), and for each
     other field name, why it is not one: which source lacks it or stores it otherwise."""
