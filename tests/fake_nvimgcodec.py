@@ -15,6 +15,9 @@ import simplejpeg
 
 regions: list[tuple[int, int, int, int]] = []  # (y0, x0, y1, x1) of every decode
 fail: set[bytes] = set()  # payloads whose decode returns None, as nvImageCodec does
+unreadable: set[bytes] = set()  # payloads whose CodeStream raises, as a bad header does
+ignore_region: set[bytes] = set()  # payloads decoded whole, as if the region were not applied
+gray: set[bytes] = set()  # payloads decoded to one channel
 
 
 class Region:
@@ -23,9 +26,17 @@ class Region:
 
 
 class CodeStream:
+    """Parses the header when made, as nvImageCodec's does (and raises as it does)."""
+
     def __init__(self, data, region=None):
         self.data = bytes(np.asarray(data, np.uint8))
         self.region = region
+        try:
+            if self.data in unreadable:
+                raise ValueError
+            self.height, self.width = simplejpeg.decode_jpeg_header(self.data)[:2]
+        except ValueError:
+            raise RuntimeError("Failed to get image info") from None
 
     def get_sub_code_stream(self, image_idx=0, region=None):
         return CodeStream(np.frombuffer(self.data, np.uint8), region)
@@ -43,8 +54,9 @@ class Image:
     @property
     def __cuda_array_interface__(self):
         face = self.array.__array_interface__
+        contiguous = self.array.flags.c_contiguous  # nvImageCodec then says None
         return {"shape": self.array.shape, "typestr": "|u1", "data": face["data"],
-                "strides": self.array.strides, "version": 3}
+                "strides": None if contiguous else self.array.strides, "version": 3}
 
 
 class Decoder:
@@ -58,7 +70,9 @@ class Decoder:
                 out.append(None)
                 continue
             image = simplejpeg.decode_jpeg(cs.data, colorspace="RGB")
-            if cs.region is not None:
+            if cs.data in gray:
+                image = np.ascontiguousarray(image[..., :1])
+            if cs.region is not None and cs.data not in ignore_region:
                 y0, x0, y1, x1 = cs.region.box
                 regions.append(cs.region.box)
                 image = image[y0:y1, x0:x1]  # a strided view: its pitch is the whole row

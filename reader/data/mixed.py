@@ -135,6 +135,15 @@ class MixedDataset:
     def payloads(self, indices, field: str) -> list[memoryview]:
         return self._listed(indices, field, "payloads")
 
+    def spans(self, indices, field: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(shards of the mixture, byte offsets, lengths), as a source's ``spans``."""
+        shard = np.empty(len(indices), np.int64)
+        offsets, lengths = np.empty(len(indices), np.int64), np.empty(len(indices), np.int64)
+        for s, pos, local in self._split(indices):
+            k, offsets[pos], lengths[pos] = self.parts[s].spans(local, field)
+            shard[pos] = k + self.shard_offsets[s]
+        return shard, offsets, lengths
+
     def values(self, indices, field: str) -> list:
         return self._listed(indices, field, "values")
 

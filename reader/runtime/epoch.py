@@ -495,7 +495,7 @@ class Epoch:
     def _split(self, t, timing) -> None:
         """Feed the split controller this batch's two rates (:mod:`reader.runtime.split`)."""
         split = self.rt.split
-        gpu_n, gpu_s = self.sink.gpu.last
+        _, gpu_n, gpu_s = self.sink.gpu.last
         share = split.observe(t.records - t.gpu_records - t.skipped, t.decode_s + t.transform_s,
                               max(self.rt.num_workers, 1), gpu_n, gpu_s)
         if timing is not None:

@@ -20,11 +20,18 @@ says it; then:
    region=Region(y0, x0, y1, x1))``: only the crop is decoded); nvImageCodec moves
    the compressed bytes to the device itself (its input lives in host memory: the
    page-locked slot, so that copy is one DMA per code stream, not a staging copy).
-3. The CPU rows travel in the sink's one copy per field; then one kernel launch
-   (:data:`reader.transforms.resample.RESAMPLE_CUDA`) resizes every decoded crop
-   (the CPU path's filter), mirrors it and writes it into its row of the batch's
-   uint8 image array, and the sink's fused kernel normalizes the whole batch. The
-   slot goes back to the workers only after an event recorded behind all of it.
+   Each image is checked before its pixels are read: 8-bit interleaved RGB of the
+   region's size (or of the whole picture, then read at the region's offset);
+   anything else, a header nvImageCodec cannot parse, or a ``None`` from the
+   decoder fails the record as the bad-input policy says (:class:`Decoded`).
+3. The CPU rows travel in the sink's one copy per field (the image field's copy
+   starts after the leading GPU rows, which the kernel writes); then one kernel
+   launch (:data:`reader.transforms.resample.RESAMPLE_CUDA`) resizes every decoded
+   crop (the CPU path's filter), mirrors it and writes it into its row of the
+   batch's uint8 image array, and the sink's fused kernel normalizes the whole
+   batch. The slot goes back to the workers only after an event recorded behind
+   all of it. CUDA events around the decode and the kernel give the GPU stage's
+   time for the split (:attr:`GpuDecodeStage.last`), read once complete.
 
 What stays on the CPU (refused with ``"cuda"``, ``"auto"`` falls back, both said in
 :func:`refusal`): the sample path (boxes, keypoints and masks follow the image's
@@ -56,8 +63,8 @@ from ..transforms.decode import image_size
 from ..transforms.resample import RESAMPLE_CUDA, integer_box
 from .slots import SlotLayout
 
-__all__ = ["BYTES", "PLAN", "GpuDecodeStage", "refusal", "require_nvimgcodec",
-           "resolve_decode_device", "stage_for_gpu", "with_gpu_fields"]
+__all__ = ["BYTES", "PLAN", "Decoded", "GpuDecodeStage", "refusal", "require_nvimgcodec",
+           "resolve_decode_device", "row_bytes", "stage_for_gpu", "with_gpu_fields"]
 
 INSTALL_HINT = ("decode_device='cuda' needs nvImageCodec with nvJPEG: "
                 "pip install 'shardpack[gpu-decode]'")
@@ -127,10 +134,10 @@ def resolve_decode_device(options, plan, decode_options, bad_input) -> bool:
 def with_gpu_fields(plan, ds):
     """``plan`` with the slot regions the staged records need (:data:`BYTES`, :data:`PLAN`).
 
-    A row of :data:`BYTES` holds the largest payload of the image field (its stored
-    lengths, from the index), so the slot grows by about a batch of compressed images
-    (bounded by the largest: a dataset with one huge JPEG wastes slot memory; a
-    bound that sends outliers to the CPU is a follow-up)."""
+    A row of :data:`BYTES` holds :func:`row_bytes` of the image field: nearly every
+    record fits, and the few larger ones are decoded by the CPU (as any record the
+    GPU should not take), so one outlier (ImageNet holds a 15 MB JPEG among 110 kB
+    ones) cannot make every slot a batch of the largest file."""
     from dataclasses import replace
 
     names = {f.name for f in ds.fields}
@@ -140,25 +147,42 @@ def with_gpu_fields(plan, ds):
                                 "has a field of that name: leave it out (fields=...)")
     image = plan.layout.field(plan.image)
     b = image.shape[0]
-    longest = _longest_payload(ds, plan.image)
     specs = [(f.name, f.dtype, f.shape) for f in plan.layout.fields]
-    specs += [(BYTES, np.uint8, (b, max(longest, 1))), (PLAN, np.int64, (b, 8))]
+    specs += [(BYTES, np.uint8, (b, row_bytes(ds, plan.image))), (PLAN, np.int64, (b, 8))]
     return replace(plan, layout=SlotLayout.build(specs), fixed=(*plan.fixed, BYTES, PLAN))
 
 
-def _longest_payload(ds, name: str) -> int:
-    """The largest stored payload of field ``name``, from the index (shard by shard, so
-    memory stays a shard's worth); 1 where the dataset has no index to read it from
-    (every record then goes to the CPU: it does not fit its row)."""
+#: How :func:`row_bytes` samples the stored lengths (index reads only).
+SAMPLE_SHARDS, SAMPLE_PER_SHARD, ROW_QUANTILE, ROW_MARGIN = 8, 512, 0.995, 1.25
+
+
+def row_bytes(ds, name: str) -> int:
+    """Bytes a staged record may take: the largest stored length of field ``name``
+    where the sample is the whole dataset, else its 99.5th percentile in the sample
+    with a quarter's margin, rounded up to 4 KiB.
+
+    The sample: up to 512 records, evenly spaced, of each of up to 8 shards evenly
+    spaced over the dataset (their index entries only; a remote dataset fetches
+    those shards, which the loader would read anyway). A dataset without an index
+    to read (no ``spans``) gets 1: every record goes to the CPU."""
     spans = getattr(ds, "spans", None)
     if spans is None:
         return 1
-    starts = np.asarray(getattr(ds, "starts", (0, len(ds))), np.int64)
-    longest = 1
-    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
-        if b > a:
-            longest = max(longest, int(spans(np.arange(a, b, dtype=np.int64), name)[2].max()))
-    return longest
+    starts = np.asarray(ds.starts, np.int64)
+    sizes = np.diff(starts)
+    shards = np.flatnonzero(sizes)
+    if shards.size > SAMPLE_SHARDS:
+        shards = shards[np.linspace(0, shards.size - 1, SAMPLE_SHARDS).round().astype(np.int64)]
+    picks = [starts[s] + np.unique(np.linspace(0, sizes[s] - 1, min(sizes[s], SAMPLE_PER_SHARD))
+                                   .round().astype(np.int64)) for s in shards.tolist()]
+    if not picks:
+        return 1
+    records = np.concatenate(picks)
+    lengths = spans(records, name)[2].astype(np.int64)
+    if records.size == len(ds):
+        return max(int(lengths.max()), 1)
+    bound = min(int(lengths.max()), int(np.quantile(lengths, ROW_QUANTILE) * ROW_MARGIN))
+    return max(-(-bound // 4096) * 4096, 4096)
 
 
 def stage_for_gpu(pipeline, data, i: int, record: int, arrays: dict, rng,
@@ -212,8 +236,13 @@ class GpuDecodeStage:
         # The CPU path (simplejpeg) ignores EXIF orientation: so does this one.
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
         self.kernel = cp.RawKernel(RESAMPLE_CUDA, "shardpack_resample")
-        self._alive: deque = deque()  # (event, decoded images) until the kernel has read them
-        self.last = (0, 0.0)  # (images, seconds) of the latest batch, for the split controller
+        # (Decoded, before, after) until the kernel has read the images and the events
+        # can be read without waiting.
+        self._alive: deque = deque()
+        #: This batch's GPU-decoded images, and the images and seconds of the batches
+        #: whose GPU work was measured complete during it (CUDA events are read once
+        #: done, never waited for: usually the batch before).
+        self.last = (0, 0, 0.0)
 
     def take(self, batch: dict):
         """Remove the staging fields from ``batch`` (they never go to the device);
@@ -221,62 +250,151 @@ class GpuDecodeStage:
         data, plan = batch.pop(BYTES), batch.pop(PLAN)
         return (data, plan) if plan[:, _STAGED].any() else None
 
-    def decode(self, share, batch: dict, image: str) -> tuple:
+    def decode(self, share, batch: dict, image: str) -> Decoded:
         """Step 2: decode the staged records (before the sink's copies, so a failure
         can still zero its host row and clear its ``valid`` flag). Returns what
         :meth:`resample` needs."""
         t0 = time.perf_counter()
         data, plan = share
-        rows = np.flatnonzero(plan[:, _STAGED] == 1)
-        nv = self.nv
-        streams = []
-        for i in rows.tolist():
+        rows = np.flatnonzero(plan[:, _STAGED] == 1).tolist()
+        nv, cp = self.nv, self.cp
+        streams, asked, whole = [], [], []
+        for i in rows:
             p = plan[i]
-            code = nv.CodeStream(data[i, :p[_LEN]])
+            try:
+                # Parses the header (no copy: a view of the page-locked slot row).
+                code = nv.CodeStream(data[i, :p[_LEN]])
+            except RuntimeError as exc:  # "Failed to get image info"
+                self._failed(batch, image, plan, i, f"could not read its JPEG header ({exc})")
+                continue
             region = nv.Region(int(p[_Y0]), int(p[_X0]), int(p[_Y1]), int(p[_X1]))
             streams.append(code.get_sub_code_stream(region=region))
-        decoded = self.decoder.decode(streams, params=self.params, cuda_stream=self.stream.ptr)
-        ok, images = [], []
-        for i, im in zip(rows.tolist(), decoded, strict=True):
-            if im is not None:
-                ok.append(i)
-                images.append(im)
-                continue
-            record = int(plan[i, _RECORD])
-            if not self.tolerant:
-                raise DecodeError(f"dataset record {record}: nvImageCodec could not decode its "
-                                  "JPEG; pass on_error='skip' to skip such records, or "
-                                  "DeviceOptions(decode_device='cpu')")
-            batch[image][i] = 0
-            batch[VALID_FIELD][i] = False
-        return ok, images, plan, time.perf_counter() - t0
+            asked.append(i)
+            whole.append((code.height, code.width))
+        start = cp.cuda.Event()
+        start.record(self.stream)
+        try:
+            decoded = (self.decoder.decode(streams, params=self.params,
+                                           cuda_stream=self.stream.ptr) if streams else [])
+        except RuntimeError as exc:  # the whole call failed: each record says so
+            decoded = [exc] * len(streams)
+        done = cp.cuda.Event()
+        done.record(self.stream)  # the stream waits for the decoder's own streams here
+        out = Decoded(plan, start, done)
+        for i, im, size in zip(asked, decoded, whole, strict=True):
+            why = ("could not decode its JPEG" if im is None else
+                   f"failed the batch's decode ({im})" if isinstance(im, Exception) else
+                   out.add(i, im, size))
+            if why is not None:
+                self._failed(batch, image, plan, i, why)
+        out.images = decoded  # kept alive until the kernel has read them
+        out.host_s = time.perf_counter() - t0
+        return out
 
-    def resample(self, decoded: tuple, out) -> None:
+    def _failed(self, batch: dict, image: str, plan, i: int, why: str) -> None:
+        """A staged record nvImageCodec did not decode: the batch fails naming it, or
+        (``on_error="skip"``) its row is zeroed on the host and marked invalid."""
+        record = int(plan[i, _RECORD])
+        if not self.tolerant:
+            raise DecodeError(f"dataset record {record}: nvImageCodec {why}; pass "
+                              "on_error='skip' to skip such records, or "
+                              "DeviceOptions(decode_device='cpu')")
+        batch[image][i] = 0
+        batch[VALID_FIELD][i] = False
+
+    def resample(self, decoded: Decoded | None, out) -> None:
         """Step 3: one launch resizes and mirrors every decoded crop into its row of
         ``out`` (the batch's uint8 ``[B, H, W, 3]`` on the device)."""
-        t0 = time.perf_counter()
-        rows, images, plan, decode_s = decoded
         cp = self.cp
-        n = len(rows)
-        if n:
-            ptr = np.empty(n, np.uint64)
-            sh, sw = np.empty(n, np.int32), np.empty(n, np.int32)
-            pitch = np.empty(n, np.int64)
-            for k, im in enumerate(images):
-                face = im.__cuda_array_interface__
-                h, w = face["shape"][:2]
-                ptr[k], sh[k], sw[k] = face["data"][0], h, w
-                pitch[k] = face["strides"][0] if face.get("strides") else w * 3
-            flips = plan[rows, _FLIP].astype(np.uint8)
+        n = 0
+        if decoded is not None and decoded.rows:
+            d = decoded
+            n = len(d.rows)
+            flips = d.plan[d.rows, _FLIP].astype(np.uint8)
             _, oh, ow, _ = out.shape
             block = 128
+            before = cp.cuda.Event()
+            before.record(self.stream)
             self.kernel(((ow + block - 1) // block, oh, n), (block,),
-                        (cp.asarray(ptr), cp.asarray(sh), cp.asarray(sw), cp.asarray(pitch),
-                         cp.asarray(np.asarray(rows, np.int32)), cp.asarray(flips), out,
+                        (cp.asarray(np.asarray(d.ptr, np.uint64)),
+                         cp.asarray(np.asarray(d.height, np.int32)),
+                         cp.asarray(np.asarray(d.width, np.int32)),
+                         cp.asarray(np.asarray(d.pitch, np.int64)),
+                         cp.asarray(np.asarray(d.rows, np.int32)), cp.asarray(flips), out,
                          np.int32(oh), np.int32(ow), np.int32(n)))
-            done = cp.cuda.Event()
-            done.record(self.stream)
-            self._alive.append((done, images))
-        while self._alive and self._alive[0][0].done:
-            self._alive.popleft()
-        self.last = (n, decode_s + time.perf_counter() - t0)
+            after = cp.cuda.Event()
+            after.record(self.stream)
+            self._alive.append((d, before, after))
+        self.last = (n, *self._measured())
+
+    def _measured(self) -> tuple[int, float]:
+        """Images and seconds of the batches whose kernel has finished since the last
+        call. The GPU stage's time is the longer of the main process's (building the
+        code streams, the decode call) and the device's (decode and resample, by CUDA
+        events; the sink's copies between the two do not count)."""
+        cp = self.cp
+        n, s = 0, 0.0
+        while self._alive and self._alive[0][2].done:
+            d, before, after = self._alive.popleft()
+            device_s = (cp.cuda.get_elapsed_time(d.start, d.done)
+                        + cp.cuda.get_elapsed_time(before, after)) / 1e3
+            n += len(d.rows)
+            s += max(d.host_s, device_s)
+        return n, s
+
+
+class Decoded:
+    """One batch's decoded crops, as the resample kernel reads them: per image its
+    batch row, device address, height, width and row pitch.
+
+    nvImageCodec is asked for each crop as a region; an image that comes back as the
+    whole picture is read at the crop's offset; any other shape or type is refused
+    (reading it would be wrong pixels, silently).
+    """
+
+    def __init__(self, plan, start, done) -> None:
+        self.plan, self.start, self.done = plan, start, done
+        self.rows: list[int] = []
+        self.ptr: list[int] = []
+        self.height: list[int] = []
+        self.width: list[int] = []
+        self.pitch: list[int] = []
+        self.images: list = []
+        self.host_s = 0.0
+
+    def add(self, i: int, image, whole: tuple[int, int]) -> str | None:
+        """Take row ``i``'s decoded ``image``; a reason when it cannot be read."""
+        p = self.plan[i]
+        x0, y0, x1, y1 = (int(v) for v in p[_X0:_Y1 + 1])
+        face = image.__cuda_array_interface__
+        shape = tuple(face["shape"])
+        if face["typestr"] != "|u1" or len(shape) != 3 or shape[2] != 3:
+            return (f"gave an image of shape {shape} and type {face['typestr']!r}, not 8-bit "
+                    "RGB (height, width, 3)")
+        pitch = face["strides"][0] if face.get("strides") else shape[1] * 3
+        if (face.get("strides") or (pitch, 3, 1))[1:] != (3, 1):
+            return f"gave an image of strides {face['strides']}, not interleaved RGB"
+        address = face["data"][0]
+        if shape[:2] == (y1 - y0, x1 - x0):
+            pass
+        elif shape[:2] == tuple(whole):  # the region was not applied: read it in place
+            address += y0 * pitch + x0 * 3
+        else:
+            return (f"gave an image of {shape[0]}x{shape[1]} for a region of "
+                    f"{y1 - y0}x{x1 - x0} in a {whole[0]}x{whole[1]} picture")
+        self.rows.append(i)
+        self.ptr.append(address)
+        self.height.append(y1 - y0)
+        self.width.append(x1 - x0)
+        self.pitch.append(pitch)
+        return None
+
+    def leading(self) -> int:
+        """How many rows from the first are decoded here: the kernel writes them, so
+        the sink's copy of the CPU rows can start after them."""
+        k = 0
+        for i in self.rows:
+            if i != k:
+                break
+            k += 1
+        return k

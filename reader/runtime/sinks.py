@@ -258,15 +258,21 @@ class CudaSink:
                 if not isinstance(view, np.ndarray):
                     continue
                 # A partial or varying-size batch is a prefix of the slot's region (see
-                # reader.transforms.collate): one contiguous copy of just that.
+                # reader.transforms.collate): one contiguous copy of just that. The
+                # image rows the GPU decodes lead the batch; the kernel writes them, so
+                # the copy starts after them.
                 dev = cp.empty(view.shape, dtype=view.dtype)
-                dev.data.copy_from_host_async(base + f.offset, view.nbytes, st.stream)
+                skip = (decoded.leading() * (view.nbytes // len(view))
+                        if decoded is not None and f.name == self.image_field else 0)
+                if view.nbytes > skip:
+                    target = dev[decoded.leading():] if skip else dev
+                    target.data.copy_from_host_async(base + f.offset + skip, view.nbytes - skip,
+                                                     st.stream)
                 device_arrays[f.name] = dev
-                nbytes += view.nbytes
+                nbytes += view.nbytes - skip
             if self.gpu is not None:
-                # After the copies (the staged rows' host bytes are stale; the kernel
-                # overwrites them), before the gate: the slot's bytes are read by then.
-                self.gpu.resample(decoded or ((), (), None, 0.0), device_arrays[self.image_field])
+                # After the copies, before the gate: the slot's bytes are read by then.
+                self.gpu.resample(decoded, device_arrays[self.image_field])
             copied = cp.cuda.Event()
             copied.record(st.stream)
             self.gate.add(slot, copied)
@@ -289,7 +295,9 @@ class CudaSink:
         self._timings.append((start, copied, nbytes))
         timing = self._attach_h2d(timing)
         if timing is not None and self.gpu is not None:
-            timing.gpu_records, timing.gpu_decode_s = self.gpu.last
+            # Seconds are those measured during this batch (usually the batch before's:
+            # see GpuDecodeStage.last); over an interval the two sums match.
+            timing.gpu_records, _, timing.gpu_decode_s = self.gpu.last
         consumer = self._consumer_stream()
         consumer.wait_event(ready)
         if opts.output == "torch":

@@ -32,8 +32,9 @@ def stand_ins(monkeypatch):
 
     fake_cupy.copies.clear()
     fake_cupy.launches.clear()
-    fake_nvimgcodec.regions.clear()
-    fake_nvimgcodec.fail.clear()
+    for recorded in (fake_nvimgcodec.regions, fake_nvimgcodec.fail, fake_nvimgcodec.unreadable,
+                     fake_nvimgcodec.ignore_region, fake_nvimgcodec.gray):
+        recorded.clear()
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     nvidia = types.ModuleType("nvidia")
     nvidia.nvimgcodec = fake_nvimgcodec
@@ -60,12 +61,18 @@ def _dataset(path, rng, n, sizes=((64, 72), (56, 64), (64, 64))):
                      "label": i})
 
 
+def _host(v):
+    """A batch's array on the host: real cupy's arrays have .get(); numpy's (and the
+    stand-in's, a numpy subclass) are copied."""
+    return v.get() if hasattr(v, "get") and not isinstance(v, np.ndarray) else np.array(v)
+
+
 def _batches(path, transform, device_options=None, **kw):
     cuda = device_options is not None
     with reader.Loader(path, 5, num_workers=kw.pop("num_workers", 1), seed=3, shuffle=True,
                        transform=transform, copy=not cuda, device="cuda" if cuda else "cpu",
                        device_options=device_options, **kw) as lo:
-        out = [{k: np.asarray(v).copy() for k, v in b.items()} for b in lo]
+        out = [{k: _host(v) for k, v in b.items()} for b in lo]
         return out, lo
 
 
@@ -305,6 +312,110 @@ def test_a_record_the_gpu_cannot_decode_fails_naming_it_or_is_skipped(tmp_path, 
     assert not image[2].any() and image[1].any()
 
 
+def test_what_nvimgcodec_returns_is_checked_before_it_is_read(tmp_path, rng, stand_ins):
+    """A header nvImageCodec will not parse, an image of one channel, and an image
+    returned whole instead of its region: the first two fail naming the record (or
+    are skipped), the third is read at the region's offset, the same pixels."""
+    _, fake_nv = stand_ins
+    _dataset(tmp_path, rng, 5)
+    ds = reader.open_dataset(tmp_path)
+    opts = DeviceOptions(decode_device="cuda", gpu_share=1.0, **RAW)
+    want, _ = _batches(tmp_path, RRC_FLIP, num_workers=0)
+    for record, where, what in ((1, fake_nv.unreadable, "could not read its JPEG header"),
+                                (3, fake_nv.gray, r"gave an image of shape \(\d+, \d+, 1\).*not 8-bit RGB")):
+        where.add(bytes(ds.payload(record, "image")))
+        with pytest.raises(reader.DecodeError, match=f"dataset record {record}: nvImageCodec "
+                                                     f"{what}"):
+            _batches(tmp_path, RRC_FLIP, opts, num_workers=0)
+        got, _ = _batches(tmp_path, RRC_FLIP, opts, num_workers=0, on_error="skip")
+        row = got[0]["label"].tolist().index(record)  # labels are record numbers
+        assert got[0]["valid"].tolist() == [i != row for i in range(5)]
+        assert not got[0]["image"][row].any() and got[0]["image"][row - 1].any()
+        where.clear()
+    for r in range(5):
+        fake_nv.ignore_region.add(bytes(ds.payload(r, "image")))
+    got, _ = _batches(tmp_path, RRC_FLIP, opts, num_workers=0)
+    assert np.abs(got[0]["image"].astype(int) - want[0]["image"]).max() <= 1
+
+
+def test_the_gpu_rows_are_not_copied_and_the_stage_is_timed(tmp_path, rng, stand_ins):
+    """The leading rows the GPU decodes are written by the kernel, so the image
+    field's copy starts after them (all of it, at a share of 1); the GPU stage's
+    seconds come from events around the decode and the kernel."""
+    fake_cupy, _ = stand_ins
+    _dataset(tmp_path, rng, 10)
+    timings = []
+
+    class Listen:
+        def on_batch(self, t):
+            timings.append(t)
+
+        def on_workers_changed(self, n, change):
+            pass
+
+    for share in (1.0, 0.6):
+        fake_cupy.copies.clear()
+        opts = DeviceOptions(decode_device="cuda", gpu_share=share, **RAW)
+        with reader.Loader(tmp_path, 5, num_workers=0, transform=RRC_FLIP, device="cuda",
+                           device_options=opts) as lo:
+            lo.runtime.listeners.append(Listen())
+            image_bytes = lo.layout.field("image").nbytes // 5 * 5
+            for _ in lo:
+                pass
+        copied = sum(n for _, n in fake_cupy.copies)
+        # labels only at 1.0; at 0.6 the two CPU rows of each batch of 5 as well
+        assert copied < 2 * (image_bytes * (1 - share) + 5 * 8) + 1, (share, copied)
+    assert all(t.gpu_records in (3, 5) and t.gpu_decode_s > 0 for t in timings)
+
+
+def test_an_outlier_goes_to_the_cpu_instead_of_growing_every_slot(tmp_path, rng, stand_ins):
+    """The staged row holds the 99.5th percentile of a sample of stored lengths (with
+    a margin), not the largest: one huge JPEG is decoded by the workers, exactly."""
+    from reader.runtime.gpu_decode import row_bytes
+
+    _, fake_nv = stand_ins
+    small = [simplejpeg.encode_jpeg(_smooth(rng, 24, 24), quality=90) for _ in range(4)]
+    huge = simplejpeg.encode_jpeg(rng.integers(0, 255, (200, 200, 3), np.uint8), quality=100)
+    with formats.DatasetWriter(tmp_path, [formats.Field("image", "jpeg"),
+                                          formats.Field("label", "int")],
+                               records_per_shard=600) as w:
+        for i in range(1800):
+            w.write({"image": huge if i == 7 else small[i % 4], "label": i})
+    ds = reader.open_dataset(tmp_path)
+    row = row_bytes(ds, "image")
+    assert max(map(len, small)) <= row < len(huge)
+    assert row_bytes(ds, "label") >= 1
+    crop = [RandomResizedCrop(16, scale=(0.5, 1.0)), RandomHorizontalFlip()]
+    with reader.Loader(tmp_path, 10, num_workers=0, transform=crop, seed=1, shuffle=False) as lo:
+        want = np.array(next(iter(lo))["image"])
+    opts = DeviceOptions(decode_device="cuda", gpu_share=1.0, **RAW)
+    with reader.Loader(tmp_path, 10, num_workers=0, transform=crop, seed=1, shuffle=False,
+                       device="cuda", device_options=opts) as lo:
+        got = _host(next(iter(lo))["image"])
+    assert np.abs(got.astype(int) - want).max() <= 1
+    assert len(fake_nv.regions) == 9  # record 7 went to the CPU
+
+
+def test_a_mixture_is_decoded_on_the_gpu(tmp_path, rng, stand_ins):
+    """A Mix's sources are staged like one dataset's (their lengths come through
+    MixedDataset.spans): same batches as the CPU path."""
+    _, fake_nv = stand_ins
+    _dataset(tmp_path / "a", rng, 8)
+    _dataset(tmp_path / "b", rng, 6, sizes=((48, 60),))
+    mix = reader.Mix({"a": tmp_path / "a", "b": tmp_path / "b"})
+    opts = DeviceOptions(decode_device="cuda", gpu_share=1.0, **RAW)
+    runs = []
+    for device_options in (None, opts):
+        with reader.Loader(mix, 7, num_workers=0, transform=RRC_FLIP, seed=2,
+                           device="cuda" if device_options else "cpu",
+                           device_options=device_options) as lo:
+            runs.append([{k: _host(v) for k, v in b.items()} for b in lo])
+    for g, w in zip(runs[1], runs[0], strict=True):
+        assert np.array_equal(g["label"], w["label"])
+        assert np.abs(g["image"].astype(int) - w["image"]).max() <= 1
+    assert len(fake_nv.regions) == 14
+
+
 # -- the refusals -----------------------------------------------------------------------------
 
 def test_what_the_gpu_cannot_do_is_refused_with_why(tmp_path, rng, stand_ins):
@@ -401,13 +512,13 @@ def test_nvimgcodec_batches_against_the_cpu_path(tmp_path, rng):
     from reader.runtime.device import require_cupy
 
     try:
-        cp = require_cupy()
+        require_cupy()
         from nvidia import nvimgcodec  # noqa: F401
     except ImportError as exc:
         pytest.skip(str(exc))
     _dataset(tmp_path, rng, 13)
     want, _ = _batches(tmp_path, RRC_FLIP)
     got, _ = _batches(tmp_path, RRC_FLIP, DeviceOptions(decode_device="cuda", gpu_share=1.0, **RAW))
-    diff = np.concatenate([np.abs(cp.asnumpy(g["image"]).astype(int) - w["image"]).reshape(-1, 3)
+    diff = np.concatenate([np.abs(g["image"].astype(int) - w["image"]).reshape(-1, 3)
                            for g, w in zip(got, want, strict=True)])
     assert (diff.mean(axis=0) < 2.0).all(), diff.mean(axis=0)
