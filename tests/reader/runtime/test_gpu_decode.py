@@ -76,6 +76,20 @@ def _batches(path, transform, device_options=None, **kw):
         return out, lo
 
 
+def _listener():
+    """(list, listener): each delivered batch's BatchTiming appended to the list."""
+    timings = []
+
+    class Listen:
+        def on_batch(self, t):
+            timings.append(t)
+
+        def on_workers_changed(self, n, change):
+            pass
+
+    return timings, Listen()
+
+
 RRC_FLIP = [RandomResizedCrop(48, scale=(0.5, 1.0)), RandomHorizontalFlip()]
 RAW = dict(dtype="uint8", layout="NHWC")
 
@@ -230,19 +244,11 @@ def test_hybrid_batches_equal_the_cpu_path_and_report_the_split(tmp_path, rng, s
     _, fake_nv = stand_ins
     _dataset(tmp_path, rng, 23)
     want, _ = _batches(tmp_path, RRC_FLIP, num_workers=num_workers)
-    timings = []
-
-    class Listen:
-        def on_batch(self, t):
-            timings.append(t)
-
-        def on_workers_changed(self, n, change):
-            pass
-
+    timings, listen = _listener()
     opts = DeviceOptions(decode_device="cuda", dtype="float16", layout="NCHW")
     with reader.Loader(tmp_path, 5, num_workers=num_workers, seed=3, shuffle=True,
                        transform=RRC_FLIP, device="cuda", device_options=opts) as lo:
-        lo.runtime.listeners.append(Listen())
+        lo.runtime.listeners.append(listen)
         got = [{k: np.asarray(v).copy() for k, v in b.items()} for b in lo]
     assert len(got) == len(want) == 5
     for g, w in zip(got, want, strict=True):
@@ -344,21 +350,13 @@ def test_the_gpu_rows_are_not_copied_and_the_stage_is_timed(tmp_path, rng, stand
     seconds come from events around the decode and the kernel."""
     fake_cupy, _ = stand_ins
     _dataset(tmp_path, rng, 10)
-    timings = []
-
-    class Listen:
-        def on_batch(self, t):
-            timings.append(t)
-
-        def on_workers_changed(self, n, change):
-            pass
-
+    timings, listen = _listener()
     for share in (1.0, 0.6):
         fake_cupy.copies.clear()
         opts = DeviceOptions(decode_device="cuda", gpu_share=share, **RAW)
         with reader.Loader(tmp_path, 5, num_workers=0, transform=RRC_FLIP, device="cuda",
                            device_options=opts) as lo:
-            lo.runtime.listeners.append(Listen())
+            lo.runtime.listeners.append(listen)
             image_bytes = lo.layout.field("image").nbytes // 5 * 5
             for _ in lo:
                 pass
