@@ -368,7 +368,7 @@ class Decoded:
         x0, y0, x1, y1 = (int(v) for v in p[_X0:_Y1 + 1])
         face = image.__cuda_array_interface__
         shape = tuple(face["shape"])
-        if face["typestr"] != "|u1" or len(shape) != 3 or shape[2] != 3:
+        if face["typestr"][1:] != "u1" or len(shape) != 3 or shape[2] != 3:  # "|u1" or "<u1"
             return (f"gave an image of shape {shape} and type {face['typestr']!r}, not 8-bit "
                     "RGB (height, width, 3)")
         pitch = face["strides"][0] if face.get("strides") else shape[1] * 3
