@@ -338,7 +338,8 @@ def timeline_figure(records: list[dict[str, Any]], path: str | os.PathLike = "")
     """A matplotlib Figure of monitor records over time.
 
     Panels, sharing the time axis: stage shares of worker time (stacked, the
-    :data:`METRICS` names as labels); waiting and CPU shares; samples/s; load
+    :data:`METRICS` names as labels); waiting and CPU shares (and the GPU's share of
+    the samples, where it decoded); samples/s; load
     latency; and a strip coloured by each interval's verdict. The title names
     the file and the bottleneck; every legend sits right of its panel, outside
     the data.
@@ -376,7 +377,8 @@ def timeline_figure(records: list[dict[str, Any]], path: str | os.PathLike = "")
     shares.stackplot(t, [series(k) for k in _STAGE_SHARES], labels=list(_STAGE_SHARES), alpha=0.8)
     shares.set_ylim(0, 100)
     shares.set_ylabel("% of worker time")
-    for key in ("queue_wait_pct", "worker_busy_pct", "loader_cpu_pct", "other_cpu_pct"):
+    for key in ("queue_wait_pct", "worker_busy_pct", "loader_cpu_pct", "other_cpu_pct",
+                "gpu_decode_pct"):
         if present(key):
             waits.plot(t, series(key), label=key)
     waits.set_ylim(0, 105)

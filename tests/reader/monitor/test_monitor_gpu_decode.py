@@ -1,12 +1,13 @@
 """The monitor's GPU decode figures (``decode_device="cuda"``): their arithmetic on
 synthetic timings, the table's rows (only where the path was taken), the records,
 monitor-report and the sinks, the diagnosis, the ranks' capacity, and one Loader run
-on the stand-ins (numpy for cupy, simplejpeg for nvImageCodec)."""
+on the stand-ins (numpy for cupy, simplejpeg for nvImageCodec) with its timeline."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import types
 from dataclasses import replace
@@ -18,7 +19,9 @@ from reader.monitor.monitor import Monitor
 from reader.monitor.ranks import loader_capacity
 from reader.monitor.report import METRICS, format_summary, format_table, main, summarize_records
 from reader.monitor.sinks import scalars
+from reader.monitor.trace import MAIN
 from tests.helpers_monitor import CPU_BOUND, HEALTHY, SYNC_BOUND, FakeClock, feed
+from tests.reader.monitor.test_monitor_trace import check_chrome_trace
 
 GPU_KEYS = ("gpu_decode_pct", "gpu_img_s", "cpu_img_s", "gpu_share")
 
@@ -213,7 +216,8 @@ def test_a_hybrid_loader_reports_both_rates_and_the_split(tmp_path, rng, stand_i
     from tests.reader.runtime.test_gpu_decode import RRC_FLIP, _dataset
 
     _dataset(tmp_path, rng, 40)
-    mon = Monitor(1000.0, output=False, cpu=None)
+    trace = tmp_path / "trace.json"
+    mon = Monitor(1000.0, output=False, cpu=None, trace=trace)
     with reader.Loader(tmp_path, 5, num_workers=num_workers, seed=3, shuffle=True,
                        transform=RRC_FLIP, device="cuda", monitor=mon,
                        device_options=DeviceOptions(decode_device="cuda")) as lo:
@@ -225,3 +229,29 @@ def test_a_hybrid_loader_reports_both_rates_and_the_split(tmp_path, rng, stand_i
     assert mean["gpu_img_s"] > 0 and mean["cpu_img_s"] > 0
     assert 0 < mean["gpu_share"] < 1
     assert "gpu_img_s" in format_table(mon.stats())
+    mon.close()
+    doc = json.loads(trace.read_text())
+    main_track = check_chrome_trace(doc)[(os.getpid(), MAIN)]  # spans nest, as Perfetto needs
+    stages = [e for e in main_track if e["name"] == "GPU decode"]
+    delivers = [e for e in main_track if e["name"] == "deliver"]
+    assert len(stages) == len(delivers) == 8
+    assert sum(e["args"]["records"] for e in stages) == round(40 * mean["gpu_decode_pct"] / 100)
+    for g, d in zip(stages, delivers, strict=True):
+        assert d["ts"] == g["ts"] and g["ts"] + g["dur"] <= d["ts"] + d["dur"]
+
+
+def test_the_timeline_plot_draws_the_gpus_share(tmp_path):
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib")
+    from reader.monitor.report import load_records, timeline_figure
+
+    def labels(pattern):
+        path = tmp_path / f"{id(pattern)}.jsonl"
+        mon, clock, _ = make(interval=1.0, output=False, record=path)
+        feed(mon, clock, pattern, 100)
+        mon.flush()
+        fig = timeline_figure(load_records(path), path)
+        return {t.get_text() for ax in fig.axes if ax.get_legend() is not None
+                for t in ax.get_legend().get_texts()}
+
+    assert "gpu_decode_pct" in labels(GPU_CPU_BOUND)
+    assert "gpu_decode_pct" not in labels(CPU_BOUND)
