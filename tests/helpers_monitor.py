@@ -70,6 +70,10 @@ class Pattern:
     skipped: int = 0
     h2d: float | None = None
     h2d_bytes: int | None = None
+    # decode_device="cuda": records the GPU decoded, its stage's seconds, the split's share
+    gpu_records: int | None = None
+    gpu_decode: float | None = None
+    gpu_share: float | None = None
 
     @property
     def busy(self) -> float:
@@ -82,6 +86,7 @@ def timing(p: Pattern, batch: int, worker: int):
         skipped=p.skipped, io_s=p.io, decode_s=p.decode, transform_s=p.transform,
         assemble_s=p.assemble, busy_s=p.busy, wait_s=p.wait, latency_s=p.latency,
         next_s=p.wait, prefetch=p.prefetch, h2d_s=p.h2d, h2d_bytes=p.h2d_bytes,
+        gpu_records=p.gpu_records, gpu_decode_s=p.gpu_decode, gpu_share=p.gpu_share,
     )  # fmt: skip
 
 

@@ -19,11 +19,14 @@ for a machine whose cores other programs take, in this order:
 4. sync-bound: the consumer waits but the workers are often idle. With fewer
    batches in flight than workers, they are not allowed to run far enough
    ahead (prefetch too small for a bursty consumer); with work queued, the
-   main process is slow to dispatch and collect it (task scheduling).
+   main process is slow to dispatch and collect it (task scheduling); the GPU
+   decode stage runs there too, and the message gives its share of wall time.
 5. IO-bound: busy workers spend their time reading, not decoding.
 6. CPU-bound: busy workers spend their time decoding, transforming (user
    callables and any augmentation after the decode) or assembling; the message
-   names the stage and the fix for that stage.
+   names the stage and the fix for that stage. When the GPU decodes part of each
+   batch (``decode_device="cuda"``), it says how much and at what rate: the split
+   already balances the two sides, so the fix is still the workers'.
 
 Stability: given the previous verdict, each limit that chooses between two
 verdicts is moved by ``Thresholds.hysteresis`` (a fraction of the limit) in
@@ -249,8 +252,9 @@ def diagnose(
             "sync-bound",
             f"sync-bound: the consumer waits {wait:.0f}% of the time and workers are only "
             f"{busy:.0f}% busy although {depth:.1f} batches are in flight -> the main process "
-            "is slow to dispatch and collect batches: leave a core free for it (fewer "
-            "workers), use larger batches, or move per-batch work out of the training loop",
+            f"is slow to dispatch and collect batches{_gpu_stage(f)}: leave a core free for it "
+            "(fewer workers), use larger batches, or move per-batch work out of the training "
+            "loop",
             "dispatch",
         )
     if _over(io, th.max_io_share_pct, band,
@@ -282,7 +286,33 @@ def diagnose(
         more = "add workers, or "
     return Diagnosis(
         "cpu-bound",
-        f"CPU-bound: {stage} takes {share:.0f}% of worker time and {who} {busy:.0f}% busy "
-        f"-> {more}{_STAGE_FIXES[stage]}",
+        f"CPU-bound: {stage} takes {share:.0f}% of worker time and {who} {busy:.0f}% busy"
+        f"{_gpu_part(f, stage)} -> {more}{_STAGE_FIXES[stage]}",
         stage,
     )
+
+
+def _gpu_stage(f: dict[str, Any]) -> str:
+    """The GPU decode's share of wall time, for a slow main process (rule 4): the GPU
+    stage runs there, inside ``next()``; "" without GPU decode."""
+    pct, gpu, wall = f.get("gpu_decode_pct"), f.get("gpu_img_s"), f.get("wall_s")
+    if not pct or not gpu or not wall:
+        return ""
+    seconds = f.get("samples", 0) * pct / 100 / gpu
+    return f" (the GPU decode stage, which runs there, takes {100 * seconds / wall:.0f}% of wall time)"
+
+
+def _gpu_part(f: dict[str, Any], stage: str) -> str:
+    """What the GPU decode already takes off a CPU-bound loader's workers (rule 6), or "".
+
+    The split controller (:mod:`reader.runtime.split`) gives the GPU the share of each
+    batch that finishes both sides together, so with both rates measured, moving more
+    images to the GPU would only make it the slower side; the workers' own fixes are
+    what is left. Only for the stages the split balances (decode and transform).
+    """
+    pct, gpu, cpu = f.get("gpu_decode_pct"), f.get("gpu_img_s"), f.get("cpu_img_s")
+    if not pct or gpu is None or stage not in ("decode", "transform"):
+        return ""
+    workers = "" if cpu is None else f" (the workers {cpu:.0f} img/s)"
+    return (f"; the GPU decodes {pct:.0f}% of the samples at {gpu:.0f} img/s{workers}, the "
+            "share the split chose from both rates, so moving more to the GPU will not help")

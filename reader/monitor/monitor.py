@@ -46,7 +46,13 @@ workers' busy time; ``decode`` is the fused decode + crop + resize + flip,
 ``transform`` what runs after it (user callables). ``worker_busy_pct`` is busy
 time over ``num_workers`` x wall. ``read_mb_s`` is bytes over IO time (the
 storage rate while reading), ``mb_per_s``/``samples_per_s`` are over wall time.
-``h2d_*`` are None on CPU. ``loader_cpu_pct``, ``other_cpu_pct`` and
+``h2d_*`` are None on CPU. With ``decode_device="cuda"`` (the GPU decodes part of
+each batch, :mod:`reader.runtime.split`), ``gpu_decode_pct`` is the share of samples
+the GPU decoded, ``gpu_img_s`` and ``cpu_img_s`` the two sides' rates measured over
+the interval (by the split controller's definitions, not its running estimates) and
+``gpu_share`` the split's latest share; all four are None on other paths. Rows of a
+path a run did not take are left out of the printed table
+(``reader.monitor.report.Metric.only``). ``loader_cpu_pct``, ``other_cpu_pct`` and
 ``idle_cpu_pct`` split the machine's CPU time (all cores = 100) between this
 process with its child processes (the workers), every other process, and
 idle; they come from ``/proc`` (see :class:`ProcCpu`) and are None without it.
@@ -116,8 +122,9 @@ class _Totals:
     """Running sums over delivered batches (seconds, bytes, counts)."""
 
     __slots__ = (
-        "assemble", "batches", "busy", "bytes", "decode", "h2d", "h2d_batches", "h2d_bytes",
-        "io", "latency", "prefetch", "ready", "samples", "skipped", "transform", "wait",
+        "assemble", "batches", "busy", "bytes", "cpu_records", "cpu_s", "decode", "gpu_batches",
+        "gpu_records", "gpu_s", "h2d", "h2d_batches", "h2d_bytes", "io", "latency", "prefetch",
+        "ready", "samples", "skipped", "transform", "wait",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -168,9 +175,32 @@ def _cpu_figures(a: CpuTicks | None, b: CpuTicks | None) -> dict[str, float | No
             "idle_cpu_pct": pct(total - busy)}  # fmt: skip
 
 
+def _gpu_figures(t: _Totals, num_workers: int, share: float | None) -> dict[str, float | None]:
+    """The GPU decode's figures (``decode_device="cuda"``), None where no batch carried them.
+
+    Both rates are measured over the same batches, the interval's (or the run's), so
+    they compare: ``gpu_img_s`` is GPU-decoded images over the GPU stage's seconds;
+    ``cpu_img_s`` is the workers' CPU-decoded images over their decode and transform
+    seconds, times the workers (they decode in parallel): the split controller's
+    definitions (:mod:`reader.runtime.split`). Its own estimates (``BatchTiming``'s
+    ``cpu_img_s``/``gpu_img_s``) are averages weighted to the last few batches, which
+    would hide the interval's figures behind the previous ones. A side that decoded
+    nothing has no rate (None, not 0). ``gpu_share`` is the controller's latest share.
+    """
+    if not t.gpu_batches:
+        return {"gpu_decode_pct": None, "gpu_img_s": None, "cpu_img_s": None, "gpu_share": None}
+    return {
+        "gpu_decode_pct": _ratio(t.gpu_records, t.samples, 100.0),
+        "gpu_img_s": _ratio(t.gpu_records, t.gpu_s) if t.gpu_records else None,
+        "cpu_img_s": _ratio(t.cpu_records * max(num_workers, 1), t.cpu_s) if t.cpu_records
+        else None,
+        "gpu_share": share,
+    }  # fmt: skip
+
+
 def _figures(
     t: _Totals, wall: float, max_latency: float, num_workers: int, busy_by_worker: dict,
-    cpu: dict[str, float | None],
+    cpu: dict[str, float | None], gpu_share: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Turn sums over some batches and the wall time they span into the reported figures."""
     n = t.batches
@@ -200,6 +230,7 @@ def _figures(
         h2d_ms=_ratio(t.h2d, t.h2d_batches, 1e3) if t.h2d_batches else None,
         h2d_gb_s=_ratio(t.h2d_bytes, t.h2d, 1e-9) if t.h2d_batches else None,
         h2d_share_pct=_ratio(t.h2d, wall, 100.0) if t.h2d_batches else None,
+        **_gpu_figures(t, num_workers, gpu_share),
         prefetch_depth=_ratio(t.prefetch, n),
         skipped=t.skipped,
         **cpu,
@@ -330,6 +361,7 @@ class Monitor:
         self._mark: _Mark | None = None  # the last report (or the start)
         self._max_latency = 0.0  # whole run, up to the last report
         self._interval_max_latency = 0.0
+        self._gpu_share: float | None = None  # the split controller's latest share
         self._start: float | None = None
         self._next = float("inf")
         self._last: dict[str, Any] | None = None  # figures of the last reported interval
@@ -402,6 +434,15 @@ class Monitor:
             t.h2d += timing.h2d_s
             t.h2d_bytes += timing.h2d_bytes or 0
             t.h2d_batches += 1
+        if timing.gpu_records is not None:
+            t.gpu_batches += 1
+            t.gpu_records += timing.gpu_records
+            t.gpu_s += timing.gpu_decode_s or 0.0
+            # The workers' side of the split, as the split controller counts it.
+            t.cpu_records += timing.records - timing.gpu_records - timing.skipped
+            t.cpu_s += timing.decode_s + timing.transform_s
+            if timing.gpu_share is not None:
+                self._gpu_share = timing.gpu_share
         if timing.latency_s > self._interval_max_latency:
             self._interval_max_latency = timing.latency_s
         w = self._workers.get(timing.worker)
@@ -430,7 +471,8 @@ class Monitor:
         delta = {w: (s - mark.workers.get(w, zero)[0], b - mark.workers.get(w, zero)[1])
                  for w, (s, b) in self._workers.items()}  # fmt: skip
         fig = _figures(self._total.minus(mark.totals), now - mark.at, max_latency,
-                       self._worker_count(), delta, _cpu_figures(mark.cpu, cpu))  # fmt: skip
+                       self._worker_count(), delta, _cpu_figures(mark.cpu, cpu),
+                       self._gpu_share)  # fmt: skip
         fig["storage"] = self.storage
         return fig
 

@@ -18,7 +18,8 @@ Protocol (RANK FOLDER):
    on several machines need clocks within a second or so of each other, as NTP
    keeps them) counts as a rank not reporting.
 3. Who is slowest: each rank's *loader capacity*, the samples its builders make
-   per second of their busy time, times their number (:func:`loader_capacity`):
+   per second of their busy time, times their number (:func:`loader_capacity`;
+   with GPU decode, no more than its stage in the main process allows):
    what the loader could deliver if the trainer never held it back. Samples
    delivered per second are no measure: in a synchronized job every rank steps at
    the slowest one's pace. The slowest rank is the one of lowest capacity; it is a
@@ -75,6 +76,11 @@ def loader_capacity(figures: dict[str, Any]) -> float | None:
     """Samples per second the loader's builders make while busy, all of them together:
     ``samples x max(num_workers, 1) / busy seconds``; None without busy time.
 
+    With GPU decode (``decode_device="cuda"``) the GPU stage decodes its share of every
+    batch in the main process, one batch after another, so it bounds the rate too:
+    ``samples / GPU stage seconds``, derived from ``gpu_decode_pct`` and ``gpu_img_s``;
+    the capacity is the lower of the two.
+
     Args:
         figures: one interval's figures (a report's ``current``).
     """
@@ -82,7 +88,11 @@ def loader_capacity(figures: dict[str, Any]) -> float | None:
     samples = figures.get("samples") or 0
     if not busy_ms or not batches or not samples:
         return None
-    return samples * max(figures.get("num_workers") or 0, 1) / (busy_ms * batches / 1e3)
+    workers = samples * max(figures.get("num_workers") or 0, 1) / (busy_ms * batches / 1e3)
+    pct, gpu = figures.get("gpu_decode_pct"), figures.get("gpu_img_s")
+    if pct and gpu:
+        return min(workers, gpu * 100.0 / pct)
+    return workers
 
 
 def compare(entries: dict[int, dict[str, Any]], world_size: int,

@@ -60,6 +60,11 @@ class Metric(NamedTuple):
         limit: the :class:`Thresholds` attribute it is checked against, or None.
         op: ``"<"`` (must stay below the limit) or ``">"`` (above), or ``""``.
         meaning: what it measures, in a few words.
+        only: for a figure that exists on some paths only, which
+            (``"device='cuda'"``), else ``""``. Its row is left out of the printed
+            table and summary where it is None throughout (so a CPU run's table has
+            no empty GPU rows); ``stats()``, the records and the sinks keep the key
+            with None, as for every figure.
     """
 
     key: str
@@ -67,6 +72,7 @@ class Metric(NamedTuple):
     limit: str | None
     op: str
     meaning: str
+    only: str = ""
 
 
 # The table's rows and monitor-report's figures, in display order.
@@ -88,7 +94,19 @@ METRICS = (
     Metric("assemble_share_pct", "{:.1f}", None, "",
            "writing the other fields into the batch, share of worker busy time"),
     Metric("read_mb_s", "{:.0f}", None, "", "bytes over reading time"),
-    Metric("h2d_gb_s", "{:.2f}", "min_h2d_gb_s", ">", "host-to-device copy bandwidth"),
+    Metric("h2d_gb_s", "{:.2f}", "min_h2d_gb_s", ">", "host-to-device copy bandwidth",
+           "device='cuda'"),
+    Metric("gpu_decode_pct", "{:.1f}", None, "", "share of samples the GPU decoded",
+           "decode_device='cuda'"),
+    Metric("gpu_img_s", "{:.0f}", None, "",
+           "GPU-decoded images over the GPU stage's time (decode and resample)",
+           "decode_device='cuda'"),
+    Metric("cpu_img_s", "{:.0f}", None, "",
+           "CPU-decoded images over the workers' decode and transform time, x workers",
+           "decode_device='cuda'"),
+    Metric("gpu_share", "{:.2f}", None, "",
+           "the GPU's share of the next batches, as the split chose it (0..1)",
+           "decode_device='cuda'"),
     Metric("samples_per_s", "{:.0f}", None, "", "samples delivered per second"),
     Metric("mb_per_s", "{:.1f}", None, "", "stored bytes delivered per second"),
     Metric("prefetch_depth", "{:.1f}", None, "", "batches in flight when one was requested"),
@@ -104,6 +122,12 @@ METRICS = (
 SUMMARY_KEYS = tuple(m.key for m in METRICS if m.key != "skipped")
 
 _STAGE_SHARES = ("io_share_pct", "decode_share_pct", "transform_share_pct", "assemble_share_pct")
+
+
+def _shown(metrics: tuple[Metric, ...], *figures: dict[str, Any]) -> list[Metric]:
+    """The rows to print: every metric, but one that exists on some paths only
+    (``Metric.only``) where none of ``figures`` has it (see :class:`Metric`)."""
+    return [m for m in metrics if not m.only or any(f.get(m.key) is not None for f in figures)]
 
 
 def _cell(value: Any, fmt: str, limit: float | None, op: str) -> str:
@@ -134,7 +158,7 @@ def format_table(stats: dict[str, Any], thresholds: Thresholds | None = None) ->
         f"batches {mean['batches']} (+{cur['batches']})  workers {mean['num_workers']}"
     )
     rows = [("metric", "current", "mean", "threshold")]
-    for m in METRICS:
+    for m in _shown(METRICS, cur, mean):
         limit = getattr(th, m.limit) if m.limit else None
         rows.append(
             (
@@ -284,7 +308,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['skipped']} skipped, loaders {', '.join(summary['loaders']) or '-'}",
         f"{'metric':<22}{'min':>10}{'mean':>10}{'max':>10}{'last':>10}",
     ]
-    for key, spread in summary["figures"].items():
+    figures = summary["figures"]
+    for key in [m.key for m in _shown(METRICS, figures) if m.key in figures]:
+        spread = figures[key]
         if spread is None:
             lines.append(f"{key:<22}{'n/a':>10}{'n/a':>10}{'n/a':>10}{'n/a':>10}")
         else:
@@ -312,7 +338,8 @@ def timeline_figure(records: list[dict[str, Any]], path: str | os.PathLike = "")
     """A matplotlib Figure of monitor records over time.
 
     Panels, sharing the time axis: stage shares of worker time (stacked, the
-    :data:`METRICS` names as labels); waiting and CPU shares; samples/s; load
+    :data:`METRICS` names as labels); waiting and CPU shares (and the GPU's share of
+    the samples, where it decoded); samples/s; load
     latency; and a strip coloured by each interval's verdict. The title names
     the file and the bottleneck; every legend sits right of its panel, outside
     the data.
@@ -350,7 +377,8 @@ def timeline_figure(records: list[dict[str, Any]], path: str | os.PathLike = "")
     shares.stackplot(t, [series(k) for k in _STAGE_SHARES], labels=list(_STAGE_SHARES), alpha=0.8)
     shares.set_ylim(0, 100)
     shares.set_ylabel("% of worker time")
-    for key in ("queue_wait_pct", "worker_busy_pct", "loader_cpu_pct", "other_cpu_pct"):
+    for key in ("queue_wait_pct", "worker_busy_pct", "loader_cpu_pct", "other_cpu_pct",
+                "gpu_decode_pct"):
         if present(key):
             waits.plot(t, series(key), label=key)
     waits.set_ylim(0, 105)
@@ -465,8 +493,8 @@ def summarize_ranks(paths: list[str | os.PathLike]) -> dict[str, Any]:
                         / batches) if batches else None,
             "samples_per_s": summary["figures"]["samples_per_s"]["mean"]
             if summary["figures"]["samples_per_s"] else None,
-            "queue_wait_pct": summary["figures"]["queue_wait_pct"]["mean"]
-            if summary["figures"]["queue_wait_pct"] else None,
+            **{key: summary["figures"][key]["mean"] if summary["figures"][key] else None
+               for key in ("queue_wait_pct", "gpu_decode_pct", "gpu_img_s")},
         }  # fmt: skip
         summary.update(rank=rank, loader_samples_per_s=loader_capacity(whole))
         summaries.append(summary)

@@ -13,7 +13,9 @@ are the tracks, named by metadata events):
   issue`` (slots handed back to the ring once their leases are freed and their
   device copies done, and the next requests issued to the workers), ``wait``
   (blocked on the batch) and ``deliver`` (the batch's views leased, its device
-  copy queued).
+  copy queued); with ``decode_device="cuda"``, ``GPU decode`` inside ``deliver``:
+  the GPU stage's time (decode call and resample, host side), drawn from the
+  delivery's start as one block (the copies run between its two parts).
 * ``main: H2D copy`` (tid 2, ``device="cuda"``): the host-to-device copy time the
   CUDA events measured, drawn at the delivery that read it (the copy itself runs
   on the copy stream; its place on the host clock is not known).
@@ -283,6 +285,11 @@ class Trace:
             self._span(out, MAIN, "wait", wait_at, wait_end)
         if ret > wait_end:
             self._span(out, MAIN, "deliver", wait_end, ret)
+            if t.gpu_decode_s:  # decode_device="cuda": the GPU stage, inside the delivery
+                ends[MAIN] = wait_end
+                self._span(out, MAIN, "GPU decode", wait_end,
+                           min(wait_end + int(t.gpu_decode_s * 1e6), ret),
+                           f',"args":{{"records":{t.gpu_records or 0}}}')
         ends[MAIN] = ret
         # The build, on its builder's track: the stages inside it, end to end.
         tid = WORKER0 + t.worker if t.worker >= 0 else BUILDER

@@ -57,7 +57,8 @@ def test_summary(records):
     assert s["figures"]["h2d_gb_s"] is None
     assert s["figures"]["loader_cpu_pct"]["mean"] == pytest.approx(50.0, abs=0.5)
     text = format_summary(s)
-    assert "queue_wait_pct" in text and "bottleneck:" in text and "n/a" in text
+    assert "queue_wait_pct" in text and "bottleneck:" in text
+    assert "h2d_gb_s" not in text  # a path this CPU run did not take: no row (Metric.only)
 
 
 def test_summary_uses_the_table_and_record_names(records):
@@ -67,7 +68,8 @@ def test_summary_uses_the_table_and_record_names(records):
     current = load_records(path)[-1]["current"]
     assert set(names) <= set(current)
     rows = [line.split()[0] for line in format_summary(summarize_records(path)).splitlines()[2:]]
-    assert rows[: len(names) - 1] == names[:-1]
+    printed = [m.key for m in METRICS if not m.only and m.key != "skipped"]
+    assert rows[: len(printed)] == printed
 
 
 def test_cli_text_and_json(records, capsys):
