@@ -14,8 +14,9 @@ are the tracks, named by metadata events):
   device copies done, and the next requests issued to the workers), ``wait``
   (blocked on the batch) and ``deliver`` (the batch's views leased, its device
   copy queued); with ``decode_device="cuda"``, ``GPU decode`` inside ``deliver``:
-  the GPU stage's time (decode call and resample, host side), drawn from the
-  delivery's start as one block (the copies run between its two parts).
+  the GPU stage's time as measured (:attr:`BatchTiming.gpu_decode_s`: CUDA events,
+  read at the delivery that found them done), drawn from the delivery's start as
+  one block, cut at its end.
 * ``main: H2D copy`` (tid 2, ``device="cuda"``): the host-to-device copy time the
   CUDA events measured, drawn at the delivery that read it (the copy itself runs
   on the copy stream; its place on the host clock is not known).

@@ -164,7 +164,7 @@ def test_batches_built_in_the_main_process_sit_inside_their_wait(dataset, tmp_pa
 
 
 def test_device_copies_get_their_own_track(dataset, tmp_path, monkeypatch):
-    from tests import fake_cupy  # numpy standing in for cupy: every copy "takes" 1 ms
+    from tests import fake_cupy  # numpy standing in for cupy: a copy takes its memmove's time
 
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     path = tmp_path / "trace.json"
@@ -177,7 +177,7 @@ def test_device_copies_get_their_own_track(dataset, tmp_path, monkeypatch):
     tracks = check_chrome_trace(doc)
     copies = tracks[(os.getpid(), H2D)]
     assert len(copies) == n and {e["name"] for e in copies} == {"H2D copy"}
-    assert all(e["dur"] == 1000 and e["args"]["bytes"] > 0 for e in copies)
+    assert all(e["dur"] > 0 and e["args"]["bytes"] > 0 for e in copies)
     names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
     assert names[H2D] == "main: H2D copy"
 
