@@ -91,6 +91,7 @@ from typing import Any
 from formats.errors import ArgumentError, ArgumentTypeError
 
 from ..runtime.proc import CpuTicks, ProcCpu
+from ..runtime.split import cpu_rate
 from .diagnosis import Diagnosis, Thresholds, diagnose
 from .ranks import RankFolder
 from .report import format_table
@@ -192,8 +193,7 @@ def _gpu_figures(t: _Totals, num_workers: int, share: float | None) -> dict[str,
     return {
         "gpu_decode_pct": _ratio(t.gpu_records, t.samples, 100.0),
         "gpu_img_s": _ratio(t.gpu_records, t.gpu_s) if t.gpu_records else None,
-        "cpu_img_s": _ratio(t.cpu_records * max(num_workers, 1), t.cpu_s) if t.cpu_records
-        else None,
+        "cpu_img_s": cpu_rate(t.cpu_records, t.cpu_s, num_workers),
         "gpu_share": share,
     }  # fmt: skip
 

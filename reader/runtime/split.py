@@ -23,7 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SplitController", "optimal_share"]
+__all__ = ["SplitController", "cpu_rate", "optimal_share"]
+
+
+def cpu_rate(images: int, seconds: float, workers: int) -> float | None:
+    """The workers' images per second: ``images`` decoded in ``seconds`` of decode and
+    transform time, times the workers (they decode in parallel); None when nothing
+    was decoded. The monitor reports the same figure over an interval."""
+    return images / seconds * max(workers, 1) if images and seconds > 0 else None
 
 
 def optimal_share(cpu_rate: float, gpu_rate: float) -> float:
@@ -72,8 +79,9 @@ class SplitController:
                 gpu_images: int, gpu_seconds: float) -> float:
         """Fold one batch's figures into the rates and return the share for the next
         batches (unchanged when fixed, or when ``g*`` is within the hysteresis)."""
-        if cpu_images and cpu_seconds > 0:
-            self.cpu_rate = self._ewma(self.cpu_rate, cpu_images / cpu_seconds * max(workers, 1))
+        measured = cpu_rate(cpu_images, cpu_seconds, workers)
+        if measured is not None:
+            self.cpu_rate = self._ewma(self.cpu_rate, measured)
         if gpu_images and gpu_seconds > 0:
             self.gpu_rate = self._ewma(self.gpu_rate, gpu_images / gpu_seconds)
         if self.fixed is not None or self.cpu_rate is None or self.gpu_rate is None:
