@@ -21,7 +21,7 @@ from formats.errors import ShardpackError, URIError
 from formats.media import MAX_PIXELS
 from formats.version import package_version
 
-from .errors import PackInterrupted, UsageError
+from .errors import PackInputError, PackInterrupted, UsageError
 from .options import DEFAULT_TASK_RECORDS, ENGINES, ON_ERROR, PackOptions, parse_size
 from .report import TqdmProgress, format_summary, interrupted_text
 from .run import pack
@@ -180,6 +180,9 @@ exit status: 0 ok; 1 data or IO error, anything found by looking at SRC or DST (
   block); 130 interrupted.
 """
 
+
+#: How to pack past bad inputs, said once when one stops the pack.
+_SKIP_HINT = "--on-error skip packs the rest and lists each bad input in DST/skipped.jsonl"
 
 # The bar (tests replace it here to interrupt a pack at a chosen point).
 _TqdmProgress = TqdmProgress
@@ -347,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\npack-dataset: {interrupted_text(exc.summary, _resume_hint(argv))}",
               file=sys.stderr)
         return 130
+    except PackInputError as exc:
+        # One bad input stopped the pack (--on-error fail): say, once, how to go past it.
+        print(f"pack-dataset: error: {exc}; {_SKIP_HINT}", file=sys.stderr)
+        return 1
     except ShardpackError as exc:
         print(f"pack-dataset: error: {exc}", file=sys.stderr)
         return 1

@@ -154,3 +154,16 @@ def test_the_console_scripts_exit_the_same_way(tmp_path, src):
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == status, (module, argv, p.stderr)
         assert ("usage:" in p.stderr) == (status == 2) and "Traceback" not in p.stderr
+
+
+def test_a_bad_input_that_stops_the_pack_names_the_skip_option_once(tmp_path, src, capsys):
+    (src / "cat").mkdir(exist_ok=True)
+    notes = src / "cat" / "notes.txt"
+    notes.write_text("not an image")
+    dst = tmp_path / "dst"
+    code, err = run(pack_main, [src, dst, "-q"], capsys)
+    assert_data_error(code, err, "pack-dataset", str(notes), "[not-an-image]", "--on-error skip")
+    assert err.count("--on-error skip") == 1
+    code, err = run(pack_main, [src, dst, "-q", "--on-error", "skip"], capsys)
+    assert code == 0, err
+    assert "not-an-image" in (dst / "skipped.jsonl").read_text()
