@@ -78,7 +78,8 @@ inputs:
   is an input: files are recognized by content, not name. A file that is not an
   image, is empty, corrupt, truncated, missing or unreadable stops the pack
   (--on-error fail) or is listed in DST/skipped.jsonl with its kind (skip);
-  records in = written + skipped.
+  records in = written + skipped. Images are checked by signature, header and
+  end marker, not decoded (see image field).
 
 any files (--from files, --from filelist):
   a folder or list of images packs as above (image, key), also with stray other
@@ -117,7 +118,13 @@ image field:
   source's image payloads are checked, re-encoded and skipped like files.
   Sizes are read from headers; no Pillow needed. With --to-jpeg: 16-bit samples
   are scaled (v/257), an alpha channel is dropped (as PIL's convert('RGB') does),
-  grayscale stays gray, a GIF gives its first frame. Kinds: corrupt, truncated
+  grayscale stays gray, a GIF gives its first frame.
+  What is checked: the signature, the header (size, sampling, bit depth) and the
+  end marker; the pixels are decoded only to re-encode. An image damaged inside
+  its compressed data but whole at both ends (zeroed bytes, a bad copy) packs;
+  the Loader then fails on it naming its key, or skips it with on_error='skip'.
+  Kinds: corrupt (no signature for a .jpg name, a header that does not parse, or
+  a decode that fails when re-encoding), truncated
   (no end marker, or shorter than its header says), unsupported (float samples,
   a GIF before OpenCV 4.11), too-large (a header declaring more than 268,435,456
   pixels, 2^28: --max-pixels raises it), unsupported-jpeg (a JPEG the Loader's

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from formats import ShardDataset, open_shards
-from formats.errors import ArgumentError, ArgumentTypeError
+from formats.errors import ArgumentError, ArgumentTypeError, ShardpackError, quoted
 from formats.fields import BYTES_TYPES
 from formats.shard.dataset import record_indices
 from formats.storage import place
 from formats.storage.cache import CacheOptions
 
-__all__ = ["ShardDataset", "main_fields", "open_dataset", "read_many"]
+__all__ = ["ShardDataset", "key_words", "main_fields", "open_dataset", "read_many"]
 
 
 def open_dataset(path: str | Path, *, check_crc: bool = True, cache: CacheOptions | None = None,
@@ -113,3 +113,18 @@ def page_in(views) -> int:
             a = np.frombuffer(v, np.uint8)
             int(a[::PAGE_STRIDE].sum()) + int(a[-1])
     return nbytes
+
+
+def key_words(ds, index: int) -> str:
+    """`` (key 'a/img_00001.jpg')`` for a message about record ``index``, or ``""``
+    when the dataset has no ``str`` field named ``key`` or it cannot be read.
+
+    The user knows their files by key, not by global record number: an error that
+    names a record names its key too. Read only on the error path (one lookup in the
+    metadata), and never raises: a message must not fail while being made."""
+    if not any(f.name == "key" and f.type == "str" for f in ds.fields):
+        return ""
+    try:
+        return f" (key {quoted(ds.get(index, 'key'))})"
+    except (ShardpackError, LookupError, OSError, ValueError):
+        return ""

@@ -26,7 +26,7 @@ import numpy as np
 
 from formats.errors import CorruptRecordError
 
-from ..data.dataset import page_in
+from ..data.dataset import key_words, page_in
 from ..errors import DecodeError
 from ..transforms.bad_input import VALID_FIELD, BadInput
 from ..transforms.kernels import KERNELS
@@ -317,7 +317,8 @@ class BatchBuilder:
     def _corrupt(self, index: int, exc: Exception) -> CorruptRecordError:
         path, r, offset = self.ds.where(index, self.spec.image_field or self.ds.fields[0].name)
         return CorruptRecordError(
-            f"field {self.spec.image_field!r} of dataset record {index} does not decode ({exc}); "
+            f"field {self.spec.image_field!r} of dataset record {index}{key_words(self.ds, index)} "
+            f"does not decode ({exc}); "
             "pass on_error='skip' to skip such records or on_error='replace' to replace them",
             path=path, record=r, offset=offset)
 

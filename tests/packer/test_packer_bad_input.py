@@ -193,3 +193,21 @@ def test_a_file_name_that_is_not_utf8_is_a_bad_input_named_and_skippable(tmp_pat
     os.mkdir(os.fsencode(src) + b"/\xfa")
     with pytest.raises(InputError, match="class folder name is not valid UTF-8"):
         pack(src, tmp_path / "c", opts(on_error="skip"))
+
+
+def test_a_jpeg_damaged_inside_but_whole_at_both_ends_packs_as_the_help_says(tmp_path, rng):
+    # The check reads signature, header and end marker, never the pixels (a decode per
+    # image would cost ~300x the check): the help must say so, not promise more.
+    from packer.cli import build_parser
+
+    src = tmp_path / "src"
+    image_folder(src, rng, classes=("a",), per_class=2)
+    data = bytearray(jpeg(rng, 320, 240))
+    n = len(data)
+    data[n // 2: 3 * n // 4] = bytes(3 * n // 4 - n // 2)  # the scan's middle, zeroed
+    (src / "a" / "001.jpg").write_bytes(bytes(data) + b"\xff\xd9")
+    summary = pack(src, tmp_path / "dst", opts())
+    assert summary.records_written == 2 and not summary.skipped
+    text = " ".join(build_parser().format_help().split())
+    assert "checked by signature, header and end marker, not decoded" in text
+    assert "the pixels are decoded only to re-encode" in text

@@ -58,6 +58,15 @@ def test_fail_names_the_record_on_every_path(corrupt_path, path):
         list(lo)
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_fail_names_the_records_key_where_the_dataset_has_keys(tmp_path, num_workers):
+    # The user knows the file (its key), not the global record number.
+    path = make_dataset(tmp_path / "keyed", 16, records_per_shard=8, corrupt=(11,))
+    with Loader(path, 8, num_workers=num_workers) as lo, \
+            pytest.raises(CorruptRecordError, match=r"record 11 \(key 'k11'\) does not decode"):
+        list(lo)
+
+
 def test_the_policy_raises_or_marks():
     exc = DecodeError("bad bytes")
     valid = np.ones(4, bool)
