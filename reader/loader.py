@@ -306,6 +306,12 @@ class Loader:
                 raise ArgumentError(f"field {name!r} is not alike in every source of the "
                                     f"mixture: {ds.differing[name]}; a mixture reads the "
                                     "fields its sources share, stored alike")
+        if opts.fields is None and opts.image_field is None and hasattr(ds, "nothing_shared"):
+            why = ds.nothing_shared()
+            if why is not None:
+                raise ArgumentError(f"{why}; pack the sources with the fields you train on "
+                                    "stored alike, or name fields=('key',) to read the keys "
+                                    "alone")
         check_fields(opts, {f.name: f.type for f in ds.fields}, ds.root)
         self.raw = not opts.decode
         field = getattr(self.sampler, "size_field", None)

@@ -57,6 +57,25 @@ class MixedDataset:
         classes = {d.classes for d in self.parts}
         self.classes = classes.pop() if len(classes) == 1 else None
 
+    def nothing_shared(self) -> str | None:
+        """Why reading this mixture's shared fields would give batches of keys alone (or
+        of nothing): each source's fields, and why those named alike differ; None when
+        the sources share a field besides ``key``.
+
+        The Loader refuses such a mixture unless fields are named: a training job
+        reading only keys is never what was meant, and silently is the worst way to
+        learn that the sources were packed differently."""
+        if any(f.name != "key" for f in self.fields):
+            return None
+        each = "; ".join(f"source {n!r} has " + (", ".join(f"{f.name} ({_spelled(f)})"
+                                                          for f in d.fields) or "no field")
+                         for n, d in zip(self.names, self.parts, strict=True))
+        alike = [f"{name}: {why}" for name, why in self.differing.items()
+                 if all(any(f.name == name for f in d.fields) for d in self.parts)]
+        return (f"the sources of this mixture share no field besides 'key', so its batches "
+                f"would hold keys alone: {each}" + (f" (differing: {'; '.join(alike)})"
+                                                     if alike else ""))
+
     def __len__(self) -> int:
         return int(self.offsets[-1])
 

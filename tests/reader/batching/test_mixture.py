@@ -363,3 +363,20 @@ def test_every_rank_gets_each_source_in_proportion_batch_by_batch(weights):
             beyond += (np.abs(c - b * w) > 4 * np.sqrt(b * w * (1 - w))).any()
             batches += 1
     assert beyond <= max(2, batches // 500)  # random draws: about 1 in 16,000 per source
+
+
+def test_a_mixture_sharing_only_keys_is_refused_unless_fields_are_named(tmp_path, rng):
+    from formats import DatasetWriter, Field
+
+    web = tmp_path / "web"
+    with DatasetWriter(web, [Field("key", "str"), Field("txt", "str")], shard_size=None,
+                       records_per_shard=10, durable=False) as w:
+        for i in range(4):
+            w.write({"key": f"w{i}", "txt": "hello"})
+    pets = make_dataset(tmp_path / "pets", 4)  # image, label, score, key
+    mix = reader.Mix({"web": str(web), "pets": str(pets)})
+    with pytest.raises(ArgumentError, match=r"share no field besides 'key'.*source 'web' has "
+                       r"key \(str\), txt \(str\).*source 'pets' has image \(jpeg\)"):
+        reader.Loader(mix, 2, num_workers=0)
+    with reader.Loader(mix, 2, fields=("key",), num_workers=0) as lo:  # asked for: served
+        assert set(next(iter(lo))) == {"key"}
