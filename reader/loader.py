@@ -161,7 +161,8 @@ class Loader:
         persistent_workers: keep the worker processes from one epoch to the next.
         start_method: ``"fork"`` (Linux default), ``"spawn"`` or ``"forkserver"``.
         copy: return owned arrays instead of views of the shared ring.
-        device: ``"cpu"`` or ``"cuda"`` (handled by :mod:`reader.runtime.sinks`).
+        device: ``"cpu"`` or ``"cuda"`` (handled by :mod:`reader.runtime.sinks`); which
+            GPU is ``DeviceOptions(device_id=...)``, not ``"cuda:0"``.
         device_options: :class:`reader.DeviceOptions` for ``device="cuda"``.
         cache: where a remote ``source`` (``s3://...``) keeps its shards
             (:class:`reader.CacheOptions`: folder, size bound, prefetching).
@@ -221,7 +222,8 @@ class Loader:
             copy=copy, persistent_workers=persistent_workers)
         ledger = check_ledger(ledger)
         if device not in ("cpu", "cuda"):
-            raise ArgumentError(f"device must be 'cpu' or 'cuda', not {device!r}")
+            raise ArgumentError(f"device must be 'cpu' or 'cuda', not {device!r}"
+                                f"{_device_number_hint(device)}")
         if device_options is not None and device != "cuda":
             why = (" (decode_device='cuda' decodes into the GPU's batch: there is none on a "
                    "CPU loader)" if getattr(device_options, "decode_device", None) == "cuda"
@@ -242,7 +244,9 @@ class Loader:
         self.device = device
         self.device_options = device_options
         if device == "cuda":
-            require_cupy()  # fail here, with the install hint, not at the first batch
+            # Fail here, with the install hint, not at the first batch; one hint for
+            # every extra this loader needs.
+            require_cupy(getattr(device_options, "decode_device", None) == "cuda")
             self.device_options = device_options or DeviceOptions()
         if isinstance(source, Mix):
             ds = self.dataset
@@ -557,6 +561,18 @@ class Loader:
             self.close()
         except Exception:
             pass
+
+
+def _device_number_hint(device: Any) -> str:
+    """For ``device='cuda:1'`` (PyTorch's spelling): where the GPU's number goes."""
+    text = str(device)
+    head, sep, number = text.partition(":")
+    if head.strip().lower() != "cuda" or not sep:
+        return ""
+    number = number.strip() if number.strip().isdigit() else "N"
+    return (f"; the GPU's number goes in the device options: device='cuda', "
+            f"device_options=DeviceOptions(device_id={number}) (left out, each rank takes "
+            "the GPU of its LOCAL_RANK)")
 
 
 def _own_dataset(source, cache, check: bool):

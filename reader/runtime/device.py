@@ -6,6 +6,7 @@ is constructed.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
@@ -39,19 +40,37 @@ def normalize(images, options: DeviceOptions, xp=np):
     return out
 
 
-def require_cupy():
-    """Import cupy and check for a GPU, or raise ImportError with the install hint."""
+def require_cupy(decode_on_gpu: bool = False):
+    """Import cupy and check for a GPU, or raise ImportError with the install hint.
+
+    Args:
+        decode_on_gpu: the loader asked for ``decode_device='cuda'``: where nvImageCodec
+            is missing too, the hint names both extras, so one install does (cupy is
+            checked first, and the decoder's own hint would only come after it).
+    """
+    hint = INSTALL_HINT
+    if decode_on_gpu and not _has_nvimgcodec():
+        hint = ("device='cuda' needs cupy and a CUDA GPU, and decode_device='cuda' "
+                "nvImageCodec: pip install 'shardpack[gpu,gpu-decode]'")
     try:
         import cupy
     except ImportError as exc:
-        raise ImportError(INSTALL_HINT) from exc
+        raise ImportError(hint) from exc
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDARuntimeError when no driver is loaded
-        raise ImportError(f"{INSTALL_HINT} (cupy found no usable CUDA driver: {exc})") from exc
+        raise ImportError(f"{hint} (cupy found no usable CUDA driver: {exc})") from exc
     if count < 1:
-        raise ImportError(f"{INSTALL_HINT} (no CUDA device visible)")
+        raise ImportError(f"{hint} (no CUDA device visible)")
     return cupy
+
+
+def _has_nvimgcodec() -> bool:
+    """Whether nvImageCodec is installed (found, not imported: that is the decoder's)."""
+    try:
+        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    except (ImportError, ValueError):  # no ``nvidia`` package at all
+        return False
 
 
 def pick_device(options: DeviceOptions, rank: int, count: int) -> int:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import sys
+import types
 
 import numpy as np
 import pytest
 
+from formats.errors import ArgumentError
+from reader import Loader
 from reader.options import DeviceOptions
 from reader.runtime.device import normalize, require_cupy
 from reader.runtime.sinks import SlotGate
@@ -89,6 +93,42 @@ def test_without_cupy_the_error_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(ImportError, match=r"pip install 'shardpack\[gpu\]'"):
         require_cupy()
+
+
+def test_without_cupy_a_gpu_decode_loader_names_both_extras_at_once(monkeypatch, tmp_path):
+    # cupy is checked first; the decoder's hint came only after a second install.
+    from tests import fake_nvimgcodec
+    from tests.helpers_reader import make_dataset
+
+    path = make_dataset(tmp_path / "ds", 4)
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    monkeypatch.setitem(sys.modules, "nvidia", types.ModuleType("nvidia"))
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)
+    both = r"decode_device='cuda' nvImageCodec: pip install 'shardpack\[gpu,gpu-decode\]'"
+    with pytest.raises(ImportError, match=both):
+        Loader(path, 2, device="cuda", device_options=DeviceOptions(decode_device="cuda"))
+    for options in (None, DeviceOptions(decode_device="auto")):  # not asked for: cupy alone
+        with pytest.raises(ImportError, match=r"pip install 'shardpack\[gpu\]'$"):
+            Loader(path, 2, device="cuda", device_options=options)
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", fake_nvimgcodec)  # installed
+    with pytest.raises(ImportError, match=r"pip install 'shardpack\[gpu\]'$"):
+        Loader(path, 2, device="cuda", device_options=DeviceOptions(decode_device="cuda"))
+
+
+@pytest.mark.parametrize(("device", "words"), [
+    ("cuda:0", "device='cuda', device_options=DeviceOptions(device_id=0)"),
+    ("cuda:3", "DeviceOptions(device_id=3)"),
+    ("cuda:x", "DeviceOptions(device_id=N)"),
+])
+def test_a_pytorch_style_device_number_points_to_device_id(tmp_path, device, words):
+    from tests.helpers_reader import make_dataset
+
+    path = make_dataset(tmp_path / "ds", 4)
+    with pytest.raises(ArgumentError, match=re.escape(words)):
+        Loader(path, 2, device=device)
+    with pytest.raises(ArgumentError) as info:
+        Loader(path, 2, device="tpu")
+    assert "device_id" not in str(info.value)
 
 
 def _gpu_or_skip():
