@@ -79,7 +79,7 @@ inputs:
   image, is empty, corrupt, truncated, missing or unreadable stops the pack
   (--on-error fail) or is listed in DST/skipped.jsonl with its kind (skip);
   records in = written + skipped. Images are checked by signature, header and
-  end marker, not decoded (see image field).
+  end marker, not decoded unless --verify-decode (see image field).
 
 any files (--from files, --from filelist):
   a folder or list of images packs as above (image, key), also with stray other
@@ -123,8 +123,11 @@ image field:
   end marker; the pixels are decoded only to re-encode. An image damaged inside
   its compressed data but whole at both ends (zeroed bytes, a bad copy) packs;
   the Loader then fails on it naming its key, or skips it with on_error='skip'.
+  --verify-decode decodes every image once, as the Loader does, and calls such
+  an image corrupt: about 5x the time of a pack on one core (1.2 ms against 0.2
+  ms per 95 kB JPEG), run in the workers.
   Kinds: corrupt (no signature for a .jpg name, a header that does not parse, or
-  a decode that fails when re-encoding), truncated
+  a decode that fails when re-encoding or verifying), truncated
   (no end marker, or shorter than its header says), unsupported (float samples,
   a GIF before OpenCV 4.11), too-large (a header declaring more than 268,435,456
   pixels, 2^28: --max-pixels raises it), unsupported-jpeg (a JPEG the Loader's
@@ -255,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep JPEGs the Loader cannot decode (unsupported-jpeg: 12-bit, "
                         "4:4:1...) byte for byte instead of as bad input; read them with "
                         "ds[i] and a decoder of your own")
+    p.add_argument("--verify-decode", action="store_true",
+                   help="decode every image once, as the Loader will: one damaged inside its "
+                        "compressed data is bad input (corrupt) now, not a failed batch "
+                        "later; about 5x the time of a pack on one core (1.2 ms against "
+                        "0.2 ms per 95 kB JPEG), shared by the workers")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="fail: stop at the first bad input (default); skip: list it in skipped.jsonl")
     p.add_argument("--resume", action="store_true",
@@ -346,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             annotations=args.annotations, drop_empty=args.drop_empty,
             field_types=tuple(args.field_types),
             max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
-            keep_unsupported=args.keep_unsupported)
+            keep_unsupported=args.keep_unsupported, verify_decode=args.verify_decode)
         summary = pack(args.src, args.dst, options, _TqdmProgress(args.quiet))
     # A URI that cannot be understood is usage too; what SRC or DST hold is not (below).
     except (UsageError, URIError) as exc:

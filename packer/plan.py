@@ -120,7 +120,7 @@ def work_options(options: PackOptions, location: Any = None) -> WorkOptions:
     first that is not (formats.DatasetWriter), so payloads are checked as images of
     any known format here."""
     return WorkOptions("image", options.max_side, options.quality, options.to_jpeg, location,
-                       options.max_pixels, options.keep_unsupported)
+                       options.max_pixels, options.keep_unsupported, options.verify_decode)
 
 
 def created_by(source_kind: str, source_path: str, options: PackOptions) -> dict[str, Any]:

@@ -83,6 +83,8 @@ class WorkOptions:
         max_pixels: a larger image (by its header) is bad input, kind ``too-large``.
         keep_unsupported: keep a JPEG the Loader's decoder cannot read (kind
             ``unsupported-jpeg``) byte for byte instead.
+        verify_decode: decode every image once (``corrupt`` when it fails), not only
+            those re-encoded.
     """
 
     image_type: str = "jpeg"
@@ -92,11 +94,12 @@ class WorkOptions:
     location: Any = None
     max_pixels: int = MAX_PIXELS
     keep_unsupported: bool = False
+    verify_decode: bool = False
 
     @property
     def needs_processes(self) -> bool:
         """Whether per-file work is heavy enough for worker processes."""
-        return self.max_side is not None or self.to_jpeg
+        return self.max_side is not None or self.to_jpeg or self.verify_decode
 
 
 def read_file(path: str, max_bytes: int | None = None) -> bytes:
@@ -341,7 +344,18 @@ def _prepare_jpeg(data: bytes, n: int, opts: WorkOptions) -> Loaded:
                                                scalable=not frame.lossless)
         except ValueError as exc:
             raise _Bad("corrupt", f"JPEG does not decode ({exc})") from None
+    elif opts.verify_decode and not frame.lossless:  # a lossless one was decoded above
+        _verify_jpeg(data)
     return Loaded(data, width, height, n, header=header)
+
+
+def _verify_jpeg(data: bytes) -> None:
+    """``--verify-decode``: the whole image decoded as the Loader decodes it (strict:
+    libjpeg-turbo's warnings, such as a scan with extraneous or missing bytes, fail)."""
+    try:
+        simplejpeg.decode_jpeg(data, "RGB")
+    except ValueError as exc:
+        raise _Bad("corrupt", f"JPEG does not decode ({exc})") from None
 
 
 def _refuse_unsupported(unsupported: str | None, opts: WorkOptions) -> None:
@@ -384,6 +398,8 @@ def _prepare_other(data: bytes, kind: str, n: int, opts: WorkOptions) -> Loaded:
         data, width, height = _to_jpeg(data, kind, opts)
     elif opts.max_side is not None and max(width, height) > opts.max_side:
         data, width, height = _shrink_to_png(data, kind, width, height, opts)
+    elif opts.verify_decode:
+        _decode(data, kind, gray=False)  # raises corrupt (or unsupported) as a re-encode would
     return Loaded(data, width, height, n, header=header)
 
 # -- running it over a listing --------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import formats
 from formats.errors import InputError
 from packer import DestinationError, PackError, PackInputError, PackOptions, UsageError, pack
-from tests.helpers_packer import image_folder, jpeg
+from tests.helpers_packer import image_folder, jpeg, png
 
 
 def opts(**kw) -> PackOptions:
@@ -195,19 +195,37 @@ def test_a_file_name_that_is_not_utf8_is_a_bad_input_named_and_skippable(tmp_pat
         pack(src, tmp_path / "c", opts(on_error="skip"))
 
 
-def test_a_jpeg_damaged_inside_but_whole_at_both_ends_packs_as_the_help_says(tmp_path, rng):
-    # The check reads signature, header and end marker, never the pixels (a decode per
-    # image would cost ~300x the check): the help must say so, not promise more.
+def _damaged_inside(data: bytes) -> bytes:
+    """``data`` with the middle of its compressed data zeroed, its ends intact."""
+    data = bytearray(data)
+    n = len(data)
+    data[n // 2: 3 * n // 4] = bytes(3 * n // 4 - n // 2)
+    return bytes(data)
+
+
+def test_an_image_damaged_inside_packs_unless_verify_decode_says_corrupt(tmp_path, rng):
+    # The default check reads signature, header and end marker, never the pixels (a
+    # decode costs ~270x the check): the help says so; --verify-decode decodes each once.
     from packer.cli import build_parser
+    from packer.cli import main as pack_main
 
     src = tmp_path / "src"
     image_folder(src, rng, classes=("a",), per_class=2)
-    data = bytearray(jpeg(rng, 320, 240))
-    n = len(data)
-    data[n // 2: 3 * n // 4] = bytes(3 * n // 4 - n // 2)  # the scan's middle, zeroed
-    (src / "a" / "001.jpg").write_bytes(bytes(data) + b"\xff\xd9")
+    (src / "a" / "bad.jpg").write_bytes(_damaged_inside(jpeg(rng, 320, 240)) + b"\xff\xd9")
+    (src / "a" / "bad.png").write_bytes(_damaged_inside(png(rng, 320, 240)[:-12])
+                                        + png(rng, 4, 4)[-12:])  # its IEND chunk kept
     summary = pack(src, tmp_path / "dst", opts())
-    assert summary.records_written == 2 and not summary.skipped
+    assert summary.records_written == 4 and not summary.skipped
     text = " ".join(build_parser().format_help().split())
-    assert "checked by signature, header and end marker, not decoded" in text
-    assert "the pixels are decoded only to re-encode" in text
+    assert "checked by signature, header and end marker, not decoded unless --verify-decode" in text
+
+    summary = pack(src, tmp_path / "verified", opts(on_error="skip", verify_decode=True))
+    assert summary.records_written == 2 and summary.skipped == {"corrupt": 2}
+    listed = [json.loads(line) for line in (tmp_path / "verified" / "skipped.jsonl").open()]
+    assert sorted(e["path"] for e in listed) == ["a/bad.jpg", "a/bad.png"]
+    assert all("does not decode" in e["reason"] for e in listed)
+    assert formats.open_shards(tmp_path / "verified").manifest.created_by["options"][
+        "verify_decode"] is True
+    assert pack_main([str(src), str(tmp_path / "cli"), "-q", "--verify-decode"]) == 1
+    with pytest.raises(UsageError, match="verify_decode must be True or False"):
+        opts(verify_decode="yes")
