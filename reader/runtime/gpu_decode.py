@@ -226,12 +226,16 @@ class GpuDecodeStage:
         stream: the sink's CUDA stream; decode and kernels are ordered on it.
         tolerant: ``on_error="skip"``: a record that does not decode is zeroed and
             marked invalid instead of failing the batch.
+        key_words: record -> `` (key '...')`` for an error's message
+            (:func:`reader.data.dataset.key_words` over the loader's dataset).
     """
 
-    def __init__(self, cp, nvimgcodec, device_id: int, stream, tolerant: bool) -> None:
+    def __init__(self, cp, nvimgcodec, device_id: int, stream, tolerant: bool,
+                 key_words=None) -> None:
         self.cp, self.nv = cp, nvimgcodec
         self.stream = stream
         self.tolerant = tolerant
+        self.key_words = key_words or (lambda record: "")
         self.decoder = nvimgcodec.Decoder(device_id=device_id)
         # The CPU path (simplejpeg) ignores EXIF orientation: so does this one.
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
@@ -296,7 +300,8 @@ class GpuDecodeStage:
         (``on_error="skip"``) its row is zeroed on the host and marked invalid."""
         record = int(plan[i, _RECORD])
         if not self.tolerant:
-            raise DecodeError(f"dataset record {record}: nvImageCodec {why}; pass "
+            raise DecodeError(f"dataset record {record}{self.key_words(record)}: nvImageCodec "
+                              f"{why}; pass "
                               "on_error='skip' to skip such records, or "
                               "DeviceOptions(decode_device='cpu')")
         batch[image][i] = 0

@@ -25,6 +25,7 @@ import logging
 import multiprocessing as mp
 import sys
 import time
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -32,6 +33,7 @@ import numpy as np
 from formats import ShardDataset
 from formats.errors import ArgumentError
 
+from ..data.dataset import key_words
 from ..errors import LoaderError
 from ..options import DEFAULT_RING_BYTES, DecodedCacheOptions, DeviceOptions, WorkerOptions
 from .autoscale import ScaleChange, WorkerScaler
@@ -183,7 +185,8 @@ class Runtime:
             return CpuSink(copy=self.options.copy)
         if self.cuda is None:
             self.cuda = cuda_state(self.device_options, self.rank)
-        gpu = self.cuda.gpu_stage(self.tolerant) if self.split is not None else None
+        gpu = (self.cuda.gpu_stage(self.tolerant, partial(key_words, self.dataset))
+               if self.split is not None else None)
         return CudaSink(self.cuda, self.plan.image, gpu)
 
     def depths(self, hold: int) -> tuple[int, int, int]:

@@ -175,14 +175,14 @@ class _CudaState:
         self.mode = None  # "register" or "staging"
         self.staging = None
 
-    def gpu_stage(self, tolerant: bool):
+    def gpu_stage(self, tolerant: bool, key_words=None):
         """The GPU decode stage (:mod:`reader.runtime.gpu_decode`), made on first use."""
         if self.gpu is None:
             from .gpu_decode import GpuDecodeStage, require_nvimgcodec
 
             with self.device:
                 self.gpu = GpuDecodeStage(self.cp, require_nvimgcodec(), self.device_id,
-                                          self.stream, tolerant)
+                                          self.stream, tolerant, key_words)
         return self.gpu
 
     def prepare(self, ring) -> None:

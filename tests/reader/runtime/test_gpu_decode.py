@@ -338,6 +338,18 @@ def test_what_nvimgcodec_returns_is_checked_before_it_is_read(tmp_path, rng, sta
         assert got[0]["valid"].tolist() == [i != row for i in range(5)]
         assert not got[0]["image"][row].any() and got[0]["image"][row - 1].any()
         where.clear()
+    # A dataset with keys: the error names the record's key too.
+    with formats.DatasetWriter(tmp_path / "keyed", [formats.Field("image", "jpeg"),
+                                                    formats.Field("key", "str")]) as w:
+        for i in range(3):
+            w.write({"image": ds.payload(i, "image"), "key": f"cat/{i}.jpg"})
+    fake_nv.unreadable.add(bytes(ds.payload(1, "image")))
+    with pytest.raises(reader.DecodeError, match=r"dataset record 1 \(key 'cat/1.jpg'\): "
+                                                 "nvImageCodec could not read"), \
+            reader.Loader(tmp_path / "keyed", 3, num_workers=0, transform=RRC_FLIP,
+                          device="cuda", device_options=opts) as lo:
+        next(iter(lo))
+    fake_nv.unreadable.clear()
     for r in range(5):
         fake_nv.ignore_region.add(bytes(ds.payload(r, "image")))
     got, _ = _batches(tmp_path, RRC_FLIP, opts, num_workers=0)
