@@ -390,7 +390,8 @@ def main(argv=None) -> int:
                     help="JPEGs of 300-500 px: 8 batches per worker per epoch at 16 workers")
     ap.add_argument("--batch", type=int, default=256)
     h.add_workers(ap, os.cpu_count())
-    ap.add_argument("--rounds", type=int, default=3, help="alternated rounds of the pipeline ratio")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternated rounds of the pipeline, gpu_decode and cpu_scaling figures")
     ap.add_argument("--step-ms", type=float, default=60.0, help="the consumer's simulated step")
     ap.add_argument("--seconds", type=float, default=gd.SECONDS,
                     help="each gpu_decode and cpu_scaling rate's timed interval (a rehearsal "
