@@ -5,7 +5,7 @@ Steps, each timed, an error in one recorded and the next still run:
   probe  cupy imports, sees a device and copies to it; where it does not (no GPU, or a
          driver the wheels do not match), one line says why, the GPU path's tests run on
          the numpy stand-in (tests/fake_cupy.py) and the exit status is theirs;
-  tests  tests/reader/runtime/test_device.py with real cupy (``-m gpu``): the CPU and CUDA sinks, padded
+  tests  GPU_TESTS (test_device.py, test_gpu_decode.py) with real cupy (``-m gpu``): the sinks, padded
          and ragged fields, normalize / float16 / NCHW, torch tensors through DLPack
          (where torch has CUDA);
   h2d    (a) a raw pinned cupy copy of the bytes the loader copies per batch, the limit;
@@ -24,9 +24,28 @@ Steps, each timed, an error in one recorded and the next still run:
          the sum and >= 2x the CPU pipeline), when nvImageCodec imports;
   cpu_scaling  bare processes doing decode + crop + flip against the Loader at 1, 4, 8
          and N workers (target >= 0.9).
+h2d, epoch and pipeline decode on the CPU (``decode_device="cpu"``) whether or not
+nvImageCodec is installed: they measure the copy path, and "auto" would hand their
+batches to the GPU decoder (whose pixels differ from the CPU path's).
 
-Run: ``python -m scripts.bench_gpu [--images 32768] [--workers N] [--out FILE]``
-(scripts/gpu_requirements.py says what gpu_check.sh installs first).
+Run: ``python -m scripts.bench_gpu [--images 32768] [--workers N] [--seconds 8] [--out FILE]``
+(scripts/gpu_requirements.py says what gpu_check.sh installs first). ``--seconds`` is
+each gpu_decode and cpu_scaling rate's timed interval; tests/examples/test_gpu_check.py
+rehearses every step on the stand-ins with ``--images 32 --seconds 0.2``.
+
+Budget of the lease's one command, ``gpu_check.sh --wheels DIR --only
+tests,gpu_decode,cpu_scaling`` at the defaults on a 16-core host, estimated from the code
+and from per-core rates on the 2-core development machine (decode + RandomResizedCrop +
+flip about 1,100 img/s, synthesis about 110 JPEGs/s, packing about 2,800 records/s; the
+lent H200 host's Loader gave 400 img/s a worker, so its cores may be up to 2.5x slower):
+the wheels' install and the probe 0.5-1 min; tests (the ~14 ``gpu`` tests, kernels
+compiled) 0.3-1 min, 150 s at most; data, 32,768 JPEGs of 2.9 GB synthesized and packed
+once per ``--data`` folder, 0.4-0.9 min; gpu_decode, 3 rounds of 4 rates of 8 s plus
+1-3 s start-up each (loader, 16 workers, page-locked ring, decoder), the JPEGs read once,
+the pixels, 1.9-2.4 min; cpu_scaling, 3 rounds of 5 rates (bare, Loader at 1, 4, 8, 16)
+of 8 s plus 0.5-2 s each, 2.1-2.5 min. In all 5-8 min: inside a command's 10 minutes,
+and inside the lease (15 min less about 2 to start) once, not twice; a rerun fits as one
+step with ``--only`` (the data is kept) or ``--seconds 4`` (about 1.8 min less).
 """
 
 from __future__ import annotations
@@ -44,7 +63,9 @@ import numpy as np
 import reader
 from reader.options import DeviceOptions
 from reader.runtime.device import measure_pinned_bandwidth, normalize, require_cupy
+from reader.runtime.gpu_decode import require_nvimgcodec
 from reader.transforms import CenterCrop, RandomResizedCrop
+from scripts import bench_gpu_decode as gd
 from scripts import harness as h
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +98,9 @@ def run_tests(marker: str, workdir: Path) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker,
            f"--junitxml={xml}", *GPU_TESTS]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # 150 s: about 14 tests take well under a minute; a hang must leave the lease's
+    # command (10 minutes) the time for the measures.
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
     out = {"selection": f"-m '{marker}'", "exit": proc.returncode,
            "seconds": round(time.perf_counter() - t0, 1), "passed": 0, "failed": [], "skips": {}}
     if not xml.exists():
@@ -135,7 +158,7 @@ class H2DProbe(reader.Monitor):
 def transfer_rate(ds, batch, workers, pinning, epochs=2):
     """GB/s of the loader's copies (CUDA-event timed), its ring mode, and the bytes a batch copies."""
     probe = H2DProbe()
-    opts = DeviceOptions(dtype="uint8", layout="NHWC", pinning=pinning)
+    opts = DeviceOptions(dtype="uint8", layout="NHWC", pinning=pinning, decode_device="cpu")
     loader = reader.Loader(ds, batch, num_workers=workers, transform=[RandomResizedCrop(224)],
                            device="cuda", device_options=opts, monitor=probe)
     with loader:
@@ -185,7 +208,7 @@ def check_epoch(ds, batch, workers, step_ms, compare=16) -> dict:
     """An epoch to the GPU (float32 NCHW) with a consumer step after each batch; its first
     ``compare`` batches checked against the CPU path after the same normalization."""
     cp = require_cupy()
-    opts = DeviceOptions(dtype="float32", layout="NCHW")
+    opts = DeviceOptions(dtype="float32", layout="NCHW", decode_device="cpu")
     with reader.Loader(ds, batch, num_workers=workers, transform=[CenterCrop(224)], copy=True) as cpu:
         want = [b["image"] for _, b in zip(range(compare), cpu, strict=False)]  # uint8
     step = gpu_step(cp, step_ms / 1e3)
@@ -210,8 +233,9 @@ def pipeline_rate(ds, batch, workers, device, epochs=2) -> float:
     """Best epoch's images/s of the classification pipeline to ``device``; on the GPU the
     clock stops once the last batch's copies and kernels are done."""
     sync = (lambda: None) if device == "cpu" else require_cupy().cuda.get_current_stream().synchronize
+    opts = DeviceOptions(decode_device="cpu") if device == "cuda" else None
     with reader.Loader(ds, batch, num_workers=workers, shuffle="block", seed=0,
-                       transform=h.rrc_flip(), device=device) as lo:
+                       transform=h.rrc_flip(), device=device, device_options=opts) as lo:
 
         def epoch() -> int:
             n = sum(len(b["label"]) for b in lo)
@@ -366,8 +390,12 @@ def main(argv=None) -> int:
                     help="JPEGs of 300-500 px: 8 batches per worker per epoch at 16 workers")
     ap.add_argument("--batch", type=int, default=256)
     h.add_workers(ap, os.cpu_count())
-    ap.add_argument("--rounds", type=int, default=3, help="alternated rounds of the pipeline ratio")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternated rounds of the pipeline, gpu_decode and cpu_scaling figures")
     ap.add_argument("--step-ms", type=float, default=60.0, help="the consumer's simulated step")
+    ap.add_argument("--seconds", type=float, default=gd.SECONDS,
+                    help="each gpu_decode and cpu_scaling rate's timed interval (a rehearsal "
+                         "on the stand-ins: 0.2)")
     ap.add_argument("--only", help="comma-separated steps to run after the probe (tests, h2d, "
                     "epoch, pipeline, dali, gpu_decode, cpu_scaling; default: all): e.g. "
                     "--only tests,gpu_decode,cpu_scaling fits a short device lease")
@@ -375,8 +403,10 @@ def main(argv=None) -> int:
     steps = STEPS if args.only is None else tuple(x.strip() for x in args.only.split(","))
     if set(steps) - set(STEPS):
         ap.error(f"--only: unknown steps {sorted(set(steps) - set(STEPS))}; known: {', '.join(STEPS)}")
-    if min(args.images, args.batch, args.workers, args.rounds) < 1 or args.step_ms < 0:
-        ap.error("--images, --batch, --workers and --rounds must be at least 1, --step-ms not negative")
+    if min(args.images, args.batch, args.workers, args.rounds) < 1 or args.step_ms < 0 \
+            or not args.seconds > 0:
+        ap.error("--images, --batch, --workers and --rounds must be at least 1, --step-ms not "
+                 "negative, --seconds positive")
     out = args.out or args.data / "gpu_check.json"
     args.data.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -416,22 +446,18 @@ def main(argv=None) -> int:
             step(report, "pipeline", pipeline, ds, args.batch, args.workers, args.rounds)
         if "dali" in steps:
             step(report, "dali", dali, src, args.batch, args.workers)
-        from scripts import bench_gpu_decode as gd
-
-        try:
-            from reader.runtime.gpu_decode import require_nvimgcodec
-
-            require_nvimgcodec()
-        except ImportError as exc:
-            report["gpu_decode"] = {"skipped": f"{exc}; put the nvidia_nvimgcodec_cu12 and "
-                                               "nvidia_nvjpeg_cu12 wheels in --wheels DIR"}
-        else:
-            if "gpu_decode" in steps:
+        if "gpu_decode" in steps:
+            try:
+                require_nvimgcodec()
+            except ImportError as exc:
+                report["gpu_decode"] = {"skipped": f"{exc}; put the nvidia_nvimgcodec_cu12 and "
+                                                   "nvidia_nvjpeg_cu12 wheels in --wheels DIR"}
+            else:
                 step(report, "gpu_decode", gd.gpu_decode, ds, src, args.batch, args.workers,
-                     args.rounds)
+                     args.rounds, args.seconds)
         if "cpu_scaling" in steps:
             step(report, "cpu_scaling", gd.cpu_scaling, ds, args.batch, args.workers,
-                 args.rounds)
+                 args.rounds, args.seconds)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     h.write_json(out, report)
     print(table(report))

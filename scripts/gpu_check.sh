@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU path checked in one command: its tests with real cupy, host-to-device from the
 # slot ring ÷ a raw pinned copy, the pipeline to the GPU ÷ to the CPU, DALI's GPU pipeline
-# when it imports; every figure in one JSON file and a table. The work is done by
+# when it imports, the GPU decode (nvImageCodec) and the CPU's scaling; every figure in one
+# JSON file and a table (--only picks steps, --seconds each rate's interval). The work is done by
 # `python -m scripts.bench_gpu` (its docstring lists the steps); this script only picks the
 # Python and installs the wheels it is given.
 #

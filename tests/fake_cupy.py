@@ -121,7 +121,8 @@ _current = _Stream()
 runtime = types.SimpleNamespace(
     getDeviceCount=lambda: 1, hostRegister=_host_register, hostUnregister=_host_unregister,
     CUDARuntimeError=CUDARuntimeError, getDeviceProperties=lambda i: {"name": b"fake"},
-    driverGetVersion=lambda: 0, runtimeGetVersion=lambda: 0)
+    driverGetVersion=lambda: 0, runtimeGetVersion=lambda: 0,
+    deviceSynchronize=lambda: None)  # every copy and kernel here is done when called
 cuda = types.SimpleNamespace(
     runtime=runtime, Device=_Device, Stream=_Stream, Event=_Event, ExternalStream=_Stream,
     get_current_stream=lambda: _current, get_elapsed_time=lambda a, b: (b.at - a.at) * 1e3,

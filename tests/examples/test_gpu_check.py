@@ -1,5 +1,7 @@
 """scripts/gpu_check.sh: the one-line skip without a GPU (what CI runs), and its GPU
-branch driven end to end on the numpy stand-in for cupy (tests/fake_cupy.py)."""
+branch driven end to end, every step, on the stand-ins for cupy (tests/fake_cupy.py,
+numpy) and nvImageCodec (tests/fake_nvimgcodec.py, simplejpeg): a rehearsal of the
+lent GPU's one command, so a script bug costs CI seconds, not the device's minutes."""
 
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ import os
 import re
 import subprocess
 import sys
+import types
 
+import numpy as np
 import pytest
 
 from scripts import bench_gpu, gpu_requirements
+from scripts import bench_gpu_decode as gd
 from tests.helpers_paths import ROOT
 
 
@@ -72,6 +77,26 @@ def stand_in(monkeypatch):
     return fake_cupy
 
 
+@pytest.fixture
+def stand_ins(stand_in, monkeypatch):
+    """Both stand-ins: fake cupy, and fake nvImageCodec as ``nvidia.nvimgcodec``."""
+    pytest.importorskip("simplejpeg")
+    from tests import fake_nvimgcodec
+
+    for recorded in (fake_nvimgcodec.regions, fake_nvimgcodec.fail, fake_nvimgcodec.unreadable,
+                     fake_nvimgcodec.ignore_region, fake_nvimgcodec.gray):
+        recorded.clear()
+    nvidia = types.ModuleType("nvidia")
+    nvidia.nvimgcodec = fake_nvimgcodec
+    monkeypatch.setitem(sys.modules, "nvidia", nvidia)
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", fake_nvimgcodec)
+    return stand_in, fake_nvimgcodec
+
+
+def _positive(*xs):
+    return all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in xs)
+
+
 def test_a_driver_the_wheels_do_not_match_is_a_reason_not_a_crash(stand_in, monkeypatch):
     assert bench_gpu.gpu_unusable() is None
 
@@ -85,9 +110,19 @@ def test_a_driver_the_wheels_do_not_match_is_a_reason_not_a_crash(stand_in, monk
     assert "no CUDA device visible" in bench_gpu.gpu_unusable()
 
 
-def test_gpu_branch_on_the_stand_in_writes_every_figure_and_the_table(tmp_path, stand_in,
-                                                                      monkeypatch, capsys):
+def test_gpu_branch_on_the_stand_ins_runs_every_step_and_writes_the_table(tmp_path, stand_ins,
+                                                                           monkeypatch, capsys):
+    """The device's command, every step, on tiny data (32 JPEGs, 0.2 s a rate)."""
+    _, nv = stand_ins
     ran = []
+    gpu_decoded_before = []  # regions nvImageCodec had decoded when gpu_decode began
+    measure = gd.gpu_decode
+
+    def gpu_decode(*args):
+        gpu_decoded_before.append(len(nv.regions))
+        return measure(*args)
+
+    monkeypatch.setattr(gd, "gpu_decode", gpu_decode)
 
     def tests_on_the_device(marker, workdir):
         ran.append(marker)
@@ -97,31 +132,86 @@ def test_gpu_branch_on_the_stand_in_writes_every_figure_and_the_table(tmp_path, 
     monkeypatch.setattr(bench_gpu, "run_tests", tests_on_the_device)
     out = tmp_path / "gpu.json"
     rc = bench_gpu.main(["--data", str(tmp_path), "--out", str(out), "--images", "32",
-                         "--batch", "16", "--workers", "1", "--rounds", "2", "--step-ms", "1"])
+                         "--batch", "8", "--workers", "2", "--rounds", "2", "--step-ms", "1",
+                         "--seconds", "0.2"])
     table = capsys.readouterr().out
     assert rc == 0, table
     assert ran == ["gpu"]  # the device tests, with real cupy in a real run
     r = json.loads(out.read_text())
     assert r["device"]["name"] == "fake" and r["tests"]["passed"] == 9
+    for step in ("tests", "data", "h2d", "epoch", "pipeline", "dali", "gpu_decode", "cpu_scaling"):
+        assert "error" not in r[step] and r[step]["seconds"] >= 0
+    # h2d, epoch and pipeline measure the CPU decode's path to the GPU, nvImageCodec
+    # or not (decode_device="auto" would have decoded their batches on the GPU).
+    assert gpu_decoded_before == [0] and len(nv.regions) > 0
     h = r["h2d"]
     assert (h["ring_mode"], h["staging_mode"]) == ("register", "staging")
-    assert h["batch_bytes"] >= 16 * 224 * 224 * 3  # a whole batch's images (and labels)
-    for key in ("raw_pinned_gb_s", "ring_gb_s", "ring_ratio", "staging_ratio"):
-        assert math.isfinite(h[key]) and h[key] > 0
+    assert h["batch_bytes"] >= 8 * 224 * 224 * 3  # a whole batch's images (and labels)
+    assert _positive(h["raw_pinned_gb_s"], h["ring_gb_s"], h["ring_ratio"], h["staging_ratio"])
     e = r["epoch"]
-    assert e["ok"] and e["batches"] == e["compared"] == 2 and e["max_abs_diff"] == 0
+    assert e["ok"] and e["batches"] == e["compared"] == 4 and e["max_abs_diff"] == 0
     p = r["pipeline"]
-    assert len(p["cpu_img_s"]) == len(p["cuda_img_s"]) == 2 and p["ratio"] > 0
+    assert len(p["cpu_img_s"]) == len(p["cuda_img_s"]) == 2 and _positive(p["ratio"])
     assert p["met"] == (p["ratio"] >= 0.9)
     assert "nvidia.dali does not import" in r["dali"]["skipped"]
-    for step in ("tests", "h2d", "epoch", "pipeline", "dali"):
-        assert "error" not in r[step] and r[step]["seconds"] >= 0
+    g = r["gpu_decode"]
+    assert g["workers"] == 2 and set(g["img_s"]) == {"own", "gpu", "hybrid", "cpu"}
+    for rates in g["img_s"].values():
+        assert len(rates) == 2 and _positive(*rates)
+    assert _positive(g["gpu_over_own"], g["hybrid_over_sum"], g["hybrid_over_cpu"])
+    assert g["met"]["gpu_over_own"] == (g["gpu_over_own"] >= 0.85)
+    assert len(g["hybrid_share"]) == 2 and all(0 < s < 1 for s in g["hybrid_share"])
+    px = g["pixels"]
+    assert len(px["mean_abs_diff"]) == len(px["max_abs_diff"]) == 3 and px["images"] == 32
+    assert all(0 <= m <= 2 for m in px["mean_abs_diff"]) and max(px["max_abs_diff"]) <= 8
+    c = r["cpu_scaling"]
+    assert c["bare_processes"] == 2 and len(c["bare_img_s"]) == 2 and _positive(*c["bare_img_s"])
+    assert set(c["loader_img_s"]) == set(c["per_worker_img_s"]) == {"1", "2"}
+    for n, rates in c["loader_img_s"].items():
+        assert len(rates) == 2 and _positive(*rates, c["per_worker_img_s"][n])
+    assert _positive(c["loader_over_bare"]) and c["met"] == (c["loader_over_bare"] >= 0.9)
     assert "(b) slot ring, register" in table and f"{h['ring_ratio']:.2f}" in table
     assert "pipeline to the GPU (float16 NCHW)" in table and f"{p['ratio']:.2f}" in table
     assert "9 passed, 0 failed, 1 skipped" in table
     assert re.search(r"\nDALI GPU pipeline +skipped\n", table)
     assert "skipped (1): torch without CUDA" in table
     assert "DALI GPU pipeline: nvidia.dali does not import" in table
+    assert "nvImageCodec's own batch decode" in table and "our GPU-decode pipeline" in table
+    assert f"{g['gpu_over_own']:.2f}" in table and f"{g['hybrid_over_sum']:.2f}" in table
+    assert str(px["mean_abs_diff"]) in table
+    assert "2 bare processes (decode+crop+flip)" in table and "Loader, 2 workers" in table
+    assert f"{c['loader_over_bare']:.2f}" in table
+    assert "GPU decode (nvImageCodec)" not in table  # neither skipped nor failed
+
+
+def test_the_own_rate_refuses_images_nvimgcodec_did_not_decode(tmp_path, stand_ins):
+    """nvImageCodec returns None for every image where no backend decodes (no nvjpeg):
+    counting those would report a rate of nothing decoded."""
+    simplejpeg = pytest.importorskip("simplejpeg")
+    _, nv = stand_ins
+    jpegs = [np.frombuffer(simplejpeg.encode_jpeg(np.full((16, 16, 3), v, np.uint8)), np.uint8)
+             for v in (10, 200)]
+    assert gd.nvimgcodec_rate(jpegs, 2, seconds=0.05) > 0
+    nv.fail.add(bytes(jpegs[1]))
+    with pytest.raises(RuntimeError, match="decoded 1 of 2 JPEGs of a batch"):
+        gd.nvimgcodec_rate(jpegs, 2, seconds=0.05)
+    with pytest.raises(RuntimeError, match="make no batch of 4: give more --images"):
+        gd.nvimgcodec_rate(jpegs, 4, seconds=0.05)
+
+
+def test_without_nvimgcodec_gpu_decode_is_skipped_saying_which_wheels(tmp_path, stand_in,
+                                                                      monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails
+    monkeypatch.setattr(bench_gpu, "run_tests", lambda marker, workdir: {
+        "selection": "-m 'gpu'", "exit": 0, "passed": 1, "failed": [], "skips": {}})
+    out = tmp_path / "gpu.json"
+    rc = bench_gpu.main(["--data", str(tmp_path), "--out", str(out), "--images", "16",
+                         "--batch", "16", "--workers", "1", "--only", "tests,gpu_decode"])
+    table = capsys.readouterr().out
+    assert rc == 0, table
+    r = json.loads(out.read_text())
+    assert "nvidia_nvimgcodec_cu12" in r["gpu_decode"]["skipped"] and "cpu_scaling" not in r
+    assert re.search(r"\nGPU decode \(nvImageCodec\) +skipped\n", table)
 
 
 def test_a_failing_step_is_reported_and_fails_the_check(tmp_path, stand_in, monkeypatch, capsys):
@@ -137,7 +227,7 @@ def test_a_failing_step_is_reported_and_fails_the_check(tmp_path, stand_in, monk
         "batches": 1, "compared": 1, "max_abs_diff": 0.5, "ok": False, "step_ms": 1.0, "queue_wait_fraction": 0.0})
     out = tmp_path / "gpu.json"
     rc = bench_gpu.main(["--data", str(tmp_path), "--out", str(out), "--images", "16",
-                         "--batch", "16", "--workers", "1"])
+                         "--batch", "16", "--workers", "1", "--only", "tests,h2d,epoch,pipeline"])
     table = capsys.readouterr().out
     assert rc == 1
     r = json.loads(out.read_text())
