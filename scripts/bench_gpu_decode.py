@@ -55,13 +55,13 @@ def nvimgcodec_rate(payloads: list[np.ndarray], batch: int, seconds: float = SEC
             image when no backend can decode, e.g. without the nvjpeg wheel): the rate
             would count images never decoded.
     """
-    from reader.runtime.gpu_decode import require_nvimgcodec
+    from reader.runtime.gpu_decode import DECODER_OPTIONS, require_nvimgcodec
 
     nv = require_nvimgcodec()
     cp = require_cupy()
     if len(payloads) < batch:
         raise RuntimeError(f"{len(payloads)} JPEGs make no batch of {batch}: give more --images")
-    dec = nv.Decoder()
+    dec = nv.Decoder(options=DECODER_OPTIONS)  # the Loader's decoder settings
     params = nv.DecodeParams(apply_exif_orientation=False)
     stream = cp.cuda.Stream(non_blocking=True)
     batches = [[nv.CodeStream(d) for d in payloads[i:i + batch]]

@@ -20,17 +20,21 @@ ignore_region: set[bytes] = set()  # payloads decoded whole, as if the region we
 gray: set[bytes] = set()  # payloads decoded to one channel
 
 
+# Signatures are nvImageCodec 0.9's (read from the wheel), keywords included, so a
+# call the real library would refuse fails here too.
+
+
 class Region:
-    def __init__(self, start_y, start_x, end_y, end_x):
+    def __init__(self, start_y, start_x, end_y, end_x, out_of_bounds_sample=0):
         self.box = (int(start_y), int(start_x), int(end_y), int(end_x))
 
 
 class CodeStream:
     """Parses the header when made, as nvImageCodec's does (and raises as it does)."""
 
-    def __init__(self, data, region=None):
+    def __init__(self, data, bitstream_offset=None, *, _region=None):
         self.data = bytes(np.asarray(data, np.uint8))
-        self.region = region
+        self.region = _region
         try:
             if self.data in unreadable:
                 raise ValueError
@@ -38,12 +42,13 @@ class CodeStream:
         except ValueError:
             raise RuntimeError("Failed to get image info") from None
 
-    def get_sub_code_stream(self, image_idx=0, region=None):
-        return CodeStream(np.frombuffer(self.data, np.uint8), region)
+    def get_sub_code_stream(self, image_idx=0, region=None, bitstream_offset=None):
+        return CodeStream(np.frombuffer(self.data, np.uint8), _region=region)
 
 
 class DecodeParams:
-    def __init__(self, apply_exif_orientation=True, **kw):
+    def __init__(self, apply_exif_orientation=True, color_spec=None, allow_any_depth=False,
+                 sample_format=None):
         self.apply_exif_orientation = apply_exif_orientation
 
 
@@ -60,10 +65,11 @@ class Image:
 
 
 class Decoder:
-    def __init__(self, device_id=-1, **kw):
+    def __init__(self, device_id=-1, max_num_cpu_threads=0, backends=None, options=""):
         self.device_id = device_id
+        self.options = options
 
-    def decode(self, srcs, params=None, cuda_stream=0, **kw):
+    def decode(self, srcs, *, images=None, params=None, cuda_stream=0):
         out = []
         for cs in srcs:
             if cs.data in fail:

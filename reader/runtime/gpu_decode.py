@@ -63,7 +63,7 @@ from ..transforms.decode import image_size
 from ..transforms.resample import RESAMPLE_CUDA, integer_box
 from .slots import SlotLayout
 
-__all__ = ["BYTES", "PLAN", "Decoded", "GpuDecodeStage", "refusal", "require_nvimgcodec",
+__all__ = ["BYTES", "DECODER_OPTIONS", "PLAN", "Decoded", "GpuDecodeStage", "refusal", "require_nvimgcodec",
            "resolve_decode_device", "row_bytes", "stage_for_gpu", "with_gpu_fields"]
 
 INSTALL_HINT = ("decode_device='cuda' needs nvImageCodec with nvJPEG: "
@@ -72,6 +72,10 @@ BYTES = "__gpu_jpeg"  # uint8 [batch, max payload]: a staged record's compressed
 PLAN = "__gpu_plan"  # int64 [batch, 8]: staged, length, x0, y0, x1, y1, flip, record
 _STAGED, _LEN, _X0, _Y0, _X1, _Y1, _FLIP, _RECORD = range(8)
 _SOI = b"\xff\xd8"
+#: Smooth chroma upsampling, as libjpeg-turbo does by default on the CPU path
+#: (nvImageCodec's default replicates samples: a second source of pixel differences);
+#: decoders that cannot do it ignore the option.
+DECODER_OPTIONS = ":fancy_upsampling=1"
 
 
 def require_nvimgcodec():
@@ -236,7 +240,7 @@ class GpuDecodeStage:
         self.stream = stream
         self.tolerant = tolerant
         self.key_words = key_words or (lambda record: "")
-        self.decoder = nvimgcodec.Decoder(device_id=device_id)
+        self.decoder = nvimgcodec.Decoder(device_id=device_id, options=DECODER_OPTIONS)
         # The CPU path (simplejpeg) ignores EXIF orientation: so does this one.
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
         self.kernel = cp.RawKernel(RESAMPLE_CUDA, "shardpack_resample")
