@@ -10,10 +10,13 @@ CPU_ONLY decoder fails with "CUDA Runtime failure '#35'", issue 38.)
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import simplejpeg
 
 regions: list[tuple[int, int, int, int]] = []  # (y0, x0, y1, x1) of every decode
+threads: list[str] = []  # the thread of every decode call
 fail: set[bytes] = set()  # payloads whose decode returns None, as nvImageCodec does
 unreadable: set[bytes] = set()  # payloads whose CodeStream raises, as a bad header does
 ignore_region: set[bytes] = set()  # payloads decoded whole, as if the region were not applied
@@ -70,6 +73,7 @@ class Decoder:
         self.options = options
 
     def decode(self, srcs, *, images=None, params=None, cuda_stream=0):
+        threads.append(threading.current_thread().name)
         out = []
         for cs in srcs:
             if cs.data in fail:

@@ -293,12 +293,37 @@ class Epoch:
                     waited = time.perf_counter() - t_wait
             if isinstance(msg, BatchFailed):
                 self._raise_worker_error(msg)
-            return self._deliver(k, msg, t_call, t_wait, waited, in_flight)
+            batch = self._deliver(k, msg, t_call, t_wait, waited, in_flight)
+            if self.sink.decodes_ahead:
+                self._decode_ahead()
+            return batch
         except StopIteration:
             raise
         except BaseException:
             self.shutdown(failed=True)
             raise
+
+    def _decode_ahead(self) -> None:
+        """With the GPU decode on: start the next batch's GPU stage now if its worker
+        has finished it (:meth:`CudaSink.decode_ahead`), so that it runs while the
+        consumer trains on this one. Never waits for a worker."""
+        k = self.next_deliver
+        if k >= self.n or self.builder is not None:
+            return  # built in-process inside next(): nothing is ready ahead
+        msg = self.ready.get(k)
+        while msg is None:
+            try:
+                m = self.done_q.get_nowait()
+            except queue.Empty:
+                return
+            self.ready[m.batch] = m
+            if m.batch == k:
+                msg = m
+        if isinstance(msg, BatchDone):
+            plan = self.rt.plan
+            self.sink.decode_ahead(msg.slot, assemble(self.ring.slot_view(msg.slot), plan.fixed,
+                                                      plan.var_fields, msg.shapes,
+                                                      msg.timing.records))
 
     @property
     def finished(self) -> bool:

@@ -237,7 +237,9 @@ class GpuDecodeStage:
     def __init__(self, cp, nvimgcodec, device_id: int, stream, tolerant: bool,
                  key_words=None) -> None:
         self.cp, self.nv = cp, nvimgcodec
+        self.device_id = device_id
         self.stream = stream
+        self._thread = None  # the look-ahead's one thread (ahead), made on first use
         self.tolerant = tolerant
         self.key_words = key_words or (lambda record: "")
         self.decoder = nvimgcodec.Decoder(device_id=device_id, options=DECODER_OPTIONS)
@@ -298,6 +300,27 @@ class GpuDecodeStage:
         out.images = decoded  # kept alive until the kernel has read them
         out.host_s = time.perf_counter() - t0
         return out
+
+    def ahead(self, share, batch: dict, image: str):
+        """:meth:`decode` in this stage's thread, for a batch the consumer has not asked
+        for yet: the decode call returns only when its images are decoded, so run in
+        ``next()`` it would add its whole time to the training step. Returns a future
+        of :meth:`decode`'s result (or its error, raised when the batch is delivered)."""
+        if self._thread is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="shardpack-gpu-decode")
+        return self._thread.submit(self._decode_on_device, share, batch, image)
+
+    def _decode_on_device(self, share, batch: dict, image: str) -> Decoded:
+        with self.cp.cuda.Device(self.device_id):  # the current device is per thread
+            return self.decode(share, batch, image)
+
+    def close(self) -> None:
+        """Stop the look-ahead's thread (after the decode it is running)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
 
     def _failed(self, batch: dict, image: str, plan, i: int, why: str) -> None:
         """A staged record nvImageCodec did not decode: the batch fails naming it, or

@@ -59,6 +59,7 @@ class CpuSink:
     """
 
     hold = MAX_LEASED
+    decodes_ahead = False  # nothing is decoded in the main process
 
     def __init__(self, copy: bool = False) -> None:
         self.copy = copy
@@ -206,6 +207,8 @@ class _CudaState:
         self.staging_mem, self.staging_key, self.mode = mem, ring.slot_bytes, "staging"
 
     def release(self) -> None:
+        if self.gpu is not None:
+            self.gpu.close()  # its thread may be reading the ring
         if self.registered is not None:
             self.stream.synchronize()
             self.cp.cuda.runtime.hostUnregister(self.registered[0])
@@ -226,6 +229,23 @@ class CudaSink:
         self.gate = SlotGate(limit=self.hold)
         self._timings: deque = deque()
         self._last_h2d: tuple[float, int] | None = None
+        self._ahead: dict[int, Any] = {}  # slot -> future of its GPU decode (decode_ahead)
+
+    @property
+    def decodes_ahead(self) -> bool:
+        """Whether :meth:`decode_ahead` has work to do (the GPU decode is on)."""
+        return self.gpu is not None
+
+    def decode_ahead(self, slot: int, batch: dict) -> None:
+        """Start the GPU decode of the batch in ``slot``, which the consumer will ask for
+        next, in the GPU stage's thread, so it runs during the training step instead of
+        inside the next ``next()`` (:meth:`GpuDecodeStage.ahead`). ``batch`` is its
+        host views (what :meth:`deliver` will be given)."""
+        if slot in self._ahead:
+            return
+        share = self.gpu.take(batch)
+        if share is not None:
+            self._ahead[slot] = self.gpu.ahead(share, batch, self.image_field)
 
     def attach(self, ring) -> None:
         self.ring = ring  # page-locked at the first delivery
@@ -245,11 +265,15 @@ class CudaSink:
         out = {}
         nbytes = 0
         share = self.gpu.take(batch) if self.gpu is not None else None
+        ahead = self._ahead.pop(slot, None)
         with st.device, st.stream:
             start = cp.cuda.Event()
             start.record(st.stream)
             # Before the copies: a record that does not decode zeroes its host row.
-            decoded = self.gpu.decode(share, batch, self.image_field) if share else None
+            if ahead is not None:
+                decoded = ahead.result()  # usually done: it ran during the training step
+            else:
+                decoded = self.gpu.decode(share, batch, self.image_field) if share else None
             device_arrays = {}
             for f in ring.layout.fields:
                 view = batch.get(f.name)
@@ -346,4 +370,7 @@ class CudaSink:
         return self.gate.reclaim()
 
     def close(self) -> None:
+        for future in self._ahead.values():  # batches never delivered: their decodes end
+            future.exception()  # waited for; an error of a batch nobody asked for is moot
+        self._ahead.clear()
         self.gate.drain()

@@ -164,6 +164,10 @@ def test_gpu_branch_on_the_stand_ins_runs_every_step_and_writes_the_table(tmp_pa
     px = g["pixels"]
     assert len(px["mean_abs_diff"]) == len(px["max_abs_diff"]) == 3 and px["images"] == 32
     assert all(0 <= m <= 2 for m in px["mean_abs_diff"]) and max(px["max_abs_diff"]) <= 8
+    o = g["overlap"]  # the step is 1.25 x the GPU pipeline's batch time
+    assert o["step_ms"] == pytest.approx(1.25 * 8 / np.median(g["img_s"]["gpu"]) * 1e3, rel=0.01)
+    assert _positive(o["img_s"], o["of_step_bound"]) and 0 <= o["queue_wait_fraction"] < 1
+    assert o["met"] == (o["of_step_bound"] >= 0.9)
     c = r["cpu_scaling"]
     assert c["bare_processes"] == 2 and len(c["bare_img_s"]) == 2 and _positive(*c["bare_img_s"])
     assert set(c["loader_img_s"]) == set(c["per_worker_img_s"]) == {"1", "2"}
@@ -179,6 +183,7 @@ def test_gpu_branch_on_the_stand_ins_runs_every_step_and_writes_the_table(tmp_pa
     assert "nvImageCodec's own batch decode" in table and "our GPU-decode pipeline" in table
     assert f"{g['gpu_over_own']:.2f}" in table and f"{g['hybrid_over_sum']:.2f}" in table
     assert str(px["mean_abs_diff"]) in table
+    assert f"GPU pipeline + {o['step_ms']:.0f} ms step" in table
     assert "2 bare processes (decode+crop+flip)" in table and "Loader, 2 workers" in table
     assert f"{c['loader_over_bare']:.2f}" in table
     assert "GPU decode (nvImageCodec)" not in table  # neither skipped nor failed

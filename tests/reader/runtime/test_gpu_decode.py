@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
+import time
 import types
 
 import numpy as np
@@ -33,7 +35,7 @@ def stand_ins(monkeypatch):
     fake_cupy.copies.clear()
     fake_cupy.launches.clear()
     for recorded in (fake_nvimgcodec.regions, fake_nvimgcodec.fail, fake_nvimgcodec.unreadable,
-                     fake_nvimgcodec.ignore_region, fake_nvimgcodec.gray):
+                     fake_nvimgcodec.ignore_region, fake_nvimgcodec.gray, fake_nvimgcodec.threads):
         recorded.clear()
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     nvidia = types.ModuleType("nvidia")
@@ -424,6 +426,68 @@ def test_a_mixture_is_decoded_on_the_gpu(tmp_path, rng, stand_ins):
         assert np.array_equal(g["label"], w["label"])
         assert np.abs(g["image"].astype(int) - w["image"]).max() <= 1
     assert len(fake_nv.regions) == 14
+
+
+def _train(loader, step_s=0.05, stop_at=None):
+    """Iterate like a training loop: each batch copied to the host, then a step of
+    ``step_s`` (the workers finish the next batch meanwhile)."""
+    out = []
+    for k, b in enumerate(loader):
+        out.append({name: _host(v) for name, v in b.items()})
+        if k == stop_at:
+            break
+        time.sleep(step_s)
+    return out
+
+
+def test_the_next_batch_is_decoded_during_the_training_step(tmp_path, rng, stand_ins):
+    """With workers ahead, the GPU decode of batch k+1 starts as batch k is handed over,
+    in the stage's own thread, not inside the next next(): the batches are the CPU
+    path's all the same, and the thread ends with the loader."""
+    _, fake_nv = stand_ins
+    _dataset(tmp_path, rng, 30)
+    want, _ = _batches(tmp_path, RRC_FLIP, num_workers=2)
+    opts = DeviceOptions(decode_device="cuda", gpu_share=1.0, **RAW)
+    with reader.Loader(tmp_path, 5, num_workers=2, seed=3, shuffle=True, transform=RRC_FLIP,
+                       device="cuda", device_options=opts) as lo:
+        got = _train(lo)
+    for g, w in zip(got, want, strict=True):
+        assert np.array_equal(g["label"], w["label"])
+        assert np.abs(g["image"].astype(int) - w["image"]).max() <= 1
+    assert len(fake_nv.threads) == 6
+    ahead = [t for t in fake_nv.threads if t.startswith("shardpack-gpu-decode")]
+    assert len(ahead) >= 4, fake_nv.threads  # all but the first (and a late worker's)
+    assert not [t for t in threading.enumerate() if t.name.startswith("shardpack-gpu-decode")]
+
+
+def test_a_failure_decoded_ahead_is_raised_with_its_own_batch(tmp_path, rng, stand_ins):
+    """A record that fails in the look-ahead fails the batch it belongs to, when that
+    batch is asked for (the batches before it arrive whole); with on_error='skip' it
+    is zeroed and invalid in its own batch. Stopping with a decode ahead in flight
+    leaves nothing running."""
+    _, fake_nv = stand_ins
+    _dataset(tmp_path, rng, 20)
+    ds = reader.open_dataset(tmp_path)
+    opts = DeviceOptions(decode_device="cuda", gpu_share=1.0, **RAW)
+    kw = dict(num_workers=2, transform=RRC_FLIP, device="cuda", device_options=opts,
+              shuffle=False)
+    fake_nv.fail.add(bytes(ds.payload(12, "image")))  # batch 2 of 4
+    delivered = []
+    with pytest.raises(reader.DecodeError, match="dataset record 12: nvImageCodec"), \
+            reader.Loader(tmp_path, 5, **kw) as lo:
+        for b in lo:
+            delivered.append(_host(b["label"]).tolist())
+            time.sleep(0.05)
+    assert delivered == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    with reader.Loader(tmp_path, 5, on_error="skip", **kw) as lo:
+        got = _train(lo)
+    assert [g["valid"].tolist() for g in got] == [[True] * 5, [True] * 5,
+                                                  [True, True, False, True, True], [True] * 5]
+    assert not got[2]["image"][2].any()
+    fake_nv.fail.clear()
+    with reader.Loader(tmp_path, 5, **kw) as lo:
+        _train(lo, stop_at=1)  # batch 2's decode started ahead, never asked for
+    assert not [t for t in threading.enumerate() if t.name.startswith("shardpack-gpu-decode")]
 
 
 # -- the refusals -----------------------------------------------------------------------------
