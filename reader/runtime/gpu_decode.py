@@ -14,7 +14,10 @@ says it; then:
    should not take (not a JPEG, a lossless JPEG, a box reaching outside the image, a
    file larger than its row) is decoded on the CPU with the plan already drawn.
    Records ``g..n-1`` are decoded on the CPU as always.
-2. **Main process** (:class:`GpuDecodeStage`, run by the CUDA sink): one
+2. **Main process** (:class:`GpuDecodeStage`, run by the CUDA sink; for the batch
+   the consumer will ask for next, started in the stage's own thread as soon as its
+   worker is done, :meth:`GpuDecodeStage.ahead`, since the decode call returns only
+   when the images are decoded and would otherwise add its time to each step): one
    ``Decoder.decode`` call for the batch's staged records, each a code stream over
    its slot row with the crop as its region (``CodeStream.get_sub_code_stream(
    region=Region(y0, x0, y1, x1))``: only the crop is decoded); nvImageCodec moves
