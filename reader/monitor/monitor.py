@@ -164,16 +164,25 @@ def _capped(pct: float | None) -> float | None:
 
 
 def _cpu_figures(a: CpuTicks | None, b: CpuTicks | None) -> dict[str, float | None]:
+    """The machine's CPU time between two readings, split three ways that sum to 100.
+
+    ``idle_cpu_pct`` and the busy rest come from ``/proc/stat`` alone; the loader's
+    share of the busy time is its own ticks (:class:`ProcCpu`), capped at the busy
+    time, and ``other_cpu_pct`` is what is left. The cap is needed because the two
+    sources are counted differently: ``/proc/stat`` charges each 10 ms clock tick to
+    whatever ran at it, a process's ticks come from its measured run time, and the
+    two files are read microseconds apart, so over an interval of a few ticks (a
+    short last interval, a flush) the loader's figure can exceed the machine's busy
+    time. The split is then approximate (within a few ticks of each core), never
+    inconsistent: the three always add up to 100.
+    """
     total = b.total - a.total if a is not None and b is not None else 0
     if total <= 0:
         return {"loader_cpu_pct": None, "other_cpu_pct": None, "idle_cpu_pct": None}
-    busy, own = b.busy - a.busy, b.loader - a.loader
-
-    def pct(ticks: float) -> float:
-        return min(max(100.0 * ticks / total, 0.0), 100.0)
-
-    return {"loader_cpu_pct": pct(own), "other_cpu_pct": pct(busy - own),
-            "idle_cpu_pct": pct(total - busy)}  # fmt: skip
+    busy = min(max(b.busy - a.busy, 0), total)
+    own = min(max(b.loader - a.loader, 0), busy)
+    return {"loader_cpu_pct": 100.0 * own / total, "other_cpu_pct": 100.0 * (busy - own) / total,
+            "idle_cpu_pct": 100.0 * (total - busy) / total}  # fmt: skip
 
 
 def _gpu_figures(t: _Totals, num_workers: int, share: float | None) -> dict[str, float | None]:

@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 
+import numpy as np
 import pytest
 
 from reader.monitor import monitor as monitor_mod
@@ -34,6 +35,7 @@ from tests.helpers_monitor import (
     FakeCpu,
     Pattern,
     feed,
+    timing,
 )
 
 pytest.importorskip("reader.runtime.timing", reason="reader/runtime/timing.py (BatchTiming) not written yet")
@@ -499,3 +501,78 @@ def _spin(seconds: float) -> None:
     end = time.process_time() + seconds
     while time.process_time() < end:
         pass
+
+
+class ScriptedCpu:
+    """CPU ticks read back from a list of (busy, total, loader) deltas, one per reading."""
+
+    def __init__(self, deltas) -> None:
+        self.deltas = list(deltas)
+        self.now = CpuTicks(0, 0, 0)
+
+    def __call__(self) -> CpuTicks:
+        if self.deltas:
+            busy, total, loader = self.deltas.pop(0)
+            self.now = CpuTicks(self.now.busy + busy, self.now.total + total,
+                                self.now.loader + loader)
+        return self.now
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cpu_split_always_sums_to_100(seed):
+    """The trial's case (a short interval of 3 ticks: loader 4, busy 2, read 133 %) and
+    random readings in which the loader's ticks outrun the machine's busy ticks (the two
+    come from different counters): loader + other + idle is 100 in every interval, and
+    the loader's share never exceeds the busy share."""
+    rng = np.random.default_rng(seed)
+    deltas = [(0, 0, 0), (2, 3, 4)] + [
+        (int(b), int(b + i), int(max(b + rng.integers(-20, 20), 0)))
+        for b, i in zip(rng.integers(0, 200, 40), rng.integers(0, 200, 40), strict=True)
+    ]
+    clock = FakeClock()
+    mon = Monitor(0.5, clock=clock, output=False, num_workers=2, cpu=ScriptedCpu(deltas))
+    for i in range(len(deltas) - 1):
+        clock.advance(0.5)
+        mon.on_batch(timing(HEALTHY, i, i % 2))
+        cur = mon.stats()["current"]
+        parts = [cur["loader_cpu_pct"], cur["other_cpu_pct"], cur["idle_cpu_pct"]]
+        if None in parts:
+            continue
+        assert sum(parts) == pytest.approx(100.0), (f"seed {seed} interval {i}", parts)
+        assert all(0 <= p <= 100 for p in parts), parts
+        assert cur["loader_cpu_pct"] <= 100 - cur["idle_cpu_pct"] + 1e-9, parts
+    first = Monitor(0.5, clock=FakeClock(), output=False, num_workers=2,
+                    cpu=ScriptedCpu([(0, 0, 0), (2, 3, 4)]))
+    first.on_batch(timing(HEALTHY, 0, 0))
+    first._clock.advance(0.5)
+    first.on_batch(timing(HEALTHY, 1, 1))
+    cur = first.stats()["current"]
+    assert cur["loader_cpu_pct"] == pytest.approx(200 / 3)
+    assert cur["other_cpu_pct"] == 0 and cur["idle_cpu_pct"] == pytest.approx(100 / 3)
+
+
+def test_proc_cpu_counts_a_child_reaped_mid_reading_once(tmp_path, monkeypatch):
+    """A worker reaped between the reading of this process's reaped-children time and
+    the reading of the worker itself is counted once, then and later: not dropped from
+    one reading and added whole to the next (which split an interval at > 100 %)."""
+    import os
+
+    from reader.runtime import proc
+
+    pid = os.getpid()
+    _fake_proc(tmp_path, pid, {7001: "(w) R 1 1 1 0 -1 0 0 0 0 0 400 100 0 0 20 0"})
+    real = proc.process_ticks
+
+    def reaped_while_read(p, children=False, root="/proc"):
+        if p == 7001 and (tmp_path / "7001").exists():
+            # The worker is reaped now: its 500 ticks move into our cutime.
+            (tmp_path / "7001" / "stat").unlink()
+            (tmp_path / "7001").rmdir()
+            (tmp_path / str(pid) / "stat").write_text(
+                f"{pid} (python3) S 1 1 1 0 -1 0 0 0 0 0 70 30 525 5 20 0\n")
+            return None
+        return real(p, children=children, root=root)
+
+    monkeypatch.setattr(proc, "process_ticks", reaped_while_read)
+    ticks = ProcCpu(pids=lambda: [7001], root=str(tmp_path))()
+    assert ticks.loader == 70 + 30 + 525 + 5  # the worker's 500 ticks, once
