@@ -44,8 +44,10 @@ cheaper decode). Low wait with low readiness is a balanced pipeline with no marg
 Stage shares (``io``, ``decode``, ``transform``, ``assemble``) are of the
 workers' busy time; ``decode`` is the fused decode + crop + resize + flip,
 ``transform`` what runs after it (user callables). ``worker_busy_pct`` is busy
-time over ``num_workers`` x wall. ``read_mb_s`` is bytes over IO time (the
-storage rate while reading), ``mb_per_s``/``samples_per_s`` are over wall time.
+time over ``num_workers`` x wall. ``mb_per_s`` and ``samples_per_s`` are the stored
+bytes (every field's) and samples delivered over wall time; ``read_mb_s`` is the
+bytes the builders paged in over the time that took (the storage's rate while
+reading), None where they page in nothing (fields served as views over the shards).
 ``h2d_*`` are None on CPU. With ``decode_device="cuda"`` (the GPU decodes part of
 each batch, :mod:`reader.runtime.split`), ``gpu_decode_pct`` is the share of samples
 the GPU decoded, ``gpu_img_s`` and ``cpu_img_s`` the two sides' rates measured over
@@ -125,7 +127,7 @@ class _Totals:
     __slots__ = (
         "assemble", "batches", "busy", "bytes", "cpu_records", "cpu_s", "decode", "gpu_batches",
         "gpu_records", "gpu_s", "h2d", "h2d_batches", "h2d_bytes", "io", "latency", "prefetch",
-        "ready", "samples", "skipped", "transform", "wait",
+        "read_bytes", "ready", "samples", "skipped", "transform", "wait",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -227,7 +229,9 @@ def _figures(
         fig[f"{stage}_share_pct"] = _ratio(getattr(t, stage), t.busy, 100.0)
     fig.update(
         busy_ms=_ratio(t.busy, n, 1e3),
-        read_mb_s=_ratio(t.bytes, t.io, 1e-6),
+        # Bytes the builders paged in over the time that took: the storage's rate
+        # while reading (None where they paged in nothing: fields served as views).
+        read_mb_s=_ratio(t.read_bytes, t.io, 1e-6) if t.read_bytes else None,
         queue_wait_pct=_ratio(t.wait, wall, 100.0),  # share of wall time inside next()
         data_readiness_pct=_ratio(t.ready, n, 100.0),  # share of next() calls served at once
         # In-process (0 workers) the main process is the one builder.
@@ -429,6 +433,7 @@ class Monitor:
         t.batches += 1
         t.samples += timing.records
         t.bytes += timing.bytes
+        t.read_bytes += timing.read_bytes
         t.io += timing.io_s
         t.decode += timing.decode_s
         t.transform += timing.transform_s

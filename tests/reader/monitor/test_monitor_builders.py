@@ -1,0 +1,93 @@
+"""What the monitor says about who builds a batch and what it carries, end to end.
+
+Every kind of dataset (text, raw bytes, token arrays, images) counts the stored bytes
+of every field a batch carries (``mb_per_s``), and ``read_mb_s`` only the bytes a
+builder paged in (none where fields are served as views). Batches built in the main
+process (``num_workers=0``, raw mode) are shown as the main process's, with the
+worker count that actually builds, and advice that applies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import reader
+from formats import DatasetWriter, Field, ShardDataset
+from reader import Monitor
+from tests.helpers_reader import CropPipeline, make_dataset
+
+N = 96
+
+
+class Recorder(Monitor):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("cpu", None)
+        kwargs.setdefault("output", False)
+        super().__init__(*args, **kwargs)
+        self.timings = []
+
+    def on_batch(self, timing) -> None:
+        self.timings.append(timing)
+        super().on_batch(timing)
+
+
+def _write(root, fields, make):
+    with DatasetWriter(root, fields, shard_size=None, records_per_shard=40, durable=False) as w:
+        for i in range(N):
+            w.write(make(i))
+    return root
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    base = tmp_path_factory.mktemp("kinds")
+    rng = np.random.default_rng(5)
+    return {
+        # What `pack-dataset` makes of a folder of text files: txt and key, both str.
+        "text": _write(base / "text", [Field("txt", "str"), Field("key", "str")],
+                       lambda i: {"txt": f"line {i} " * (200 + 37 * i), "key": f"f{i}.txt"}),
+        "bytes": _write(base / "bytes", [Field("raw", "bytes"), Field("label", "int")],
+                        lambda i: {"raw": rng.bytes(1000 + 13 * i), "label": i}),
+        "tokens": _write(base / "tokens", [Field("ids", "ndarray", dtype="int32", shape=(None,))],
+                         lambda i: {"ids": np.arange(50 + i, dtype=np.int32)}),
+        "images": make_dataset(base / "images", n=N, records_per_shard=40),
+    }
+
+
+def _stored(path) -> int:
+    """Every field's stored bytes over the whole dataset, from the index."""
+    ds = ShardDataset(path)
+    every = np.arange(len(ds))
+    return sum(int(ds.spans(every, f.name)[2].sum()) for f in ds.fields)
+
+
+MODES = {"workers": {"num_workers": 2}, "in-process": {"num_workers": 0},
+         "raw": {"decode": False}}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("kind", ["text", "bytes", "tokens", "images"])
+def test_every_field_s_stored_bytes_are_counted(datasets, kind, mode):
+    """mb_per_s counts what the batches carry, whatever the fields (the trial: a text
+    dataset showed mb_per_s 0.0 at 7453 samples/s of 60 KB files)."""
+    kwargs = dict(MODES[mode])
+    if kind == "images" and mode != "raw":
+        kwargs["transform"] = CropPipeline()
+    mon = Recorder(60.0)
+    with reader.Loader(datasets[kind], 16, monitor=mon, **kwargs) as loader:
+        for _batch in loader:
+            pass
+    mean = mon.stats()["mean"]
+    assert mean["samples"] == N
+    assert mean["bytes"] == _stored(datasets[kind]), (kind, mode)
+    assert mean["mb_per_s"] > 0
+    read = sum(t.read_bytes for t in mon.timings)
+    if kind == "images" and mode != "raw":
+        # The builder paged the JPEGs in (io_s): read_mb_s is their bytes over that time.
+        ds = ShardDataset(datasets[kind])
+        assert read == int(ds.spans(np.arange(N), "image")[2].sum())
+        assert mean["read_mb_s"] is not None and mean["read_mb_s"] > 0
+    else:
+        # Served as views over the shards: read when the consumer touches them.
+        assert read == 0 and mean["read_mb_s"] is None
