@@ -457,8 +457,8 @@ class Epoch:
                 served[p] = replacement
                 cursor.quarantine.add(rt.dataset, record, replacement)
         if plan.main_fields:
-            batch.update(main_fields(rt.dataset, plan.main_fields,
-                                     served if msg.replaced else rt.order.batch(self.epoch, k)))
+            served = served if msg.replaced else rt.order.batch(self.epoch, k)
+            batch.update(main_fields(rt.dataset, plan.main_fields, served))
         if t.skipped:
             cursor.skipped += t.skipped
         timing = None
@@ -470,6 +470,8 @@ class Epoch:
             timing = batch_timing(t, batch=k, epoch=self.epoch, worker=msg.worker, wait_s=waited,
                                   latency_s=latency if latency > 0.0 else 0.0, prefetch=in_flight,
                                   ready=t.done_at <= t_call, wait_at=t_wait)
+            if plan.main_fields:  # served here, so counted here, only when someone listens
+                timing.bytes += stored_bytes(rt.dataset, plan.main_fields, served)
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)

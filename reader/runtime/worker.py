@@ -156,8 +156,12 @@ class BatchBuilder:
                       *(n for n, _ in s.decoders)]
         self._read_fields = tuple(dict.fromkeys(n for n in names if n is not None))
         # BatchTiming.bytes: what paging in counts (the image, the sample path's decoded
-        # fields), plus the index lengths of every other field the batch carries.
-        paged = {spec.image_field} if s is None else {n for n, _, _ in s.decoded}
+        # fields), plus the stored bytes of the other fields built here (a scalar's are
+        # 8 a record: no gather on the classification path). The main process adds the
+        # fields it serves (reader.runtime.epoch), and only when a monitor listens.
+        paged = {spec.image_field, *spec.main_fields}
+        if s is not None:
+            paged.update(n for n, _, _ in s.decoded)
         self._unpaged = tuple(n for n in self._read_fields if n not in paged)
 
     @property
