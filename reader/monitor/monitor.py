@@ -116,6 +116,7 @@ __all__ = [
 ]
 
 _STAGES = ("io", "decode", "transform", "assemble")
+MAIN = -1  # BatchTiming.worker of a batch built in the main process
 
 
 PROC_CPU = ProcCpu()
@@ -248,11 +249,17 @@ def _figures(
         skipped=t.skipped,
         **cpu,
         per_worker={
-            str(w): {"batches": b, "busy_pct": _capped(_ratio(s, wall, 100.0))}
+            _builder_name(w): {"batches": b, "busy_pct": _capped(_ratio(s, wall, 100.0))}
             for w, (s, b) in sorted(busy_by_worker.items(), key=lambda kv: str(kv[0]))
         },
     )
     return fig
+
+
+def _builder_name(worker: Any) -> str:
+    """A builder's name in ``per_worker``: the worker's id, or ``"main"`` for the main
+    process (``BatchTiming.worker`` -1)."""
+    return "main" if worker == MAIN else str(worker)
 
 
 def _emit_text(output: Any, text: str) -> None:
@@ -323,7 +330,9 @@ class Monitor:
             record (:mod:`reader.monitor.sinks`).
         num_workers: the loader's worker count (busy share is relative to it);
             when None, the number of distinct worker ids >= 0 seen so far
-            (id -1 means built in the main process).
+            (id -1 means built in the main process). An interval whose batches
+            the main process built, all of them, reports 0 whatever this says
+            (raw mode names workers it never starts).
         name: shown in the report and the records, to tell loaders apart.
         clock: seconds, monotonic; replaceable for tests.
         cpu: returns cumulative :class:`CpuTicks` (or None when unknown), read
@@ -470,11 +479,17 @@ class Monitor:
     def _read_cpu(self) -> CpuTicks | None:
         return self._cpu() if self._cpu is not None else None
 
-    def _worker_count(self) -> int:
-        """Workers as configured (0: batches built in the main process)."""
+    def _worker_count(self, delta: dict) -> int:
+        """The worker processes that build the batches of ``delta`` (worker id ->
+        (busy seconds, batches)): 0 where the main process built every one of them
+        (``num_workers=0``, or raw mode, ``decode=False``, which never starts the
+        workers its ``num_workers`` names), else the workers as configured."""
+        built = [w for w, (_, b) in delta.items() if b > 0]
+        if built and all(w == MAIN for w in built):
+            return 0
         if self.num_workers is not None:
             return self.num_workers
-        return sum(1 for w in self._workers if not (isinstance(w, int) and w < 0))
+        return sum(1 for w in self._workers if w != MAIN)
 
     def _since(self, mark: _Mark | None, now: float, max_latency: float,
                cpu: CpuTicks | None) -> dict[str, Any]:  # fmt: skip
@@ -485,7 +500,7 @@ class Monitor:
         delta = {w: (s - mark.workers.get(w, zero)[0], b - mark.workers.get(w, zero)[1])
                  for w, (s, b) in self._workers.items()}  # fmt: skip
         fig = _figures(self._total.minus(mark.totals), now - mark.at, max_latency,
-                       self._worker_count(), delta, _cpu_figures(mark.cpu, cpu),
+                       self._worker_count(delta), delta, _cpu_figures(mark.cpu, cpu),
                        self._gpu_share)  # fmt: skip
         fig["storage"] = self.storage
         return fig

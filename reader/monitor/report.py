@@ -153,9 +153,11 @@ def format_table(stats: dict[str, Any], thresholds: Thresholds | None = None) ->
     """
     th = thresholds or Thresholds()
     cur, mean = stats["current"], stats["mean"]
+    builders = cur.get("num_workers", mean["num_workers"])
     head = (
         f"[shardpack monitor{' ' + stats['name'] if stats.get('name') else ''}] t={stats['elapsed_s']:.1f}s  "
-        f"batches {mean['batches']} (+{cur['batches']})  workers {mean['num_workers']}"
+        f"batches {mean['batches']} (+{cur['batches']})  workers {builders}"
+        + (" (the main process builds the batches, inside next())" if builders == 0 else "")
     )
     rows = [("metric", "current", "mean", "threshold")]
     for m in _shown(METRICS, cur, mean):
@@ -178,11 +180,12 @@ def format_table(stats: dict[str, Any], thresholds: Thresholds | None = None) ->
     if per_worker:
         shown = list(per_worker.items())[:16]
         busy = "  ".join(
-            f"w{w} {'n/a' if v['busy_pct'] is None else format(v['busy_pct'], '.0f')}"
+            f"{w if w == 'main' else 'w' + w} "
+            f"{'n/a' if v['busy_pct'] is None else format(v['busy_pct'], '.0f')}"
             for w, v in shown
         )
         more = f"  (+{len(per_worker) - 16} more)" if len(per_worker) > 16 else ""
-        lines.append(f"worker_busy_pct by worker: {busy}{more}")
+        lines.append(f"worker_busy_pct by builder: {busy}{more}")
     lines.append(f"diagnosis: {stats['diagnosis']['message']}")
     own = stats.get("interval_diagnosis") or stats["diagnosis"]
     if (own.get("kind"), own.get("cause")) != (stats["diagnosis"]["kind"],

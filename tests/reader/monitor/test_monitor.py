@@ -187,7 +187,7 @@ def test_table_records_and_stats_share_metric_names(tmp_path):
     names = [row.split()[0] for row in table[:len([m for m in METRICS if not m.only])]]
     # A CPU run prints every row but those of paths it did not take (Metric.only) ...
     assert names == [m.key for m in METRICS if not m.only]
-    assert table[len(names)].startswith("worker_busy_pct by worker")
+    assert table[len(names)].startswith("worker_busy_pct by builder")
     for span in ("current", "mean"):
         keys = {m.key for m in METRICS}  # ... which stats() and the records still carry
         assert keys <= set(record[span]) and keys <= set(mon.stats()[span])

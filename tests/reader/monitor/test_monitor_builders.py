@@ -15,6 +15,7 @@ import pytest
 import reader
 from formats import DatasetWriter, Field, ShardDataset
 from reader import Monitor
+from reader.monitor.report import format_table
 from tests.helpers_reader import CropPipeline, make_dataset
 
 N = 96
@@ -91,3 +92,57 @@ def test_every_field_s_stored_bytes_are_counted(datasets, kind, mode):
     else:
         # Served as views over the shards: read when the consumer touches them.
         assert read == 0 and mean["read_mb_s"] is None
+
+
+def _run_for(loader, seconds: float) -> None:
+    import time
+
+    end = time.monotonic() + seconds
+    with loader:
+        epoch = 0
+        while time.monotonic() < end:
+            loader.set_epoch(epoch)
+            for _batch in loader:
+                pass
+            epoch += 1
+
+
+@pytest.mark.parametrize("mode", ["raw", "in-process"])
+def test_batches_built_in_the_main_process_are_shown_as_its(datasets, mode):
+    """The trial: Loader(decode=False) showed `workers 2`, a row `w-1 96` and the advice
+    "raise prefetch so workers run ahead", for a loader with no workers at all."""
+    kwargs = dict(MODES[mode])
+    if mode == "in-process":
+        kwargs["transform"] = CropPipeline()
+    mon = Recorder(0.1)
+    _run_for(reader.Loader(datasets["images"], 16, monitor=mon, **kwargs), 0.5)
+    assert mon.reports >= 2
+    stats = mon.stats()
+    cur = stats["current"]
+    assert cur["num_workers"] == 0 and stats["mean"]["num_workers"] == 0
+    assert set(cur["per_worker"]) == {"main"}
+    table = format_table(stats)
+    assert "workers 0 (the main process builds the batches" in table
+    assert "worker_busy_pct by builder: main " in table and "w-1" not in table
+    d = stats["diagnosis"]
+    assert "prefetch" not in d["message"] and "worker(s)" not in d["message"], d
+    # Nothing but next() in the loop: the consumer waits for each build.
+    assert d["kind"] == "cpu-bound" and "in the main process" in d["message"], d
+    if mode == "raw":
+        assert d["cause"] == "assemble" and "decode=False always reads" in d["message"]
+    else:
+        assert d["cause"] == "decode" and "num_workers > 0" in d["message"]
+
+
+def test_in_process_advice_never_names_prefetch_or_workers_it_lacks():
+    """A main process building half the time with nothing in flight: not "raise prefetch"
+    (there is nothing to prefetch with), whatever the figures."""
+    from reader.monitor.diagnosis import diagnose
+
+    figures = {"batches": 50, "num_workers": 0, "queue_wait_pct": 48.0,
+               "worker_busy_pct": 48.0, "prefetch_depth": 0.0, "assemble_share_pct": 100.0}
+    d = diagnose(figures)
+    assert d.kind == "cpu-bound" and d.cause == "assemble", d
+    assert "prefetch" not in d.message and "fields=" in d.message
+    d = diagnose({**figures, "assemble_share_pct": 10.0, "decode_share_pct": 85.0})
+    assert d.cause == "decode" and "num_workers > 0" in d.message and "--max-side" in d.message
