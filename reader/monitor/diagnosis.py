@@ -65,7 +65,10 @@ class Thresholds:
 
     Args:
         max_load_latency_ms: mean time from a batch being requested to ready.
-        max_decode_share_pct: decode time as a share of worker busy time.
+        max_decode_share_pct: decode time as a share of worker busy time below
+            which a run that reads more than ``max_io_share_pct`` is IO-bound (rule
+            6). Not a limit on the decode share itself, which is most of the work of
+            any JPEG pipeline: the table shows none for it.
         max_io_share_pct: read time as a share of worker busy time; above it
             (with a low decode share) the loader is IO-bound.
         min_h2d_gb_s: host-to-device copy bandwidth.

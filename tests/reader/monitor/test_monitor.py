@@ -258,7 +258,9 @@ def test_table_rows_thresholds_and_marks():
     text = out.getvalue().split("[shardpack monitor")[-1]
     lines = {line.split(" ")[0]: line for line in text.splitlines()}
     assert "< 20" in lines["load_latency_ms"] and "! 40.0" in lines["load_latency_ms"]
-    assert "< 35" in lines["decode_share_pct"] and "! 75.0" in lines["decode_share_pct"]
+    # A high decode share is what a JPEG pipeline does: no limit, no mark (the verdict
+    # says whether it is the bottleneck).
+    assert lines["decode_share_pct"].split()[1:] == ["75.0", "75.0"]
     assert "h2d_gb_s" not in lines and "gpu_img_s" not in lines  # no device path: no rows
     assert "< 10" in lines["queue_wait_pct"] and "!" in lines["queue_wait_pct"]
     assert lines["other_cpu_pct"].split()[1:3] == ["n/a", "n/a"]  # cpu=None
@@ -269,10 +271,10 @@ def test_healthy_table_marks_only_what_is_out_of_bounds():
     mon, clock, _ = make()
     feed(mon, clock, HEALTHY, 60)
     lines = {line.split(" ")[0]: line for line in format_table(mon.stats()).splitlines()}
-    # Decode dominates worker time in a JPEG pipeline even when the loader keeps up.
-    assert "! 53.3" in lines["decode_share_pct"]
-    for row in ("load_latency_ms", "queue_wait_pct", "io_share_pct", "samples_per_s"):
-        assert "!" not in lines[row], lines[row]
+    # Decode dominates worker time in a JPEG pipeline even when the loader keeps up: a
+    # healthy run's table marks nothing.
+    assert "53.3" in lines["decode_share_pct"]
+    assert not [row for row in lines.values() if "!" in row], lines
 
 
 def test_thresholds_are_configurable():
