@@ -146,3 +146,22 @@ def test_in_process_advice_never_names_prefetch_or_workers_it_lacks():
     assert "prefetch" not in d.message and "fields=" in d.message
     d = diagnose({**figures, "assemble_share_pct": 10.0, "decode_share_pct": 85.0})
     assert d.cause == "decode" and "num_workers > 0" in d.message and "--max-side" in d.message
+
+
+def test_cpu_split_of_a_real_run_sums_to_100_in_every_interval(datasets):
+    """The trial's run: text, 2 workers restarted every epoch (each reaped into this
+    process's children's time), short intervals: it read 105, 104, 133 % before."""
+    from reader.monitor.monitor import PROC_CPU
+
+    if PROC_CPU() is None:
+        pytest.skip("no readable /proc: the machine's CPU figures are not available")
+    records = []
+    mon = Recorder(0.05, cpu=PROC_CPU, sinks=[records.append])
+    _run_for(reader.Loader(datasets["text"], 16, num_workers=2, monitor=mon), 0.6)
+    mon.flush()  # a last, short interval too
+    split = [[r["current"][k] for k in ("loader_cpu_pct", "other_cpu_pct", "idle_cpu_pct")]
+             for r in records]
+    assert len(split) >= 5
+    for parts in split:
+        assert sum(parts) == pytest.approx(100.0), split
+        assert all(0 <= p <= 100 for p in parts), split
