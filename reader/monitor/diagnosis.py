@@ -22,7 +22,9 @@ for a machine whose cores other programs take, in this order:
    process (worker processes, or for the gathering of raw fields, less copying),
    never prefetch or more workers, which it does not have. Called CPU-bound,
    with the stage that takes the build's time.
-5. sync-bound: the consumer waits but the workers are often idle. With fewer
+5. sync-bound: the consumer waits but the workers are often idle. When most of
+   the wait is for epochs' first batches, the workers' start-up is to blame
+   (short epochs, workers not persistent). With fewer
    batches in flight than workers, they are not allowed to run far enough
    ahead (prefetch too small for a bursty consumer); with work queued, the
    main process is slow to dispatch and collect it (task scheduling); the GPU
@@ -117,8 +119,8 @@ class Diagnosis:
         message: one line naming the bottleneck, the evidence and the fix.
         cause: what within ``kind`` is to blame: the stage for ``cpu-bound``
             (``decode``, ``transform``, ``assemble``, ``read``) or
-            ``other-processes``; ``prefetch`` or ``dispatch`` for
-            ``sync-bound``; ``storage`` or ``remote-storage`` for ``io-bound``;
+            ``other-processes``; ``prefetch``, ``startup`` (waiting for the
+            workers to start, each epoch) or ``dispatch`` for ``sync-bound``; ``storage`` or ``remote-storage`` for ``io-bound``;
             ``h2d`` for ``transfer-bound``; ``consumer`` when healthy.
     """
 
@@ -249,6 +251,17 @@ def diagnose(
     if _under(busy, th.min_worker_busy_pct, band,
               _keep(previous, kind == "sync-bound", kind in ("io-bound", "cpu-bound"))):  # fmt: skip
         depth = _num(f, "prefetch_depth")
+        first = _num(f, "first_batch_wait_pct")
+        if first >= 0.5 * wait:
+            # Most of the wait is for epochs' first batches: the workers are starting.
+            starts = int(_num(f, "epochs_started"))
+            return Diagnosis(
+                "sync-bound",
+                f"sync-bound: the consumer waits {wait:.0f}% of the time, {first:.0f}% for the "
+                f"first batch of the {starts} epoch(s) started -> the workers start anew every "
+                "epoch: persistent_workers=True starts them once; or make epochs longer",
+                "startup",
+            )
         if depth < workers:
             return Diagnosis(
                 "sync-bound",

@@ -128,7 +128,7 @@ class _Totals:
     __slots__ = (
         "assemble", "batches", "busy", "bytes", "cpu_records", "cpu_s", "decode", "gpu_batches",
         "gpu_records", "gpu_s", "h2d", "h2d_batches", "h2d_bytes", "io", "latency", "prefetch",
-        "read_bytes", "ready", "samples", "skipped", "transform", "wait",
+        "read_bytes", "ready", "samples", "skipped", "start_wait", "starts", "transform", "wait",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -235,6 +235,9 @@ def _figures(
         read_mb_s=_ratio(t.read_bytes, t.io, 1e-6) if t.read_bytes else None,
         queue_wait_pct=_ratio(t.wait, wall, 100.0),  # share of wall time inside next()
         data_readiness_pct=_ratio(t.ready, n, 100.0),  # share of next() calls served at once
+        # Waiting for each epoch's first batch: worker start-up, unless they persist.
+        first_batch_wait_pct=_ratio(t.start_wait, wall, 100.0),
+        epochs_started=t.starts,
         # In-process (0 workers) the main process is the one builder.
         # A batch is counted when delivered, so a short interval can hold more busy
         # time than its wall time; the share is capped at 100%.
@@ -383,6 +386,7 @@ class Monitor:
         self._mark: _Mark | None = None  # the last report (or the start)
         self._max_latency = 0.0  # whole run, up to the last report
         self._interval_max_latency = 0.0
+        self._epoch: int | None = None  # the epoch of the last batch delivered
         self._gpu_share: float | None = None  # the split controller's latest share
         self._start: float | None = None
         self._next = float("inf")
@@ -453,6 +457,10 @@ class Monitor:
         t.prefetch += timing.prefetch
         t.skipped += timing.skipped
         t.ready += timing.ready
+        if timing.epoch != self._epoch:  # an epoch's first batch delivered
+            self._epoch = timing.epoch
+            t.starts += 1
+            t.start_wait += wait
         if timing.h2d_s is not None:
             t.h2d += timing.h2d_s
             t.h2d_bytes += timing.h2d_bytes or 0

@@ -88,6 +88,9 @@ METRICS = (
     Metric("queue_wait_pct", "{:.1f}", "max_queue_wait_pct", "<",
            "share of wall time the training loop spent inside next(), waiting for a batch "
            "(or building it, without workers): what the loader costs you"),
+    Metric("first_batch_wait_pct", "{:.1f}", None, "",
+           "share of wall time spent waiting for each epoch's first batch: the workers' "
+           "start-up, paid every epoch unless persistent_workers=True"),
     Metric("data_readiness_pct", "{:.1f}", None, "",
            "share of next() calls that found their batch already built (0 when batches are "
            "built inside next())"),

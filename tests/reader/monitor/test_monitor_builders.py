@@ -165,3 +165,40 @@ def test_cpu_split_of_a_real_run_sums_to_100_in_every_interval(datasets):
     for parts in split:
         assert sum(parts) == pytest.approx(100.0), split
         assert all(0 <= p <= 100 for p in parts), split
+
+
+def test_workers_started_every_epoch_are_named_as_the_wait(datasets):
+    """The trial's text run: 7 batches an epoch, two workers started for each, workers
+    0.08 % busy, and the verdict blamed a slow main process ("fewer workers"). The
+    wait is for each epoch's first batch: the workers' start-up."""
+    mon = Recorder(0.1)
+    _run_for(reader.Loader(datasets["text"], 16, num_workers=2, monitor=mon), 0.6)
+    stats = mon.stats()
+    mean = stats["mean"]
+    assert mean["epochs_started"] >= 3
+    assert mean["first_batch_wait_pct"] >= 0.5 * mean["queue_wait_pct"], mean
+    d = stats["diagnosis"]
+    assert d["kind"] == "sync-bound" and d["cause"] == "startup", d
+    assert "persistent_workers=True" in d["message"]
+
+
+def test_first_batch_wait_counts_each_epoch_s_first_delivery():
+    from dataclasses import replace
+
+    from tests.helpers_monitor import HEALTHY, FakeClock, timing
+
+    clock = FakeClock()
+    mon = Monitor(10.0, clock=clock, output=False, num_workers=2, cpu=None)
+    for epoch in range(3):
+        for k in range(5):
+            wait = 0.2 if k == 0 else 0.0  # the workers start: 200 ms for batch 0
+            clock.advance(0.02 + wait)
+            mon.on_batch(replace(timing(HEALTHY, k, k % 2), epoch=epoch, wait_s=wait,
+                                 next_s=wait))
+    mean = mon.stats()["mean"]
+    assert mean["epochs_started"] == 3
+    # Wall time runs from the first next() call: the first step is before it.
+    assert mean["first_batch_wait_pct"] == pytest.approx(100 * 0.6 / (14 * 0.02 + 0.6))
+    assert mean["first_batch_wait_pct"] == pytest.approx(mean["queue_wait_pct"])
+    d = mon.diagnosis()
+    assert d.cause == "startup" and "3 epoch(s)" in d.message, d
