@@ -190,7 +190,7 @@ class RawEpoch:
             dt = time.perf_counter() - t0
             # Every field's stored bytes; none paged in here (views, read when touched),
             # so no read_bytes, unless copy=True copied the bytes fields (that time is dt).
-            nbytes = stored_bytes(rt.dataset, rt.fields, indices)
+            nbytes = stored_bytes(rt.dataset, rt.fields, indices, batch)
             rt.emit_batch(BatchTiming(k, self.epoch, -1, len(indices), nbytes, 0, 0.0, 0.0,
                                       0.0, dt, dt, dt, dt, dt, 0))
         self.k = k + 1
@@ -471,7 +471,7 @@ class Epoch:
                                   latency_s=latency if latency > 0.0 else 0.0, prefetch=in_flight,
                                   ready=t.done_at <= t_call, wait_at=t_wait)
             if plan.main_fields:  # served here, so counted here, only when someone listens
-                timing.bytes += stored_bytes(rt.dataset, plan.main_fields, served)
+                timing.bytes += stored_bytes(rt.dataset, plan.main_fields, served, batch)
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from formats.fields import SCALAR_TYPES
+from formats.fields import BYTES_TYPES, SCALAR_TYPES
 
 __all__ = ["BatchTiming", "WorkerTiming", "batch_timing", "stored_bytes"]
 
@@ -158,15 +158,21 @@ def batch_timing(t: WorkerTiming, *, batch: int, epoch: int, worker: int, wait_s
                        read_bytes=t.read_bytes)
 
 
-def stored_bytes(ds, names, indices) -> int:
+def stored_bytes(ds, names, indices, batch: dict | None = None) -> int:
     """The stored bytes of fields ``names`` of records ``indices``, for the monitor's
-    byte counts (``BatchTiming.bytes``): each field's index lengths (``ds.spans``)
-    summed, one numpy gather per field and batch, no work per record; an ``int`` or
-    ``float`` field is 8 bytes a record (FORMAT.md), so it needs no gather."""
+    byte counts (``BatchTiming.bytes``), with no Python work per record.
+
+    An ``int`` or ``float`` field is 8 bytes a record (FORMAT.md); an uncompressed bytes
+    field that ``batch`` holds is its list of stored payloads, summed by ``len`` in C;
+    any other field is its index lengths (``ds.spans``, one numpy gather a batch).
+    """
     n = 0
     for name in names:
-        if ds.fields[ds.field_index[name]].type in SCALAR_TYPES:
+        f = ds.fields[ds.field_index[name]]
+        if f.type in SCALAR_TYPES:
             n += 8 * len(indices)
+        elif batch is not None and f.type in BYTES_TYPES and f.compression == "none":
+            n += sum(map(len, batch[name]))
         else:
             n += int(ds.spans(indices, name)[2].sum())
     return n
