@@ -29,7 +29,13 @@ the workers' start-up, which must not become the verdict that is held. (Judging 
 several intervals summed does invent one: half an interval of a healthy run
 and half of a CPU-bound one average to a sync-bound one.)
 
-Figures: wall time runs from the consumer's first ``next()``.
+Figures: wall time runs from the consumer's first ``next()``. ``num_workers`` is
+the processes that built the interval's batches: 0 when the main process built
+them all (``num_workers=0``, or raw mode, which starts no workers whatever
+``num_workers`` says), and ``per_worker`` names that builder ``main``.
+``first_batch_wait_pct`` is the share of wall time spent waiting for each epoch's
+first batch (the workers' start-up, every epoch unless they persist), out of
+``queue_wait_pct``.
 ``queue_wait_pct`` is the share of wall time the consumer spent inside
 ``next()`` (blocked on a batch, or building it when there are no workers).
 ``data_readiness_pct`` is the share of ``next()`` calls that found their batch
