@@ -7,6 +7,10 @@ A page holds a marker and the hook replaces it at build time:
 - ``<!-- errors -->``: one table per package face of its public error classes, their
   standard bases (what an ``except`` clause of the standard library catches) and the
   first line of their docstrings, read from the classes;
+- ``<!-- metrics -->``: the monitor's table of metrics, each figure's name, meaning,
+  default limit (the report's threshold column) and the path it exists on, read from
+  ``reader.monitor.report.METRICS`` and ``Thresholds``: a guide explains the table
+  without a second copy of what each figure means;
 - ``<!-- include: FORMAT.md -->``: a document of the repository's root, included whole
   (one copy of each fact), its links to other files of the repository made site links
   (``FORMAT.md``, ``BENCHMARKS.md``) or code (``scripts/bench.py``), since the site holds
@@ -28,7 +32,7 @@ PAGES = {"FORMAT.md": "reference/format.md", "BENCHMARKS.md": "benchmarks.md",
          "README.md": "index.md"}
 LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s#]+)(#[^)\s]*)?\)")
 
-MARKER = re.compile(r"<!-- (cli: [\w-]+|errors|include: [\w.-]+) -->")
+MARKER = re.compile(r"<!-- (cli: [\w-]+|errors|metrics|include: [\w.-]+) -->")
 ROLE = re.compile(r":(?:class|meth|func|mod|data|attr|exc):(`[^`]+`)")
 
 
@@ -87,6 +91,22 @@ def errors_markdown() -> str:
     return "\n".join(out)
 
 
+def metrics_markdown() -> str:
+    """The monitor's metrics as a table: name, meaning, default limit, where it exists."""
+    from reader.monitor.diagnosis import Thresholds
+    from reader.monitor.report import METRICS
+
+    defaults = Thresholds()
+    rows = ["| metric | what it measures | threshold (default, `Thresholds` attribute) |",
+            "| --- | --- | --- |"]
+    for m in METRICS:
+        limit = (f"{m.op} {getattr(defaults, m.limit):g} (`{m.limit}`)" if m.limit else "—")
+        only = f" Only with `{m.only}`." if m.only else ""
+        meaning = m.meaning.replace("|", "\\|")
+        rows.append(f"| `{m.key}` | {meaning[:1].upper()}{meaning[1:]}.{only} | {limit} |")
+    return "\n".join(rows) + "\n"
+
+
 def include_markdown(name: str, page_path: str) -> str:
     """The root document ``name``, its relative links pointed at the site's pages."""
     depth = page_path.count("/")  # the page's folder, relative to docs/
@@ -107,6 +127,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         kind, _, arg = m.group(1).partition(": ")
         if kind == "errors":
             return errors_markdown()
+        if kind == "metrics":
+            return metrics_markdown()
         if kind == "include":
             return include_markdown(arg, page.file.src_uri)
         return cli_markdown(arg)

@@ -85,7 +85,7 @@ def timing(p: Pattern, batch: int, worker: int):
         batch=batch, epoch=0, worker=worker, records=p.records, bytes=p.nbytes,
         skipped=p.skipped, io_s=p.io, decode_s=p.decode, transform_s=p.transform,
         assemble_s=p.assemble, busy_s=p.busy, wait_s=p.wait, latency_s=p.latency,
-        next_s=p.wait, prefetch=p.prefetch, h2d_s=p.h2d, h2d_bytes=p.h2d_bytes,
+        next_s=p.wait, prefetch=p.prefetch, h2d_s=p.h2d, h2d_bytes=p.h2d_bytes, read_bytes=p.nbytes,
         gpu_records=p.gpu_records, gpu_decode_s=p.gpu_decode, gpu_share=p.gpu_share,
     )  # fmt: skip
 

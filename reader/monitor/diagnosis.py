@@ -16,13 +16,21 @@ for a machine whose cores other programs take, in this order:
    ``/proc``) use a large share of them. The workers are starved, whatever the
    other figures say: a starved worker looks idle (it is not scheduled to pick
    up work), and so does a starved main process.
-4. sync-bound: the consumer waits but the workers are often idle. With fewer
+4. in the main process: no worker builds (``num_workers=0``, or raw mode,
+   ``decode=False``, which has no workers): the consumer waits while its own
+   process builds each batch inside ``next()``, so the advice is about that
+   process (worker processes, or for the gathering of raw fields, less copying),
+   never prefetch or more workers, which it does not have. Called CPU-bound,
+   with the stage that takes the build's time.
+5. sync-bound: the consumer waits but the workers are often idle. When most of
+   the wait is for epochs' first batches, the workers' start-up is to blame
+   (short epochs, workers not persistent). With fewer
    batches in flight than workers, they are not allowed to run far enough
    ahead (prefetch too small for a bursty consumer); with work queued, the
    main process is slow to dispatch and collect it (task scheduling); the GPU
    decode stage runs there too, and the message gives its share of wall time.
-5. IO-bound: busy workers spend their time reading, not decoding.
-6. CPU-bound: busy workers spend their time decoding, transforming (user
+6. IO-bound: busy workers spend their time reading, not decoding.
+7. CPU-bound: busy workers spend their time decoding, transforming (user
    callables and any augmentation after the decode) or assembling; the message
    names the stage and the fix for that stage. When the GPU decodes part of each
    batch (``decode_device="cuda"``), it says how much and at what rate: the split
@@ -59,7 +67,10 @@ class Thresholds:
 
     Args:
         max_load_latency_ms: mean time from a batch being requested to ready.
-        max_decode_share_pct: decode time as a share of worker busy time.
+        max_decode_share_pct: decode time as a share of worker busy time below
+            which a run that reads more than ``max_io_share_pct`` is IO-bound (rule
+            6). Not a limit on the decode share itself, which is most of the work of
+            any JPEG pipeline: the table shows none for it.
         max_io_share_pct: read time as a share of worker busy time; above it
             (with a low decode share) the loader is IO-bound.
         min_h2d_gb_s: host-to-device copy bandwidth.
@@ -108,8 +119,8 @@ class Diagnosis:
         message: one line naming the bottleneck, the evidence and the fix.
         cause: what within ``kind`` is to blame: the stage for ``cpu-bound``
             (``decode``, ``transform``, ``assemble``, ``read``) or
-            ``other-processes``; ``prefetch`` or ``dispatch`` for
-            ``sync-bound``; ``storage`` or ``remote-storage`` for ``io-bound``;
+            ``other-processes``; ``prefetch``, ``startup`` (waiting for the
+            workers to start, each epoch) or ``dispatch`` for ``sync-bound``; ``storage`` or ``remote-storage`` for ``io-bound``;
             ``h2d`` for ``transfer-bound``; ``consumer`` when healthy.
     """
 
@@ -235,9 +246,22 @@ def diagnose(
             f"{stage} takes {share:.0f}%)",
             "other-processes",
         )
+    if workers == 0:
+        return _in_process(wait, busy, stage, share)
     if _under(busy, th.min_worker_busy_pct, band,
               _keep(previous, kind == "sync-bound", kind in ("io-bound", "cpu-bound"))):  # fmt: skip
         depth = _num(f, "prefetch_depth")
+        first = _num(f, "first_batch_wait_pct")
+        if first >= 0.5 * wait:
+            # Most of the wait is for epochs' first batches: the workers are starting.
+            starts = int(_num(f, "epochs_started"))
+            return Diagnosis(
+                "sync-bound",
+                f"sync-bound: the consumer waits {wait:.0f}% of the time, {first:.0f}% for the "
+                f"first batch of the {starts} epoch(s) started -> the workers start anew every "
+                "epoch: persistent_workers=True starts them once; or make epochs longer",
+                "startup",
+            )
         if depth < workers:
             return Diagnosis(
                 "sync-bound",
@@ -275,11 +299,7 @@ def diagnose(
             f"decoding, load latency {latency:.1f} ms{rate_text} -> {fix}",
             "remote-storage" if remote else "storage",
         )
-    who = (
-        "the main process (num_workers=0) is"
-        if workers == 0
-        else f"the {workers} worker(s) are"
-    )
+    who = f"the {workers} worker(s) are"
     if idle is not None and idle < th.min_idle_cpu_pct:
         more = f"the cores are {100 - idle:.0f}% busy, so more workers will not help; "
     else:
@@ -292,8 +312,27 @@ def diagnose(
     )
 
 
+def _in_process(wait: float, busy: float, stage: str, share: float) -> Diagnosis:
+    """Rule 4: the main process builds every batch (no workers), and the consumer waits."""
+    if stage == "assemble":
+        # Nothing decoded: the build is gathering the records' fields into the batch.
+        fix = ("gathering the fields is memory-bound copying, not decoding; decode=False "
+               "always reads in this process (it has no workers): return only the fields "
+               "the step uses (fields=...), keep copy=False, or use larger batches")
+    else:
+        fix = ("use worker processes (num_workers > 0, or 'auto'): they build batches while "
+               f"the training step runs; then {_STAGE_FIXES[stage]}")
+    return Diagnosis(
+        "cpu-bound",
+        f"CPU-bound in the main process: it builds each batch inside next() (num_workers=0, "
+        f"or decode=False), busy {busy:.0f}% of wall time while the consumer waits "
+        f"{wait:.0f}%; {stage} takes {share:.0f}% of the build -> {fix}",
+        stage,
+    )
+
+
 def _gpu_stage(f: dict[str, Any]) -> str:
-    """The GPU decode's share of wall time, for a slow main process (rule 4): the GPU
+    """The GPU decode's share of wall time, for a slow main process (rule 5): the GPU
     stage runs there, inside ``next()``; "" without GPU decode."""
     pct, gpu, wall = f.get("gpu_decode_pct"), f.get("gpu_img_s"), f.get("wall_s")
     if not pct or not gpu or not wall:
@@ -303,7 +342,7 @@ def _gpu_stage(f: dict[str, Any]) -> str:
 
 
 def _gpu_part(f: dict[str, Any], stage: str) -> str:
-    """What the GPU decode already takes off a CPU-bound loader's workers (rule 6), or "".
+    """What the GPU decode already takes off a CPU-bound loader's workers (rule 7), or "".
 
     The split controller (:mod:`reader.runtime.split`) gives the GPU the share of each
     batch that finishes both sides together, so with both rates measured, moving more

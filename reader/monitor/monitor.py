@@ -29,7 +29,13 @@ the workers' start-up, which must not become the verdict that is held. (Judging 
 several intervals summed does invent one: half an interval of a healthy run
 and half of a CPU-bound one average to a sync-bound one.)
 
-Figures: wall time runs from the consumer's first ``next()``.
+Figures: wall time runs from the consumer's first ``next()``. ``num_workers`` is
+the processes that built the interval's batches: 0 when the main process built
+them all (``num_workers=0``, or raw mode, which starts no workers whatever
+``num_workers`` says), and ``per_worker`` names that builder ``main``.
+``first_batch_wait_pct`` is the share of wall time spent waiting for each epoch's
+first batch (the workers' start-up, every epoch unless they persist), out of
+``queue_wait_pct``.
 ``queue_wait_pct`` is the share of wall time the consumer spent inside
 ``next()`` (blocked on a batch, or building it when there are no workers).
 ``data_readiness_pct`` is the share of ``next()`` calls that found their batch
@@ -44,8 +50,10 @@ cheaper decode). Low wait with low readiness is a balanced pipeline with no marg
 Stage shares (``io``, ``decode``, ``transform``, ``assemble``) are of the
 workers' busy time; ``decode`` is the fused decode + crop + resize + flip,
 ``transform`` what runs after it (user callables). ``worker_busy_pct`` is busy
-time over ``num_workers`` x wall. ``read_mb_s`` is bytes over IO time (the
-storage rate while reading), ``mb_per_s``/``samples_per_s`` are over wall time.
+time over ``num_workers`` x wall. ``mb_per_s`` and ``samples_per_s`` are the stored
+bytes (every field's) and samples delivered over wall time; ``read_mb_s`` is the
+bytes the builders paged in over the time that took (the storage's rate while
+reading), None where they page in nothing (fields served as views over the shards).
 ``h2d_*`` are None on CPU. With ``decode_device="cuda"`` (the GPU decodes part of
 each batch, :mod:`reader.runtime.split`), ``gpu_decode_pct`` is the share of samples
 the GPU decoded, ``gpu_img_s`` and ``cpu_img_s`` the two sides' rates measured over
@@ -114,6 +122,7 @@ __all__ = [
 ]
 
 _STAGES = ("io", "decode", "transform", "assemble")
+MAIN = -1  # BatchTiming.worker of a batch built in the main process
 
 
 PROC_CPU = ProcCpu()
@@ -125,7 +134,7 @@ class _Totals:
     __slots__ = (
         "assemble", "batches", "busy", "bytes", "cpu_records", "cpu_s", "decode", "gpu_batches",
         "gpu_records", "gpu_s", "h2d", "h2d_batches", "h2d_bytes", "io", "latency", "prefetch",
-        "ready", "samples", "skipped", "transform", "wait",
+        "read_bytes", "ready", "samples", "skipped", "start_wait", "starts", "transform", "wait",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -164,16 +173,25 @@ def _capped(pct: float | None) -> float | None:
 
 
 def _cpu_figures(a: CpuTicks | None, b: CpuTicks | None) -> dict[str, float | None]:
+    """The machine's CPU time between two readings, split three ways that sum to 100.
+
+    ``idle_cpu_pct`` and the busy rest come from ``/proc/stat`` alone; the loader's
+    share of the busy time is its own ticks (:class:`ProcCpu`), capped at the busy
+    time, and ``other_cpu_pct`` is what is left. The cap is needed because the two
+    sources are counted differently: ``/proc/stat`` charges each 10 ms clock tick to
+    whatever ran at it, a process's ticks come from its measured run time, and the
+    two files are read microseconds apart, so over an interval of a few ticks (a
+    short last interval, a flush) the loader's figure can exceed the machine's busy
+    time. The split is then approximate (within a few ticks of each core), never
+    inconsistent: the three always add up to 100.
+    """
     total = b.total - a.total if a is not None and b is not None else 0
     if total <= 0:
         return {"loader_cpu_pct": None, "other_cpu_pct": None, "idle_cpu_pct": None}
-    busy, own = b.busy - a.busy, b.loader - a.loader
-
-    def pct(ticks: float) -> float:
-        return min(max(100.0 * ticks / total, 0.0), 100.0)
-
-    return {"loader_cpu_pct": pct(own), "other_cpu_pct": pct(busy - own),
-            "idle_cpu_pct": pct(total - busy)}  # fmt: skip
+    busy = min(max(b.busy - a.busy, 0), total)
+    own = min(max(b.loader - a.loader, 0), busy)
+    return {"loader_cpu_pct": 100.0 * own / total, "other_cpu_pct": 100.0 * (busy - own) / total,
+            "idle_cpu_pct": 100.0 * (total - busy) / total}  # fmt: skip
 
 
 def _gpu_figures(t: _Totals, num_workers: int, share: float | None) -> dict[str, float | None]:
@@ -218,9 +236,14 @@ def _figures(
         fig[f"{stage}_share_pct"] = _ratio(getattr(t, stage), t.busy, 100.0)
     fig.update(
         busy_ms=_ratio(t.busy, n, 1e3),
-        read_mb_s=_ratio(t.bytes, t.io, 1e-6),
+        # Bytes the builders paged in over the time that took: the storage's rate
+        # while reading (None where they paged in nothing: fields served as views).
+        read_mb_s=_ratio(t.read_bytes, t.io, 1e-6) if t.read_bytes else None,
         queue_wait_pct=_ratio(t.wait, wall, 100.0),  # share of wall time inside next()
         data_readiness_pct=_ratio(t.ready, n, 100.0),  # share of next() calls served at once
+        # Waiting for each epoch's first batch: worker start-up, unless they persist.
+        first_batch_wait_pct=_ratio(t.start_wait, wall, 100.0),
+        epochs_started=t.starts,
         # In-process (0 workers) the main process is the one builder.
         # A batch is counted when delivered, so a short interval can hold more busy
         # time than its wall time; the share is capped at 100%.
@@ -235,11 +258,17 @@ def _figures(
         skipped=t.skipped,
         **cpu,
         per_worker={
-            str(w): {"batches": b, "busy_pct": _capped(_ratio(s, wall, 100.0))}
+            _builder_name(w): {"batches": b, "busy_pct": _capped(_ratio(s, wall, 100.0))}
             for w, (s, b) in sorted(busy_by_worker.items(), key=lambda kv: str(kv[0]))
         },
     )
     return fig
+
+
+def _builder_name(worker: Any) -> str:
+    """A builder's name in ``per_worker``: the worker's id, or ``"main"`` for the main
+    process (``BatchTiming.worker`` -1)."""
+    return "main" if worker == MAIN else str(worker)
 
 
 def _emit_text(output: Any, text: str) -> None:
@@ -310,7 +339,9 @@ class Monitor:
             record (:mod:`reader.monitor.sinks`).
         num_workers: the loader's worker count (busy share is relative to it);
             when None, the number of distinct worker ids >= 0 seen so far
-            (id -1 means built in the main process).
+            (id -1 means built in the main process). An interval whose batches
+            the main process built, all of them, reports 0 whatever this says
+            (raw mode names workers it never starts).
         name: shown in the report and the records, to tell loaders apart.
         clock: seconds, monotonic; replaceable for tests.
         cpu: returns cumulative :class:`CpuTicks` (or None when unknown), read
@@ -361,6 +392,7 @@ class Monitor:
         self._mark: _Mark | None = None  # the last report (or the start)
         self._max_latency = 0.0  # whole run, up to the last report
         self._interval_max_latency = 0.0
+        self._epoch: int | None = None  # the epoch of the last batch delivered
         self._gpu_share: float | None = None  # the split controller's latest share
         self._start: float | None = None
         self._next = float("inf")
@@ -420,6 +452,7 @@ class Monitor:
         t.batches += 1
         t.samples += timing.records
         t.bytes += timing.bytes
+        t.read_bytes += timing.read_bytes
         t.io += timing.io_s
         t.decode += timing.decode_s
         t.transform += timing.transform_s
@@ -430,6 +463,10 @@ class Monitor:
         t.prefetch += timing.prefetch
         t.skipped += timing.skipped
         t.ready += timing.ready
+        if timing.epoch != self._epoch:  # an epoch's first batch delivered
+            self._epoch = timing.epoch
+            t.starts += 1
+            t.start_wait += wait
         if timing.h2d_s is not None:
             t.h2d += timing.h2d_s
             t.h2d_bytes += timing.h2d_bytes or 0
@@ -456,11 +493,17 @@ class Monitor:
     def _read_cpu(self) -> CpuTicks | None:
         return self._cpu() if self._cpu is not None else None
 
-    def _worker_count(self) -> int:
-        """Workers as configured (0: batches built in the main process)."""
+    def _worker_count(self, delta: dict) -> int:
+        """The worker processes that build the batches of ``delta`` (worker id ->
+        (busy seconds, batches)): 0 where the main process built every one of them
+        (``num_workers=0``, or raw mode, ``decode=False``, which never starts the
+        workers its ``num_workers`` names), else the workers as configured."""
+        built = [w for w, (_, b) in delta.items() if b > 0]
+        if built and all(w == MAIN for w in built):
+            return 0
         if self.num_workers is not None:
             return self.num_workers
-        return sum(1 for w in self._workers if not (isinstance(w, int) and w < 0))
+        return sum(1 for w in self._workers if w != MAIN)
 
     def _since(self, mark: _Mark | None, now: float, max_latency: float,
                cpu: CpuTicks | None) -> dict[str, Any]:  # fmt: skip
@@ -471,7 +514,7 @@ class Monitor:
         delta = {w: (s - mark.workers.get(w, zero)[0], b - mark.workers.get(w, zero)[1])
                  for w, (s, b) in self._workers.items()}  # fmt: skip
         fig = _figures(self._total.minus(mark.totals), now - mark.at, max_latency,
-                       self._worker_count(), delta, _cpu_figures(mark.cpu, cpu),
+                       self._worker_count(delta), delta, _cpu_figures(mark.cpu, cpu),
                        self._gpu_share)  # fmt: skip
         fig["storage"] = self.storage
         return fig

@@ -75,25 +75,44 @@ class Metric(NamedTuple):
     only: str = ""
 
 
-# The table's rows and monitor-report's figures, in display order.
+# The table's rows and monitor-report's figures, in display order. Each meaning is the
+# one definition of its figure: the monitor guide's table of metrics is generated from
+# them (docs/hooks.py, ``<!-- metrics -->``).
 METRICS = (
     Metric("load_latency_ms", "{:.1f}", "max_load_latency_ms", "<",
-           "mean time from a batch being requested to built"),
-    Metric("load_latency_max_ms", "{:.1f}", None, "", "longest such time"),
+           "mean time from a batch being requested to its builder finishing it (a worker, "
+           "or the main process); with prefetch it may be long while nobody waits: read "
+           "queue_wait_pct first"),
+    Metric("load_latency_max_ms", "{:.1f}", None, "",
+           "the longest such time: a rare stall (a slow shard, a download) shows here"),
     Metric("queue_wait_pct", "{:.1f}", "max_queue_wait_pct", "<",
-           "share of wall time the consumer waits inside next()"),
+           "share of wall time the training loop spent inside next(), waiting for a batch "
+           "(or building it, without workers): what the loader costs you"),
+    Metric("first_batch_wait_pct", "{:.1f}", None, "",
+           "share of wall time spent waiting for each epoch's first batch: the workers' "
+           "start-up, paid every epoch unless persistent_workers=True"),
     Metric("data_readiness_pct", "{:.1f}", None, "",
-           "share of next() calls that found their batch already built"),
-    Metric("worker_busy_pct", "{:.1f}", None, "", "workers' busy time over workers x wall time"),
+           "share of next() calls that found their batch already built (0 when batches are "
+           "built inside next())"),
+    Metric("worker_busy_pct", "{:.1f}", None, "",
+           "the builders' busy time over their number x wall time: the workers, or the main "
+           "process when it builds (workers 0); by builder on the line under the table "
+           "(w0, w1, ...; main)"),
     Metric("io_share_pct", "{:.1f}", "max_io_share_pct", "<",
-           "reading (paging in record bytes), share of worker busy time"),
-    Metric("decode_share_pct", "{:.1f}", "max_decode_share_pct", "<",
-           "decode (with the fused crop, resize, flip), share of worker busy time"),
+           "reading (paging in record bytes), share of the builders' busy time"),
+    Metric("decode_share_pct", "{:.1f}", None, "",
+           "decode (with the fused crop, resize, flip), share of the builders' busy time; "
+           "most of it in a JPEG pipeline is normal, so it has no limit: the diagnosis says "
+           "whether it is the bottleneck"),
     Metric("transform_share_pct", "{:.1f}", None, "",
-           "transforms after the decode (user callables), share of worker busy time"),
+           "transforms after the decode (user callables), share of the builders' busy time"),
     Metric("assemble_share_pct", "{:.1f}", None, "",
-           "writing the other fields into the batch, share of worker busy time"),
-    Metric("read_mb_s", "{:.0f}", None, "", "bytes over reading time"),
+           "gathering the other fields into the batch, share of the builders' busy time"),
+    Metric("read_mb_s", "{:.0f}", None, "",
+           "bytes the builders paged in over the time that took: the storage's rate while "
+           "reading, not the delivery rate, so far above mb_per_s when reading is a small "
+           "part of the work; n/a where nothing is paged in (fields served as views over "
+           "the shards, read when your code touches them: raw mode, text)"),
     Metric("h2d_gb_s", "{:.2f}", "min_h2d_gb_s", ">", "host-to-device copy bandwidth",
            "device='cuda'"),
     Metric("gpu_decode_pct", "{:.1f}", None, "", "share of samples the GPU decoded",
@@ -107,15 +126,22 @@ METRICS = (
     Metric("gpu_share", "{:.2f}", None, "",
            "the GPU's share of the next batches, as the split chose it (0..1)",
            "decode_device='cuda'"),
-    Metric("samples_per_s", "{:.0f}", None, "", "samples delivered per second"),
-    Metric("mb_per_s", "{:.1f}", None, "", "stored bytes delivered per second"),
-    Metric("prefetch_depth", "{:.1f}", None, "", "batches in flight when one was requested"),
+    Metric("samples_per_s", "{:.0f}", None, "", "samples delivered per second of wall time"),
+    Metric("mb_per_s", "{:.1f}", None, "",
+           "stored bytes delivered per second of wall time, every field's (images, text, "
+           "tokens, annotations; as stored, before decoding)"),
+    Metric("prefetch_depth", "{:.1f}", None, "",
+           "batches in flight (requested, not yet delivered) when one was requested, on "
+           "average; fewer than the workers leaves some idle"),
     Metric("loader_cpu_pct", "{:.1f}", None, "",
-           "CPU time of this process and its workers, share of all cores"),
+           "CPU time of this process and its workers, share of all cores; with the next "
+           "two it sums to 100 (a short interval's split is approximate, to a few 10 ms "
+           "ticks)"),
     Metric("other_cpu_pct", "{:.1f}", "max_other_cpu_pct", "<",
            "CPU time of every other process, share of all cores"),
     Metric("idle_cpu_pct", "{:.1f}", None, "", "idle share of all cores"),
-    Metric("skipped", "{:d}", None, "", "records skipped as undecodable (a count)"),
+    Metric("skipped", "{:d}", None, "",
+           "records skipped as undecodable (on_error='skip'; a count)"),
 )  # fmt: skip
 
 # Figures summarized (min/mean/max/last over intervals): every metric but the count.
@@ -141,8 +167,11 @@ def _cell(value: Any, fmt: str, limit: float | None, op: str) -> str:
 def format_table(stats: dict[str, Any], thresholds: Thresholds | None = None) -> str:
     """Render a ``Monitor.stats()`` dict as the interval report.
 
-    Values outside their threshold are prefixed with ``!``. When the verdict
-    shown is held against the last interval's own, a line says so.
+    The threshold column is the figure's limit (``< 20``: it should stay below 20),
+    from ``thresholds`` (:class:`Thresholds`, attribute :attr:`Metric.limit`); a value
+    past it is prefixed with ``!``. A mark is a hint, not a verdict: the diagnosis
+    line weighs the figures together (a long latency with no waiting is harmless).
+    When the verdict shown is held against the last interval's own, a line says so.
 
     Args:
         stats: as returned by :meth:`Monitor.stats`.
@@ -153,9 +182,11 @@ def format_table(stats: dict[str, Any], thresholds: Thresholds | None = None) ->
     """
     th = thresholds or Thresholds()
     cur, mean = stats["current"], stats["mean"]
+    builders = cur.get("num_workers", mean["num_workers"])
     head = (
         f"[shardpack monitor{' ' + stats['name'] if stats.get('name') else ''}] t={stats['elapsed_s']:.1f}s  "
-        f"batches {mean['batches']} (+{cur['batches']})  workers {mean['num_workers']}"
+        f"batches {mean['batches']} (+{cur['batches']})  workers {builders}"
+        + (" (the main process builds the batches, inside next())" if builders == 0 else "")
     )
     rows = [("metric", "current", "mean", "threshold")]
     for m in _shown(METRICS, cur, mean):
@@ -178,11 +209,12 @@ def format_table(stats: dict[str, Any], thresholds: Thresholds | None = None) ->
     if per_worker:
         shown = list(per_worker.items())[:16]
         busy = "  ".join(
-            f"w{w} {'n/a' if v['busy_pct'] is None else format(v['busy_pct'], '.0f')}"
+            f"{w if w == 'main' else 'w' + w} "
+            f"{'n/a' if v['busy_pct'] is None else format(v['busy_pct'], '.0f')}"
             for w, v in shown
         )
         more = f"  (+{len(per_worker) - 16} more)" if len(per_worker) > 16 else ""
-        lines.append(f"worker_busy_pct by worker: {busy}{more}")
+        lines.append(f"worker_busy_pct by builder: {busy}{more}")
     lines.append(f"diagnosis: {stats['diagnosis']['message']}")
     own = stats.get("interval_diagnosis") or stats["diagnosis"]
     if (own.get("kind"), own.get("cause")) != (stats["diagnosis"]["kind"],

@@ -63,14 +63,13 @@ from pathlib import Path
 import numpy as np
 
 from formats.errors import FormatError, ShardpackError
-from formats.fields import BYTES_TYPES
 
 from ..data.dataset import main_fields
 from ..errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from ..transforms.bad_input import Quarantine
 from ..transforms.collate import assemble
 from .proc import describe, process_state
-from .timing import BatchTiming, batch_timing
+from .timing import BatchTiming, batch_timing, stored_bytes
 from .worker import BatchBuilder, BatchDone, BatchFailed, Task, batch_rng
 
 __all__ = ["Cursor", "Epoch", "RawEpoch"]
@@ -157,9 +156,6 @@ class RawEpoch:
         self.epoch = rt.cursor.epoch
         self.k = rt.cursor.position
         self.copy = rt.options.copy
-        types = {f.name: f.type for f in rt.dataset.fields}
-        # Fields that come as lists of bytes/memoryviews: what ``bytes`` counts.
-        self.byte_fields = tuple(n for n in rt.fields if types[n] in BYTES_TYPES)
         self.prefetch = rt.start_prefetch(self.epoch, self.k)
         self.superseded: str | None = None  # why a newer iterator or call ended this one
         self.owner: object = None  # kept alive with this epoch (the Loader); never called
@@ -192,9 +188,9 @@ class RawEpoch:
         k = self.k
         if rt.listeners:
             dt = time.perf_counter() - t0
-            nbytes = 0
-            for name in self.byte_fields:
-                nbytes += sum(map(len, batch[name]))
+            # Every field's stored bytes; none paged in here (views, read when touched),
+            # so no read_bytes, unless copy=True copied the bytes fields (that time is dt).
+            nbytes = stored_bytes(rt.dataset, rt.fields, indices, batch)
             rt.emit_batch(BatchTiming(k, self.epoch, -1, len(indices), nbytes, 0, 0.0, 0.0,
                                       0.0, dt, dt, dt, dt, dt, 0))
         self.k = k + 1
@@ -486,8 +482,8 @@ class Epoch:
                 served[p] = replacement
                 cursor.quarantine.add(rt.dataset, record, replacement)
         if plan.main_fields:
-            batch.update(main_fields(rt.dataset, plan.main_fields,
-                                     served if msg.replaced else rt.order.batch(self.epoch, k)))
+            served = served if msg.replaced else rt.order.batch(self.epoch, k)
+            batch.update(main_fields(rt.dataset, plan.main_fields, served))
         if t.skipped:
             cursor.skipped += t.skipped
         timing = None
@@ -499,6 +495,8 @@ class Epoch:
             timing = batch_timing(t, batch=k, epoch=self.epoch, worker=msg.worker, wait_s=waited,
                                   latency_s=latency if latency > 0.0 else 0.0, prefetch=in_flight,
                                   ready=t.done_at <= t_call, wait_at=t_wait)
+            if plan.main_fields:  # served here, so counted here, only when someone listens
+                timing.bytes += stored_bytes(rt.dataset, plan.main_fields, served, batch)
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)

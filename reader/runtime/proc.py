@@ -202,6 +202,15 @@ class ProcCpu:
     that are not the loader's (a training script's own subprocesses started
     with multiprocessing) count as the loader's.
 
+    Why the reads are ordered and repeated: a child reaped (``waitpid``, by
+    ``multiprocessing`` or a pool's ``join``) between reading ``cutime`` and
+    reading the child would be counted in neither sum, and its whole lifetime
+    would then land in the next interval at once (loader above the machine's busy
+    time, the split above 100 %). So the children are listed first (listing may
+    reap), ``cutime`` is read before and after the children, and the reading is
+    repeated while a reap changed it. The machine's time is read last, so its
+    window holds the loader's.
+
     Args:
         pids: returns the child processes to count (default: this process's
             live multiprocessing children).
@@ -214,10 +223,29 @@ class ProcCpu:
 
     def __call__(self) -> CpuTicks | None:
         """The ticks now, or None without a readable ``/proc``."""
+        me = os.getpid()
+        for _ in range(3):
+            pids = list(self.pids())  # may reap: before cutime is read
+            before = _own_ticks(me, self.root)
+            if before is None:
+                return None
+            live = sum(process_ticks(pid, root=self.root) or 0 for pid in pids)
+            after = _own_ticks(me, self.root)
+            if after is None:
+                return None
+            if after[1] == before[1]:  # no child reaped while the children were read
+                break
         machine = machine_cpu(self.root)
-        own = process_ticks(os.getpid(), children=True, root=self.root)
-        if machine is None or own is None:
+        if machine is None:
             return None
-        for pid in self.pids():
-            own += process_ticks(pid, root=self.root) or 0
-        return CpuTicks(machine.busy, machine.total, own)
+        return CpuTicks(machine.busy, machine.total, after[0] + after[1] + live)
+
+
+def _own_ticks(pid: int, root: str) -> tuple[int, int] | None:
+    """``(utime + stime, cutime + cstime)`` of ``pid``, or None."""
+    rest = _stat_fields(pid, root)
+    try:
+        return ((int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14]))
+                if rest else None)
+    except (IndexError, ValueError):
+        return None

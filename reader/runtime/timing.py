@@ -24,7 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["BatchTiming", "WorkerTiming", "batch_timing"]
+from formats.fields import BYTES_TYPES, SCALAR_TYPES
+
+__all__ = ["BatchTiming", "WorkerTiming", "batch_timing", "stored_bytes"]
 
 
 class WorkerTiming(NamedTuple):
@@ -45,6 +47,7 @@ class WorkerTiming(NamedTuple):
     skipped: int
     done_at: float
     gpu_records: int = 0  # records staged for the GPU decode (reader.runtime.gpu_decode)
+    read_bytes: int = 0  # of ``bytes``, those paged in during ``io_s``
 
 
 @dataclass(slots=True)
@@ -59,7 +62,14 @@ class BatchTiming:
         epoch: the epoch the batch belongs to.
         worker: id of the worker that built it (0..num_workers-1), -1 in-process.
         records: records in the batch.
-        bytes: stored bytes brought in from the shards (sum of payload lengths).
+        bytes: stored bytes of the batch's records, every field it carries (images,
+            text, tokens, raw bytes, annotations, scalars; their index lengths summed:
+            :func:`stored_bytes`), whoever reads them: the monitor's ``mb_per_s``.
+        read_bytes: of ``bytes``, those the builder paged in itself, the time
+            ``io_s`` measures: the monitor's ``read_mb_s``. Fields handed out as views
+            over the shards (raw mode, text and bytes fields the main process serves)
+            are read when the consumer touches them, by no stage of the loader, so
+            they are in ``bytes`` only.
         skipped: records that failed to decode and were skipped (``on_error="skip"``).
         io_s: time to page in the records' bytes (touching each page before decoding).
         decode_s: decode time, as the pipeline reports it: for
@@ -133,6 +143,7 @@ class BatchTiming:
     gpu_img_s: float | None = None
     done_at: float = 0.0
     wait_at: float = 0.0
+    read_bytes: int = 0
 
 
 def batch_timing(t: WorkerTiming, *, batch: int, epoch: int, worker: int, wait_s: float,
@@ -143,4 +154,25 @@ def batch_timing(t: WorkerTiming, *, batch: int, epoch: int, worker: int, wait_s
                        skipped=t.skipped, io_s=t.io_s, decode_s=t.decode_s,
                        transform_s=t.transform_s, assemble_s=t.assemble_s, busy_s=t.busy_s,
                        wait_s=wait_s, latency_s=latency_s, next_s=0.0, prefetch=prefetch,
-                       ready=ready, done_at=t.done_at, wait_at=wait_at)
+                       ready=ready, done_at=t.done_at, wait_at=wait_at,
+                       read_bytes=t.read_bytes)
+
+
+def stored_bytes(ds, names, indices, batch: dict | None = None) -> int:
+    """The stored bytes of fields ``names`` of records ``indices``, for the monitor's
+    byte counts (``BatchTiming.bytes``), with no Python work per record.
+
+    An ``int`` or ``float`` field is 8 bytes a record (FORMAT.md); an uncompressed bytes
+    field that ``batch`` holds is its list of stored payloads, summed by ``len`` in C;
+    any other field is its index lengths (``ds.spans``, one numpy gather a batch).
+    """
+    n = 0
+    for name in names:
+        f = ds.fields[ds.field_index[name]]
+        if f.type in SCALAR_TYPES:
+            n += 8 * len(indices)
+        elif batch is not None and f.type in BYTES_TYPES and f.compression == "none":
+            n += sum(map(len, batch[name]))
+        else:
+            n += int(ds.spans(indices, name)[2].sum())
+    return n

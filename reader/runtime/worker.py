@@ -34,7 +34,7 @@ from ..transforms.sample import SampleBuilder
 from .gpu_decode import PLAN as GPU_PLAN
 from .gpu_decode import stage_for_gpu
 from .leases import own_fork
-from .timing import WorkerTiming
+from .timing import WorkerTiming, stored_bytes
 
 __all__ = ["BatchBuilder", "BatchDone", "BatchFailed", "BatchSpec", "BatchStale", "Task",
            "WorkerPool", "batch_rng", "worker_loop"]
@@ -155,6 +155,14 @@ class BatchBuilder:
             names += [*(n for n, _, _ in s.decoded), *(f.name for f in s.arrays),
                       *(n for n, _ in s.decoders)]
         self._read_fields = tuple(dict.fromkeys(n for n in names if n is not None))
+        # BatchTiming.bytes: what paging in counts (the image, the sample path's decoded
+        # fields), plus the stored bytes of the other fields built here (a scalar's are
+        # 8 a record: no gather on the classification path). The main process adds the
+        # fields it serves (reader.runtime.epoch), and only when a monitor listens.
+        paged = {spec.image_field, *spec.main_fields}
+        if s is not None:
+            paged.update(n for n, _, _ in s.decoded)
+        self._unpaged = tuple(n for n in self._read_fields if n not in paged)
 
     @property
     def current(self) -> int | None:
@@ -252,10 +260,11 @@ class BatchBuilder:
             io_s = decode_s = transform_s = assemble_s = 0.0
             nbytes = skipped = 0
         done_at = time.perf_counter()
+        stored = nbytes + stored_bytes(self.ds, self._unpaged, indices) if self._unpaged else nbytes
         timing = WorkerTiming(io_s=io_s, decode_s=decode_s, transform_s=transform_s,
                               assemble_s=assemble_s + gather_s, busy_s=done_at - t_start,
-                              bytes=nbytes, records=n, skipped=skipped, done_at=done_at,
-                              gpu_records=staged)
+                              bytes=stored, records=n, skipped=skipped, done_at=done_at,
+                              gpu_records=staged, read_bytes=nbytes)
         return timing, shapes
 
     def _images(self, indices, arrays, rng, valid, gpu: int = 0) -> tuple:

@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 
+import numpy as np
 import pytest
 
 from reader.monitor import monitor as monitor_mod
@@ -34,6 +35,7 @@ from tests.helpers_monitor import (
     FakeCpu,
     Pattern,
     feed,
+    timing,
 )
 
 pytest.importorskip("reader.runtime.timing", reason="reader/runtime/timing.py (BatchTiming) not written yet")
@@ -185,7 +187,7 @@ def test_table_records_and_stats_share_metric_names(tmp_path):
     names = [row.split()[0] for row in table[:len([m for m in METRICS if not m.only])]]
     # A CPU run prints every row but those of paths it did not take (Metric.only) ...
     assert names == [m.key for m in METRICS if not m.only]
-    assert table[len(names)].startswith("worker_busy_pct by worker")
+    assert table[len(names)].startswith("worker_busy_pct by builder")
     for span in ("current", "mean"):
         keys = {m.key for m in METRICS}  # ... which stats() and the records still carry
         assert keys <= set(record[span]) and keys <= set(mon.stats()[span])
@@ -256,7 +258,9 @@ def test_table_rows_thresholds_and_marks():
     text = out.getvalue().split("[shardpack monitor")[-1]
     lines = {line.split(" ")[0]: line for line in text.splitlines()}
     assert "< 20" in lines["load_latency_ms"] and "! 40.0" in lines["load_latency_ms"]
-    assert "< 35" in lines["decode_share_pct"] and "! 75.0" in lines["decode_share_pct"]
+    # A high decode share is what a JPEG pipeline does: no limit, no mark (the verdict
+    # says whether it is the bottleneck).
+    assert lines["decode_share_pct"].split()[1:] == ["75.0", "75.0"]
     assert "h2d_gb_s" not in lines and "gpu_img_s" not in lines  # no device path: no rows
     assert "< 10" in lines["queue_wait_pct"] and "!" in lines["queue_wait_pct"]
     assert lines["other_cpu_pct"].split()[1:3] == ["n/a", "n/a"]  # cpu=None
@@ -267,10 +271,10 @@ def test_healthy_table_marks_only_what_is_out_of_bounds():
     mon, clock, _ = make()
     feed(mon, clock, HEALTHY, 60)
     lines = {line.split(" ")[0]: line for line in format_table(mon.stats()).splitlines()}
-    # Decode dominates worker time in a JPEG pipeline even when the loader keeps up.
-    assert "! 53.3" in lines["decode_share_pct"]
-    for row in ("load_latency_ms", "queue_wait_pct", "io_share_pct", "samples_per_s"):
-        assert "!" not in lines[row], lines[row]
+    # Decode dominates worker time in a JPEG pipeline even when the loader keeps up: a
+    # healthy run's table marks nothing.
+    assert "53.3" in lines["decode_share_pct"]
+    assert not [row for row in lines.values() if "!" in row], lines
 
 
 def test_thresholds_are_configurable():
@@ -499,3 +503,78 @@ def _spin(seconds: float) -> None:
     end = time.process_time() + seconds
     while time.process_time() < end:
         pass
+
+
+class ScriptedCpu:
+    """CPU ticks read back from a list of (busy, total, loader) deltas, one per reading."""
+
+    def __init__(self, deltas) -> None:
+        self.deltas = list(deltas)
+        self.now = CpuTicks(0, 0, 0)
+
+    def __call__(self) -> CpuTicks:
+        if self.deltas:
+            busy, total, loader = self.deltas.pop(0)
+            self.now = CpuTicks(self.now.busy + busy, self.now.total + total,
+                                self.now.loader + loader)
+        return self.now
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cpu_split_always_sums_to_100(seed):
+    """The trial's case (a short interval of 3 ticks: loader 4, busy 2, read 133 %) and
+    random readings in which the loader's ticks outrun the machine's busy ticks (the two
+    come from different counters): loader + other + idle is 100 in every interval, and
+    the loader's share never exceeds the busy share."""
+    rng = np.random.default_rng(seed)
+    deltas = [(0, 0, 0), (2, 3, 4)] + [
+        (int(b), int(b + i), int(max(b + rng.integers(-20, 20), 0)))
+        for b, i in zip(rng.integers(0, 200, 40), rng.integers(0, 200, 40), strict=True)
+    ]
+    clock = FakeClock()
+    mon = Monitor(0.5, clock=clock, output=False, num_workers=2, cpu=ScriptedCpu(deltas))
+    for i in range(len(deltas) - 1):
+        clock.advance(0.5)
+        mon.on_batch(timing(HEALTHY, i, i % 2))
+        cur = mon.stats()["current"]
+        parts = [cur["loader_cpu_pct"], cur["other_cpu_pct"], cur["idle_cpu_pct"]]
+        if None in parts:
+            continue
+        assert sum(parts) == pytest.approx(100.0), (f"seed {seed} interval {i}", parts)
+        assert all(0 <= p <= 100 for p in parts), parts
+        assert cur["loader_cpu_pct"] <= 100 - cur["idle_cpu_pct"] + 1e-9, parts
+    first = Monitor(0.5, clock=FakeClock(), output=False, num_workers=2,
+                    cpu=ScriptedCpu([(0, 0, 0), (2, 3, 4)]))
+    first.on_batch(timing(HEALTHY, 0, 0))
+    first._clock.advance(0.5)
+    first.on_batch(timing(HEALTHY, 1, 1))
+    cur = first.stats()["current"]
+    assert cur["loader_cpu_pct"] == pytest.approx(200 / 3)
+    assert cur["other_cpu_pct"] == 0 and cur["idle_cpu_pct"] == pytest.approx(100 / 3)
+
+
+def test_proc_cpu_counts_a_child_reaped_mid_reading_once(tmp_path, monkeypatch):
+    """A worker reaped between the reading of this process's reaped-children time and
+    the reading of the worker itself is counted once, then and later: not dropped from
+    one reading and added whole to the next (which split an interval at > 100 %)."""
+    import os
+
+    from reader.runtime import proc
+
+    pid = os.getpid()
+    _fake_proc(tmp_path, pid, {7001: "(w) R 1 1 1 0 -1 0 0 0 0 0 400 100 0 0 20 0"})
+    real = proc.process_ticks
+
+    def reaped_while_read(p, children=False, root="/proc"):
+        if p == 7001 and (tmp_path / "7001").exists():
+            # The worker is reaped now: its 500 ticks move into our cutime.
+            (tmp_path / "7001" / "stat").unlink()
+            (tmp_path / "7001").rmdir()
+            (tmp_path / str(pid) / "stat").write_text(
+                f"{pid} (python3) S 1 1 1 0 -1 0 0 0 0 0 70 30 525 5 20 0\n")
+            return None
+        return real(p, children=children, root=root)
+
+    monkeypatch.setattr(proc, "process_ticks", reaped_while_read)
+    ticks = ProcCpu(pids=lambda: [7001], root=str(tmp_path))()
+    assert ticks.loader == 70 + 30 + 525 + 5  # the worker's 500 ticks, once

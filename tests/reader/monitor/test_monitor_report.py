@@ -180,3 +180,29 @@ def test_inspect_shards_monitor_report_plot_makes_missing_folders(records, tmp_p
     png = tmp_path / "new" / "dir" / "t.png"
     assert main([str(records[0]), "monitor-report", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_monitor_guide_s_table_of_metrics_is_generated_from_metrics():
+    """One place per fact: the guide holds a marker, the docs hook renders every metric's
+    meaning and default limit from METRICS and Thresholds; no meaning is copied by hand."""
+    import importlib.util
+    from pathlib import Path
+
+    from reader.monitor.diagnosis import Thresholds
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("docs_hooks", root / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    guide = (root / "docs" / "guides" / "monitor.md").read_text()
+    assert "<!-- metrics -->" in guide
+    rendered = hooks.on_page_markdown(guide, type("Page", (), {"file": None}), None, None)
+    rows = {line.split("|")[1].strip(" `"): line for line in rendered.splitlines()
+            if line.startswith("| `")}
+    for m in METRICS:
+        assert m.key in rows, m.key
+        assert m.meaning[1:40] in rows[m.key], m.key
+        assert m.meaning not in guide, f"{m.key}: its meaning copied into the guide"
+        if m.limit:
+            assert f"{m.op} {getattr(Thresholds(), m.limit):g} (`{m.limit}`)" in rows[m.key]
+    assert rows["decode_share_pct"].rstrip().endswith("| — |")

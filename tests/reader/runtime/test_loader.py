@@ -394,13 +394,16 @@ def test_in_process_wait_is_the_build_time(ds_path):
         assert t.busy_s <= t.latency_s <= t.next_s
 
 
-def test_raw_mode_timing_counts_payload_bytes(ds_path):
+def test_raw_mode_timing_counts_every_field_s_bytes(ds_path):
     mon = RecordingMonitor()
     ds = reader.open_dataset(ds_path)
     with Loader(ds, 50, decode=False, monitor=mon) as lo:
         batches = list(lo)
-    _, _, lengths = ds.spans(np.arange(200), "image")
-    assert sum(t.bytes for t in mon.timings) == int(lengths.sum())
+    every = np.arange(200)
+    # Every field's stored bytes (the image, label, score and key).
+    assert sum(t.bytes for t in mon.timings) == sum(int(ds.spans(every, f.name)[2].sum())
+                                                    for f in ds.fields)
+    assert all(t.read_bytes == 0 for t in mon.timings)  # views: read when touched
     assert [t.records for t in mon.timings] == [len(b["label"]) for b in batches]
     assert all(t.wait_s == t.busy_s > 0 for t in mon.timings)
 
