@@ -33,20 +33,35 @@ class Region:
 
 
 class CodeStream:
-    """Parses the header when made, as nvImageCodec's does (and raises as it does)."""
+    """Keeps the array it is given (no copy) and parses its header when first asked,
+    raising as nvImageCodec 0.9's does ("Failed to get image info")."""
 
     def __init__(self, data, bitstream_offset=None, *, _region=None):
-        self.data = bytes(np.asarray(data, np.uint8))
+        self.array = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
         self.region = _region
+
+    @property
+    def data(self) -> bytes:
+        return bytes(self.array)
+
+    def _size(self) -> tuple[int, int]:
         try:
             if self.data in unreadable:
                 raise ValueError
-            self.height, self.width = simplejpeg.decode_jpeg_header(self.data)[:2]
+            return simplejpeg.decode_jpeg_header(self.data)[:2]
         except ValueError:
             raise RuntimeError("Failed to get image info") from None
 
+    @property
+    def height(self) -> int:
+        return self._size()[0]
+
+    @property
+    def width(self) -> int:
+        return self._size()[1]
+
     def get_sub_code_stream(self, image_idx=0, region=None, bitstream_offset=None):
-        return CodeStream(np.frombuffer(self.data, np.uint8), _region=region)
+        return CodeStream(self.array, _region=region)
 
 
 class DecodeParams:

@@ -291,7 +291,10 @@ class Epoch:
                 self._raise_worker_error(msg)
             batch = self._deliver(k, msg, t_call, t_wait, waited, in_flight)
             if self.sink.decodes_ahead:
-                self._decode_ahead()
+                try:
+                    self._decode_ahead()
+                except Exception:  # only a head start: the batch decodes when asked for
+                    log.debug("the GPU decode's look-ahead failed", exc_info=True)
             return batch
         except StopIteration:
             raise
@@ -500,6 +503,8 @@ class Epoch:
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)
+        if rt.split is not None and self.sink.gpu_skipped:
+            cursor.skipped += self.sink.gpu_skipped
         if rt.split is not None:
             self._split(t, timing)
         self._adapt(waited)

@@ -4,16 +4,16 @@
 of ``n`` records the runtime picks ``g`` (:mod:`reader.runtime.split`) and the task
 says it; then:
 
-1. **Worker** (:func:`stage_for_gpu`, called by the classification builder for
-   records ``0..g-1``): reads the JPEG header, draws the plan from the batch's random
-   stream exactly as the CPU path does (the same plan, so the same crop and flip
-   whichever side decodes), and writes into the slot, instead of pixels, the
-   compressed bytes (row ``i`` of :data:`BYTES`) and a row of :data:`PLAN`: staged
+1. **Worker** (:class:`Stager`, used by the classification builder for records
+   ``0..g-1``): reads the JPEG header, draws the plan from the batch's random stream
+   exactly as the CPU path does (the same plan, so the same crop and flip whichever
+   side decodes), and writes into the slot, instead of pixels, the compressed bytes
+   (packed into the batch's :data:`BYTES` region) and a row of :data:`PLAN`: staged
    flag, byte length, the crop as whole source pixels
-   (:func:`reader.transforms.resample.integer_box`), flip, record. A record the GPU
-   should not take (not a JPEG, a lossless JPEG, a box reaching outside the image, a
-   file larger than its row) is decoded on the CPU with the plan already drawn.
-   Records ``g..n-1`` are decoded on the CPU as always.
+   (:func:`reader.transforms.resample.integer_box`), flip, record, offset. A record
+   the GPU should not take (not a JPEG, a lossless JPEG, a box reaching outside the
+   image, bytes that do not fit the region) is decoded on the CPU with the plan
+   already drawn. Records ``g..n-1`` are decoded on the CPU as always.
 2. **Main process** (:class:`GpuDecodeStage`, run by the CUDA sink; for the batch
    the consumer will ask for next, started in the stage's own thread as soon as its
    worker is done, :meth:`GpuDecodeStage.ahead`, since the decode call returns only
@@ -66,14 +66,30 @@ from ..transforms.decode import image_size
 from ..transforms.resample import RESAMPLE_CUDA, integer_box
 from .slots import SlotLayout
 
-__all__ = ["BYTES", "DECODER_OPTIONS", "PLAN", "Decoded", "GpuDecodeStage", "refusal", "require_nvimgcodec",
-           "resolve_decode_device", "row_bytes", "stage_for_gpu", "with_gpu_fields"]
+__all__ = [
+    "ALL_FAILED",
+    "BYTES",
+    "DECODER_OPTIONS",
+    "DECODER_THREADS",
+    "PLAN",
+    "STAGING_FIELDS",
+    "Decoded",
+    "GpuDecodeStage",
+    "Stager",
+    "refusal",
+    "require_nvimgcodec",
+    "resolve_decode_device",
+    "row_bytes",
+    "with_gpu_fields",
+]
 
 INSTALL_HINT = ("decode_device='cuda' needs nvImageCodec with nvJPEG: "
                 "pip install 'shardpack[gpu-decode]'")
 BYTES = "__gpu_jpeg"  # uint8 [batch, max payload]: a staged record's compressed bytes
-PLAN = "__gpu_plan"  # int64 [batch, 8]: staged, length, x0, y0, x1, y1, flip, record
-_STAGED, _LEN, _X0, _Y0, _X1, _Y1, _FLIP, _RECORD = range(8)
+PLAN = "__gpu_plan"  # int64 [batch, 9]: staged, length, x0, y0, x1, y1, flip, record, offset
+_STAGED, _LEN, _X0, _Y0, _X1, _Y1, _FLIP, _RECORD, _AT = range(9)
+_ROW = 9  # in the main process, a plan row's batch row is appended to it
+STAGING_FIELDS = (BYTES, PLAN)  # never copied to the device
 _SOI = b"\xff\xd8"
 #: Smooth chroma upsampling, as libjpeg-turbo does by default on the CPU path
 #: (nvImageCodec's default replicates samples: a second source of pixel differences);
@@ -103,6 +119,9 @@ def refusal(plan, decode_options, bad_input) -> str | None:
     core = getattr(plan.pipeline, "pipeline", None)
     if core is None:
         return "a custom pipeline object decodes by itself, on the CPU"
+    if getattr(core, "backend", "auto") == "pillow":
+        return ("backend='pillow' resizes with Pillow's filter on the CPU, and the GPU's is "
+                "OpenCV's: one batch would mix the two (leave the backend at 'auto' or 'cv2')")
     if core.user or core.normalize is not None:
         return ("callables on the image and Normalize run on CPU pixels (normalize on the GPU "
                 "with DeviceOptions' dtype, mean and std instead)")
@@ -141,10 +160,10 @@ def resolve_decode_device(options, plan, decode_options, bad_input) -> bool:
 def with_gpu_fields(plan, ds):
     """``plan`` with the slot regions the staged records need (:data:`BYTES`, :data:`PLAN`).
 
-    A row of :data:`BYTES` holds :func:`row_bytes` of the image field: nearly every
-    record fits, and the few larger ones are decoded by the CPU (as any record the
-    GPU should not take), so one outlier (ImageNet holds a 15 MB JPEG among 110 kB
-    ones) cannot make every slot a batch of the largest file."""
+    :data:`BYTES` holds :func:`row_bytes` per record of the batch, one region the
+    staged records are packed into (:class:`Stager`): sized by the mean, not the
+    largest, so one outlier (ImageNet holds a 15 MB JPEG among 110 kB ones) cannot
+    make every slot a batch of the largest file; what does not fit goes to the CPU."""
     from dataclasses import replace
 
     names = {f.name for f in ds.fields}
@@ -155,18 +174,19 @@ def with_gpu_fields(plan, ds):
     image = plan.layout.field(plan.image)
     b = image.shape[0]
     specs = [(f.name, f.dtype, f.shape) for f in plan.layout.fields]
-    specs += [(BYTES, np.uint8, (b, row_bytes(ds, plan.image))), (PLAN, np.int64, (b, 8))]
+    specs += [(BYTES, np.uint8, (b, row_bytes(ds, plan.image))), (PLAN, np.int64, (b, 9))]
     return replace(plan, layout=SlotLayout.build(specs), fixed=(*plan.fixed, BYTES, PLAN))
 
 
-#: How :func:`row_bytes` samples the stored lengths (index reads only).
-SAMPLE_SHARDS, SAMPLE_PER_SHARD, ROW_QUANTILE, ROW_MARGIN = 8, 512, 0.995, 1.25
+#: How :func:`row_bytes` samples the stored lengths (index reads only), and its margin.
+SAMPLE_SHARDS, SAMPLE_PER_SHARD, ROW_MARGIN = 8, 512, 1.5
 
 
 def row_bytes(ds, name: str) -> int:
-    """Bytes a staged record may take: the largest stored length of field ``name``
-    where the sample is the whole dataset, else its 99.5th percentile in the sample
-    with a quarter's margin, rounded up to 4 KiB.
+    """Staging bytes per record of a batch: 1.5 x the mean stored length of field
+    ``name`` in a sample, rounded up to 64 bytes. A batch's staged records share its
+    rows' bytes, so they fit while they average under 1.5 x the mean (a batch of 256
+    ImageNet JPEGs sums within a few percent of 256 means).
 
     The sample: up to 512 records, evenly spaced, of each of up to 8 shards evenly
     spaced over the dataset (their index entries only; a remote dataset fetches
@@ -184,53 +204,77 @@ def row_bytes(ds, name: str) -> int:
                                    .round().astype(np.int64)) for s in shards.tolist()]
     if not picks:
         return 1
-    records = np.concatenate(picks)
-    lengths = spans(records, name)[2].astype(np.int64)
-    if records.size == len(ds):
-        return max(int(lengths.max()), 1)
-    bound = min(int(lengths.max()), int(np.quantile(lengths, ROW_QUANTILE) * ROW_MARGIN))
-    return max(-(-bound // 4096) * 4096, 4096)
+    lengths = spans(np.concatenate(picks), name)[2]
+    return max(-(-int(ROW_MARGIN * float(lengths.mean())) // 64) * 64, 64)
 
 
-def stage_for_gpu(pipeline, data, i: int, record: int, arrays: dict, rng,
-                  max_pixels: int | None):
-    """Step 1 for record ``i`` of the batch: stage it for the GPU, or say how the CPU
-    decodes it.
+class Stager:
+    """Step 1 for one batch of ``n`` records in a worker: the batch's staging area in
+    its slot, the compressed bytes of the staged records packed one after another in
+    the first ``n`` rows of :data:`BYTES` (as one flat region), each record's place
+    and plan in its row of :data:`PLAN`.
 
-    Returns:
-        None when staged; ``(height, width, plan)`` when the CPU decodes it with that
-        plan (already drawn from ``rng``); ``()`` when it is no JPEG (the CPU path
-        decodes it and draws its plan, as always).
-
-    Raises:
-        DecodeError: the header does not parse (the bad-input policy decides).
+    Made for every batch of a loader that decodes on the GPU, whatever the batch's
+    GPU count: a slot keeps the rows an earlier batch staged, and a flag left set
+    would have the GPU decode that batch's record over this one's.
     """
-    row = arrays[PLAN][i]
-    row[_STAGED] = 0
-    if bytes(data[:2]) != _SOI:
-        return ()
-    height, width = image_size(data, max_pixels)
-    plan = pipeline.pipeline.plan(height, width, rng)
-    x0, y0, x1, y1 = plan.box
-    eps = 1e-6
-    inside = x0 > -eps and y0 > -eps and x1 < width + eps and y1 < height + eps
-    room = arrays[BYTES].shape[1]
-    if not inside or len(data) > room or not jpeg_dct_scalable(data):
-        return height, width, plan
-    ix0, iy0, ix1, iy1 = integer_box(plan.box, height, width)
-    row[:] = (1, len(data), ix0, iy0, ix1, iy1, int(plan.flip), record)
-    arrays[BYTES][i, :len(data)] = np.frombuffer(data, np.uint8)
-    return None
+
+    def __init__(self, arrays: dict, n: int) -> None:
+        self.plan = arrays[PLAN]
+        self.plan[:n, _STAGED] = 0
+        self.area = arrays[BYTES][:n].reshape(-1)  # the rows are contiguous: one region
+        self.used = 0
+
+    def stage(self, pipeline, data, i: int, record: int, rng, max_pixels: int | None):
+        """Stage record ``i`` of the batch for the GPU, or say how the CPU decodes it.
+
+        Returns:
+            None when staged; ``(height, width, plan)`` when the CPU decodes it with
+            that plan (already drawn from ``rng``): a lossless JPEG, a crop reaching
+            outside the picture, or bytes that do not fit what is left of the area;
+            ``()`` when it is no JPEG (the CPU path decodes it and draws its plan).
+
+        Raises:
+            DecodeError: the header does not parse (the bad-input policy decides).
+        """
+        if bytes(data[:2]) != _SOI:
+            return ()
+        height, width = image_size(data, max_pixels)
+        plan = pipeline.pipeline.plan(height, width, rng)
+        x0, y0, x1, y1 = plan.box
+        eps = 1e-6
+        inside = x0 > -eps and y0 > -eps and x1 < width + eps and y1 < height + eps
+        at, size = self.used, len(data)
+        if not inside or at + size > self.area.size or not jpeg_dct_scalable(data):
+            return height, width, plan
+        ix0, iy0, ix1, iy1 = integer_box(plan.box, height, width)
+        self.plan[i] = (1, size, ix0, iy0, ix1, iy1, int(plan.flip), record, at)
+        self.area[at:at + size] = np.frombuffer(data, np.uint8)
+        self.used = at + size
+        return None
+
+
+#: nvImageCodec's host threads (parsing, and Huffman decoding where the GPU's own
+#: decoders hand it to the CPU). Its default is one per core, which on a host whose
+#: cores all run workers would make the two sides of the split fight for them.
+DECODER_THREADS = 4
+#: A batch with at least this many staged records, none decoded, is the decoder's
+#: failure (out of memory, a library missing), not every record's.
+ALL_FAILED = 4
 
 
 class GpuDecodeStage:
     """Steps 2 and 3 in the main process: one per runtime (its decoder lives as long).
 
+    The decode runs on a stream of its own (a batch's decode does not wait behind the
+    sink's copies and the consumer's work queued before it); the sink's stream waits
+    for it before the resample kernel reads the images.
+
     Args:
         cp: cupy (or the stand-in).
         nvimgcodec: the nvImageCodec module (or the stand-in).
         device_id: the GPU.
-        stream: the sink's CUDA stream; decode and kernels are ordered on it.
+        stream: the sink's CUDA stream: the resample kernel runs on it.
         tolerant: ``on_error="skip"``: a record that does not decode is zeroed and
             marked invalid instead of failing the batch.
         key_words: record -> `` (key '...')`` for an error's message
@@ -242,10 +286,12 @@ class GpuDecodeStage:
         self.cp, self.nv = cp, nvimgcodec
         self.device_id = device_id
         self.stream = stream
+        self.decode_stream = cp.cuda.Stream(non_blocking=True)
         self._thread = None  # the look-ahead's one thread (ahead), made on first use
         self.tolerant = tolerant
         self.key_words = key_words or (lambda record: "")
-        self.decoder = nvimgcodec.Decoder(device_id=device_id, options=DECODER_OPTIONS)
+        self.decoder = nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=DECODER_THREADS,
+                                          options=DECODER_OPTIONS)
         # The CPU path (simplejpeg) ignores EXIF orientation: so does this one.
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
         self.kernel = cp.RawKernel(RESAMPLE_CUDA, "shardpack_resample")
@@ -266,49 +312,67 @@ class GpuDecodeStage:
     def decode(self, share, batch: dict, image: str) -> Decoded:
         """Step 2: decode the staged records (before the sink's copies, so a failure
         can still zero its host row and clear its ``valid`` flag). Returns what
-        :meth:`resample` needs."""
+        :meth:`resample` needs.
+
+        Raises:
+            DecodeError: a record nvImageCodec could not read or decode (unless
+                tolerant), or every one of at least :data:`ALL_FAILED` staged records
+                (the decoder failed, tolerant or not).
+        """
         t0 = time.perf_counter()
         data, plan = share
-        rows = np.flatnonzero(plan[:, _STAGED] == 1).tolist()
+        area = data.reshape(-1)  # the batch's rows, one region (Stager)
         nv, cp = self.nv, self.cp
+        out = Decoded()
         streams, asked, whole = [], [], []
-        for i in rows:
-            p = plan[i]
+        for i in np.flatnonzero(plan[:, _STAGED] == 1).tolist():
+            p = [*plan[i].tolist(), i]  # the plan row, and its batch row (_ROW)
             try:
-                # Parses the header (no copy: a view of the page-locked slot row).
-                code = nv.CodeStream(data[i, :p[_LEN]])
-            except RuntimeError as exc:  # "Failed to get image info"
-                self._failed(batch, image, plan, i, f"could not read its JPEG header ({exc})")
+                # No copy: a view of the page-locked slot; the header is parsed when
+                # first asked about (what nvImageCodec cannot parse fails here).
+                code = nv.CodeStream(area[p[_AT]:p[_AT] + p[_LEN]])
+                size = (code.height, code.width)
+                region = nv.Region(p[_Y0], p[_X0], p[_Y1], p[_X1])
+                streams.append(code.get_sub_code_stream(region=region))
+            except (RuntimeError, ValueError) as exc:  # "Failed to get image info"
+                self._failed(out, batch, image, p, f"could not read its JPEG header ({exc})")
                 continue
-            region = nv.Region(int(p[_Y0]), int(p[_X0]), int(p[_Y1]), int(p[_X1]))
-            streams.append(code.get_sub_code_stream(region=region))
-            asked.append(i)
-            whole.append((code.height, code.width))
-        start = cp.cuda.Event()
-        start.record(self.stream)
+            asked.append(p)
+            whole.append(size)
+        out.start = cp.cuda.Event()
+        out.start.record(self.decode_stream)
         try:
             decoded = (self.decoder.decode(streams, params=self.params,
-                                           cuda_stream=self.stream.ptr) if streams else [])
-        except RuntimeError as exc:  # the whole call failed: each record says so
+                                           cuda_stream=self.decode_stream.ptr) if streams else [])
+        except (RuntimeError, ValueError) as exc:  # the whole call failed
             decoded = [exc] * len(streams)
-        done = cp.cuda.Event()
-        done.record(self.stream)  # the stream waits for the decoder's own streams here
-        out = Decoded(plan, start, done)
-        for i, im, size in zip(asked, decoded, whole, strict=True):
+        out.done = cp.cuda.Event()
+        out.done.record(self.decode_stream)  # behind the decoder's own streams' work
+        out.images = decoded  # kept alive until the kernel has read them
+        if len(asked) >= ALL_FAILED and all(im is None or isinstance(im, Exception)
+                                            for im in decoded):
+            records = ", ".join(str(p[_RECORD]) for p in asked[:8])
+            raise DecodeError(
+                f"nvImageCodec decoded none of the batch's {len(asked)} staged JPEGs (dataset "
+                f"records {records}{', ...' if len(asked) > 8 else ''}): the GPU decoder "
+                f"failed, not the records ({decoded[0] or 'each result None'}: out of GPU "
+                "memory, or a missing nvJPEG library?); DeviceOptions(decode_device='cpu') "
+                "decodes on the CPU")
+        for p, im, size in zip(asked, decoded, whole, strict=True):
             why = ("could not decode its JPEG" if im is None else
                    f"failed the batch's decode ({im})" if isinstance(im, Exception) else
-                   out.add(i, im, size))
+                   out.add(p, im, size))
             if why is not None:
-                self._failed(batch, image, plan, i, why)
-        out.images = decoded  # kept alive until the kernel has read them
+                self._failed(out, batch, image, p, why)
         out.host_s = time.perf_counter() - t0
         return out
 
     def ahead(self, share, batch: dict, image: str):
         """:meth:`decode` in this stage's thread, for a batch the consumer has not asked
-        for yet: the decode call returns only when its images are decoded, so run in
-        ``next()`` it would add its whole time to the training step. Returns a future
-        of :meth:`decode`'s result (or its error, raised when the batch is delivered)."""
+        for yet: the decode call returns once its host work is done (parsing, and
+        Huffman decoding where it runs on the CPU), which in ``next()`` would add to
+        each training step. Returns a future of :meth:`decode`'s result (or its
+        error, raised when the batch is delivered)."""
         if self._thread is None:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -320,34 +384,39 @@ class GpuDecodeStage:
             return self.decode(share, batch, image)
 
     def close(self) -> None:
-        """Stop the look-ahead's thread (after the decode it is running)."""
+        """Stop the look-ahead's thread, then wait for every decode and kernel queued
+        (they read the slots: the ring may be unmapped next)."""
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
+        self.decode_stream.synchronize()
+        self.stream.synchronize()
+        self._alive.clear()
 
-    def _failed(self, batch: dict, image: str, plan, i: int, why: str) -> None:
+    def _failed(self, out: Decoded, batch: dict, image: str, p: list, why: str) -> None:
         """A staged record nvImageCodec did not decode: the batch fails naming it, or
-        (``on_error="skip"``) its row is zeroed on the host and marked invalid."""
-        record = int(plan[i, _RECORD])
+        (``on_error="skip"``) its row is zeroed on the host, marked invalid, counted."""
+        record, i = p[_RECORD], p[_ROW]
         if not self.tolerant:
             raise DecodeError(f"dataset record {record}{self.key_words(record)}: nvImageCodec "
-                              f"{why}; pass "
-                              "on_error='skip' to skip such records, or "
+                              f"{why}; pass on_error='skip' to skip such records, or "
                               "DeviceOptions(decode_device='cpu')")
         batch[image][i] = 0
         batch[VALID_FIELD][i] = False
+        out.skipped += 1
 
     def resample(self, decoded: Decoded | None, out) -> None:
         """Step 3: one launch resizes and mirrors every decoded crop into its row of
-        ``out`` (the batch's uint8 ``[B, H, W, 3]`` on the device)."""
+        ``out`` (the batch's uint8 ``[B, H, W, 3]`` on the device), once the decode is
+        done (the sink's stream waits for the decode stream's event)."""
         cp = self.cp
         n = 0
         if decoded is not None and decoded.rows:
             d = decoded
             n = len(d.rows)
-            flips = d.plan[d.rows, _FLIP].astype(np.uint8)
             _, oh, ow, _ = out.shape
             block = 128
+            self.stream.wait_event(d.done)
             before = cp.cuda.Event()
             before.record(self.stream)
             self.kernel(((ow + block - 1) // block, oh, n), (block,),
@@ -355,7 +424,8 @@ class GpuDecodeStage:
                          cp.asarray(np.asarray(d.height, np.int32)),
                          cp.asarray(np.asarray(d.width, np.int32)),
                          cp.asarray(np.asarray(d.pitch, np.int64)),
-                         cp.asarray(np.asarray(d.rows, np.int32)), cp.asarray(flips), out,
+                         cp.asarray(np.asarray(d.rows, np.int32)),
+                         cp.asarray(np.asarray(d.flips, np.uint8)), out,
                          np.int32(oh), np.int32(ow), np.int32(n)))
             after = cp.cuda.Event()
             after.record(self.stream)
@@ -380,27 +450,29 @@ class GpuDecodeStage:
 
 class Decoded:
     """One batch's decoded crops, as the resample kernel reads them: per image its
-    batch row, device address, height, width and row pitch.
+    batch row, device address, height, width, row pitch and flip; the decode's
+    events; how many staged records were skipped.
 
     nvImageCodec is asked for each crop as a region; an image that comes back as the
     whole picture is read at the crop's offset; any other shape or type is refused
     (reading it would be wrong pixels, silently).
     """
 
-    def __init__(self, plan, start, done) -> None:
-        self.plan, self.start, self.done = plan, start, done
+    def __init__(self) -> None:
+        self.start = self.done = None
         self.rows: list[int] = []
         self.ptr: list[int] = []
         self.height: list[int] = []
         self.width: list[int] = []
         self.pitch: list[int] = []
+        self.flips: list[int] = []
         self.images: list = []
         self.host_s = 0.0
+        self.skipped = 0
 
-    def add(self, i: int, image, whole: tuple[int, int]) -> str | None:
-        """Take row ``i``'s decoded ``image``; a reason when it cannot be read."""
-        p = self.plan[i]
-        x0, y0, x1, y1 = (int(v) for v in p[_X0:_Y1 + 1])
+    def add(self, p: list, image, whole: tuple[int, int]) -> str | None:
+        """Take the decoded ``image`` of plan row ``p``; a reason when it cannot be read."""
+        x0, y0, x1, y1 = p[_X0], p[_Y0], p[_X1], p[_Y1]
         face = image.__cuda_array_interface__
         shape = tuple(face["shape"])
         if face["typestr"][1:] != "u1" or len(shape) != 3 or shape[2] != 3:  # "|u1" or "<u1"
@@ -417,11 +489,12 @@ class Decoded:
         else:
             return (f"gave an image of {shape[0]}x{shape[1]} for a region of "
                     f"{y1 - y0}x{x1 - x0} in a {whole[0]}x{whole[1]} picture")
-        self.rows.append(i)
+        self.rows.append(p[_ROW])
         self.ptr.append(address)
         self.height.append(y1 - y0)
         self.width.append(x1 - x0)
         self.pitch.append(pitch)
+        self.flips.append(p[_FLIP])
         return None
 
     def leading(self) -> int:

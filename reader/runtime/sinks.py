@@ -45,6 +45,7 @@ import numpy as np
 from ..options import DeviceOptions
 from ..transforms.collate import Ragged
 from .device import pick_device, require_cupy
+from .gpu_decode import STAGING_FIELDS
 from .leases import MAX_LEASED, SlotLeases
 from .timing import BatchTiming
 
@@ -230,6 +231,7 @@ class CudaSink:
         self._timings: deque = deque()
         self._last_h2d: tuple[float, int] | None = None
         self._ahead: dict[int, Any] = {}  # slot -> future of its GPU decode (decode_ahead)
+        self.gpu_skipped = 0  # the latest batch's records the GPU could not decode (skipped)
 
     @property
     def decodes_ahead(self) -> bool:
@@ -256,24 +258,30 @@ class CudaSink:
         st.prepare(ring)
         opts = st.options
         base = ring.address + ring.slot_offset(slot)
+        share = self.gpu.take(batch) if self.gpu is not None else None
+        ahead = self._ahead.pop(slot, None)
+        decoded = None
+        # Before any copy: a record that does not decode zeroes its host row (and its
+        # valid flag) in the slot.
+        if ahead is not None:
+            decoded = ahead.result()  # usually done: it ran during the training step
+        elif share:
+            with st.device:
+                decoded = self.gpu.decode(share, batch, self.image_field)
+        self.gpu_skipped = decoded.skipped if decoded is not None else 0
         if st.mode == "staging":
-            # One host memcpy of the used part of the slot into pinned memory.
-            used = max(f.offset + f.nbytes for f in ring.layout.fields)
+            # One host memcpy of the used part of the slot into pinned memory (the
+            # compressed bytes the decoder read stay behind).
+            used = max(f.offset + f.nbytes for f in ring.layout.fields
+                       if f.name not in STAGING_FIELDS)
             st.stream.synchronize()  # the previous copy out of the staging buffer is done
             np.copyto(st.staging[:used], ring.array[ring.slot_offset(slot):ring.slot_offset(slot) + used])
             base = st.staging.ctypes.data
         out = {}
         nbytes = 0
-        share = self.gpu.take(batch) if self.gpu is not None else None
-        ahead = self._ahead.pop(slot, None)
         with st.device, st.stream:
             start = cp.cuda.Event()
             start.record(st.stream)
-            # Before the copies: a record that does not decode zeroes its host row.
-            if ahead is not None:
-                decoded = ahead.result()  # usually done: it ran during the training step
-            else:
-                decoded = self.gpu.decode(share, batch, self.image_field) if share else None
             device_arrays = {}
             for f in ring.layout.fields:
                 view = batch.get(f.name)
@@ -294,6 +302,8 @@ class CudaSink:
                                                      st.stream)
                 device_arrays[f.name] = dev
                 nbytes += view.nbytes - skip
+            copies_done = cp.cuda.Event()  # the copies alone: what the H2D figures time
+            copies_done.record(st.stream)
             if self.gpu is not None:
                 # After the copies, before the gate: the slot's bytes are read by then.
                 self.gpu.resample(decoded, device_arrays[self.image_field])
@@ -316,8 +326,10 @@ class CudaSink:
         for name, value in batch.items():
             if name not in out:
                 out[name] = value  # host-side fields (strings, JSON, bytes)
-        self._timings.append((start, copied, nbytes))
+        self._timings.append((start, copies_done, nbytes))
         timing = self._attach_h2d(timing)
+        if timing is not None and self.gpu_skipped:
+            timing.skipped += self.gpu_skipped
         if timing is not None and self.gpu is not None:
             # Seconds are those measured during this batch (usually the batch before's:
             # see GpuDecodeStage.last); over an interval the two sums match.
@@ -372,5 +384,7 @@ class CudaSink:
     def close(self) -> None:
         for future in self._ahead.values():  # batches never delivered: their decodes end
             future.exception()  # waited for; an error of a batch nobody asked for is moot
+        if self._ahead:
+            self.gpu.decode_stream.synchronize()  # their slots go back to the workers
         self._ahead.clear()
         self.gate.drain()

@@ -32,7 +32,7 @@ from ..transforms.bad_input import VALID_FIELD, BadInput
 from ..transforms.kernels import KERNELS
 from ..transforms.sample import SampleBuilder
 from .gpu_decode import PLAN as GPU_PLAN
-from .gpu_decode import stage_for_gpu
+from .gpu_decode import Stager
 from .leases import own_fork
 from .timing import WorkerTiming, stored_bytes
 
@@ -272,7 +272,7 @@ class BatchBuilder:
         image kernel (:meth:`reader.transforms.kernels.Kernel.decode_fixed`); a sample that
         does not decode goes to the policy (:mod:`reader.transforms.bad_input`). The
         first ``gpu`` records are staged for the GPU decode instead where they can be
-        (:func:`reader.runtime.gpu_decode.stage_for_gpu`; staging counts as io)."""
+        (:class:`reader.runtime.gpu_decode.Stager`; staging counts as io)."""
         spec, ds = self.spec, self.ds
         skipped = staged = 0
         decode_s = transform_s = 0.0
@@ -281,8 +281,9 @@ class BatchBuilder:
         nbytes = page_in(views)
         io_s = time.perf_counter() - t
         images = arrays[spec.image_field]
-        if gpu:
-            arrays[GPU_PLAN][:len(indices), 0] = 0  # no row staged until staged (slots are reused)
+        # Every batch of a GPU-decoding loader clears its staging flags, even one with
+        # nothing for the GPU (slots are reused: a flag left set would be decoded).
+        stager = Stager(arrays, len(indices)) if GPU_PLAN in arrays else None
         decode, pipeline, cache, policy = (self._image.decode_fixed, spec.pipeline, spec.cache,
                                            spec.bad_input)
         idx = indices.tolist()
@@ -291,8 +292,7 @@ class BatchBuilder:
             try:
                 if i < gpu:
                     t = time.perf_counter()
-                    how = stage_for_gpu(pipeline, v, i, idx[i], arrays, rng,
-                                        pipeline.max_pixels)
+                    how = stager.stage(pipeline, v, i, idx[i], rng, pipeline.max_pixels)
                     io_s += time.perf_counter() - t
                     if how is None:
                         staged += 1

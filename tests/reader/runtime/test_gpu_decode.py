@@ -71,7 +71,8 @@ def _host(v):
 
 def _batches(path, transform, device_options=None, **kw):
     cuda = device_options is not None
-    with reader.Loader(path, 5, num_workers=kw.pop("num_workers", 1), seed=3, shuffle=True,
+    with reader.Loader(path, 5, num_workers=kw.pop("num_workers", 1), seed=3,
+                       shuffle=kw.pop("shuffle", True),
                        transform=transform, copy=not cuda, device="cuda" if cuda else "cpu",
                        device_options=device_options, **kw) as lo:
         out = [{k: _host(v) for k, v in b.items()} for b in lo]
@@ -428,6 +429,59 @@ def test_a_mixture_is_decoded_on_the_gpu(tmp_path, rng, stand_ins):
     assert len(fake_nv.regions) == 14
 
 
+def test_a_batch_with_nothing_for_the_gpu_decodes_none_of_an_earlier_batchs_bytes(
+        tmp_path, rng, stand_ins):
+    """A slot keeps what an earlier batch staged; a batch the split gives the GPU none
+    of (here the last, of one record, at a share of 0.4) must not have those rows
+    decoded over its own (silently another record's image, before the fix)."""
+    _dataset(tmp_path, rng, 11)
+    kw = dict(num_workers=0, shuffle=False)
+    want, _ = _batches(tmp_path, RRC_FLIP, **kw)
+    got, _ = _batches(tmp_path, RRC_FLIP, DeviceOptions(decode_device="cuda", gpu_share=0.4,
+                                                        **RAW), **kw)
+    assert [len(g["label"]) for g in got] == [5, 5, 1]
+    for g, w in zip(got, want, strict=True):
+        assert np.abs(g["image"].astype(int) - w["image"]).max() <= 1
+
+
+def test_skips_reach_the_device_and_the_counts_with_staging_pinning(tmp_path, rng, stand_ins):
+    """pinning='staging' copies the slot into pinned memory: after the decode, so a
+    record the GPU skipped arrives invalid and zeroed; skips are counted like the
+    workers' (loader.skipped, each batch's timing)."""
+    _, fake_nv = stand_ins
+    _dataset(tmp_path, rng, 10)
+    ds = reader.open_dataset(tmp_path)
+    fake_nv.fail.add(bytes(ds.payload(7, "image")))
+    timings, listen = _listener()
+    opts = DeviceOptions(decode_device="cuda", gpu_share=1.0, pinning="staging", **RAW)
+    with reader.Loader(tmp_path, 5, num_workers=0, shuffle=False, transform=RRC_FLIP,
+                       device="cuda", device_options=opts, on_error="skip") as lo:
+        lo.runtime.listeners.append(listen)
+        got = [{k: _host(v) for k, v in b.items()} for b in lo]
+        assert lo.skipped == 1
+    assert got[1]["valid"].tolist() == [True, True, False, True, True]
+    assert not got[1]["image"][2].any() and got[1]["image"][1].any()
+    assert [t.skipped for t in timings] == [0, 1]
+
+
+def test_a_decoder_that_decodes_nothing_is_its_failure_not_the_records(tmp_path, rng,
+                                                                       stand_ins):
+    """nvImageCodec returns None for every image when it fails as a whole (out of
+    memory, nvJPEG missing): said as the decoder's failure, skip or not, never every
+    record zeroed in silence."""
+    _, fake_nv = stand_ins
+    _dataset(tmp_path, rng, 6)
+    ds = reader.open_dataset(tmp_path)
+    fake_nv.fail.update(bytes(ds.payload(r, "image")) for r in range(6))
+    opts = DeviceOptions(decode_device="cuda", gpu_share=1.0, **RAW)
+    for on_error in ("fail", "skip"):
+        with pytest.raises(reader.DecodeError, match=r"decoded none of the batch's 6 staged "
+                                                     r"JPEGs .*the GPU decoder failed"), \
+                reader.Loader(tmp_path, 6, num_workers=0, transform=RRC_FLIP, device="cuda",
+                              device_options=opts, on_error=on_error) as lo:
+            next(iter(lo))
+
+
 def _train(loader, step_s=0.05, stop_at=None):
     """Iterate like a training loop: each batch copied to the host, then a step of
     ``step_s`` (the workers finish the next batch meanwhile)."""
@@ -511,6 +565,9 @@ def test_what_the_gpu_cannot_do_is_refused_with_why(tmp_path, rng, stand_ins):
             DeviceOptions(gpu_share=bad)
     with pytest.raises(ValueError, match="decode_device must be one of"):
         DeviceOptions(decode_device="gpu")
+    with pytest.raises(ValueError, match=r"backend='pillow'.*OpenCV's"):
+        reader.Loader(tmp_path, 2, transform=reader.transforms.ImagePipeline(
+            RRC_FLIP, backend="pillow"), device="cuda", device_options=cuda)
 
 
 def test_detection_stays_on_the_cpu_and_says_so(tmp_path, rng, stand_ins):
