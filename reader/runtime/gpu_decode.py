@@ -17,7 +17,7 @@ says it; then:
 2. **Main process** (:class:`GpuDecodeStage`, run by the CUDA sink; for the batch
    the consumer will ask for next, started in the stage's own thread as soon as its
    worker is done, :meth:`GpuDecodeStage.ahead`, since the decode call returns only
-   when the images are decoded and would otherwise add its time to each step): one
+   once its host work is done and would otherwise add that to each step): one
    ``Decoder.decode`` call for the batch's staged records, each a code stream over
    its slot row with the crop as its region (``CodeStream.get_sub_code_stream(
    region=Region(y0, x0, y1, x1))``: only the crop is decoded); nvImageCodec moves
