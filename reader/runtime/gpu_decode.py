@@ -411,12 +411,15 @@ class GpuDecodeStage:
         done (the sink's stream waits for the decode stream's event)."""
         cp = self.cp
         n = 0
+        if decoded is not None and decoded.done is not None:
+            # The slot goes back to the workers after this stream's next event: by then
+            # the decoder has read its bytes, whatever it made of them.
+            self.stream.wait_event(decoded.done)
         if decoded is not None and decoded.rows:
             d = decoded
             n = len(d.rows)
             _, oh, ow, _ = out.shape
             block = 128
-            self.stream.wait_event(d.done)
             before = cp.cuda.Event()
             before.record(self.stream)
             self.kernel(((ow + block - 1) // block, oh, n), (block,),
