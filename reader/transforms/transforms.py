@@ -249,7 +249,9 @@ class ResizeShortestEdge:
         return lengths[int(rng.integers(len(lengths)))] if len(lengths) > 1 else lengths[0]
 
     def _sides(self, h, w, size):
-        scale = size / np.minimum(h, w)
+        # A record whose header failed has 0 x 0 here (it goes to the bad-input policy):
+        # its sides come out 0, without a division by zero.
+        scale = size / np.maximum(np.minimum(h, w), 1)
         nh, nw = h * scale, w * scale
         if self.max_size is not None:
             over = np.maximum(nh, nw) / self.max_size
