@@ -276,8 +276,9 @@ class Loader:
         self.gpu_decode = gpu_decode
         self.runtime = Runtime(
             self.dataset, self.sampler, self.plan, self.spec, self.fields, self.worker_options,
-            num_workers=resolve_num_workers(self.worker_options.num_workers),
-            auto=self.worker_options.num_workers == "auto", raw=self.raw,
+            # decode=False reads in this process: "auto" must not name workers that never start.
+            num_workers=0 if self.raw else resolve_num_workers(self.worker_options.num_workers),
+            auto=self.worker_options.num_workers == "auto" and not self.raw, raw=self.raw,
             device_options=self.device_options if device == "cuda" else None,
             rank=self.sampler_options.rank, decoded_cache=self.decode_options.decoded_cache,
             gpu_decode=gpu_decode, tolerant=self.bad_input.tolerant)

@@ -98,6 +98,7 @@ def test_raw_mode_gives_zero_copy_bytes_without_workers(ds_path):
     with Loader(ds, 50, decode=False, shuffle="full", seed=1) as lo:
         batches = list(lo)
         assert lo.ring is None
+        assert lo.num_workers == 0 and lo.stats()["num_workers"] == 0  # none, not "auto"'s 2
     assert len(batches) == 4
     b = batches[0]
     assert isinstance(b["image"], list) and isinstance(b["image"][0], memoryview)
