@@ -187,7 +187,7 @@ class Runtime:
             self.cuda = cuda_state(self.device_options, self.rank)
         gpu = (self.cuda.gpu_stage(self.tolerant, partial(key_words, self.dataset))
                if self.split is not None else None)
-        return CudaSink(self.cuda, self.plan.image, gpu)
+        return CudaSink(self.cuda, self.plan.image, gpu, self.options.timeout)
 
     def depths(self, hold: int) -> tuple[int, int, int]:
         """(lowest, starting, highest) batches in flight; the ring has highest + hold slots."""

@@ -38,10 +38,12 @@ cupy until a CUDA loader is constructed.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
 
+from ..errors import LoaderTimeoutError
 from ..options import DeviceOptions
 from ..transforms.collate import Ragged
 from .device import pick_device, require_cupy
@@ -221,8 +223,10 @@ class CudaSink:
 
     hold = 2  # the slot being copied, and the one before it (its copy may still run)
 
-    def __init__(self, state: _CudaState, image_field: str | None, gpu=None) -> None:
+    def __init__(self, state: _CudaState, image_field: str | None, gpu=None,
+                 timeout: float | None = None) -> None:
         self.state = state
+        self.timeout = timeout  # the loader's: how long a batch's GPU decode may take
         self.image_field = image_field  # the field converted and normalized on the GPU
         # The GPU decode of the batch's staged records (reader.runtime.gpu_decode), or None.
         self.gpu = gpu
@@ -264,7 +268,11 @@ class CudaSink:
         # Before any copy: a record that does not decode zeroes its host row (and its
         # valid flag) in the slot.
         if ahead is not None:
-            decoded = ahead.result()  # usually done: it ran during the training step
+            try:
+                decoded = ahead.result(self.timeout)  # usually done: it ran during the step
+            except FutureTimeout:
+                raise LoaderTimeoutError(f"the GPU decode of a batch took over the timeout of "
+                                         f"{self.timeout} s (nvImageCodec did not return)") from None
         elif share:
             with st.device:
                 decoded = self.gpu.decode(share, batch, self.image_field)

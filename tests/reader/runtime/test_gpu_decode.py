@@ -35,7 +35,8 @@ def stand_ins(monkeypatch):
     fake_cupy.copies.clear()
     fake_cupy.launches.clear()
     for recorded in (fake_nvimgcodec.regions, fake_nvimgcodec.fail, fake_nvimgcodec.unreadable,
-                     fake_nvimgcodec.ignore_region, fake_nvimgcodec.gray, fake_nvimgcodec.threads):
+                     fake_nvimgcodec.ignore_region, fake_nvimgcodec.gray, fake_nvimgcodec.threads,
+                     fake_nvimgcodec.slow):
         recorded.clear()
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     nvidia = types.ModuleType("nvidia")
@@ -539,6 +540,12 @@ def test_a_failure_decoded_ahead_is_raised_with_its_own_batch(tmp_path, rng, sta
                                                   [True, True, False, True, True], [True] * 5]
     assert not got[2]["image"][2].any()
     fake_nv.fail.clear()
+    fake_nv.slow.add(bytes(ds.payload(12, "image")))  # a decoder that does not return
+    with pytest.raises(reader.LoaderTimeoutError, match="GPU decode of a batch took over the "
+                                                        r"timeout of 0\.3 s"), \
+            reader.Loader(tmp_path, 5, timeout=0.3, **kw) as lo:
+        _train(lo, step_s=0.3)
+    fake_nv.slow.clear()
     with reader.Loader(tmp_path, 5, **kw) as lo:
         _train(lo, stop_at=1)  # batch 2's decode started ahead, never asked for
     assert not [t for t in threading.enumerate() if t.name.startswith("shardpack-gpu-decode")]
