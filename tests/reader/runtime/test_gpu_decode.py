@@ -483,6 +483,31 @@ def test_a_decoder_that_decodes_nothing_is_its_failure_not_the_records(tmp_path,
             next(iter(lo))
 
 
+def test_the_gpu_seconds_count_once_their_events_are_done(stand_ins):
+    """The stage never waits for an event: a batch's GPU time is counted at the first
+    delivery that finds its kernel done (then once), as the longer of the host's time
+    and the device's (decode + resample events)."""
+    from reader.runtime.gpu_decode import Decoded, GpuDecodeStage
+
+    cp, nv = stand_ins
+    stage = GpuDecodeStage(cp, nv, 0, cp.cuda.Stream(), tolerant=False)
+    d = Decoded()
+    d.rows, d.host_s = [0, 1, 2], 0.001
+    d.start, before = cp.cuda.Event().record(), cp.cuda.Event().record()
+    time.sleep(0.01)
+    d.done, after = cp.cuda.Event().record(), cp.cuda.Event().record()
+    after.done = False  # the kernel still running
+    stage._alive.append((d, before, after))
+    stage.resample(None, None)
+    assert stage.last == (0, 0, 0.0) and len(stage._alive) == 1
+    after.done = True
+    stage.resample(None, None)
+    n, images, seconds = stage.last
+    assert (n, images) == (0, 3) and 0.02 <= seconds < 1  # two 10 ms spans > 1 ms of host
+    stage.resample(None, None)
+    assert stage.last == (0, 0, 0.0)  # counted once
+
+
 def _train(loader, step_s=0.05, stop_at=None):
     """Iterate like a training loop: each batch copied to the host, then a step of
     ``step_s`` (the workers finish the next batch meanwhile)."""
