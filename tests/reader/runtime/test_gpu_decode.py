@@ -383,8 +383,8 @@ def test_the_gpu_rows_are_not_copied_and_the_stage_is_timed(tmp_path, rng, stand
 
 
 def test_an_outlier_goes_to_the_cpu_instead_of_growing_every_slot(tmp_path, rng, stand_ins):
-    """The staged row holds the 99.5th percentile of a sample of stored lengths (with
-    a margin), not the largest: one huge JPEG is decoded by the workers, exactly."""
+    """A batch's staging area is 1.5 x the sampled mean length a record, not the
+    largest: one huge JPEG does not fit it and is decoded by the workers, exactly."""
     from reader.runtime.gpu_decode import row_bytes
 
     _, fake_nv = stand_ins
