@@ -49,6 +49,11 @@ def asnumpy(a):
     return np.asarray(a)
 
 
+# Every record, wait and kernel launch, in order: ("record", stream, event),
+# ("wait", stream, event), ("launch", name, None); streams and events by id().
+ops: list[tuple] = []
+
+
 class _Event:
     done = False
     at = 0.0
@@ -56,6 +61,7 @@ class _Event:
     def record(self, stream=None):
         self.done = True  # the work before it ran when it was called
         self.at = time.perf_counter()
+        ops.append(("record", id(stream), id(self)))
         return self
 
     def synchronize(self):
@@ -78,6 +84,7 @@ class _Stream:
     def wait_event(self, event):
         assert event.done is not None
         self.waited += 1
+        ops.append(("wait", id(self), id(event)))
 
     def record(self):
         return _Event().record()
@@ -146,6 +153,12 @@ raw_kernels = {"shardpack_resample": _resample_kernel}
 launches: list[tuple] = []  # (name, grid, block) of each RawKernel launch
 
 
+def reset() -> None:
+    """Forget every recorded copy, launch and stream operation (a test's fixture)."""
+    for recorded in (copies, launches, ops):
+        recorded.clear()
+
+
 class RawKernel:
     def __init__(self, code, name):
         self.name = name
@@ -153,6 +166,7 @@ class RawKernel:
 
     def __call__(self, grid, block, args):
         launches.append((self.name, grid, block))
+        ops.append(("launch", self.name, None))
         self.run(*args)
 
 

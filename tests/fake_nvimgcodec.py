@@ -25,6 +25,12 @@ gray: set[bytes] = set()  # payloads decoded to one channel
 slow: set[bytes] = set()  # payloads whose decode call takes 2 s (a hung decoder)
 
 
+def reset() -> None:
+    """Forget every recorded call and every payload marked above (a test's fixture)."""
+    for recorded in (regions, threads, fail, unreadable, ignore_region, gray, slow):
+        recorded.clear()
+
+
 # Signatures are nvImageCodec 0.9's (read from the wheel), keywords included, so a
 # call the real library would refuse fails here too.
 

@@ -60,6 +60,8 @@ __all__ = [
 ]
 
 _HINT = "pip install 'shardpack[monitor]'"
+#: How long TensorBoardSink.close waits for its writer (see there).
+CLOSE_S = 10.0
 
 
 def metric_prefix(name: str | None) -> str:
@@ -233,12 +235,32 @@ class TensorBoardSink:
         Raises:
             MonitorSinkError: the last events could not be written (a full disk).
         """
-        if self._own:
+        if not self._own:
+            return
+        # tensorboardX's close() puts a sentinel in its writer thread's bounded queue: if
+        # that thread died (a full disk), the queue is full and close() never returns.
+        # So it runs in a daemon thread, waited for at most CLOSE_S.
+        failed: list[BaseException] = []
+
+        def close() -> None:
             try:
                 self.writer.close()
-            except OSError as exc:
-                raise MonitorSinkError(f"TensorBoard logs were not all written "
-                                       f"({exc.strerror or exc})", path=self.logdir) from exc
+            except BaseException as exc:  # re-raised below, in the caller's thread
+                failed.append(exc)
+
+        closer = threading.Thread(target=close, name="shardpack-tensorboard-close", daemon=True)
+        closer.start()
+        closer.join(CLOSE_S)
+        if closer.is_alive():
+            raise MonitorSinkError(f"TensorBoard's writer did not close within {CLOSE_S:g} s "
+                                   "(its writing thread stopped, as on a full disk): the last "
+                                   "events are lost", path=self.logdir)
+        if failed and isinstance(failed[0], OSError):
+            exc = failed[0]
+            raise MonitorSinkError(f"TensorBoard logs were not all written "
+                                   f"({exc.strerror or exc})", path=self.logdir) from exc
+        if failed:
+            raise failed[0]
 
 
 class WandbSink:

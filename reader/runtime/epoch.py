@@ -289,13 +289,7 @@ class Epoch:
                     waited = time.perf_counter() - t_wait
             if isinstance(msg, BatchFailed):
                 self._raise_worker_error(msg)
-            batch = self._deliver(k, msg, t_call, t_wait, waited, in_flight)
-            if self.sink.decodes_ahead:
-                try:
-                    self._decode_ahead()
-                except Exception:  # only a head start: the batch decodes when asked for
-                    log.debug("the GPU decode's look-ahead failed", exc_info=True)
-            return batch
+            return self._deliver(k, msg, t_call, t_wait, waited, in_flight)
         except StopIteration:
             raise
         except BaseException:
@@ -320,9 +314,12 @@ class Epoch:
                 msg = m
         if isinstance(msg, BatchDone):
             plan = self.rt.plan
-            self.sink.decode_ahead(msg.slot, assemble(self.ring.slot_view(msg.slot), plan.fixed,
-                                                      plan.var_fields, msg.shapes,
-                                                      msg.timing.records))
+            try:
+                self.sink.decode_ahead(msg.slot, assemble(
+                    self.ring.slot_view(msg.slot), plan.fixed, plan.var_fields, msg.shapes,
+                    msg.timing.records))
+            except Exception:  # only a head start: the batch decodes when it is asked for
+                log.debug("the GPU decode's look-ahead failed", exc_info=True)
 
     @property
     def finished(self) -> bool:
@@ -503,9 +500,13 @@ class Epoch:
         self.issued_at.pop(k, None)
         self.slot_of.pop(k, None)
         batch, timing = self.sink.deliver(slot, batch, timing)
-        if rt.split is not None and self.sink.gpu_skipped:
-            cursor.skipped += self.sink.gpu_skipped
         if rt.split is not None:
+            # Waiting for the GPU decode is waiting for the batch: for "auto" workers and
+            # prefetch and the monitor as much as waiting for a worker.
+            waited += self.sink.gpu_wait_s
+            if timing is not None:
+                timing.wait_s += self.sink.gpu_wait_s
+            cursor.skipped += self.sink.gpu_skipped
             self._split(t, timing)
         self._adapt(waited)
         if rt.scaler is not None and self.pool is not None:
@@ -515,6 +516,8 @@ class Epoch:
             rt.emit_batch(timing)
         if self.next_deliver >= self.n and self.pool is not None:
             self._release_pool()  # nothing left to build: free (or hand back) the processes early
+        if self.sink.decodes_ahead:
+            self._decode_ahead()  # the next batch's GPU decode runs during the training step
         # Last: a KeyboardInterrupt (or a monitor's error) before this line loses the batch
         # with the call, and state_dict() still names it as unseen.
         cursor.delivered(self.epoch, k)

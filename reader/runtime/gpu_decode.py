@@ -52,15 +52,20 @@ tests/fake_cupy.py (numpy; its ``RawKernel`` runs
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
 import time
 from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
 from formats.errors import ArgumentError
 from formats.sniff import jpeg_dct_scalable
 
-from ..errors import DecodeError
+from ..errors import DecodeError, LoaderError
 from ..transforms.bad_input import VALID_FIELD
 from ..transforms.decode import image_size
 from ..transforms.resample import RESAMPLE_CUDA, integer_box
@@ -82,6 +87,8 @@ __all__ = [
     "row_bytes",
     "with_gpu_fields",
 ]
+
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = ("decode_device='cuda' needs nvImageCodec with nvJPEG: "
                 "pip install 'shardpack[gpu-decode]'")
@@ -261,6 +268,8 @@ DECODER_THREADS = 4
 #: A batch with at least this many staged records, none decoded, is the decoder's
 #: failure (out of memory, a library missing), not every record's.
 ALL_FAILED = 4
+#: How long closing waits for a look-ahead decode nobody will collect.
+SETTLE_S = 30.0
 
 
 class GpuDecodeStage:
@@ -288,6 +297,9 @@ class GpuDecodeStage:
         self.stream = stream
         self.decode_stream = cp.cuda.Stream(non_blocking=True)
         self._thread = None  # the look-ahead's one thread (ahead), made on first use
+        self._tasks = None
+        #: A look-ahead decode did not return (settle, close): its ring is left mapped.
+        self.hung = False
         self.tolerant = tolerant
         self.key_words = key_words or (lambda record: "")
         self.decoder = nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=DECODER_THREADS,
@@ -319,7 +331,7 @@ class GpuDecodeStage:
                 tolerant), or every one of at least :data:`ALL_FAILED` staged records
                 (the decoder failed, tolerant or not).
         """
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # this thread's CPU: waits for the GIL are not the GPU's
         data, plan = share
         area = data.reshape(-1)  # the batch's rows, one region (Stager)
         nv, cp = self.nv, self.cp
@@ -339,6 +351,7 @@ class GpuDecodeStage:
                 continue
             asked.append(p)
             whole.append(size)
+        out.host_s = time.thread_time() - t0
         out.start = cp.cuda.Event()
         out.start.record(self.decode_stream)
         try:
@@ -364,34 +377,70 @@ class GpuDecodeStage:
                    out.add(p, im, size))
             if why is not None:
                 self._failed(out, batch, image, p, why)
-        out.host_s = time.perf_counter() - t0
         return out
 
-    def ahead(self, share, batch: dict, image: str):
+    def ahead(self, share, batch: dict, image: str) -> Future:
         """:meth:`decode` in this stage's thread, for a batch the consumer has not asked
         for yet: the decode call returns once its host work is done (parsing, and
         Huffman decoding where it runs on the CPU), which in ``next()`` would add to
         each training step. Returns a future of :meth:`decode`'s result (or its
-        error, raised when the batch is delivered)."""
+        error, raised when the batch is delivered).
+
+        The thread is a daemon of its own (not an executor's, which the interpreter
+        joins at exit): a decoder that never returns must not hang the exit too."""
+        if self.hung:
+            raise LoaderError("an earlier GPU decode never returned: nvImageCodec is stuck; "
+                              "DeviceOptions(decode_device='cpu') decodes on the CPU")
         if self._thread is None:
-            from concurrent.futures import ThreadPoolExecutor
+            self._tasks = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._serve, args=(self._tasks,),
+                                            name="shardpack-gpu-decode", daemon=True)
+            self._thread.start()
+        future: Future = Future()
+        self._tasks.put((future, share, batch, image))
+        return future
 
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="shardpack-gpu-decode")
-        return self._thread.submit(self._decode_on_device, share, batch, image)
-
-    def _decode_on_device(self, share, batch: dict, image: str) -> Decoded:
+    def _serve(self, tasks) -> None:
         with self.cp.cuda.Device(self.device_id):  # the current device is per thread
-            return self.decode(share, batch, image)
+            while (task := tasks.get()) is not None:
+                future, share, batch, image = task
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    future.set_result(self.decode(share, batch, image))
+                except BaseException as exc:  # raised with its own batch, in next()
+                    future.set_exception(exc)
 
-    def close(self) -> None:
+    def settle(self, future: Future) -> bool:
+        """Wait (at most :data:`SETTLE_S`) for a look-ahead decode that no batch will
+        collect; False, and the stage marked :attr:`hung`, when it did not return."""
+        try:
+            future.exception(SETTLE_S)
+        except FutureTimeout:
+            self.hung = True
+            log.warning("the GPU decode of a batch did not return within %.0f s; its ring "
+                        "stays mapped and page-locked until the process exits (it may "
+                        "still read it)", SETTLE_S)
+            return False
+        return True
+
+    def close(self) -> bool:
         """Stop the look-ahead's thread, then wait for every decode and kernel queued
-        (they read the slots: the ring may be unmapped next)."""
+        (they read the slots: the ring may be unmapped next). False when a decode
+        never returned (:attr:`hung`): then nothing is waited for, and the ring must
+        not be unmapped."""
         if self._thread is not None:
-            self._thread.shutdown(wait=True)
-            self._thread = None
+            self._tasks.put(None)  # it ends after the decode it is in, should that return
+            if not self.hung:
+                self._thread.join(SETTLE_S)
+                self.hung = self._thread.is_alive()
+        if self.hung:
+            return False
+        self._thread = None
         self.decode_stream.synchronize()
         self.stream.synchronize()
         self._alive.clear()
+        return True
 
     def _failed(self, out: Decoded, batch: dict, image: str, p: list, why: str) -> None:
         """A staged record nvImageCodec did not decode: the batch fails naming it, or
@@ -437,9 +486,10 @@ class GpuDecodeStage:
 
     def _measured(self) -> tuple[int, float]:
         """Images and seconds of the batches whose kernel has finished since the last
-        call. The GPU stage's time is the longer of the main process's (building the
-        code streams, the decode call) and the device's (decode and resample, by CUDA
-        events; the sink's copies between the two do not count)."""
+        call. The GPU stage's time is the main process's CPU time building the code
+        streams, then the device's from the decode call to its images (which covers the
+        call's own host work) plus the resample kernel's, by CUDA events (the sink's
+        copies between the two do not count)."""
         cp = self.cp
         n, s = 0, 0.0
         while self._alive and self._alive[0][2].done:
@@ -447,7 +497,7 @@ class GpuDecodeStage:
             device_s = (cp.cuda.get_elapsed_time(d.start, d.done)
                         + cp.cuda.get_elapsed_time(before, after)) / 1e3
             n += len(d.rows)
-            s += max(d.host_s, device_s)
+            s += d.host_s + device_s
         return n, s
 
 

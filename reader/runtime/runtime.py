@@ -70,6 +70,9 @@ class Listener(Protocol):
         """``num_workers="auto"`` moved to ``n`` running workers, for ``change.reason``."""
 
 
+_LEFT_MAPPED: list = []  # rings a hung GPU decode may still read (release_ring)
+
+
 class Runtime:
     """The processes, ring, sink, caches and prefetch behind one Loader.
 
@@ -269,9 +272,12 @@ class Runtime:
         self.drop_pool()  # its workers write into this ring
         if self.ring is None:
             return
-        if self.cuda is not None:
-            self.cuda.release()  # unregister (page-unlock) before the memory is unmapped
-        self.ring.close()
+        if self.cuda is not None and not self.cuda.release():
+            # A GPU decode never returned and may still read the ring: left mapped (and
+            # page-locked) until the process exits rather than freed under it.
+            _LEFT_MAPPED.append(self.ring)
+        else:  # unregistered (page-unlocked) before the memory is unmapped
+            self.ring.close()
         self.ring = None
 
     def start_method(self) -> str:

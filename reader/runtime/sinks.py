@@ -37,6 +37,7 @@ cupy until a CUDA loader is constructed.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -209,13 +210,16 @@ class _CudaState:
         self.staging = np.frombuffer(mem, np.uint8, ring.slot_bytes)
         self.staging_mem, self.staging_key, self.mode = mem, ring.slot_bytes, "staging"
 
-    def release(self) -> None:
-        if self.gpu is not None:
-            self.gpu.close()  # its thread may be reading the ring
+    def release(self) -> bool:
+        """Unregister the ring; False when it must stay mapped (a GPU decode that never
+        returned may still read it)."""
+        if self.gpu is not None and not self.gpu.close():  # its thread may be reading the ring
+            return False
         if self.registered is not None:
             self.stream.synchronize()
             self.cp.cuda.runtime.hostUnregister(self.registered[0])
             self.registered = None
+        return True
 
 
 class CudaSink:
@@ -236,6 +240,7 @@ class CudaSink:
         self._last_h2d: tuple[float, int] | None = None
         self._ahead: dict[int, Any] = {}  # slot -> future of its GPU decode (decode_ahead)
         self.gpu_skipped = 0  # the latest batch's records the GPU could not decode (skipped)
+        self.gpu_wait_s = 0.0  # how long its delivery waited for (or ran) its GPU decode
 
     @property
     def decodes_ahead(self) -> bool:
@@ -263,8 +268,9 @@ class CudaSink:
         opts = st.options
         base = ring.address + ring.slot_offset(slot)
         share = self.gpu.take(batch) if self.gpu is not None else None
-        ahead = self._ahead.pop(slot, None)
+        ahead = self._ahead.get(slot)
         decoded = None
+        t0 = time.perf_counter()
         # Before any copy: a record that does not decode zeroes its host row (and its
         # valid flag) in the slot.
         if ahead is not None:
@@ -273,9 +279,11 @@ class CudaSink:
             except FutureTimeout:
                 raise LoaderTimeoutError(f"the GPU decode of a batch took over the timeout of "
                                          f"{self.timeout} s (nvImageCodec did not return)") from None
+            del self._ahead[slot]  # only once done: close() waits for what is still running
         elif share:
             with st.device:
                 decoded = self.gpu.decode(share, batch, self.image_field)
+        self.gpu_wait_s = time.perf_counter() - t0 if self.gpu is not None else 0.0
         self.gpu_skipped = decoded.skipped if decoded is not None else 0
         if st.mode == "staging":
             # One host memcpy of the used part of the slot into pinned memory (the
@@ -390,9 +398,10 @@ class CudaSink:
         return self.gate.reclaim()
 
     def close(self) -> None:
-        for future in self._ahead.values():  # batches never delivered: their decodes end
-            future.exception()  # waited for; an error of a batch nobody asked for is moot
-        if self._ahead:
-            self.gpu.decode_stream.synchronize()  # their slots go back to the workers
-        self._ahead.clear()
+        if self.gpu is not None:
+            # Decodes of batches never delivered (or whose delivery failed) read their
+            # slots, which go back to the workers now: wait for them, not for ever.
+            if all(self.gpu.settle(f) for f in self._ahead.values()):
+                self.gpu.decode_stream.synchronize()
+            self._ahead.clear()
         self.gate.drain()

@@ -102,8 +102,8 @@ class BatchTiming:
         gpu_records: records of the batch the GPU decoded (``decode_device="cuda"``
             only, else None); the workers decoded ``records - gpu_records``.
         gpu_decode_s: the GPU stage's seconds measured complete during this batch
-            (decode and resample by CUDA events, or the main process's time for them
-            if longer), usually the batch before's: events are read once done, never
+            (the main process's CPU time building the code streams, then decode and
+            resample by CUDA events), usually the batch before's: events are read once done, never
             waited for, so over an interval its sum matches ``gpu_records``'.
         gpu_share: the GPU's share of the next batches (:mod:`reader.runtime.split`);
             with ``cpu_img_s`` and ``gpu_img_s``, the rates it was chosen from.

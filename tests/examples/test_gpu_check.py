@@ -83,9 +83,7 @@ def stand_ins(stand_in, monkeypatch):
     pytest.importorskip("simplejpeg")
     from tests import fake_nvimgcodec
 
-    for recorded in (fake_nvimgcodec.regions, fake_nvimgcodec.fail, fake_nvimgcodec.unreadable,
-                     fake_nvimgcodec.ignore_region, fake_nvimgcodec.gray):
-        recorded.clear()
+    fake_nvimgcodec.reset()
     nvidia = types.ModuleType("nvidia")
     nvidia.nvimgcodec = fake_nvimgcodec
     monkeypatch.setitem(sys.modules, "nvidia", nvidia)

@@ -283,12 +283,33 @@ def test_tensorboard_on_a_full_disk_is_counted_and_the_loader_goes_on(small_disk
     assert list(errors) == [sink.name] and 1 <= errors[sink.name] <= 6
     assert len([r for r in caplog.records if sink.name in r.getMessage()]) == 1
     os.unlink(small_disk / "fill")
+    t0 = time.perf_counter()
     try:
-        sink.close()  # torch's writer stopped at the failure and says so again here
+        # torch's writer stopped at the failure and says so again here; tensorboardX's
+        # writing thread died, and its close() would block on its full queue for ever
+        sink.close()
     except MonitorSinkError as exc:
-        assert "not all written" in str(exc) and exc.path == str(small_disk / "runs")
+        assert ("not all written" in str(exc) or "did not close within" in str(exc))
+        assert exc.path == str(small_disk / "runs")
+    assert time.perf_counter() - t0 < sinks_mod.CLOSE_S + 2
     scalars, _ = read_events(small_disk / "runs")  # what was written reads back whole
     assert [s for s, _ in scalars["shardpack/train/samples_per_s"]][:1] == [1]
+
+
+def test_a_tensorboard_writer_that_never_closes_is_said_not_waited_for(tmp_path, writer,
+                                                                          monkeypatch):
+    """tensorboardX's close() blocks for ever on its full queue once its writing thread
+    died (a full disk, seen hanging the suite): close() gives up after CLOSE_S."""
+    monkeypatch.setattr(sinks_mod, "CLOSE_S", 0.2)
+    sink = TensorBoardSink(tmp_path / "runs")
+    real, stuck = sink.writer, threading.Event()
+    sink.writer = type("Stuck", (), {"close": lambda self: stuck.wait(5)})()
+    t0 = time.perf_counter()
+    with pytest.raises(MonitorSinkError, match=r"did not close within 0\.2 s"):
+        sink.close()
+    assert time.perf_counter() - t0 < 1
+    stuck.set()
+    real.close()
 
 
 # -- Prometheus --------------------------------------------------------------------------

@@ -32,12 +32,8 @@ def stand_ins(monkeypatch):
     """fake cupy and fake nvImageCodec in place of the real ones."""
     from tests import fake_cupy, fake_nvimgcodec
 
-    fake_cupy.copies.clear()
-    fake_cupy.launches.clear()
-    for recorded in (fake_nvimgcodec.regions, fake_nvimgcodec.fail, fake_nvimgcodec.unreadable,
-                     fake_nvimgcodec.ignore_region, fake_nvimgcodec.gray, fake_nvimgcodec.threads,
-                     fake_nvimgcodec.slow):
-        recorded.clear()
+    fake_cupy.reset()
+    fake_nvimgcodec.reset()
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     nvidia = types.ModuleType("nvidia")
     nvidia.nvimgcodec = fake_nvimgcodec
@@ -506,6 +502,67 @@ def test_the_gpu_seconds_count_once_their_events_are_done(stand_ins):
     assert (n, images) == (0, 3) and 0.02 <= seconds < 1  # two 10 ms spans > 1 ms of host
     stage.resample(None, None)
     assert stage.last == (0, 0, 0.0)  # counted once
+
+
+def test_the_slot_goes_back_only_after_the_decode_and_the_kernel(tmp_path, rng, stand_ins):
+    """The order on the two streams that keeps a slot from being refilled while the
+    decoder or the kernel reads it: per batch, the decode's ``done`` is recorded on the
+    decode stream, the sink's stream waits for it before the resample kernel, and the
+    event that hands the slot back is recorded on the sink's stream after the kernel."""
+    fake_cupy, _ = stand_ins
+    _dataset(tmp_path, rng, 10)
+    opts = DeviceOptions(decode_device="cuda", gpu_share=1.0, **RAW)
+    with reader.Loader(tmp_path, 5, num_workers=0, transform=RRC_FLIP, device="cuda",
+                       device_options=opts) as lo:
+        for _ in lo:
+            pass
+        sink_stream, decode_stream = id(lo.runtime.cuda.stream), id(lo.runtime.cuda.gpu.decode_stream)
+    ops = fake_cupy.ops
+    kernels = [i for i, op in enumerate(ops) if op == ("launch", "shardpack_resample", None)]
+    assert len(kernels) == 2
+    start = 0
+    for k in kernels:
+        done = [op[2] for op in ops[start:k] if op[:2] == ("record", decode_stream)]
+        assert done, "the decode recorded its event on its own stream"
+        assert ("wait", sink_stream, done[-1]) in ops[start:k]  # before the kernel
+        assert any(op[:2] == ("record", sink_stream) for op in ops[k + 1:])  # the slot's gate
+        start = k + 1
+
+
+def test_closing_with_a_decode_in_flight_waits_for_it_but_not_for_ever(tmp_path, rng,
+                                                                       stand_ins, monkeypatch):
+    """A look-ahead decode nobody will collect is waited for before its slot goes back;
+    one that does not return within SETTLE_S leaves its ring mapped (said in a warning)
+    instead of hanging close() or freeing memory it may still read."""
+    import reader.runtime.gpu_decode as gpu_decode
+    import reader.runtime.runtime as runtime
+
+    _, fake_nv = stand_ins
+    _dataset(tmp_path, rng, 20)
+    ds = reader.open_dataset(tmp_path)
+    fake_nv.slow.add(bytes(ds.payload(12, "image")))  # batch 2's decode takes 2 s
+    opts = DeviceOptions(decode_device="cuda", gpu_share=1.0, **RAW)
+    kw = dict(num_workers=2, transform=RRC_FLIP, device="cuda", device_options=opts,
+              shuffle=False)
+    lo = reader.Loader(tmp_path, 5, **kw)
+    t0 = time.perf_counter()
+    _train(lo, step_s=0.2, stop_at=1)  # the epoch ends (and waits) as the loop is left
+    lo.close()
+    assert len(fake_nv.threads) == 3  # batch 2's decode had started ahead
+    assert time.perf_counter() - t0 > 1.9  # and was waited for (2 s)
+    monkeypatch.setattr(gpu_decode, "SETTLE_S", 0.2)
+    left = len(runtime._LEFT_MAPPED)
+    lo = reader.Loader(tmp_path, 5, **kw)
+    t0 = time.perf_counter()
+    _train(lo, step_s=0.2, stop_at=1)
+    lo.close()
+    assert time.perf_counter() - t0 < 1.5
+    assert len(runtime._LEFT_MAPPED) == left + 1
+    time.sleep(2.0)  # the stuck decode ends, into memory still mapped; then its thread
+    assert not [t for t in threading.enumerate() if t.name.startswith("shardpack-gpu-decode")]
+    fake_nv.slow.clear()
+    with reader.Loader(tmp_path, 5, **kw) as lo:  # a new loader decodes again
+        assert len(_train(lo, step_s=0.0)) == 4
 
 
 def _train(loader, step_s=0.05, stop_at=None):
