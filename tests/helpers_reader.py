@@ -67,3 +67,19 @@ class CropPipeline:
             crop = crop[:, ::-1]
         out[...] = crop
         return d, time.perf_counter() - t - d
+
+
+def spy_rejects(monkeypatch) -> list[int]:
+    """The batch rows :meth:`reader.transforms.bad_input.BadInput.reject` is called with,
+    from now on (it still rejects): what shows every bad sample went through the policy."""
+    from reader.transforms.bad_input import BadInput
+
+    calls: list[int] = []
+    reject = BadInput.reject
+
+    def spy(self, exc, valid, i):
+        calls.append(i)
+        return reject(self, exc, valid, i)
+
+    monkeypatch.setattr(BadInput, "reject", spy)
+    return calls

@@ -360,13 +360,11 @@ def test_fuzz_shard_table_bytes(tmp_path_factory, three_shards, data):
         assert [ds[i]["label"] for i in range(len(ds))] == list(range(len(ds)))
 
 
-@given(which=st.sampled_from(["shard-00000.rec", "shard-00000.idx", "manifest.json",
-                              "shard-00000.meta.parquet"]),
-       edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=8),
-       truncate=st.none() | st.integers(0, 10**6))
-def test_fuzz_mutated_files(tmp_path_factory, pristine, which, edits, truncate):
+def _mutated_copy(tmp_path_factory, src, which, edits, truncate):
+    """A copy of dataset ``src`` whose file ``which`` has bytes set by ``edits``
+    ((position, value), positions wrapped) and is cut at ``truncate`` (wrapped)."""
     root = tmp_path_factory.mktemp("mut")
-    shutil.copytree(pristine, root, dirs_exist_ok=True)
+    shutil.copytree(src, root, dirs_exist_ok=True)
     f = root / which
     data = bytearray(f.read_bytes())
     for pos, val in edits:
@@ -374,6 +372,15 @@ def test_fuzz_mutated_files(tmp_path_factory, pristine, which, edits, truncate):
     if truncate is not None:
         data = data[: truncate % (len(data) + 1)]
     f.write_bytes(data)
+    return root
+
+
+@given(which=st.sampled_from(["shard-00000.rec", "shard-00000.idx", "manifest.json",
+                              "shard-00000.meta.parquet"]),
+       edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=8),
+       truncate=st.none() | st.integers(0, 10**6))
+def test_fuzz_mutated_files(tmp_path_factory, pristine, which, edits, truncate):
+    root = _mutated_copy(tmp_path_factory, pristine, which, edits, truncate)
 
     _only_our_errors(lambda: read_all(root))
     _only_our_errors(lambda: formats.verify_dataset(root))
@@ -383,15 +390,7 @@ def test_fuzz_mutated_files(tmp_path_factory, pristine, which, edits, truncate):
        edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=8),
        truncate=st.none() | st.integers(0, 10**6))
 def test_fuzz_mutated_files_read_unmapped(tmp_path_factory, three_shards, which, edits, truncate):
-    root = tmp_path_factory.mktemp("mut")
-    shutil.copytree(three_shards, root, dirs_exist_ok=True)
-    f = root / which
-    data = bytearray(f.read_bytes())
-    for pos, val in edits:
-        data[pos % len(data)] = val
-    if truncate is not None:
-        data = data[: truncate % (len(data) + 1)]
-    f.write_bytes(data)
+    root = _mutated_copy(tmp_path_factory, three_shards, which, edits, truncate)
 
     _only_our_errors(lambda: read_all(root, max_open=1))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers_reader import make_dataset
+from helpers_reader import make_dataset, spy_rejects
 
 from formats.errors import CorruptRecordError
 from reader import CenterCrop, Loader
@@ -28,14 +28,7 @@ PATHS = {"classification": [CenterCrop(16)], "sample": None}
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_skip_is_one_rule_on_every_path(corrupt_path, path, monkeypatch):
-    calls = []
-    reject = BadInput.reject
-
-    def spy(self, exc, valid, i):
-        calls.append(i)
-        return reject(self, exc, valid, i)
-
-    monkeypatch.setattr(BadInput, "reject", spy)
+    calls = spy_rejects(monkeypatch)
     with Loader(corrupt_path, 8, transform=PATHS[path], num_workers=0, on_error="skip",
                 copy=True) as lo:
         batches = list(lo)

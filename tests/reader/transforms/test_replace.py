@@ -18,7 +18,7 @@ from reader import CenterCrop, Loader
 from reader.errors import StateError
 from reader.transforms import PadToMultiple, RandomHorizontalFlip, ResizeShortestEdge, bad_input
 from reader.transforms.bad_input import REPLACE_ATTEMPTS, BadInput, Quarantine
-from tests.helpers_reader import make_dataset, tiny_jpeg
+from tests.helpers_reader import make_dataset, spy_rejects, tiny_jpeg
 
 N = 80
 UNDECODABLE = (3, 27, 61)  # images that are not JPEGs
@@ -331,14 +331,7 @@ DETECTION = [ResizeShortestEdge((48, 64), max_size=100), RandomHorizontalFlip(),
 
 @pytest.mark.parametrize("transform", [DETECTION, None], ids=["detection", "whole-images"])
 def test_the_sample_path_replaces_through_the_same_policy(det_path, transform, monkeypatch):
-    calls = []
-    reject = BadInput.reject
-
-    def spy(self, exc, valid, i):
-        calls.append(i)
-        return reject(self, exc, valid, i)
-
-    monkeypatch.setattr(BadInput, "reject", spy)
+    calls = spy_rejects(monkeypatch)
     kw = dict(transform=transform, on_error="replace", copy=True, shuffle=True, seed=3)
     if transform is None:
         kw["collate"] = {"image": "ragged"}
