@@ -504,9 +504,10 @@ class Epoch:
             # Waiting for the GPU decode is waiting for the batch: for "auto" workers and
             # prefetch and the monitor as much as waiting for a worker.
             waited += self.sink.gpu_wait_s
+            cursor.skipped += self.sink.gpu_skipped
             if timing is not None:
                 timing.wait_s += self.sink.gpu_wait_s
-            cursor.skipped += self.sink.gpu_skipped
+                timing.skipped += self.sink.gpu_skipped
             self._split(t, timing)
         self._adapt(waited)
         if rt.scaler is not None and self.pool is not None:

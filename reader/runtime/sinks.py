@@ -239,8 +239,10 @@ class CudaSink:
         self._timings: deque = deque()
         self._last_h2d: tuple[float, int] | None = None
         self._ahead: dict[int, Any] = {}  # slot -> future of its GPU decode (decode_ahead)
-        self.gpu_skipped = 0  # the latest batch's records the GPU could not decode (skipped)
-        self.gpu_wait_s = 0.0  # how long its delivery waited for (or ran) its GPU decode
+        # The latest delivery's records the GPU could not decode (skipped), and how long it
+        # waited for (or ran) its GPU decode: the epoch counts both.
+        self.gpu_skipped = 0
+        self.gpu_wait_s = 0.0
 
     @property
     def decodes_ahead(self) -> bool:
@@ -295,6 +297,7 @@ class CudaSink:
             base = st.staging.ctypes.data
         out = {}
         nbytes = 0
+        lead = decoded.leading() if decoded is not None else 0  # image rows the kernel writes
         with st.device, st.stream:
             start = cp.cuda.Event()
             start.record(st.stream)
@@ -310,10 +313,9 @@ class CudaSink:
                 # image rows the GPU decodes lead the batch; the kernel writes them, so
                 # the copy starts after them.
                 dev = cp.empty(view.shape, dtype=view.dtype)
-                skip = (decoded.leading() * (view.nbytes // len(view))
-                        if decoded is not None and f.name == self.image_field else 0)
+                skip = lead * (view.nbytes // len(view)) if f.name == self.image_field else 0
                 if view.nbytes > skip:
-                    target = dev[decoded.leading():] if skip else dev
+                    target = dev[lead:] if skip else dev
                     target.data.copy_from_host_async(base + f.offset + skip, view.nbytes - skip,
                                                      st.stream)
                 device_arrays[f.name] = dev
@@ -344,8 +346,6 @@ class CudaSink:
                 out[name] = value  # host-side fields (strings, JSON, bytes)
         self._timings.append((start, copies_done, nbytes))
         timing = self._attach_h2d(timing)
-        if timing is not None and self.gpu_skipped:
-            timing.skipped += self.gpu_skipped
         if timing is not None and self.gpu is not None:
             # Seconds are those measured during this batch (usually the batch before's:
             # see GpuDecodeStage.last); over an interval the two sums match.
